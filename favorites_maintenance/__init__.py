@@ -1,0 +1,1 @@
+"""favorites-maintenance: daily retention cleanup of stale guest favorites (Dagster + PostgreSQL)."""

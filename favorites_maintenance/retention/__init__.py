@@ -1,0 +1,28 @@
+"""The retention core: the rule, the batched purge and the backlog. No Dagster import here."""
+
+from favorites_maintenance.retention.backlog import Backlog, measure_backlog
+from favorites_maintenance.retention.purge import (
+    BatchError,
+    BatchResult,
+    PurgeError,
+    PurgeReport,
+    StandbyError,
+    StopReason,
+    purge,
+)
+from favorites_maintenance.retention.rule import compute_cutoff, delete_prunable, prunable
+
+__all__ = [
+    "Backlog",
+    "BatchError",
+    "BatchResult",
+    "PurgeError",
+    "PurgeReport",
+    "StandbyError",
+    "StopReason",
+    "compute_cutoff",
+    "delete_prunable",
+    "measure_backlog",
+    "prunable",
+    "purge",
+]

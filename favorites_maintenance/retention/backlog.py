@@ -1,0 +1,45 @@
+"""The backlog: prunable rows still present for a cutoff (SPEC 5 step 5).
+
+Also the dry run (Laravel's ``model:prune --pretend``): how many rows the rule matches now,
+deleting nothing.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+from dataclasses import dataclass
+
+import sqlalchemy as sa
+
+from favorites_maintenance.retention.rule import favorites, prunable
+
+
+@dataclass(frozen=True)
+class Backlog:
+    """Prunable rows left for a cutoff.
+
+    Attributes:
+        cutoff: the UTC instant the rows are older than.
+        remaining: how many rows the rule matches (exact count).
+        oldest_updated_at: ``updated_at`` of the oldest of them, or ``None`` when there is none.
+    """
+
+    cutoff: dt.datetime
+    remaining: int
+    oldest_updated_at: dt.datetime | None
+
+
+def measure_backlog(engine: sa.Engine, cutoff: dt.datetime) -> Backlog:
+    """Count the prunable rows for ``cutoff`` in one read-only statement.
+
+    Served by the partial index ``(updated_at, id) WHERE user_id IS NULL`` when it exists.
+
+    Raises:
+        sqlalchemy.exc.DBAPIError: the database failed (parameters hidden).
+        ValueError: ``cutoff`` is naive.
+    """
+    stmt = sa.select(sa.func.count(), sa.func.min(favorites.c.updated_at)).where(
+        prunable(cutoff))
+    with engine.connect() as conn:
+        remaining, oldest = conn.execute(stmt).one()
+    return Backlog(cutoff=cutoff, remaining=remaining, oldest_updated_at=oldest)

@@ -1,0 +1,275 @@
+"""The batched purge of prunable guest favorites (SPEC 5).
+
+One run is a loop of batch transactions on one connection. Each batch is one statement::
+
+    WITH batch AS MATERIALIZED (
+        SELECT id, updated_at FROM favorites.favorites
+         WHERE user_id IS NULL AND updated_at < :cutoff
+           AND (updated_at, id) > (:after_updated_at, :after_id)     -- keyset, after batch 1
+         ORDER BY updated_at, id LIMIT :batch_size
+           FOR UPDATE SKIP LOCKED),
+    deleted AS (
+        DELETE FROM favorites.favorites USING batch
+         WHERE user_id IS NULL AND updated_at < :cutoff AND favorites.id = batch.id
+        RETURNING favorites.id)
+    SELECT (SELECT count(*) FROM batch), (SELECT count(*) FROM deleted), <last (updated_at, id)>
+
+- ``MATERIALIZED`` evaluates the candidate SELECT exactly once, so the DELETE cannot re-run a
+  ``LIMIT`` subquery and take more than ``batch_size`` rows; rows are matched by primary key,
+  never by ``ctid``; the DELETE repeats the guard and the cutoff (defence in depth).
+- ``SKIP LOCKED`` lets N purges (or a purge and user transactions) run side by side: each takes
+  rows nobody else holds, so no row is deleted twice and nobody waits.
+- The keyset ``(updated_at, id) > last`` starts each batch past the previous one, so the index
+  scan never re-walks the dead entries earlier batches left behind (the dead-tuple snowball of
+  LIMIT-only loops). Rows it passes over (locked by someone else at the time) are left for the
+  next run and show up in the backlog.
+- The ids never leave the server: memory does not grow with the rows deleted.
+
+Each batch transaction sets ``lock_timeout`` and ``statement_timeout`` with ``SET LOCAL``
+semantics, so the server, not only this process, bounds how long a batch can hold or wait for a
+lock. The loop repeats while batches come back full, and stops between batches on the run's
+time budget or on a stop request; an error rolls back only the open batch.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import enum
+import logging
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import sqlalchemy as sa
+from sqlalchemy.dialects.postgresql import TIMESTAMP
+
+from favorites_maintenance.retention.rule import delete_prunable, favorites, prunable
+
+log = logging.getLogger(__name__)
+
+DEFAULT_LOCK_TIMEOUT = dt.timedelta(seconds=2)
+DEFAULT_STATEMENT_TIMEOUT = dt.timedelta(seconds=30)
+
+
+class StopReason(str, enum.Enum):
+    """Why a purge ended without error (SPEC 6, metadata ``stopReason``)."""
+
+    EXHAUSTED = "exhausted"
+    """A batch came back less than full: nothing prunable and unlocked is left past the cursor."""
+    MAX_RUN_DURATION = "max_run_duration"
+    """The run's time budget ran out; the backlog is left for the next run."""
+    STOP_REQUESTED = "stop_requested"
+    """A stop was requested (run termination, SIGTERM); honoured between batches."""
+
+
+@dataclass(frozen=True)
+class BatchResult:
+    """One committed batch transaction.
+
+    Attributes:
+        batch_no: 1-based number of the batch transaction in this run (empty ones included).
+        deleted: rows the batch deleted (0..batch_size).
+        duration_s: wall time of the transaction, BEGIN to COMMIT, in seconds.
+        deleted_total: rows deleted by the run so far, this batch included.
+    """
+
+    batch_no: int
+    deleted: int
+    duration_s: float
+    deleted_total: int
+
+
+@dataclass(frozen=True)
+class PurgeReport:
+    """What one purge did.
+
+    Attributes:
+        cutoff: the UTC instant rows had to be older than.
+        deleted_total: rows deleted, all batches together.
+        batches: batch transactions that deleted at least one row (an empty run has 0).
+        duration_s: wall time of the whole purge, in seconds.
+        stop_reason: why it ended.
+        batch_max_s: the longest batch transaction, in seconds (0.0 when none ran).
+    """
+
+    cutoff: dt.datetime
+    deleted_total: int
+    batches: int
+    duration_s: float
+    stop_reason: StopReason
+    batch_max_s: float = 0.0
+
+    @property
+    def duration_ms(self) -> int:
+        """:attr:`duration_s` in whole milliseconds."""
+        return round(self.duration_s * 1000)
+
+
+class PurgeError(RuntimeError):
+    """A purge could not start or could not finish."""
+
+
+class StandbyError(PurgeError):
+    """The connection reached a hot standby (``pg_is_in_recovery()``); nothing was deleted."""
+
+
+class BatchError(PurgeError):
+    """A batch transaction failed and was rolled back whole; earlier batches stay committed.
+
+    Attributes:
+        batch_no: the batch that failed (1-based).
+        report: what the run had committed before it (``stop_reason`` is that of an interrupted
+            run and meaningless here; read ``deleted_total`` and ``batches``).
+
+    The database error is chained as ``__cause__`` (its bound parameters are hidden by the
+    engine, see :func:`favorites_maintenance.retention.database.create_engine`).
+    """
+
+    def __init__(self, batch_no: int, report: PurgeReport, cause: BaseException):
+        super().__init__(f"batch {batch_no} failed and was rolled back "
+                         f"({report.deleted_total} rows in {report.batches} earlier batches stay "
+                         f"deleted): {type(cause).__name__}: {_first_line(cause)}")
+        self.batch_no = batch_no
+        self.report = report
+
+
+def _batch_statement(cutoff: dt.datetime, batch_size: int, keyset: bool) -> sa.Select:
+    where = [prunable(cutoff)]
+    if keyset:
+        where.append(
+            sa.tuple_(favorites.c.updated_at, favorites.c.id)
+            > sa.tuple_(sa.bindparam("after_updated_at", type_=TIMESTAMP(timezone=True)),
+                        sa.bindparam("after_id")))
+    batch = (
+        sa.select(favorites.c.id, favorites.c.updated_at)
+        .where(*where)
+        .order_by(favorites.c.updated_at, favorites.c.id)
+        .limit(batch_size)
+        .with_for_update(skip_locked=True)
+        .cte("batch")
+        .prefix_with("MATERIALIZED")
+    )
+    deleted = (
+        delete_prunable(cutoff, favorites.c.id == batch.c.id)
+        .returning(favorites.c.id)
+        .cte("deleted")
+    )
+    last = (
+        sa.select(batch.c.updated_at, batch.c.id)
+        .order_by(batch.c.updated_at.desc(), batch.c.id.desc())
+        .limit(1)
+    )
+    return sa.select(
+        sa.select(sa.func.count()).select_from(batch).scalar_subquery().label("selected"),
+        sa.select(sa.func.count()).select_from(deleted).scalar_subquery().label("deleted"),
+        last.with_only_columns(batch.c.updated_at).scalar_subquery().label("last_updated_at"),
+        last.with_only_columns(batch.c.id).scalar_subquery().label("last_id"),
+    )
+
+
+_SET_TIMEOUTS = sa.text(
+    "SELECT set_config('lock_timeout', :lock_timeout, true), "
+    "set_config('statement_timeout', :statement_timeout, true)"
+)
+
+
+def _ms(value: dt.timedelta) -> str:
+    return f"{max(1, round(value.total_seconds() * 1000))}ms"
+
+
+def assert_primary(conn: sa.Connection) -> None:
+    """Raise :class:`StandbyError` if ``conn`` is on a hot standby (``pg_is_in_recovery()``)."""
+    if conn.execute(sa.text("SELECT pg_is_in_recovery()")).scalar_one():
+        raise StandbyError("the favorites database connection reached a hot standby "
+                           "(pg_is_in_recovery() is true); point FAVORITES_DATABASE_URL at the "
+                           "primary")
+
+
+def purge(
+    engine: sa.Engine,
+    cutoff: dt.datetime,
+    *,
+    batch_size: int,
+    max_run_duration: dt.timedelta,
+    should_stop: Callable[[], bool] = lambda: False,
+    on_batch: Callable[[BatchResult], None] | None = None,
+    lock_timeout: dt.timedelta = DEFAULT_LOCK_TIMEOUT,
+    statement_timeout: dt.timedelta = DEFAULT_STATEMENT_TIMEOUT,
+) -> PurgeReport:
+    """Delete every prunable row older than ``cutoff``, one batch transaction at a time.
+
+    Args:
+        engine: engine on the favorites database (the primary).
+        cutoff: timezone-aware UTC instant (see :func:`~favorites_maintenance.retention.rule.
+            compute_cutoff`).
+        batch_size: at most this many rows per batch transaction, > 0.
+        max_run_duration: time budget; checked between batches. When it runs out the purge
+            returns normally with ``stop_reason=max_run_duration``.
+        should_stop: polled before each batch; ``True`` ends the purge with
+            ``stop_reason=stop_requested``. An open batch is never torn.
+        on_batch: called after each committed batch (progress, logs, metrics).
+        lock_timeout, statement_timeout: server-side limits of each batch transaction.
+
+    Returns:
+        The :class:`PurgeReport`.
+
+    Raises:
+        StandbyError: the connection is on a hot standby; nothing was deleted.
+        BatchError: a batch failed; it was rolled back, earlier batches stay committed. The
+            database error is its ``__cause__``.
+        ValueError: ``batch_size`` or ``max_run_duration`` not > 0, or a naive ``cutoff``.
+    """
+    if batch_size <= 0:
+        raise ValueError(f"batch_size must be > 0, got {batch_size!r}")
+    if max_run_duration <= dt.timedelta(0):
+        raise ValueError(f"max_run_duration must be > 0, got {max_run_duration!r}")
+    first = _batch_statement(cutoff, batch_size, keyset=False)
+    following = _batch_statement(cutoff, batch_size, keyset=True)
+    timeouts = {"lock_timeout": _ms(lock_timeout), "statement_timeout": _ms(statement_timeout)}
+
+    started = time.monotonic()
+    deadline = started + max_run_duration.total_seconds()
+    deleted_total = batches = batch_no = 0
+    batch_max_s = 0.0
+    after: dict | None = None
+
+    def report(reason: StopReason) -> PurgeReport:
+        return PurgeReport(cutoff=cutoff, deleted_total=deleted_total, batches=batches,
+                           duration_s=time.monotonic() - started, stop_reason=reason,
+                           batch_max_s=batch_max_s)
+
+    with engine.connect() as conn:
+        assert_primary(conn)
+        conn.rollback()  # end the autobegun transaction of the check
+        while True:
+            if should_stop():
+                return report(StopReason.STOP_REQUESTED)
+            if time.monotonic() >= deadline:
+                return report(StopReason.MAX_RUN_DURATION)
+            batch_no += 1
+            t0 = time.monotonic()
+            try:
+                with conn.begin():
+                    conn.execute(_SET_TIMEOUTS, timeouts)
+                    row = conn.execute(first if after is None else following, after or {}).one()
+            except Exception as exc:
+                log.error("batch %d failed and was rolled back: %s", batch_no,
+                          type(exc).__name__)
+                raise BatchError(batch_no, report(StopReason.EXHAUSTED), exc) from exc
+            elapsed = time.monotonic() - t0
+            batch_max_s = max(batch_max_s, elapsed)
+            deleted_total += row.deleted
+            if row.deleted:
+                batches += 1
+            log.debug("batch %d deleted %d rows in %.1f ms", batch_no, row.deleted,
+                      elapsed * 1000)
+            if on_batch is not None:
+                on_batch(BatchResult(batch_no, row.deleted, elapsed, deleted_total))
+            if row.selected < batch_size:
+                return report(StopReason.EXHAUSTED)
+            after = {"after_updated_at": row.last_updated_at, "after_id": row.last_id}
+
+
+def _first_line(exc: BaseException) -> str:
+    text = str(exc).strip()
+    return text.splitlines()[0] if text else ""

@@ -1,0 +1,218 @@
+"""Environment -> validated settings (SPEC 4).
+
+Every setting comes from one ``FAVORITES_*`` environment variable. :func:`load_settings` is
+called when the Dagster code location loads, so a bad value stops the load with a message that
+names the variable and the value at fault, and no connection is ever opened with it. The database
+password never appears in a message: URLs are shown with ``***`` in its place.
+
+This module imports no Dagster: the retention core and the command line use it too.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+
+import pydantic
+from croniter import croniter
+from sqlalchemy.engine import URL, make_url
+from sqlalchemy.exc import ArgumentError
+
+DATABASE_URL_VAR = "FAVORITES_DATABASE_URL"
+RETENTION_DAYS_VAR = "FAVORITES_GUEST_RETENTION_DAYS"
+BATCH_SIZE_VAR = "FAVORITES_GUEST_RETENTION_BATCH_SIZE"
+CRON_VAR = "FAVORITES_GUEST_RETENTION_CRON"
+MAX_RUN_DURATION_VAR = "FAVORITES_GUEST_RETENTION_MAX_RUN_DURATION"
+STALE_AFTER_VAR = "FAVORITES_GUEST_RETENTION_STALE_AFTER"
+ALERT_WEBHOOK_URL_VAR = "FAVORITES_ALERT_WEBHOOK_URL"
+
+DEFAULT_RETENTION_DAYS = 365
+DEFAULT_BATCH_SIZE = 1000
+DEFAULT_CRON = "0 3 * * *"
+DEFAULT_MAX_RUN_DURATION = dt.timedelta(minutes=10)
+DEFAULT_STALE_AFTER = dt.timedelta(hours=48)
+
+# The favorites database is served through psycopg 3 (SPEC 4: ``postgresql+psycopg://``).
+DRIVER = "postgresql+psycopg"
+_ACCEPTED_DRIVERS = {"postgresql", "postgres", "postgresql+psycopg"}
+
+# HH:MM:SS with hours unbounded ("48:00:00"), as the design writes durations.
+_HMS = re.compile(r"^(?P<h>\d+):(?P<m>[0-5]?\d):(?P<s>[0-5]?\d(?:\.\d+)?)$")
+_DURATION = pydantic.TypeAdapter(dt.timedelta)
+
+
+class SettingsError(ValueError):
+    """A setting is invalid. ``variable`` names the environment variable at fault.
+
+    The message names the variable and the bad value, except for database URLs, which are shown
+    with the password masked, and malformed URLs, which are not echoed at all.
+    """
+
+    def __init__(self, variable: str, message: str):
+        super().__init__(f"{variable}: {message}")
+        self.variable = variable
+
+
+@dataclass(frozen=True)
+class Settings:
+    """The validated configuration of the cleanup (SPEC 4).
+
+    Attributes:
+        database_url: SQLAlchemy URL of the favorites database, always with the
+            ``postgresql+psycopg`` driver, or ``None`` when ``FAVORITES_DATABASE_URL`` is unset
+            (the command line then starts the embedded server). Never log it: use
+            :attr:`database_url_safe`.
+        retention_days: retention period in days (> 0); a guest row idle longer is prunable.
+        batch_size: rows per batch transaction (> 0).
+        cron: 5-field cron expression of the schedule, evaluated in UTC.
+        max_run_duration: wall-clock budget of one purge (> 0); past it the run stops gracefully.
+        stale_after: how long without a successful run before the sensor alerts (> 0).
+        alert_webhook_url: optional Slack-compatible webhook for alerts.
+    """
+
+    database_url: URL | None = None
+    retention_days: int = DEFAULT_RETENTION_DAYS
+    batch_size: int = DEFAULT_BATCH_SIZE
+    cron: str = DEFAULT_CRON
+    max_run_duration: dt.timedelta = DEFAULT_MAX_RUN_DURATION
+    stale_after: dt.timedelta = DEFAULT_STALE_AFTER
+    alert_webhook_url: str | None = field(default=None, repr=False)
+
+    @property
+    def database_url_safe(self) -> str | None:
+        """The database URL with its password replaced by ``***``, fit for logs."""
+        return None if self.database_url is None else self.database_url.render_as_string()
+
+    def require_database_url(self) -> URL:
+        """Return :attr:`database_url`; raise :class:`SettingsError` when it is unset."""
+        if self.database_url is None:
+            raise SettingsError(DATABASE_URL_VAR, "is not set; give the SQLAlchemy URL of the "
+                                "favorites database (postgresql+psycopg://user:password@host/db)")
+        return self.database_url
+
+
+def load_settings(environ: Mapping[str, str] | None = None) -> Settings:
+    """Read and validate the ``FAVORITES_*`` variables of ``environ`` (default ``os.environ``).
+
+    An unset variable takes its default. A variable set to an empty or blank string is an error:
+    an empty value is almost always a broken deployment template, not a wish for the default.
+
+    Raises:
+        SettingsError: the first invalid variable, named, with the value at fault.
+    """
+    if environ is None:
+        import os
+
+        environ = os.environ
+    return Settings(
+        database_url=_opt(environ, DATABASE_URL_VAR, parse_database_url),
+        retention_days=_opt(environ, RETENTION_DAYS_VAR, _positive_int, DEFAULT_RETENTION_DAYS),
+        batch_size=_opt(environ, BATCH_SIZE_VAR, _positive_int, DEFAULT_BATCH_SIZE),
+        cron=_opt(environ, CRON_VAR, validate_cron, DEFAULT_CRON),
+        max_run_duration=_opt(environ, MAX_RUN_DURATION_VAR, parse_duration,
+                              DEFAULT_MAX_RUN_DURATION),
+        stale_after=_opt(environ, STALE_AFTER_VAR, parse_duration, DEFAULT_STALE_AFTER),
+        alert_webhook_url=_opt(environ, ALERT_WEBHOOK_URL_VAR, _http_url),
+    )
+
+
+def _opt(environ, variable, parse, default=None):
+    raw = environ.get(variable)
+    if raw is None:
+        return default
+    if not raw.strip():
+        raise SettingsError(variable, "is set but empty; unset it to use the default")
+    try:
+        return parse(raw.strip())
+    except SettingsError:
+        raise
+    except ValueError as exc:
+        raise SettingsError(variable, str(exc)) from None
+
+
+def _positive_int(raw: str) -> int:
+    try:
+        value = int(raw)
+    except ValueError:
+        raise ValueError(f"{raw!r} is not a whole number") from None
+    if value <= 0:
+        raise ValueError(f"{raw!r} must be greater than 0")
+    return value
+
+
+def validate_cron(raw: str) -> str:
+    """Return ``raw`` if it is a cron expression Dagster's schedules accept, else raise.
+
+    The rule is Dagster's own (``dagster._utils.schedules.is_valid_cron_string``, restated here
+    so the core stays free of Dagster imports; a test checks that the two agree): croniter must
+    parse it, it must expand to exactly 5 fields (no seconds field), and it must not name only
+    the 30th or 31st of February.
+
+    Raises:
+        ValueError: with the expression quoted.
+    """
+    expr = raw.strip()
+    if not croniter.is_valid(expr):
+        raise ValueError(f"{raw!r} is not a valid cron expression (5 fields, evaluated in UTC)")
+    fields = croniter.expand(expr)[0]
+    if len(fields) != 5:
+        raise ValueError(f"{raw!r} has {len(fields)} fields; a schedule takes exactly 5 "
+                         "(minute hour day-of-month month day-of-week)")
+    days, months = fields[2], fields[3]
+    if months == [2] and len(days) == 1 and days[0] in (30, 31):
+        raise ValueError(f"{raw!r} never fires (February has no day {days[0]})")
+    return expr
+
+
+def parse_duration(raw: str) -> dt.timedelta:
+    """Parse a duration given as ``HH:MM:SS`` (hours unbounded) or ISO 8601 (``PT10M``).
+
+    Returns:
+        A positive :class:`datetime.timedelta`.
+
+    Raises:
+        ValueError: the text is neither form, or the duration is not greater than zero.
+    """
+    match = _HMS.match(raw)
+    if match:
+        value = dt.timedelta(hours=int(match["h"]), minutes=int(match["m"]),
+                             seconds=float(match["s"]))
+    else:
+        try:
+            value = _DURATION.validate_python(raw)
+        except pydantic.ValidationError:
+            raise ValueError(f"{raw!r} is not a duration; write HH:MM:SS (e.g. 00:10:00) "
+                             "or ISO 8601 (e.g. PT10M)") from None
+    if value <= dt.timedelta(0):
+        raise ValueError(f"{raw!r} must be a duration greater than 0")
+    return value
+
+
+def parse_database_url(raw: str) -> URL:
+    """Parse a favorites database URL and pin the psycopg 3 driver.
+
+    ``postgresql://`` and ``postgres://`` are taken to mean ``postgresql+psycopg://``.
+
+    Raises:
+        SettingsError: malformed (the text is not echoed: it may hold a password), another
+            driver or database (shown with the password masked), or no database name.
+    """
+    try:
+        url = make_url(raw)
+    except (ArgumentError, ValueError):
+        raise SettingsError(DATABASE_URL_VAR, "is not a valid SQLAlchemy URL; expected "
+                            "postgresql+psycopg://user:password@host:port/database") from None
+    if url.drivername not in _ACCEPTED_DRIVERS:
+        raise SettingsError(DATABASE_URL_VAR, f"{url.render_as_string()!r} uses driver "
+                            f"{url.drivername!r}; expected {DRIVER!r}")
+    if not url.database:
+        raise SettingsError(DATABASE_URL_VAR, f"{url.render_as_string()!r} names no database")
+    return url.set(drivername=DRIVER)
+
+
+def _http_url(raw: str) -> str:
+    if not re.match(r"^https?://[^\s/]+", raw):
+        raise ValueError("is not an http(s) URL")
+    return raw

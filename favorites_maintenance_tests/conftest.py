@@ -1,0 +1,101 @@
+"""Fixtures: one embedded PostgreSQL server for the session, a fresh database per test."""
+
+from __future__ import annotations
+
+import datetime as dt
+import itertools
+import os
+import tempfile
+from pathlib import Path
+
+import pytest
+import sqlalchemy as sa
+
+from favorites_maintenance.embedded import EmbeddedPostgres
+from favorites_maintenance.retention.database import create_engine
+from favorites_maintenance.retention.schema import create_dev_schema, dev_favorites
+
+UTC = dt.timezone.utc
+_counter = itertools.count()
+
+
+@pytest.fixture(scope="session")
+def pg_server():
+    """The embedded server, in a temporary folder deleted at the end of the session."""
+    root = Path(tempfile.mkdtemp(prefix="favorites-tests-"))
+    os.chmod(root, 0o755)  # the server runs as another OS user when the tests run as root
+    server = EmbeddedPostgres(root / "pgdata", delete_on_exit=True).start()
+    yield server
+    server.stop()
+
+
+@pytest.fixture
+def db_url(pg_server):
+    """URL of a new, empty database holding the dev table and the recommended index."""
+    name = f"t{os.getpid()}_{next(_counter)}"
+    url = pg_server.ensure_database(name)
+    engine = create_engine(url)
+    create_dev_schema(engine)
+    engine.dispose()
+    yield url
+    pg_server.drop_database(name)
+
+
+@pytest.fixture
+def engine(db_url):
+    """An engine on the per-test database, disposed after the test."""
+    eng = create_engine(db_url)
+    yield eng
+    eng.dispose()
+
+
+class Rows:
+    """Insert and inspect rows of the dev table by readable names."""
+
+    def __init__(self, engine: sa.Engine):
+        self.engine = engine
+
+    def add(self, *, updated_at: dt.datetime, user_id: int | None = None,
+            note: str | None = None, anonymous_id: str | None = None) -> int:
+        """Insert one row; guest rows get an anonymous id. Returns its id."""
+        if user_id is None and anonymous_id is None:
+            anonymous_id = "00000000-0000-4000-8000-000000000001"
+        with self.engine.begin() as conn:
+            return conn.execute(
+                sa.insert(dev_favorites).returning(dev_favorites.c.id),
+                {"user_id": user_id, "anonymous_id": anonymous_id, "item_id": 1,
+                 "note": note, "created_at": updated_at, "updated_at": updated_at},
+            ).scalar_one()
+
+    def add_many(self, n: int, *, updated_at: dt.datetime, user_id: int | None = None,
+                 step: dt.timedelta = dt.timedelta(seconds=1)) -> list[int]:
+        """Insert ``n`` rows whose ``updated_at`` grows by ``step`` from ``updated_at``."""
+        anon = None if user_id is not None else "00000000-0000-4000-8000-000000000002"
+        params = [{"user_id": user_id, "anonymous_id": anon, "item_id": i, "note": None,
+                   "created_at": updated_at + i * step, "updated_at": updated_at + i * step}
+                  for i in range(n)]
+        with self.engine.begin() as conn:
+            conn.execute(sa.insert(dev_favorites), params)
+            return list(conn.execute(sa.select(dev_favorites.c.id)
+                                     .order_by(dev_favorites.c.id.desc()).limit(n)).scalars())
+
+    def ids(self) -> set[int]:
+        """Ids of every row still present."""
+        with self.engine.connect() as conn:
+            return set(conn.execute(sa.select(dev_favorites.c.id)).scalars())
+
+    def count(self, where=None) -> int:
+        stmt = sa.select(sa.func.count()).select_from(dev_favorites)
+        if where is not None:
+            stmt = stmt.where(where)
+        with self.engine.connect() as conn:
+            return conn.execute(stmt).scalar_one()
+
+    def accounts(self) -> int:
+        """Rows with ``user_id IS NOT NULL``."""
+        return self.count(dev_favorites.c.user_id.is_not(None))
+
+
+@pytest.fixture
+def rows(engine) -> Rows:
+    return Rows(engine)

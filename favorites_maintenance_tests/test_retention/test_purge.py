@@ -1,0 +1,220 @@
+"""The batched purge against a real PostgreSQL (SPEC 5, SPEC 9)."""
+
+from __future__ import annotations
+
+import datetime as dt
+import threading
+import time
+
+import pytest
+import sqlalchemy as sa
+
+from favorites_maintenance.retention import (
+    BatchError,
+    StopReason,
+    measure_backlog,
+    purge,
+)
+from favorites_maintenance.retention.database import create_engine
+from favorites_maintenance.retention.schema import dev_favorites
+
+UTC = dt.timezone.utc
+CUTOFF = dt.datetime(2025, 6, 1, 12, 0, 0, tzinfo=UTC)
+OLD = CUTOFF - dt.timedelta(days=30)
+TEN_MIN = dt.timedelta(minutes=10)
+guest = dev_favorites.c.user_id.is_(None)
+
+
+def run(engine, **kwargs):
+    kwargs.setdefault("batch_size", 1000)
+    kwargs.setdefault("max_run_duration", TEN_MIN)
+    return purge(engine, CUTOFF, **kwargs)
+
+
+def open_transactions(engine) -> int:
+    """Sessions of the purge left idle inside a transaction."""
+    with engine.connect() as conn:
+        return conn.execute(sa.text(
+            "SELECT count(*) FROM pg_stat_activity WHERE application_name = 'favorites-maintenance'"
+            " AND state LIKE 'idle in transaction%' AND pid <> pg_backend_pid()")).scalar_one()
+
+
+def test_empty_table_is_a_successful_no_op(engine):
+    report = run(engine)
+    assert (report.deleted_total, report.batches, report.stop_reason) == (
+        0, 0, StopReason.EXHAUSTED)
+
+
+def test_boundary_points_on_both_sides_of_the_cutoff(engine, rows):
+    micro = dt.timedelta(microseconds=1)
+    just_older = rows.add(updated_at=CUTOFF - micro)
+    at_cutoff = rows.add(updated_at=CUTOFF)
+    just_newer = rows.add(updated_at=CUTOFF + micro)
+    fresh = rows.add(updated_at=CUTOFF + dt.timedelta(days=300))
+    old_account = rows.add(updated_at=CUTOFF - dt.timedelta(days=3000), user_id=7)
+    account_at_boundary = rows.add(updated_at=CUTOFF - micro, user_id=8)
+
+    report = run(engine)
+
+    assert report.deleted_total == 1
+    assert rows.ids() == {at_cutoff, just_newer, fresh, old_account, account_at_boundary}
+    assert just_older not in rows.ids()
+
+
+def test_many_rows_go_in_several_batches_each_committed_on_its_own(engine, rows):
+    rows.add_many(2500, updated_at=OLD)
+    rows.add_many(300, updated_at=OLD - dt.timedelta(days=900), user_id=42)
+    seen_from_outside = []
+
+    def on_batch(batch):
+        # Another session sees the batch deleted: it was committed before the next one began.
+        seen_from_outside.append(rows.count(guest))
+
+    report = run(engine, batch_size=1000, on_batch=on_batch)
+
+    assert report.deleted_total == 2500
+    assert report.batches == 3
+    assert seen_from_outside == [1500, 500, 0]
+    assert rows.accounts() == 300
+    assert rows.count(guest) == 0
+
+
+def test_a_second_run_deletes_nothing(engine, rows):
+    rows.add_many(1200, updated_at=OLD)
+    assert run(engine, batch_size=500).deleted_total == 1200
+    second = run(engine, batch_size=500)
+    assert (second.deleted_total, second.batches) == (0, 0)
+
+
+def test_a_full_last_batch_ends_with_an_empty_batch_that_is_not_counted(engine, rows):
+    rows.add_many(1000, updated_at=OLD)
+    report = run(engine, batch_size=500)
+    assert (report.deleted_total, report.batches) == (1000, 2)
+
+
+def test_rows_sharing_one_updated_at_across_batch_borders_are_all_deleted(engine, rows):
+    # 700 rows with the same updated_at: the keyset must go on by id within one timestamp.
+    rows.add_many(700, updated_at=OLD, step=dt.timedelta(0))
+    report = run(engine, batch_size=100)
+    assert (report.deleted_total, report.batches) == (700, 7)
+    assert rows.count() == 0
+
+
+def test_two_workers_at_once_delete_every_row_exactly_once(db_url, rows):
+    prunable_ids = set(rows.add_many(6000, updated_at=OLD))
+    accounts = set(rows.add_many(500, updated_at=OLD, user_id=3))
+    fresh = set(rows.add_many(200, updated_at=CUTOFF + dt.timedelta(days=1)))
+    reports, errors = [], []
+    start = threading.Barrier(2)
+
+    def worker():
+        engine = create_engine(db_url)
+        try:
+            start.wait()
+            # A short pause per batch makes the two runs overlap for real.
+            reports.append(run(engine, batch_size=100, on_batch=lambda b: time.sleep(0.002)))
+        except Exception as exc:  # pragma: no cover - reported below
+            errors.append(exc)
+        finally:
+            engine.dispose()
+
+    threads = [threading.Thread(target=worker) for _ in range(2)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+
+    assert errors == []
+    assert sum(r.deleted_total for r in reports) == len(prunable_ids)
+    assert all(r.deleted_total > 0 for r in reports), [r.deleted_total for r in reports]
+    assert rows.ids() == accounts | fresh
+
+
+def test_a_row_locked_by_a_user_is_skipped_not_waited_on(engine, rows):
+    locked = rows.add(updated_at=OLD)
+    others = rows.add_many(50, updated_at=OLD + dt.timedelta(seconds=5))
+    user = engine.connect()
+    try:
+        user.begin()
+        user.execute(sa.select(dev_favorites.c.id).where(dev_favorites.c.id == locked)
+                     .with_for_update())
+        t0 = time.monotonic()
+        report = run(engine, batch_size=10, lock_timeout=dt.timedelta(seconds=5))
+        assert time.monotonic() - t0 < 4  # never waited for the user's lock
+        assert report.deleted_total == len(others)
+        assert measure_backlog(engine, CUTOFF).remaining == 1
+    finally:
+        user.rollback()
+        user.close()
+    assert rows.ids() == {locked}
+
+
+def test_stop_request_between_batches_keeps_committed_batches_and_no_open_transaction(
+        engine, rows):
+    rows.add_many(1000, updated_at=OLD)
+    done = []
+
+    report = run(engine, batch_size=100, on_batch=done.append, should_stop=lambda: len(done) >= 3)
+
+    assert report.stop_reason is StopReason.STOP_REQUESTED
+    assert report.deleted_total == 300 and report.batches == 3
+    assert rows.count() == 700
+    assert open_transactions(engine) == 0
+
+
+def test_max_run_duration_ends_the_run_successfully_with_a_backlog(engine, rows):
+    rows.add_many(1000, updated_at=OLD)
+    report = run(engine, batch_size=100, max_run_duration=dt.timedelta(milliseconds=250),
+                 on_batch=lambda b: time.sleep(0.1))
+
+    assert report.stop_reason is StopReason.MAX_RUN_DURATION
+    assert 100 <= report.deleted_total < 1000
+    assert measure_backlog(engine, CUTOFF).remaining == 1000 - report.deleted_total
+
+
+def test_a_failing_batch_rolls_back_alone_and_is_raised(engine, rows):
+    rows.add_many(500, updated_at=OLD)
+    blocker = engine.connect()
+
+    def on_batch(batch):
+        if batch.batch_no == 1:  # a migration takes the table after batch 1
+            blocker.begin()
+            blocker.execute(sa.text("LOCK TABLE favorites.favorites IN ACCESS EXCLUSIVE MODE"))
+
+    try:
+        with pytest.raises(BatchError) as raised:
+            run(engine, batch_size=100, on_batch=on_batch,
+                lock_timeout=dt.timedelta(milliseconds=100))
+    finally:
+        blocker.rollback()
+        blocker.close()
+
+    err = raised.value
+    assert err.batch_no == 2
+    assert err.report.deleted_total == 100
+    assert "LockNotAvailable" in str(err) or "lock timeout" in str(err)
+    assert rows.count() == 400
+    assert open_transactions(engine) == 0
+
+
+def test_session_time_zone_does_not_change_what_is_deleted(db_url, rows):
+    micro = dt.timedelta(microseconds=1)
+    keep = {rows.add(updated_at=CUTOFF), rows.add(updated_at=CUTOFF + micro)}
+    rows.add(updated_at=CUTOFF - micro)
+    far_east = create_engine(db_url, connect_args={"options": "-c timezone=Pacific/Kiritimati"})
+    try:
+        with far_east.connect() as conn:
+            assert conn.execute(sa.text("SHOW timezone")).scalar_one() == "Pacific/Kiritimati"
+        report = purge(far_east, CUTOFF, batch_size=10, max_run_duration=TEN_MIN)
+    finally:
+        far_east.dispose()
+    assert report.deleted_total == 1
+    assert rows.ids() == keep
+
+
+@pytest.mark.parametrize("kwargs", [{"batch_size": 0}, {"max_run_duration": dt.timedelta(0)}])
+def test_invalid_arguments_are_refused_before_any_delete(engine, rows, kwargs):
+    rows.add(updated_at=OLD)
+    with pytest.raises(ValueError):
+        run(engine, **kwargs)
+    assert rows.count() == 1
