@@ -1,0 +1,144 @@
+"""The cleanup as an op graph ``compute_cutoff -> purge -> measure_backlog`` (SPEC 5, SPEC 6).
+
+The graph is exposed as a daily-partitioned graph-backed asset so runs can be launched and
+backfilled from the UI. Dagster puts only the terminal op's output metadata on the asset
+materialization, so the purge report travels to ``measure_backlog``, which records it.
+"""
+
+
+import datetime as dt
+import time
+from typing import Any
+
+import dagster as dg
+from dagster._core.errors import DagsterExecutionInterruptedError
+from dagster._utils.interrupts import capture_interrupts, check_captured_interrupt
+
+from favorites_maintenance.partitions import daily_partitions
+from favorites_maintenance.resources import FavoritesDatabase, GuestRetention
+from favorites_maintenance.retention.backlog import measure_backlog as count_backlog
+from favorites_maintenance.retention.purge import BatchError, BatchResult, PurgeReport, StopReason
+from favorites_maintenance.retention.purge import purge as run_purge
+from favorites_maintenance.retention.rule import compute_cutoff as cutoff_for
+
+ASSET_KEY = dg.AssetKey(["favorites", "guest_favorites_cleanup"])
+
+#: Concurrency pool of the purge op: with run granularity and limit 1 in ``dagster.yaml``, at
+#: most one cleanup run is in progress, whoever launched it (Laravel's ``withoutOverlapping``).
+POOL = "guest_favorites_cleanup"
+
+#: How often the purge reports progress in the run's event log, in seconds.
+PROGRESS_EVERY_S = 5.0
+
+
+@dg.op(description="The cutoff instant: min(now, end of the partition window) - retention days.")
+def compute_cutoff(context: dg.OpExecutionContext, retention: GuestRetention) -> dt.datetime:
+    """Return the run's cutoff, a timezone-aware UTC datetime (SPEC 3).
+
+    For a partitioned run (one day or a range) the anchor is ``min(now, window end)``; a run
+    without a partition uses ``now``.
+    """
+    now = dt.datetime.now(dt.timezone.utc)
+    window_end = None
+    if context.has_partition_key or context.has_partition_key_range:
+        window_end = context.partition_time_window.end
+    cutoff = cutoff_for(now, retention.retention_days, window_end)
+    context.log.info(f"run started: run_id={context.run_id} cutoff={cutoff.isoformat()} "
+                     f"retention_days={retention.retention_days} "
+                     f"batch_size={retention.batch_size}")
+    return cutoff
+
+
+@dg.op(pool=POOL, description="Delete prunable guest rows in SKIP LOCKED batch transactions.")
+def purge(context: dg.OpExecutionContext, database: FavoritesDatabase,
+          retention: GuestRetention, cutoff: dt.datetime) -> dict[str, Any]:
+    """Run the batched purge and return its report as a small dict for ``measure_backlog``.
+
+    A termination request (UI "Terminate", SIGTERM) is captured, never raised mid-batch: the open
+    batch commits, no batch starts after it, and the op then raises Dagster's interruption so
+    the run ends CANCELED rather than SUCCESS. What was deleted before the stop is recorded as
+    an asset observation.
+
+    Raises:
+        BatchError: a batch failed and was rolled back.
+        DagsterExecutionInterruptedError: after a stop request.
+    """
+    last_progress = time.monotonic()
+
+    def on_batch(batch: BatchResult) -> None:
+        nonlocal last_progress
+        now = time.monotonic()
+        if batch.batch_no == 1 or now - last_progress >= PROGRESS_EVERY_S:
+            last_progress = now
+            context.log.info(f"batch {batch.batch_no} deleted {batch.deleted} rows "
+                             f"({batch.deleted_total} so far)")
+
+    # capture_interrupts only works on the main thread; elsewhere nothing captures the signal.
+    with capture_interrupts():
+        try:
+            report = run_purge(
+                database.engine, cutoff,
+                batch_size=retention.batch_size,
+                max_run_duration=retention.max_run_duration,
+                should_stop=check_captured_interrupt,
+                on_batch=on_batch,
+            )
+        except BatchError as exc:
+            context.log.error(f"run failed: run_id={context.run_id} batch_no={exc.batch_no} "
+                              f"deleted_before={exc.report.deleted_total} error={exc}")
+            raise
+    summary = report_metadata(report, retention)
+    if report.stop_reason is StopReason.STOP_REQUESTED:
+        context.log.warning(f"run stopped on request after {report.batches} batches: "
+                            f"{report.deleted_total} rows deleted and committed")
+        context.log_event(dg.AssetObservation(asset_key=ASSET_KEY, metadata=summary))
+        raise DagsterExecutionInterruptedError()
+    return summary
+
+
+@dg.op(out=dg.Out(dg.Nothing),
+       description="Count what the rule still matches and record the run's metadata.")
+def measure_backlog(context: dg.OpExecutionContext, database: FavoritesDatabase,
+                    cutoff: dt.datetime, report: dict[str, Any]) -> None:
+    """Measure the backlog for the run's cutoff and attach the run metadata (SPEC 6) to the
+    asset materialization."""
+    backlog = count_backlog(database.engine, cutoff)
+    oldest = backlog.oldest_updated_at
+    context.log.info(f"run completed: deleted_total={report['deletedTotal']} "
+                     f"batches={report['batches']} duration_ms={report['durationMs']} "
+                     f"backlog={backlog.remaining}")
+    context.add_output_metadata({
+        **report,
+        "backlogRemaining": backlog.remaining,
+        "backlogOldestUpdatedAt": oldest.isoformat() if oldest else "none",
+    })
+
+
+def report_metadata(report: PurgeReport, retention: GuestRetention) -> dict[str, Any]:
+    """The SPEC 6 metadata of a purge report: numbers stay numbers so the UI can plot them."""
+    return {
+        "deletedTotal": report.deleted_total,
+        "batches": report.batches,
+        "durationMs": report.duration_ms,
+        "batchMaxMs": round(report.batch_max_s * 1000, 1),
+        "cutoff": report.cutoff.isoformat(),
+        "retentionDays": retention.retention_days,
+        "batchSize": retention.batch_size,
+        "stopReason": report.stop_reason.value,
+    }
+
+
+@dg.graph_asset(
+    key=ASSET_KEY,
+    partitions_def=daily_partitions,
+    group_name="maintenance",
+    kinds={"postgres"},
+    description=(
+        "Stale guest favorites removed from favorites.favorites: rows with user_id IS NULL "
+        "idle longer than the retention period, deleted in SKIP LOCKED batches. A partition is "
+        "one daily run; its metadata says what was deleted and what is left."
+    ),
+)
+def guest_favorites_cleanup():
+    cutoff = compute_cutoff()
+    return measure_backlog(cutoff, purge(cutoff))

@@ -1,0 +1,70 @@
+"""Resources: the favorites database and the retention settings.
+
+Both are built from the validated :class:`~favorites_maintenance.settings.Settings` in
+:mod:`favorites_maintenance.definitions`; the database URL reaches Dagster only as an
+``EnvVar``, so the UI and the run config never show it.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+
+import dagster as dg
+import sqlalchemy as sa
+from pydantic import PrivateAttr
+
+from favorites_maintenance.retention.database import create_engine
+from favorites_maintenance.settings import DATABASE_URL_VAR, SettingsError, parse_database_url
+
+
+class FavoritesDatabase(dg.ConfigurableResource):
+    """The PostgreSQL database holding ``favorites.favorites``.
+
+    Attributes:
+        url: SQLAlchemy URL (``postgresql+psycopg://…``); a secret, pass it as
+            ``dg.EnvVar("FAVORITES_DATABASE_URL")``.
+
+    The engine opens connections lazily, once per step, and is disposed when the step ends.
+    """
+
+    url: str
+    _engine: sa.Engine | None = PrivateAttr(default=None)
+
+    def setup_for_execution(self, context: dg.InitResourceContext) -> None:
+        try:
+            self._engine = create_engine(parse_database_url(self.url))
+        except SettingsError:
+            raise
+        except Exception:
+            raise SettingsError(DATABASE_URL_VAR, "could not be used to build an engine") from None
+
+    def teardown_after_execution(self, context: dg.InitResourceContext) -> None:
+        if self._engine is not None:
+            self._engine.dispose()
+            self._engine = None
+
+    @property
+    def engine(self) -> sa.Engine:
+        """The SQLAlchemy engine; only inside a step (after ``setup_for_execution``)."""
+        if self._engine is None:
+            self._engine = create_engine(parse_database_url(self.url))
+        return self._engine
+
+
+class GuestRetention(dg.ConfigurableResource):
+    """The retention policy and the run limits (SPEC 4), shown on the resource page of the UI.
+
+    Attributes:
+        retention_days: guest rows idle longer than this many days are prunable (> 0).
+        batch_size: rows per batch transaction (> 0).
+        max_run_duration_seconds: time budget of one purge, in seconds (> 0).
+    """
+
+    retention_days: int
+    batch_size: int
+    max_run_duration_seconds: float
+
+    @property
+    def max_run_duration(self) -> dt.timedelta:
+        """:attr:`max_run_duration_seconds` as a timedelta."""
+        return dt.timedelta(seconds=self.max_run_duration_seconds)

@@ -1,0 +1,117 @@
+"""Settings from the environment (SPEC 4): defaults, and every invalid value named."""
+
+from __future__ import annotations
+
+import datetime as dt
+import subprocess
+import sys
+
+import pytest
+from dagster._utils.schedules import is_valid_cron_string
+
+from favorites_maintenance.settings import (
+    SettingsError,
+    load_settings,
+    validate_cron,
+)
+
+PASSWORD = "s3cr3t-pa55"
+
+
+def test_defaults_when_nothing_is_set():
+    s = load_settings({})
+    assert s.database_url is None
+    assert (s.retention_days, s.batch_size, s.cron) == (365, 1000, "0 3 * * *")
+    assert s.max_run_duration == dt.timedelta(minutes=10)
+    assert s.stale_after == dt.timedelta(hours=48)
+    assert s.alert_webhook_url is None
+
+
+def test_values_are_read_from_the_variables():
+    s = load_settings({
+        "FAVORITES_DATABASE_URL": f"postgresql://app:{PASSWORD}@db.internal:5433/favorites",
+        "FAVORITES_GUEST_RETENTION_DAYS": "30",
+        "FAVORITES_GUEST_RETENTION_BATCH_SIZE": "250",
+        "FAVORITES_GUEST_RETENTION_CRON": "15 2 * * 1-5",
+        "FAVORITES_GUEST_RETENTION_MAX_RUN_DURATION": "PT90S",
+        "FAVORITES_GUEST_RETENTION_STALE_AFTER": "72:00:00",
+        "FAVORITES_ALERT_WEBHOOK_URL": "https://hooks.example.test/T/B/X",
+    })
+    assert s.database_url.drivername == "postgresql+psycopg"
+    assert s.database_url.port == 5433 and s.database_url.database == "favorites"
+    assert PASSWORD not in s.database_url_safe and PASSWORD not in repr(s)
+    assert (s.retention_days, s.batch_size, s.cron) == (30, 250, "15 2 * * 1-5")
+    assert s.max_run_duration == dt.timedelta(seconds=90)
+    assert s.stale_after == dt.timedelta(hours=72)
+
+
+@pytest.mark.parametrize("variable, value", [
+    ("FAVORITES_GUEST_RETENTION_DAYS", "0"),
+    ("FAVORITES_GUEST_RETENTION_DAYS", "-5"),
+    ("FAVORITES_GUEST_RETENTION_DAYS", "ten"),
+    ("FAVORITES_GUEST_RETENTION_DAYS", "3.5"),
+    ("FAVORITES_GUEST_RETENTION_DAYS", ""),
+    ("FAVORITES_GUEST_RETENTION_BATCH_SIZE", "0"),
+    ("FAVORITES_GUEST_RETENTION_BATCH_SIZE", "1e3"),
+    ("FAVORITES_GUEST_RETENTION_BATCH_SIZE", "   "),
+    ("FAVORITES_GUEST_RETENTION_CRON", "0 3 * * * *"),
+    ("FAVORITES_GUEST_RETENTION_CRON", "61 3 * * *"),
+    ("FAVORITES_GUEST_RETENTION_CRON", "0 3 * *"),
+    ("FAVORITES_GUEST_RETENTION_CRON", "0 0 30 2 *"),
+    ("FAVORITES_GUEST_RETENTION_CRON", "daily"),
+    ("FAVORITES_GUEST_RETENTION_MAX_RUN_DURATION", "00:00:00"),
+    ("FAVORITES_GUEST_RETENTION_MAX_RUN_DURATION", "-00:10:00"),
+    ("FAVORITES_GUEST_RETENTION_MAX_RUN_DURATION", "ten minutes"),
+    ("FAVORITES_GUEST_RETENTION_STALE_AFTER", "PT0S"),
+    ("FAVORITES_GUEST_RETENTION_STALE_AFTER", "48h"),
+    ("FAVORITES_ALERT_WEBHOOK_URL", "hooks.example.test/x"),
+    ("FAVORITES_DATABASE_URL", "mysql://u:p@h/db"),
+    ("FAVORITES_DATABASE_URL", "postgresql+psycopg://u:p@h/"),
+    ("FAVORITES_DATABASE_URL", "not a url"),
+])
+def test_an_invalid_value_names_the_variable_and_the_value(variable, value):
+    with pytest.raises(SettingsError) as raised:
+        load_settings({variable: value})
+    message = str(raised.value)
+    assert raised.value.variable == variable
+    assert message.startswith(variable + ":")
+    if value.strip() and variable not in ("FAVORITES_DATABASE_URL", "FAVORITES_ALERT_WEBHOOK_URL"):
+        assert repr(value) in message
+
+
+@pytest.mark.parametrize("url", [
+    f"mysql://app:{PASSWORD}@h/db",
+    f"postgresql+psycopg://app:{PASSWORD}@h/",
+    f"postgresql+psycopg://app:{PASSWORD}@h:notaport/db",
+])
+def test_a_bad_database_url_never_shows_its_password(url):
+    with pytest.raises(SettingsError) as raised:
+        load_settings({"FAVORITES_DATABASE_URL": url})
+    assert PASSWORD not in str(raised.value)
+    assert "FAVORITES_DATABASE_URL" in str(raised.value)
+
+
+@pytest.mark.parametrize("expr", [
+    "0 3 * * *", "*/5 * * * *", "0 0 1 1 *", "0 3 * * MON-FRI", "0 3 * * 7", "@daily",
+    "@hourly", "0 0 29 2 *", "0 0 30 2 *", "0 0 31 2 *", "0 0 31 4 *", "0 3 L * *",
+    "* * * * * *", "61 * * * *", "0 24 * * *", "0 3 * * 8", "0 3 * 13 *", "0 3 0 * *",
+    "H 3 * * *", "0 3 * *", "", "0 3 1-5/2 * *", "0,30 * * * *", "0 3 ? * *",
+])
+def test_cron_validation_agrees_with_dagster_schedules(expr):
+    try:
+        validate_cron(expr)
+        ours = True
+    except ValueError:
+        ours = False
+    assert ours == is_valid_cron_string(expr), expr
+
+
+def test_loading_the_code_location_fails_fast_naming_the_variable():
+    env = {"FAVORITES_GUEST_RETENTION_BATCH_SIZE": "-1",
+           "FAVORITES_DATABASE_URL": f"postgresql://app:{PASSWORD}@127.0.0.1:1/favorites",
+           "PATH": "/usr/bin:/bin"}
+    proc = subprocess.run([sys.executable, "-c", "import favorites_maintenance.definitions"],
+                          env=env, capture_output=True, text=True, timeout=120)
+    assert proc.returncode != 0
+    assert "FAVORITES_GUEST_RETENTION_BATCH_SIZE: '-1' must be greater than 0" in proc.stderr
+    assert PASSWORD not in proc.stderr + proc.stdout
