@@ -27,7 +27,7 @@ ASSET_KEY = dg.AssetKey(["favorites", "guest_favorites_cleanup"])
 #: most one cleanup run is in progress, whoever launched it (Laravel's ``withoutOverlapping``).
 POOL = "guest_favorites_cleanup"
 
-#: How often the purge reports progress in the run's event log, in seconds.
+#: How often a batch line is logged at INFO (the others go at DEBUG), in seconds.
 PROGRESS_EVERY_S = 5.0
 
 
@@ -68,10 +68,13 @@ def purge(context: dg.OpExecutionContext, database: FavoritesDatabase,
     def on_batch(batch: BatchResult) -> None:
         nonlocal last_progress
         now = time.monotonic()
+        line = (f"batch {batch.batch_no} deleted {batch.deleted} rows "
+                f"({batch.deleted_total} so far)")
         if batch.batch_no == 1 or now - last_progress >= PROGRESS_EVERY_S:
             last_progress = now
-            context.log.info(f"batch {batch.batch_no} deleted {batch.deleted} rows "
-                             f"({batch.deleted_total} so far)")
+            context.log.info(line)
+        else:
+            context.log.debug(line)
 
     # capture_interrupts only works on the main thread; elsewhere nothing captures the signal.
     with capture_interrupts():

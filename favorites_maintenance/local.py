@@ -1,0 +1,77 @@
+"""The local environment of ``favorites-maintenance demo|dev``: the embedded PostgreSQL server
+serving both the favorites database and Dagster's storage, and a persistent ``DAGSTER_HOME``.
+
+Everything lives in ``.favorites-maintenance/`` of the checkout (ignored by git), so runs stay
+in Dagster's history from one command to the next.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+from dataclasses import dataclass
+from pathlib import Path
+
+from favorites_maintenance.embedded import DAGSTER_DATABASE, FAVORITES_DATABASE, EmbeddedPostgres
+from favorites_maintenance.settings import DATABASE_URL_VAR
+
+STATE_DIR = ".favorites-maintenance"
+DAGSTER_STORAGE_URL_VAR = "DAGSTER_POSTGRES_URL"
+
+
+def project_root(start: Path | None = None) -> Path:
+    """The checkout: the nearest folder from ``start`` (default: cwd) up holding
+    ``workspace.yaml`` and ``dagster.yaml``, else the folder above the installed package."""
+    here = (start or Path.cwd()).resolve()
+    for folder in (here, *here.parents):
+        if (folder / "workspace.yaml").is_file() and (folder / "dagster.yaml").is_file():
+            return folder
+    return Path(__file__).resolve().parent.parent
+
+
+@dataclass
+class LocalEnvironment:
+    """The embedded server and ``DAGSTER_HOME`` under ``root/.favorites-maintenance``.
+
+    Attributes:
+        root: the checkout (holds ``dagster.yaml`` and ``workspace.yaml``).
+        server: the embedded PostgreSQL server (started by :meth:`start`).
+    """
+
+    root: Path
+    server: EmbeddedPostgres | None = None
+
+    @property
+    def state_dir(self) -> Path:
+        return self.root / STATE_DIR
+
+    @property
+    def dagster_home(self) -> Path:
+        return self.state_dir / "dagster_home"
+
+    def start(self) -> "LocalEnvironment":
+        """Start the server, create both databases, write ``DAGSTER_HOME/dagster.yaml`` and
+        export ``FAVORITES_DATABASE_URL``, ``DAGSTER_POSTGRES_URL`` and ``DAGSTER_HOME`` into
+        this process's environment (child processes inherit them).
+
+        An explicit ``FAVORITES_DATABASE_URL`` is left alone: the job then runs against it.
+        """
+        self.state_dir.mkdir(parents=True, exist_ok=True)
+        # The server process runs as an unprivileged user when we are root: it must reach pgdata.
+        os.chmod(self.state_dir, 0o755)
+        self.server = EmbeddedPostgres(self.state_dir / "pgdata").start()
+        favorites_url = self.server.ensure_database(FAVORITES_DATABASE)
+        self.server.ensure_database(DAGSTER_DATABASE)
+        storage_url = self.server.url(DAGSTER_DATABASE, driver="postgresql+psycopg2")
+        self.dagster_home.mkdir(parents=True, exist_ok=True)
+        shutil.copyfile(self.root / "dagster.yaml", self.dagster_home / "dagster.yaml")
+        os.environ.setdefault(DATABASE_URL_VAR, favorites_url.render_as_string(False))
+        os.environ[DAGSTER_STORAGE_URL_VAR] = storage_url.render_as_string(False)
+        os.environ["DAGSTER_HOME"] = str(self.dagster_home)
+        return self
+
+    def stop(self) -> None:
+        """Stop the embedded server."""
+        if self.server is not None:
+            self.server.stop()
+            self.server = None
