@@ -3,6 +3,7 @@
 - ``demo``: the embedded PostgreSQL, a seeded dev table, one run of the job through Dagster on a
   persistent instance, and a summary of what happened.
 - ``dry-run``: how many rows the rule matches now, deleting nothing (Laravel's ``--pretend``).
+- ``bench``: the purge against the physical limit and the usual alternatives (issue 4).
 """
 
 from __future__ import annotations
@@ -158,3 +159,45 @@ def dry_run(partition: str | None) -> None:
     _echo(f"cutoff     {cutoff.isoformat()} (retention {settings.retention_days} days)")
     _echo(f"prunable   {backlog.remaining:,} rows (oldest updated_at: {oldest})")
     _echo("nothing deleted (dry run)")
+
+
+@main.command()
+@click.option("--rows", default=2_000_000, show_default=True, type=click.IntRange(min=10_000),
+              help="Size of the seeded data set (the memory check also runs at 10% of it).")
+@click.option("--strategies", default="A,B,C,D,A2,A4", show_default=True,
+              help="Comma-separated subset of A, B, C, D, A2, A4, run in that order.")
+@click.option("--idle-seconds", default=5.0, show_default=True, type=click.FloatRange(min=0.5),
+              help="Idle window of the user workload before each purge.")
+@click.option("--out", default="bench-results/purge.json", show_default=True,
+              type=click.Path(dir_okay=False), help="Where the JSON results go.")
+@click.option("--pgdata", default=None, type=click.Path(file_okay=False),
+              help="Data folder of the bench's own server "
+                   "[default: .favorites-maintenance/bench/pgdata in the checkout].")
+def bench(rows: int, strategies: str, idle_seconds: float, out: str, pgdata: str | None) -> None:
+    """Benchmark the purge (A) against one DELETE (B), Laravel's ctid loop (C), naive SKIP
+    LOCKED batches (D) and A in 2 and 4 processes, on the embedded PostgreSQL."""
+    from pathlib import Path
+
+    from favorites_maintenance import bench as bench_mod
+    from favorites_maintenance.local import STATE_DIR, project_root
+
+    chosen = [s.strip().upper() for s in strategies.split(",") if s.strip()]
+    unknown = [s for s in chosen if s not in bench_mod.STRATEGIES]
+    if unknown or not chosen:
+        _fail(f"--strategies: unknown {unknown or strategies!r}; "
+              f"choose from {', '.join(bench_mod.STRATEGIES)}")
+    folder = Path(pgdata) if pgdata else project_root() / STATE_DIR / "bench" / "pgdata"
+    _echo(f"starting the bench's embedded PostgreSQL server ({folder})")
+    server = bench_mod.start_server(folder)
+    try:
+        report = bench_mod.run_bench(server, bench_mod.BenchConfig(
+            rows=rows, strategies=chosen, idle_seconds=idle_seconds, out=Path(out), echo=_echo))
+    finally:
+        server.stop()
+    _echo("")
+    _echo(bench_mod.format_table(report))
+    _echo(f"results written to {out}")
+    wrong = [name for name, r in report["strategies"].items()
+             if not (r["correct"] and r["correct_10pct"])]
+    if wrong:
+        _fail(f"strategies {', '.join(wrong)} did not delete exactly the prunable rows")

@@ -4,7 +4,9 @@ The rows are generated inside PostgreSQL (``generate_series`` with a seeded ``ra
 few million rows take seconds and the same seed gives the same rows. The shape follows a real
 favorites table: rows inserted in time order over ``years``, a share of guest rows (the rest
 belong to accounts, many of them old), a share "touched" later (``updated_at`` moved forward
-towards now), and runs of 25 rows sharing one ``updated_at`` (imports, retries).
+towards now), and runs of 25 rows sharing one ``updated_at`` (imports, retries). Optionally the
+oldest share of the rows are all account rows (favorites existed before guests could save any),
+so a scan of all rows in ``updated_at`` order meets many account rows before the first guest.
 """
 
 from __future__ import annotations
@@ -27,7 +29,8 @@ _INSERT = sa.text(
            CASE WHEN touched THEN created_at + r_touch * (CAST(:now AS timestamptz) - created_at)
                 ELSE created_at END
       FROM (SELECT i,
-                   random() < :guest_share AS guest,
+                   random() < CASE WHEN i < :account_head_rows THEN 0 ELSE :guest_share END
+                     AS guest,
                    random() < :touched_share AS touched,
                    random() AS r_user, random() AS r_anon, random() AS r_item,
                    random() AS r_note, random() AS r_touch,
@@ -54,7 +57,7 @@ class SeedSummary:
 
 def seed_favorites(engine: sa.Engine, rows: int, *, now: dt.datetime, years: float = 3.0,
                    seed: float = 0.42, guest_share: float = 0.4,
-                   touched_share: float = 0.1) -> SeedSummary:
+                   touched_share: float = 0.1, account_head_share: float = 0.0) -> SeedSummary:
     """Append ``rows`` generated rows to the dev table and ``ANALYZE`` it.
 
     Args:
@@ -64,19 +67,24 @@ def seed_favorites(engine: sa.Engine, rows: int, *, now: dt.datetime, years: flo
         now: timezone-aware end of the time span; rows span ``years`` before it.
         seed: ``setseed()`` value in [-1, 1]; the same seed gives the same rows.
         guest_share, touched_share: probabilities in [0, 1].
+        account_head_share: share in [0, 1) of the rows, the oldest ones, that are all account
+            rows; ``guest_share`` then applies to the others only (0: guests from the start).
 
     Returns:
         The :class:`SeedSummary` of the whole table after the insert.
     """
     if rows <= 0:
         raise ValueError(f"rows must be > 0, got {rows!r}")
+    if not 0.0 <= account_head_share < 1.0:
+        raise ValueError(f"account_head_share must be in [0, 1), got {account_head_share!r}")
     start = now - dt.timedelta(days=365.25 * years)
     with engine.begin() as conn:
         # One backend, no parallel workers: random() is then a single seeded sequence.
         conn.execute(sa.text("SET LOCAL max_parallel_workers_per_gather = 0"))
         conn.execute(sa.select(sa.func.setseed(seed)))
         conn.execute(_INSERT, {"rows": rows, "now": now, "start": start,
-                               "guest_share": guest_share, "touched_share": touched_share})
+                               "guest_share": guest_share, "touched_share": touched_share,
+                               "account_head_rows": int(rows * account_head_share)})
     with engine.connect().execution_options(isolation_level="AUTOCOMMIT") as conn:
         conn.execute(sa.text("ANALYZE favorites.favorites"))
     return summarize(engine)

@@ -1,0 +1,38 @@
+"""The benchmark, as a quick smoke run: the JSON it writes and the rows each strategy deletes.
+
+Timings are not asserted: they depend on the machine. What must hold at any size is that every
+strategy deletes exactly the prunable rows and no account row.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+
+from favorites_maintenance.bench import STRATEGIES, BenchConfig, format_table, run_bench
+
+
+def test_a_small_bench_writes_every_strategy_and_deletes_exactly_the_prunable_rows(
+        pg_server, tmp_path):
+    out = tmp_path / "bench-results" / "purge.json"
+    run_bench(pg_server, BenchConfig(rows=20_000, idle_seconds=0.5, out=out,
+                                     db_prefix=f"bench{os.getpid()}", echo=lambda line: None))
+
+    report = json.loads(out.read_text())
+    for key in ("rows_total", "prunable_rows", "user_p99_ms_idle", "peak_rss_mb", "strategies"):
+        assert key in report, key
+    assert report["rows_total"] == 20_000
+    assert 0 < report["prunable_rows"] < report["guest_rows"]
+    assert set(report["peak_rss_mb"]) == {"10%", "100%"}
+    assert set(report["strategies"]) == set(STRATEGIES)
+    for name, strategy in report["strategies"].items():
+        for key in ("rows_deleted", "rows_per_second", "ratio_to_B", "batch_p50_ms",
+                    "batch_p99_ms", "batch_max_ms", "wal_bytes", "user_p99_ms",
+                    "user_p99_ms_idle", "peak_rss_mb", "peak_rss_mb_10pct"):
+            assert key in strategy, (name, key)
+        assert strategy["rows_deleted"] == report["prunable_rows"], name
+        assert strategy["prunable_rows_left"] == 0, name
+        assert strategy["account_rows_deleted"] == 0, name
+        assert strategy["correct"] and strategy["correct_10pct"], name
+    assert report["strategies"]["A4"]["workers"] == 4
+    assert "A4" in format_table(report)
