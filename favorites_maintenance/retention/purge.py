@@ -3,32 +3,42 @@
 One run is a loop of batch transactions on one connection. Each batch is one statement::
 
     WITH batch AS MATERIALIZED (
-        SELECT id, updated_at FROM favorites.favorites
+        SELECT ctid, id, updated_at FROM favorites.favorites
          WHERE user_id IS NULL AND updated_at < :cutoff
-           AND (updated_at, id) > (:after_updated_at, :after_id)     -- keyset, after batch 1
+           AND updated_at >= :after_updated_at                        -- keyset, after batch 1
+           AND (updated_at, id) > (:after_updated_at, :after_id)
          ORDER BY updated_at, id LIMIT :batch_size
            FOR UPDATE SKIP LOCKED),
     deleted AS (
-        DELETE FROM favorites.favorites USING batch
-         WHERE user_id IS NULL AND updated_at < :cutoff AND favorites.id = batch.id
-        RETURNING favorites.id)
+        DELETE FROM favorites.favorites
+         WHERE user_id IS NULL AND updated_at < :cutoff
+           AND ctid = ANY(ARRAY(SELECT ctid FROM batch))
+        RETURNING 1)
     SELECT (SELECT count(*) FROM batch), (SELECT count(*) FROM deleted), <last (updated_at, id)>
 
 - ``MATERIALIZED`` evaluates the candidate SELECT exactly once, so the DELETE cannot re-run a
-  ``LIMIT`` subquery and take more than ``batch_size`` rows; rows are matched by primary key,
-  never by ``ctid``; the DELETE repeats the guard and the cutoff (defence in depth).
+  ``LIMIT`` subquery and take more than ``batch_size`` rows; the DELETE repeats the guard and the
+  cutoff (defence in depth).
+- The DELETE reaches the batch's rows by their ``ctid`` (row address) in one TID scan, not by a
+  primary-key descent per row. That is safe only because the rows are locked by this very
+  transaction: no one can update, delete or move them before the DELETE, so each address names
+  exactly the locked row version (unlike Laravel's unlocked ``ctid IN (SELECT ...)``). On a
+  partitioned table, where addresses repeat across partitions, the DELETE matches by primary
+  key instead.
 - ``SKIP LOCKED`` lets N purges (or a purge and user transactions) run side by side: each takes
   rows nobody else holds, so no row is deleted twice and nobody waits.
 - The keyset ``(updated_at, id) > last`` starts each batch past the previous one, so the index
   scan never re-walks the dead entries earlier batches left behind (the dead-tuple snowball of
-  LIMIT-only loops). Rows it passes over (locked by someone else at the time) are left for the
-  next run and show up in the backlog.
+  LIMIT-only loops). The redundant ``updated_at >=`` bound gives the planner the range on the
+  leading column, so it keeps to the partial index instead of walking the plain ``updated_at``
+  index through account rows. Rows the keyset passes over (locked by someone else at the time)
+  are left for the next run and show up in the backlog.
 - The ids never leave the server: memory does not grow with the rows deleted.
 
 Each batch transaction sets ``lock_timeout`` and ``statement_timeout`` with ``SET LOCAL``
 semantics, so the server, not only this process, bounds how long a batch can hold or wait for a
-lock. The loop repeats while batches come back full, and stops between batches on the run's
-time budget or on a stop request; an error rolls back only the open batch.
+lock. The loop repeats while batches come back full, and stops between
+batches on the run's time budget or on a stop request; an error rolls back only the open batch.
 """
 
 from __future__ import annotations
@@ -133,15 +143,21 @@ class BatchError(PurgeError):
         self.report = report
 
 
-def _batch_statement(cutoff: dt.datetime, batch_size: int, keyset: bool) -> sa.Select:
+def _batch_statement(cutoff: dt.datetime, batch_size: int, keyset: bool,
+                     by_ctid: bool = True) -> sa.Select:
     where = [prunable(cutoff)]
     if keyset:
-        where.append(
+        after_updated_at = sa.bindparam("after_updated_at", type_=TIMESTAMP(timezone=True))
+        where += [
+            # Redundant with the row comparison, but it gives the planner the range on the
+            # leading column, so it prefers the partial index to walking the plain updated_at
+            # index through the account rows (and re-sorting them by id).
+            favorites.c.updated_at >= after_updated_at,
             sa.tuple_(favorites.c.updated_at, favorites.c.id)
-            > sa.tuple_(sa.bindparam("after_updated_at", type_=TIMESTAMP(timezone=True)),
-                        sa.bindparam("after_id")))
+            > sa.tuple_(after_updated_at, sa.bindparam("after_id")),
+        ]
     batch = (
-        sa.select(favorites.c.id, favorites.c.updated_at)
+        sa.select(favorites.c.ctid, favorites.c.id, favorites.c.updated_at)
         .where(*where)
         .order_by(favorites.c.updated_at, favorites.c.id)
         .limit(batch_size)
@@ -149,25 +165,38 @@ def _batch_statement(cutoff: dt.datetime, batch_size: int, keyset: bool) -> sa.S
         .cte("batch")
         .prefix_with("MATERIALIZED")
     )
+    if by_ctid:
+        # The batch's rows are locked by this transaction, so no one can update, delete or
+        # move them before the DELETE: their ctid (row address) names exactly the locked row
+        # versions. One TID scan over the batch's addresses reaches them without a primary-key
+        # descent per row; the guard is checked again on each.
+        match = favorites.c.ctid == sa.any_(
+            sa.func.array(sa.select(batch.c.ctid).scalar_subquery()))
+    else:
+        # A partitioned table repeats row addresses across partitions: match by primary key.
+        match = favorites.c.id == batch.c.id
     deleted = (
-        delete_prunable(cutoff, favorites.c.id == batch.c.id)
-        .returning(favorites.c.id)
+        delete_prunable(cutoff, match)
+        .returning(sa.literal_column("1"))
         .cte("deleted")
     )
-    last = (
-        sa.select(batch.c.updated_at, batch.c.id)
-        .order_by(batch.c.updated_at.desc(), batch.c.id.desc())
+    last_updated_at = sa.select(sa.func.max(batch.c.updated_at)).scalar_subquery()
+    last_id = (
+        sa.select(batch.c.id)
+        .where(batch.c.updated_at == last_updated_at)
+        .order_by(batch.c.id.desc())
         .limit(1)
+        .scalar_subquery()
     )
     return sa.select(
         sa.select(sa.func.count()).select_from(batch).scalar_subquery().label("selected"),
         sa.select(sa.func.count()).select_from(deleted).scalar_subquery().label("deleted"),
-        last.with_only_columns(batch.c.updated_at).scalar_subquery().label("last_updated_at"),
-        last.with_only_columns(batch.c.id).scalar_subquery().label("last_id"),
+        last_updated_at.label("last_updated_at"),
+        last_id.label("last_id"),
     )
 
 
-_SET_TIMEOUTS = sa.text(
+_SET_LOCAL = sa.text(
     "SELECT set_config('lock_timeout', :lock_timeout, true), "
     "set_config('statement_timeout', :statement_timeout, true)"
 )
@@ -183,6 +212,12 @@ def assert_primary(conn: sa.Connection) -> None:
         raise StandbyError("the favorites database connection reached a hot standby "
                            "(pg_is_in_recovery() is true); point FAVORITES_DATABASE_URL at the "
                            "primary")
+
+
+def _is_partitioned(conn: sa.Connection) -> bool:
+    table = f"{favorites.schema}.{favorites.name}"
+    return conn.execute(sa.text("SELECT relkind = 'p' FROM pg_class WHERE oid = "
+                                "to_regclass(:table)"), {"table": table}).scalar() or False
 
 
 def purge(
@@ -223,9 +258,7 @@ def purge(
         raise ValueError(f"batch_size must be > 0, got {batch_size!r}")
     if max_run_duration <= dt.timedelta(0):
         raise ValueError(f"max_run_duration must be > 0, got {max_run_duration!r}")
-    first = _batch_statement(cutoff, batch_size, keyset=False)
-    following = _batch_statement(cutoff, batch_size, keyset=True)
-    timeouts = {"lock_timeout": _ms(lock_timeout), "statement_timeout": _ms(statement_timeout)}
+    settings = {"lock_timeout": _ms(lock_timeout), "statement_timeout": _ms(statement_timeout)}
 
     started = time.monotonic()
     deadline = started + max_run_duration.total_seconds()
@@ -238,8 +271,13 @@ def purge(
                            duration_s=time.monotonic() - started, stop_reason=reason,
                            batch_max_s=batch_max_s)
 
+    first = _batch_statement(cutoff, batch_size, keyset=False)
+    following = _batch_statement(cutoff, batch_size, keyset=True)
     with engine.connect() as conn:
         assert_primary(conn)
+        if _is_partitioned(conn):
+            first = _batch_statement(cutoff, batch_size, keyset=False, by_ctid=False)
+            following = _batch_statement(cutoff, batch_size, keyset=True, by_ctid=False)
         conn.rollback()  # end the autobegun transaction of the check
         while True:
             if should_stop():
@@ -250,7 +288,7 @@ def purge(
             t0 = time.monotonic()
             try:
                 with conn.begin():
-                    conn.execute(_SET_TIMEOUTS, timeouts)
+                    conn.execute(_SET_LOCAL, settings)
                     row = conn.execute(first if after is None else following, after or {}).one()
             except Exception as exc:
                 log.error("batch %d failed and was rolled back: %s", batch_no,

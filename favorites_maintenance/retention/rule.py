@@ -28,6 +28,9 @@ favorites = sa.Table(
     sa.Column("id", sa.types.NullType(), primary_key=True),
     sa.Column("user_id", sa.types.NullType(), nullable=True),
     sa.Column("updated_at", TIMESTAMP(timezone=True), nullable=False),
+    # PostgreSQL's row address: the purge reaches rows it has locked by it (never read before
+    # they are locked, never kept across transactions).
+    sa.Column("ctid", sa.types.NullType(), system=True),
 )
 
 _UTC = dt.timezone.utc
