@@ -165,7 +165,8 @@ def dry_run(partition: str | None) -> None:
 @click.option("--rows", default=2_000_000, show_default=True, type=click.IntRange(min=10_000),
               help="Size of the seeded data set (the memory check also runs at 10% of it).")
 @click.option("--strategies", default="A,B,C,D,A2,A4", show_default=True,
-              help="Comma-separated subset of A, B, C, D, A2, A4, run in that order.")
+              help="Comma-separated subset of A, B, C, D, A2, A4 (and A_durable: A with "
+                   "synchronous_commit on), run in that order.")
 @click.option("--idle-seconds", default=5.0, show_default=True, type=click.FloatRange(min=0.5),
               help="Idle window of the user workload before each purge.")
 @click.option("--out", default="bench-results/purge.json", show_default=True,
@@ -182,10 +183,12 @@ def bench(rows: int, strategies: str, idle_seconds: float, out: str, pgdata: str
     from favorites_maintenance.local import STATE_DIR, project_root
 
     chosen = [s.strip().upper() for s in strategies.split(",") if s.strip()]
-    unknown = [s for s in chosen if s not in bench_mod.STRATEGIES]
+    known = {s.upper(): s for s in bench_mod.STRATEGIES + bench_mod.EXTRA_STRATEGIES}
+    unknown = [s for s in chosen if s not in known]
+    chosen = [known.get(s, s) for s in chosen]
     if unknown or not chosen:
-        _fail(f"--strategies: unknown {unknown or strategies!r}; "
-              f"choose from {', '.join(bench_mod.STRATEGIES)}")
+        _fail(f"--strategies: unknown {unknown or strategies!r}; choose from "
+              f"{', '.join(bench_mod.STRATEGIES + bench_mod.EXTRA_STRATEGIES)}")
     folder = Path(pgdata) if pgdata else project_root() / STATE_DIR / "bench" / "pgdata"
     _echo(f"starting the bench's embedded PostgreSQL server ({folder})")
     server = bench_mod.start_server(folder)
