@@ -125,5 +125,5 @@ def test_the_asset_is_daily_partitioned_and_run_by_the_job(defs):
     assert isinstance(assets_def.partitions_def, dg.DailyPartitionsDefinition)
     assert assets_def.partitions_def.timezone == "UTC"
     job = defs.resolve_job_def("guest_favorites_cleanup_job")
-    assert [n.name for n in job.graph.node_defs] == ["favorites__guest_favorites_cleanup"]
+    assert "favorites__guest_favorites_cleanup" in [n.name for n in job.graph.node_defs]
     assert set(assets_def.node_def.node_dict) == {"compute_cutoff", "purge", "measure_backlog"}
