@@ -78,8 +78,9 @@ def purge(context: dg.OpExecutionContext, config: PurgeConfig, database: Favorit
     stay deleted and the retry goes on from there. The retry is requested explicitly rather than
     by a declarative ``RetryPolicy``, which would turn a termination into a retry.
 
-    A termination request (UI "Terminate", SIGTERM) is captured, never raised mid-batch: the open
-    batch commits, no batch starts after it, and the op then raises Dagster's interruption so
+    A termination request (UI "Terminate", SIGTERM) is captured, never raised mid-batch, and the
+    run's CANCELING status is read before each batch: the open batch commits, no batch starts
+    after the request, and the op then raises Dagster's interruption so
     the run ends CANCELED rather than SUCCESS. What was deleted before the stop is recorded as
     an asset observation.
 
@@ -108,7 +109,7 @@ def purge(context: dg.OpExecutionContext, config: PurgeConfig, database: Favorit
                 database.engine, cutoff,
                 batch_size=retention.batch_size,
                 max_run_duration=retention.max_run_duration,
-                should_stop=check_captured_interrupt,
+                should_stop=lambda: check_captured_interrupt() or _termination_requested(context),
                 on_batch=on_batch,
             )
         except Exception as exc:
@@ -148,6 +149,14 @@ def measure_backlog(context: dg.OpExecutionContext, database: FavoritesDatabase,
         "backlogRemaining": backlog.remaining,
         "backlogOldestUpdatedAt": oldest.isoformat() if oldest else "none",
     })
+
+
+def _termination_requested(context: dg.OpExecutionContext) -> bool:
+    """The run was marked CANCELING (UI "Terminate"): seen before the interrupt reaches this
+    process, so no batch starts once the request is recorded."""
+    run = context.instance.get_run_by_id(context.run_id)
+    return run is not None and run.status in (dg.DagsterRunStatus.CANCELING,
+                                              dg.DagsterRunStatus.CANCELED)
 
 
 def _first_line(exc: BaseException) -> str:
