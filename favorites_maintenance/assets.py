@@ -124,12 +124,13 @@ def purge(context: dg.OpExecutionContext, config: PurgeConfig, database: Favorit
                 raise dg.RetryRequested(max_retries=config.max_retries,
                                         seconds_to_wait=wait) from exc
             raise
-    summary = report_metadata(report, retention)
-    if report.stop_reason is StopReason.STOP_REQUESTED:
-        context.log.warning(f"run stopped on request after {report.batches} batches: "
-                            f"{report.deleted_total} rows deleted and committed")
-        context.log_event(dg.AssetObservation(asset_key=ASSET_KEY, metadata=summary))
-        raise DagsterExecutionInterruptedError()
+        summary = report_metadata(report, retention)
+        if report.stop_reason is StopReason.STOP_REQUESTED:
+            # Still inside capture_interrupts: a signal arriving now cannot cut this record short.
+            context.log.warning(f"run stopped on request after {report.batches} batches: "
+                                f"{report.deleted_total} rows deleted and committed")
+            context.log_event(dg.AssetObservation(asset_key=ASSET_KEY, metadata=summary))
+            raise DagsterExecutionInterruptedError()
     return summary
 
 
