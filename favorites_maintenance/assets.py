@@ -5,20 +5,19 @@ backfilled from the UI. Dagster puts only the terminal op's output metadata on t
 materialization, so the purge report travels to ``measure_backlog``, which records it.
 """
 
-
 import datetime as dt
 import time
 from typing import Any
 
 import dagster as dg
-from pydantic import Field
 from dagster._core.errors import DagsterExecutionInterruptedError
 from dagster._utils.interrupts import capture_interrupts, check_captured_interrupt
+from pydantic import Field
 
 from favorites_maintenance.partitions import daily_partitions
 from favorites_maintenance.resources import FavoritesDatabase, GuestRetention
-from favorites_maintenance.retention.database import transient_error_kind
 from favorites_maintenance.retention.backlog import measure_backlog as count_backlog
+from favorites_maintenance.retention.database import error_summary, transient_error_kind
 from favorites_maintenance.retention.purge import BatchError, BatchResult, PurgeReport, StopReason
 from favorites_maintenance.retention.purge import purge as run_purge
 from favorites_maintenance.retention.rule import compute_cutoff as cutoff_for
@@ -115,7 +114,7 @@ def purge(context: dg.OpExecutionContext, config: PurgeConfig, database: Favorit
         except Exception as exc:
             batch_no = exc.batch_no if isinstance(exc, BatchError) else 0
             context.log.error(f"run failed: run_id={context.run_id} batch_no={batch_no} "
-                              f"error={type(exc).__name__}: {_first_line(exc)}")
+                              f"error={error_summary(exc)}")
             kind = transient_error_kind(exc)
             if kind is not None and context.retry_number < config.max_retries:
                 wait = config.retry_delay_seconds * 2 ** context.retry_number
@@ -158,11 +157,6 @@ def _termination_requested(context: dg.OpExecutionContext) -> bool:
     run = context.instance.get_run_by_id(context.run_id)
     return run is not None and run.status in (dg.DagsterRunStatus.CANCELING,
                                               dg.DagsterRunStatus.CANCELED)
-
-
-def _first_line(exc: BaseException) -> str:
-    text = str(exc).strip()
-    return text.splitlines()[0] if text else ""
 
 
 def report_metadata(report: PurgeReport, retention: GuestRetention) -> dict[str, Any]:

@@ -73,3 +73,13 @@ def transient_error_kind(exc: BaseException) -> str | None:
                 return "connection_lost"  # no SQLSTATE: the client lost the server
         exc = exc.__cause__ or exc.__context__
     return None
+
+
+def error_summary(exc: BaseException) -> str:
+    """``"<ExceptionType>: <first line of its message>"``, fit for a log line.
+
+    The first line of a database error is the server's message; the SQL and (hidden) parameters
+    that SQLAlchemy appends on later lines are left out.
+    """
+    text = str(exc).strip()
+    return f"{type(exc).__name__}: {text.splitlines()[0] if text else ''}"
