@@ -169,12 +169,16 @@ def dry_run(partition: str | None) -> None:
                    "synchronous_commit on), run in that order.")
 @click.option("--idle-seconds", default=5.0, show_default=True, type=click.FloatRange(min=0.5),
               help="Idle window of the user workload before each purge.")
+@click.option("--repeat", default=1, show_default=True, type=click.IntRange(min=1),
+              help="Full-size runs per strategy, in rounds; the median-throughput run is "
+                   "reported (use 3 on a busy machine).")
 @click.option("--out", default="bench-results/purge.json", show_default=True,
               type=click.Path(dir_okay=False), help="Where the JSON results go.")
 @click.option("--pgdata", default=None, type=click.Path(file_okay=False),
               help="Data folder of the bench's own server "
                    "[default: .favorites-maintenance/bench/pgdata in the checkout].")
-def bench(rows: int, strategies: str, idle_seconds: float, out: str, pgdata: str | None) -> None:
+def bench(rows: int, strategies: str, idle_seconds: float, repeat: int, out: str,
+          pgdata: str | None) -> None:
     """Benchmark the purge (A) against one DELETE (B), Laravel's ctid loop (C), naive SKIP
     LOCKED batches (D) and A in 2 and 4 processes, on the embedded PostgreSQL."""
     from pathlib import Path
@@ -194,7 +198,8 @@ def bench(rows: int, strategies: str, idle_seconds: float, out: str, pgdata: str
     server = bench_mod.start_server(folder)
     try:
         report = bench_mod.run_bench(server, bench_mod.BenchConfig(
-            rows=rows, strategies=chosen, idle_seconds=idle_seconds, out=Path(out), echo=_echo))
+            rows=rows, strategies=chosen, idle_seconds=idle_seconds, repeat=repeat, out=Path(out),
+            echo=_echo))
     finally:
         server.stop()
     _echo("")
