@@ -420,52 +420,63 @@ def _run_strategy(ctx, srv: _Server, cfg: BenchConfig, strategy: str, template: 
     url_s = url.render_as_string(hide_password=False)
     before = _counts(url, cutoff)
     user = None
-    if workload:
-        accounts, guests = _sample_ids(url, cutoff)
-        stop = ctx.Event()
-        user_recv, user_send = ctx.Pipe(duplex=False)
-        user = ctx.Process(target=_user_workload, name="bench-user-workload",
-                           args=(url_s, accounts, guests or accounts, cfg.user_ops_per_second,
-                                 17, stop, user_send))
-        user.start()
-        user_send.close()
+    stop = ctx.Event()
+    procs: list = []
+    try:
+        if workload:
+            accounts, guests = _sample_ids(url, cutoff)
+            user_recv, user_send = ctx.Pipe(duplex=False)
+            user = ctx.Process(target=_user_workload, name="bench-user-workload",
+                               args=(url_s, accounts, guests or accounts, cfg.user_ops_per_second,
+                                     17, stop, user_send))
+            user.start()
+            user_send.close()
 
-    workers = WORKERS[strategy]
-    kind = "A" if strategy in ("A2", "A4") else strategy
-    start = ctx.Event()
-    pipes, procs = [], []
-    for _ in range(workers):
-        recv, send = ctx.Pipe(duplex=False)
-        p = ctx.Process(target=_purge_child, name=f"bench-purge-{strategy}",
-                        args=(kind, url_s, cutoff, cfg.batch_size,
-                              cfg.max_run_duration.total_seconds(), start, send))
-        p.start()
-        send.close()
-        pipes.append(recv)
-        procs.append(p)
-    for pipe in pipes:
-        _expect_ready(pipe, f"strategy {strategy}")
-    if workload:
-        _expect_ready(user_recv, "user workload")
-    idle_from = time.monotonic()
-    if workload:
-        time.sleep(cfg.idle_seconds)
-    if statements := srv.has_pg_stat_statements():
-        srv.execute("SELECT pg_stat_statements_reset()")
-    lsn0 = srv.lsn()
-    start.set()
-    results = [pipe.recv() for pipe in pipes]
-    lsn1 = srv.lsn()
-    for p in procs:
-        p.join()
-    samples: list[tuple[float, float]] = []
-    if user is not None:
+        workers = WORKERS[strategy]
+        kind = "A" if strategy in ("A2", "A4") else strategy
+        start = ctx.Event()
+        pipes = []
+        for _ in range(workers):
+            recv, send = ctx.Pipe(duplex=False)
+            p = ctx.Process(target=_purge_child, name=f"bench-purge-{strategy}",
+                            args=(kind, url_s, cutoff, cfg.batch_size,
+                                  cfg.max_run_duration.total_seconds(), start, send))
+            p.start()
+            send.close()
+            pipes.append(recv)
+            procs.append(p)
+        for pipe in pipes:
+            _expect_ready(pipe, f"strategy {strategy}")
+        if workload:
+            _expect_ready(user_recv, "user workload")
+        idle_from = time.monotonic()
+        if workload:
+            time.sleep(cfg.idle_seconds)
+        if statements := srv.has_pg_stat_statements():
+            srv.execute("SELECT pg_stat_statements_reset()")
+        lsn0 = srv.lsn()
+        start.set()
+        results = [pipe.recv() for pipe in pipes]
+        lsn1 = srv.lsn()
+        for p in procs:
+            p.join()
+        samples: list[tuple[float, float]] = []
+        if user is not None:
+            stop.set()
+            got = user_recv.recv()
+            user.join()
+            if "error" in got:
+                raise RuntimeError(f"user workload failed: {got['error']}")
+            samples = got["samples"]
+    finally:
+        # On an error, end the processes this strategy started (and only those).
         stop.set()
-        got = user_recv.recv()
-        user.join()
-        if "error" in got:
-            raise RuntimeError(f"user workload failed: {got['error']}")
-        samples = got["samples"]
+        for proc in [*procs, *([user] if user is not None else [])]:
+            proc.join(timeout=10)
+            if proc.is_alive():
+                proc.terminate()
+                proc.join()
+
     errors = [r["error"] for r in results if "error" in r]
     if errors:
         raise RuntimeError(f"strategy {strategy} failed: {errors}")
