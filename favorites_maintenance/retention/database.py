@@ -2,18 +2,59 @@
 
 Every engine of the project is made here so that the same safety settings always apply:
 bound parameters are hidden from error messages (a failing statement must never print an
-anonymous id or a note), passwords are never rendered, and the connection identifies itself to
-``pg_stat_activity`` as ``favorites-maintenance``.
+anonymous id or a note), passwords are never rendered, the connection identifies itself to
+``pg_stat_activity`` as ``favorites-maintenance``, and ``timestamptz`` infinities and BC instants
+load as :data:`MIN_UTC` / :data:`MAX_UTC` instead of failing.
 """
 
 from __future__ import annotations
 
+import datetime as dt
 from typing import Any
 
 import sqlalchemy as sa
+from psycopg.types.datetime import DatetimeDumper, TimestamptzLoader
 from sqlalchemy.engine import URL, make_url
 
 APPLICATION_NAME = "favorites-maintenance"
+
+#: What ``'-infinity'`` / ``'infinity'`` (and BC instants) of a ``timestamptz`` become in Python.
+MIN_UTC = dt.datetime.min.replace(tzinfo=dt.timezone.utc)
+MAX_UTC = dt.datetime.max.replace(tzinfo=dt.timezone.utc)
+
+
+class _InfinityTimestamptzLoader(TimestamptzLoader):
+    """Loads ``-infinity`` and BC instants as :data:`MIN_UTC`, ``infinity`` as :data:`MAX_UTC`.
+
+    ``updated_at`` is ``timestamptz NOT NULL``, so ``'-infinity'`` is a legal value of a row the
+    rule must delete; Python's datetime cannot hold it, and psycopg would fail every batch that
+    reads it back.
+    """
+
+    def load(self, data):
+        raw = bytes(data)
+        if raw == b"-infinity" or raw.endswith(b" BC"):
+            return MIN_UTC
+        if raw == b"infinity":
+            return MAX_UTC
+        return super().load(data)
+
+
+class _InfinityDatetimeDumper(DatetimeDumper):
+    """Binds :data:`MIN_UTC` / :data:`MAX_UTC` back as ``-infinity`` / ``infinity``, so a keyset
+    position taken from such a row compares exactly."""
+
+    def dump(self, obj):
+        if obj == MIN_UTC:
+            return b"-infinity"
+        if obj == MAX_UTC:
+            return b"infinity"
+        return super().dump(obj)
+
+
+def _adapt_infinities(dbapi_connection, _record) -> None:
+    dbapi_connection.adapters.register_loader("timestamptz", _InfinityTimestamptzLoader)
+    dbapi_connection.adapters.register_dumper(dt.datetime, _InfinityDatetimeDumper)
 
 
 def create_engine(url: URL | str, *, application_name: str = APPLICATION_NAME,
@@ -31,13 +72,15 @@ def create_engine(url: URL | str, *, application_name: str = APPLICATION_NAME,
     """
     url = make_url(url)
     connect_args = {"application_name": application_name, **kwargs.pop("connect_args", {})}
-    return sa.create_engine(
+    engine = sa.create_engine(
         url,
         hide_parameters=True,
         pool_pre_ping=True,
         connect_args=connect_args,
         **kwargs,
     )
+    sa.event.listen(engine, "connect", _adapt_infinities)
+    return engine
 
 
 # SQLSTATEs worth a retry: the same statement can succeed a moment later.
