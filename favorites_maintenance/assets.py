@@ -16,8 +16,15 @@ from dagster._utils.interrupts import capture_interrupts, check_captured_interru
 
 from favorites_maintenance.partitions import daily_partitions
 from favorites_maintenance.resources import FavoritesDatabase, GuestRetention
+from favorites_maintenance.retention.backlog import BacklogError
 from favorites_maintenance.retention.backlog import measure_backlog as count_backlog
-from favorites_maintenance.retention.purge import BatchError, BatchResult, PurgeReport, StopReason
+from favorites_maintenance.retention.purge import (
+    BatchError,
+    BatchResult,
+    PurgeError,
+    PurgeReport,
+    StopReason,
+)
 from favorites_maintenance.retention.purge import purge as run_purge
 from favorites_maintenance.retention.rule import compute_cutoff as cutoff_for
 
@@ -90,6 +97,10 @@ def purge(context: dg.OpExecutionContext, database: FavoritesDatabase,
             context.log.error(f"run failed: run_id={context.run_id} batch_no={exc.batch_no} "
                               f"deleted_before={exc.report.deleted_total} error={exc}")
             raise
+        except PurgeError as exc:  # no session, or a standby: before any batch
+            context.log.error(f"run failed: run_id={context.run_id} batch_no=0 "
+                              f"deleted_before=0 error={exc}")
+            raise
     summary = report_metadata(report, retention)
     if report.stop_reason is StopReason.STOP_REQUESTED:
         context.log.warning(f"run stopped on request after {report.batches} batches: "
@@ -105,7 +116,12 @@ def measure_backlog(context: dg.OpExecutionContext, database: FavoritesDatabase,
                     cutoff: dt.datetime, report: dict[str, Any]) -> None:
     """Measure the backlog for the run's cutoff and attach the run metadata (SPEC 6) to the
     asset materialization."""
-    backlog = count_backlog(database.engine, cutoff)
+    try:
+        backlog = count_backlog(database.engine, cutoff)
+    except BacklogError as exc:
+        context.log.error(f"run failed: run_id={context.run_id} after deleting "
+                          f"{report['deletedTotal']} rows: {exc}")
+        raise
     oldest = backlog.oldest_updated_at
     context.log.info(f"run completed: deleted_total={report['deletedTotal']} "
                      f"batches={report['batches']} duration_ms={report['durationMs']} "

@@ -43,7 +43,9 @@ from dataclasses import dataclass
 import sqlalchemy as sa
 from sqlalchemy.dialects.postgresql import TIMESTAMP
 
+from favorites_maintenance.retention.errors import ErrorDescription, describe
 from favorites_maintenance.retention.rule import delete_prunable, favorites, prunable
+from favorites_maintenance.settings import DATABASE_URL_VAR
 
 log = logging.getLogger(__name__)
 
@@ -120,17 +122,52 @@ class BatchError(PurgeError):
         batch_no: the batch that failed (1-based).
         report: what the run had committed before it (``stop_reason`` is that of an interrupted
             run and meaningless here; read ``deleted_total`` and ``batches``).
+        error: the database error, described without private data
+            (:class:`~favorites_maintenance.retention.errors.ErrorDescription`).
 
-    The database error is chained as ``__cause__`` (its bound parameters are hidden by the
-    engine, see :func:`favorites_maintenance.retention.database.create_engine`).
+    The driver's exception is not chained: its text may quote row values (``DETAIL``,
+    ``CONTEXT``), and whatever records this error (Dagster's event log, a traceback) would
+    record them too.
     """
 
-    def __init__(self, batch_no: int, report: PurgeReport, cause: BaseException):
+    def __init__(self, batch_no: int, report: PurgeReport, error: ErrorDescription):
         super().__init__(f"batch {batch_no} failed and was rolled back "
                          f"({report.deleted_total} rows in {report.batches} earlier batches stay "
-                         f"deleted): {type(cause).__name__}: {_first_line(cause)}")
+                         f"deleted): {error}")
         self.batch_no = batch_no
         self.report = report
+        self.error = error
+
+    @property
+    def kind(self) -> str:
+        """The error kind, e.g. ``statement_timeout`` or ``connection_lost``."""
+        return self.error.kind
+
+    @property
+    def transient(self) -> bool:
+        """Whether the same batch may succeed if run again a little later."""
+        return self.error.transient
+
+
+class ConnectError(PurgeError):
+    """No usable connection to the favorites database; nothing was deleted.
+
+    Attributes:
+        error: the database error, described without private data.
+    """
+
+    def __init__(self, error: ErrorDescription):
+        super().__init__(f"could not open a session on the favorites database (check "
+                         f"{DATABASE_URL_VAR} and the server): {error}")
+        self.error = error
+
+    @property
+    def kind(self) -> str:
+        return self.error.kind
+
+    @property
+    def transient(self) -> bool:
+        return self.error.transient
 
 
 def _batch_statement(cutoff: dt.datetime, batch_size: int, keyset: bool) -> sa.Select:
@@ -215,8 +252,9 @@ def purge(
 
     Raises:
         StandbyError: the connection is on a hot standby; nothing was deleted.
+        ConnectError: no session could be opened (or checked); nothing was deleted.
         BatchError: a batch failed; it was rolled back, earlier batches stay committed. The
-            database error is its ``__cause__``.
+            database error is described in its ``error`` (never chained: see the class).
         ValueError: ``batch_size`` or ``max_run_duration`` not > 0, or a naive ``cutoff``.
     """
     if batch_size <= 0:
@@ -238,9 +276,16 @@ def purge(
                            duration_s=time.monotonic() - started, stop_reason=reason,
                            batch_max_s=batch_max_s)
 
-    with engine.connect() as conn:
-        assert_primary(conn)
-        conn.rollback()  # end the autobegun transaction of the check
+    try:
+        conn = engine.connect()
+    except sa.exc.DBAPIError as exc:
+        raise _connect_error(exc) from None
+    with conn:
+        try:
+            assert_primary(conn)
+            conn.rollback()  # end the autobegun transaction of the check
+        except sa.exc.DBAPIError as exc:
+            raise _connect_error(exc) from None
         while True:
             if should_stop():
                 return report(StopReason.STOP_REQUESTED)
@@ -252,10 +297,10 @@ def purge(
                 with conn.begin():
                     conn.execute(_SET_TIMEOUTS, timeouts)
                     row = conn.execute(first if after is None else following, after or {}).one()
-            except Exception as exc:
-                log.error("batch %d failed and was rolled back: %s", batch_no,
-                          type(exc).__name__)
-                raise BatchError(batch_no, report(StopReason.EXHAUSTED), exc) from exc
+            except sa.exc.DBAPIError as exc:
+                error = describe(exc)
+                log.error("batch %d failed and was rolled back: %s", batch_no, error)
+                raise BatchError(batch_no, report(StopReason.EXHAUSTED), error) from None
             elapsed = time.monotonic() - t0
             batch_max_s = max(batch_max_s, elapsed)
             deleted_total += row.deleted
@@ -270,6 +315,7 @@ def purge(
             after = {"after_updated_at": row.last_updated_at, "after_id": row.last_id}
 
 
-def _first_line(exc: BaseException) -> str:
-    text = str(exc).strip()
-    return text.splitlines()[0] if text else ""
+def _connect_error(exc: sa.exc.DBAPIError) -> ConnectError:
+    error = describe(exc)
+    log.error("no session on the favorites database: %s", error)
+    return ConnectError(error)
