@@ -160,3 +160,48 @@ def all_logs(caplog):
     for name in ("sqlalchemy", "psycopg", "dagster", "favorites_maintenance"):
         logging.getLogger(name).setLevel(logging.DEBUG)
     return caplog
+
+
+class Roles:
+    """Login roles on the test server, each dropped (with its privileges) after the test."""
+
+    def __init__(self, db_url, engine):
+        self.db_url = sa.make_url(db_url)
+        self.engine = engine
+        self.created: list[str] = []
+
+    def name(self, suffix: str) -> str:
+        return f"{self.db_url.database}_{suffix}"
+
+    def create(self, suffix: str, *statements: str, password: str | None = None,
+               least_privilege: bool = False) -> sa.URL:
+        """Create role ``<db>_<suffix>``: by the shipped SQL when ``least_privilege``, else
+        ``CREATE ROLE ... LOGIN`` plus ``statements`` (``{role}`` is the quoted name). Returns
+        the URL to connect as it (trust authentication: the password is carried, not checked)."""
+        from favorites_maintenance.retention.least_privilege import apply_least_privilege
+
+        role = self.name(suffix)
+        self.created.append(role)
+        if least_privilege:
+            apply_least_privilege(self.engine, role, password=password)
+        else:
+            with self.engine.begin() as conn:
+                conn.exec_driver_sql(f'CREATE ROLE "{role}" LOGIN')
+                for stmt in statements:
+                    conn.exec_driver_sql(stmt.format(role=f'"{role}"'))
+        return self.db_url.set(username=role, password=password)
+
+    def drop_all(self) -> None:
+        with self.engine.begin() as conn:
+            for role in self.created:
+                conn.execute(sa.text("SELECT pg_terminate_backend(pid) FROM pg_stat_activity "
+                                     "WHERE usename = :r"), {"r": role})
+                conn.exec_driver_sql(f'DROP OWNED BY "{role}"')
+                conn.exec_driver_sql(f'DROP ROLE "{role}"')
+
+
+@pytest.fixture
+def roles(db_url, engine):
+    made = Roles(db_url, engine)
+    yield made
+    made.drop_all()
