@@ -27,7 +27,8 @@ One run is a loop of batch transactions on one connection. Each batch is one sta
 
 Each batch transaction sets ``lock_timeout`` and ``statement_timeout`` with ``SET LOCAL``
 semantics, so the server, not only this process, bounds how long a batch can hold or wait for a
-lock. The loop repeats while batches come back full, and stops between batches on the run's
+lock. A shorter limit already in force for the session (set on the role, the database or the
+URL by whoever runs the database) is kept: the job tightens limits, it never loosens them. The loop repeats while batches come back full, and stops between batches on the run's
 time budget or on a stop request; an error rolls back only the open batch.
 """
 
@@ -204,10 +205,15 @@ def _batch_statement(cutoff: dt.datetime, batch_size: int, keyset: bool) -> sa.S
     )
 
 
-_SET_TIMEOUTS = sa.text(
-    "SELECT set_config('lock_timeout', :lock_timeout, true), "
-    "set_config('statement_timeout', :statement_timeout, true)"
-)
+# Tighten, never loosen: a limit the DBA set on the role, the database or the connection that is
+# shorter than ours stays in force (0 means "no limit" and is always tightened).
+_SET_TIMEOUTS = sa.text("""
+    SELECT set_config(name, CASE WHEN current_setting(name)::interval > interval '0'
+                                  AND current_setting(name)::interval < CAST(ours AS interval)
+                                 THEN current_setting(name) ELSE ours END, true)
+      FROM (VALUES ('lock_timeout', CAST(:lock_timeout AS text)),
+                   ('statement_timeout', CAST(:statement_timeout AS text))) AS limits(name, ours)
+""")
 
 
 def _ms(value: dt.timedelta) -> str:
@@ -245,7 +251,8 @@ def purge(
         should_stop: polled before each batch; ``True`` ends the purge with
             ``stop_reason=stop_requested``. An open batch is never torn.
         on_batch: called after each committed batch (progress, logs, metrics).
-        lock_timeout, statement_timeout: server-side limits of each batch transaction.
+        lock_timeout, statement_timeout: server-side limits of each batch transaction; a
+            shorter limit of the session (role, database, URL) wins.
 
     Returns:
         The :class:`PurgeReport`.
