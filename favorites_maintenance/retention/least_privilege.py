@@ -42,9 +42,9 @@ def apply_least_privilege(engine: sa.Engine, role: str, *, password: str | None 
         if password is not None:
             conn.execute(sa.text("SELECT set_config('favorites.verifier', :v, true)"),
                          {"v": scram_sha256_verifier(password)})
-            conn.exec_driver_sql(
+            conn.execute(sa.text(
                 "DO $$ BEGIN EXECUTE format('ALTER ROLE %I PASSWORD %L', "
-                f"{_literal(role)}, current_setting('favorites.verifier')); END $$")
+                f"{_literal(role)}, current_setting('favorites.verifier')); END $$"))
 
 
 def scram_sha256_verifier(password: str, *, iterations: int = 4096) -> str:
