@@ -14,6 +14,8 @@ from typing import Any
 import sqlalchemy as sa
 from sqlalchemy.engine import URL, make_url
 
+from favorites_maintenance.retention.errors import ErrorDescription, describe
+
 APPLICATION_NAME = "favorites-maintenance"
 
 #: Client-side bounds on network waits (libpq parameters), unless the URL sets them.
@@ -53,3 +55,48 @@ def create_engine(url: URL | str, *, application_name: str = APPLICATION_NAME,
         connect_args=connect_args,
         **kwargs,
     )
+
+
+def transient_error_kind(exc: BaseException) -> str | None:
+    """Name the transient database error in ``exc`` or its causes, else ``None``.
+
+    Transient (:data:`~favorites_maintenance.retention.errors.TRANSIENT_KINDS`): a lost or
+    refused connection, a serialization failure, a deadlock, a lock timeout, too many
+    connections. Not transient: ``statement_timeout``, a missing table or privilege, bad SQL:
+    retrying would fail the same way. The core's errors (``BatchError``, ``ConnectError``,
+    ``BacklogError``) carry their description in ``error``; raw SQLAlchemy and driver errors
+    are described on the spot.
+    """
+    seen = set()
+    while exc is not None and id(exc) not in seen:
+        seen.add(id(exc))
+        error = getattr(exc, "error", None)
+        if not isinstance(error, ErrorDescription) and _is_database_error(exc):
+            error = describe(exc)
+        if isinstance(error, ErrorDescription):
+            return error.kind if error.transient else None
+        exc = exc.__cause__ or exc.__context__
+    return None
+
+
+def error_summary(exc: BaseException) -> str:
+    """``"<ExceptionType>: <message>"`` on one line, fit for a log line.
+
+    A database error is told by :func:`~favorites_maintenance.retention.errors.describe` (kind,
+    class, SQLSTATE; never the DETAIL or CONTEXT lines, which may quote row values); any other
+    exception by the first line of its message.
+    """
+    if _is_database_error(exc):
+        return f"{type(exc).__name__}: {describe(exc)}"
+    text = str(exc).strip()
+    return f"{type(exc).__name__}: {text.splitlines()[0] if text else ''}"
+
+
+def _is_database_error(exc: BaseException) -> bool:
+    if isinstance(exc, sa.exc.DBAPIError):
+        return True
+    try:
+        import psycopg
+    except ImportError:  # pragma: no cover - psycopg is a dependency
+        return False
+    return isinstance(exc, psycopg.Error)

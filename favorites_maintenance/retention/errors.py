@@ -19,12 +19,12 @@ import sqlalchemy as sa
 #: that name objects (a table, a role) but never row values.
 _KINDS: dict[str, str] = {
     "57014": "statement_timeout",  # query_canceled: refined below (statement vs. user cancel)
-    "55P03": "lock_timeout",
+    "55P03": "lock_not_available",  # lock_timeout
     "42501": "permission_denied",
     "42P01": "undefined_table",
     "42703": "undefined_column",
     "3F000": "undefined_schema",
-    "40P01": "deadlock",
+    "40P01": "deadlock_detected",
     "40001": "serialization_failure",
     "25006": "read_only",
     "28000": "authentication_failed",
@@ -34,12 +34,13 @@ _KINDS: dict[str, str] = {
     "57P02": "connection_lost",  # crash_shutdown
     "57P03": "connection_lost",  # cannot_connect_now: starting up or shutting down
     "08": "connection_lost",
+    "53300": "too_many_connections",
     "53": "insufficient_resources",
 }
 
 #: Kinds worth retrying as they are: the same statement may well succeed a moment later.
-TRANSIENT_KINDS = frozenset({"connection_lost", "deadlock", "serialization_failure",
-                             "lock_timeout", "insufficient_resources"})
+TRANSIENT_KINDS = frozenset({"connection_lost", "deadlock_detected", "serialization_failure",
+                             "lock_not_available", "too_many_connections"})
 
 
 @dataclass(frozen=True)
@@ -47,7 +48,8 @@ class ErrorDescription:
     """What may be said about a database error.
 
     Attributes:
-        kind: e.g. ``statement_timeout``, ``connection_lost``, ``permission_denied``;
+        kind: e.g. ``statement_timeout``, ``lock_not_available``, ``connection_lost``,
+            ``permission_denied`` (PostgreSQL's condition names where they are clear);
             ``database_error`` when the SQLSTATE is not one of the known ones.
         error_class: the driver's exception class, e.g. ``QueryCanceled``.
         sqlstate: the five-character SQLSTATE, or ``None`` (client-side errors).

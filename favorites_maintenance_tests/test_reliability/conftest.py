@@ -29,15 +29,23 @@ SENTINEL_NOTE = "SENTINEL-NOTE-do-not-log-7c1a"
 
 
 def run_job(db_url, instance, *, partition: str = PARTITION, monkeypatch=None,
-            **settings) -> dg.ExecuteInProcessResult:
+            retries: int | None = 0, **settings) -> dg.ExecuteInProcessResult:
     """One real run of ``guest_favorites_cleanup_job`` against ``db_url`` (a failure is returned,
-    not raised)."""
+    not raised).
+
+    ``retries`` sets the purge op's retries on transient errors (without delay); 0 by default,
+    so that a transient failure fails the run here; ``None`` keeps the job's own defaults.
+    """
     mp = monkeypatch or pytest.MonkeyPatch()
     mp.setenv(DATABASE_URL_VAR, sa.make_url(db_url).render_as_string(hide_password=False))
     defs = build_defs(Settings(**settings))
     job = defs.resolve_job_def("guest_favorites_cleanup_job")
+    run_config = None
+    if retries is not None:
+        run_config = {"ops": {"favorites__guest_favorites_cleanup": {"ops": {"purge": {
+            "config": {"max_retries": retries, "retry_delay_seconds": 0.0}}}}}}
     return job.execute_in_process(partition_key=partition, instance=instance,
-                                  raise_on_error=False)
+                                  run_config=run_config, raise_on_error=False)
 
 
 def materialization(result) -> dict | None:
