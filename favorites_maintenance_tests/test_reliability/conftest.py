@@ -121,15 +121,23 @@ def sleeping_backend(engine, timeout: float = 30.0) -> int:
 
 
 @contextlib.contextmanager
-def slow_delete(engine, *, note: str = "SLOW", seconds: float = 30.0):
+def slow_delete(engine, *, note: str = "SLOW", seconds: float = 30.0, once: bool = False):
     """Make a batch hang ``seconds`` inside its DELETE when it reaches a row whose note is
-    ``note`` (a trigger of the test table, dropped on exit): a deterministic "mid-batch"."""
+    ``note`` (a trigger of the test table, dropped on exit): a deterministic "mid-batch".
+
+    With ``once``, only the first batch to reach the row hangs (a sequence counts, and sequences
+    ignore rollbacks): a retry of the killed batch then goes through."""
+    sleep = f"PERFORM pg_sleep({seconds});"
     with engine.begin() as conn:
+        if once:
+            conn.execute(sa.text("CREATE SEQUENCE IF NOT EXISTS favorites.slow_once"))
+            conn.execute(sa.text("SELECT setval('favorites.slow_once', 1, false)"))
+            sleep = f"IF nextval('favorites.slow_once') = 1 THEN {sleep} END IF;"
         conn.execute(sa.text(f"""
             CREATE OR REPLACE FUNCTION favorites.slow_delete() RETURNS trigger
             LANGUAGE plpgsql AS $$
             BEGIN
-                IF OLD.note = '{note}' THEN PERFORM pg_sleep({seconds}); END IF;
+                IF OLD.note = '{note}' THEN {sleep} END IF;
                 RETURN OLD;
             END $$"""))
         conn.execute(sa.text(

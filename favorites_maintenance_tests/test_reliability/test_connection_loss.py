@@ -101,3 +101,26 @@ def test_a_run_whose_backend_is_killed_fails_and_the_next_run_finishes(db_url, e
     assert meta["deletedTotal"] == N - 300
     assert meta["backlogRemaining"] == 0
     assert rows.ids() == keep
+
+
+def test_a_killed_batch_is_retried_and_the_run_reports_everything_it_deleted(
+        db_url, engine, rows):
+    rows.add_many(N, updated_at=OLD)
+    keep = set(rows.add_many(20, updated_at=FRESH))
+    mark_slow(engine, SLOW_AT)
+
+    with dg.instance_for_test() as instance:
+        with slow_delete(engine, once=True):
+            killer, killed = in_thread(kill_when_sleeping, engine)
+            result = run_job(db_url, instance, batch_size=BATCH, retries=2)
+            killer.join(10)
+        assert isinstance(killed[0], int)
+        assert result.success  # SPEC 6: a lost connection is transient, the op retried
+        retries = [e for e in result.all_events if e.event_type_value == "STEP_UP_FOR_RETRY"]
+        meta = materialization(result)
+    assert len(retries) == 1
+    # The run deleted all N rows, 300 of them in the attempt that failed: it says so.
+    assert meta["deletedTotal"] == N
+    assert meta["batches"] == N // BATCH
+    assert meta["backlogRemaining"] == 0
+    assert rows.ids() == keep
