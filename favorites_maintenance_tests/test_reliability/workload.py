@@ -1,7 +1,7 @@
 """Simulated user sessions writing to the favorites table while purges run.
 
-Each writer thread owns the rows whose id falls in its share (``id % writers == n``), so the last
-value it wrote to a row is the row's final value: the test can then check row by row that every
+Each writer thread owns its share of the target rows (every ``writers``-th one, from position
+``n``), so the last value it wrote to a row is the row's final value: the test can then check row by row that every
 write that reported success survived, and that every row a purge deleted was prunable.
 """
 
@@ -31,11 +31,12 @@ class Writes:
     inserted: set[int] = field(default_factory=set)
     found_gone: set[int] = field(default_factory=set)          # a write hit 0 rows: deleted
     held: int = 0                                              # lock-and-release transactions
-    latencies_s: list[float] = field(default_factory=list)
+    latencies_s: list[float] = field(default_factory=list)     # writes only, not holds
     errors: list[BaseException] = field(default_factory=list)
 
     @property
     def count(self) -> int:
+        """Write transactions that committed (claims, touches, inserts; holds excluded)."""
         return len(self.latencies_s)
 
     def percentile_ms(self, p: float) -> float:
@@ -57,7 +58,7 @@ class Writes:
 def _writer(url, n: int, writers: int, targets: list[int], stop: threading.Event,
             out: Writes, seed: int, hold_s: float) -> None:
     rng = random.Random(seed)
-    mine = [i for i in targets if i % writers == n]
+    mine = list(targets[n::writers])
     engine = create_engine(url, application_name="favorites-user-session", pool_size=1)
     try:
         while not stop.is_set():
@@ -87,6 +88,7 @@ def _writer(url, n: int, writers: int, targets: list[int], stop: threading.Event
                         conn.execute(sa.select(f.id).where(f.id == row_id).with_for_update())
                         time.sleep(hold_s)
                         out.held += 1
+                        t0 = None
                     else:  # a new guest favorite
                         out.inserted.add(conn.execute(
                             sa.insert(dev_favorites).returning(f.id),
@@ -96,7 +98,8 @@ def _writer(url, n: int, writers: int, targets: list[int], stop: threading.Event
             except BaseException as exc:  # noqa: BLE001 - reported to the test
                 out.errors.append(exc)
                 return
-            out.latencies_s.append(time.monotonic() - t0)
+            if t0 is not None:
+                out.latencies_s.append(time.monotonic() - t0)
     finally:
         engine.dispose()
 
