@@ -15,6 +15,7 @@ import sqlalchemy as sa
 from favorites_maintenance.assets import ASSET_KEY
 from favorites_maintenance.definitions import build_defs
 from favorites_maintenance.retention.database import APPLICATION_NAME
+from favorites_maintenance.retention.schema import dev_favorites
 from favorites_maintenance.settings import DATABASE_URL_VAR, Settings
 
 UTC = dt.timezone.utc
@@ -147,6 +148,15 @@ def slow_delete(engine, *, note: str = "SLOW", seconds: float = 30.0, once: bool
         yield
     finally:
         drop_slow_delete(engine)
+
+
+def mark_slow(engine, offset: int) -> None:
+    """Give the row at ``offset`` in batch order (``updated_at, id``) the note ``SLOW``."""
+    with engine.begin() as conn:
+        conn.execute(sa.update(dev_favorites).values(note="SLOW").where(
+            dev_favorites.c.id == sa.select(dev_favorites.c.id)
+            .order_by(dev_favorites.c.updated_at, dev_favorites.c.id)
+            .offset(offset).limit(1).scalar_subquery()))
 
 
 def drop_slow_delete(engine) -> None:

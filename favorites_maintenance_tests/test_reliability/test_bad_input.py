@@ -10,7 +10,6 @@ import time
 
 import dagster as dg
 import pytest
-import sqlalchemy as sa
 
 from favorites_maintenance.definitions import build_defs
 from favorites_maintenance.settings import DATABASE_URL_VAR, Settings, SettingsError

@@ -16,10 +16,10 @@ from favorites_maintenance_tests.test_reliability.conftest import (
     FRESH,
     OLD,
     in_thread,
+    mark_slow,
     sleeping_backend,
     slow_delete,
 )
-from favorites_maintenance_tests.test_reliability.test_connection_loss import mark_slow
 from favorites_maintenance_tests.test_reliability.workload import (
     UserSessions,
     assert_exactly_the_prunable_rows_are_gone,

@@ -17,10 +17,10 @@ from favorites_maintenance.retention import BatchError, purge
 from favorites_maintenance.retention.schema import dev_favorites
 from favorites_maintenance_tests.test_reliability.conftest import (
     CUTOFF,
-    OLD,
     FRESH,
-    drop_slow_delete,
+    OLD,
     in_thread,
+    mark_slow,
     materialization,
     run_job,
     sleeping_backend,
@@ -31,14 +31,6 @@ from favorites_maintenance_tests.test_reliability.conftest import (
 BATCH = 100
 N = 1000
 SLOW_AT = 350  # the 351st oldest row: inside batch 4
-
-
-def mark_slow(engine, offset: int) -> None:
-    with engine.begin() as conn:
-        conn.execute(sa.update(dev_favorites).values(note="SLOW").where(
-            dev_favorites.c.id == sa.select(dev_favorites.c.id)
-            .order_by(dev_favorites.c.updated_at, dev_favorites.c.id)
-            .offset(offset).limit(1).scalar_subquery()))
 
 
 def kill_when_sleeping(engine) -> int:

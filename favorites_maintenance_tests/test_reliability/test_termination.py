@@ -17,11 +17,11 @@ from favorites_maintenance_tests.test_reliability.conftest import (
     CUTOFF,
     OLD,
     in_thread,
+    mark_slow,
     our_backends,
     sleeping_backend,
     slow_delete,
 )
-from favorites_maintenance_tests.test_reliability.test_connection_loss import mark_slow
 
 MINUTE = dt.timedelta(minutes=1)
 

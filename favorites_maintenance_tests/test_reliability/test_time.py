@@ -14,7 +14,6 @@ import time
 
 import dagster as dg
 import pytest
-import sqlalchemy as sa
 
 from favorites_maintenance.retention.database import create_engine
 from favorites_maintenance.retention.rule import compute_cutoff

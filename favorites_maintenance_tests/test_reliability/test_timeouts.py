@@ -11,7 +11,6 @@ import time
 
 import dagster as dg
 import pytest
-import sqlalchemy as sa
 
 from favorites_maintenance.retention import BatchError, purge
 from favorites_maintenance.retention.database import create_engine
@@ -19,12 +18,12 @@ from favorites_maintenance.retention.schema import dev_favorites
 from favorites_maintenance_tests.test_reliability.conftest import (
     CUTOFF,
     OLD,
+    mark_slow,
     materialization,
     run_job,
     slow_delete,
     step_failure,
 )
-from favorites_maintenance_tests.test_reliability.test_connection_loss import mark_slow
 
 MINUTE = dt.timedelta(minutes=1)
 guest = dev_favorites.c.user_id.is_(None)
