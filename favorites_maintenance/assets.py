@@ -156,6 +156,8 @@ def measure_backlog(context: dg.OpExecutionContext, database: FavoritesDatabase,
     except BacklogError as exc:
         context.log.error(f"run failed: run_id={context.run_id} after deleting "
                           f"{report['deletedTotal']} rows: {exc}")
+        # The purge's deletions are committed: report them even though the run fails.
+        context.log_event(dg.AssetObservation(asset_key=ASSET_KEY, metadata=report))
         raise
     oldest = backlog.oldest_updated_at
     context.log.info(f"run completed: deleted_total={report['deletedTotal']} "

@@ -11,6 +11,7 @@ from dataclasses import dataclass
 
 import sqlalchemy as sa
 
+from favorites_maintenance.retention.database import limit_transaction
 from favorites_maintenance.retention.errors import ErrorDescription, describe
 from favorites_maintenance.retention.rule import favorites, prunable
 
@@ -31,7 +32,8 @@ class Backlog:
 
 
 def measure_backlog(engine: sa.Engine, cutoff: dt.datetime) -> Backlog:
-    """Count the prunable rows for ``cutoff`` in one read-only statement.
+    """Count the prunable rows for ``cutoff`` in one read-only statement, bounded like a batch
+    (``lock_timeout`` 2 s, ``statement_timeout`` 30 s, or the session's shorter limits).
 
     Served by the partial index ``(updated_at, id) WHERE user_id IS NULL`` when it exists.
 
@@ -42,7 +44,8 @@ def measure_backlog(engine: sa.Engine, cutoff: dt.datetime) -> Backlog:
     stmt = sa.select(sa.func.count(), sa.func.min(favorites.c.updated_at)).where(
         prunable(cutoff))
     try:
-        with engine.connect() as conn:
+        with engine.begin() as conn:
+            limit_transaction(conn)  # never queue without limit behind a migration's lock
             remaining, oldest = conn.execute(stmt).one()
     except sa.exc.DBAPIError as exc:
         raise BacklogError(describe(exc)) from None

@@ -9,6 +9,7 @@ server restart) are replaced on checkout, and no network wait is unbounded.
 
 from __future__ import annotations
 
+import datetime as dt
 from typing import Any
 
 import sqlalchemy as sa
@@ -55,6 +56,38 @@ def create_engine(url: URL | str, *, application_name: str = APPLICATION_NAME,
         connect_args=connect_args,
         **kwargs,
     )
+
+
+#: Server-side limits of every transaction the job opens on the favorites table.
+DEFAULT_LOCK_TIMEOUT = dt.timedelta(seconds=2)
+DEFAULT_STATEMENT_TIMEOUT = dt.timedelta(seconds=30)
+
+# Tighten, never loosen: a limit the DBA set on the role, the database or the connection that is
+# shorter than ours stays in force (0 means "no limit" and is always tightened).
+_SET_TIMEOUTS = sa.text("""
+    SELECT set_config(name, CASE WHEN current_setting(name)::interval > interval '0'
+                                  AND current_setting(name)::interval < CAST(ours AS interval)
+                                 THEN current_setting(name) ELSE ours END, true)
+      FROM (VALUES ('lock_timeout', CAST(:lock_timeout AS text)),
+                   ('statement_timeout', CAST(:statement_timeout AS text))) AS limits(name, ours)
+""")
+
+
+def limit_transaction(conn: sa.Connection, *,
+                      lock_timeout: dt.timedelta = DEFAULT_LOCK_TIMEOUT,
+                      statement_timeout: dt.timedelta = DEFAULT_STATEMENT_TIMEOUT) -> None:
+    """Bound how long the open transaction of ``conn`` may wait for a lock or run a statement.
+
+    ``SET LOCAL`` semantics: the limits end with the transaction. A shorter limit already in
+    force for the session (role, database, URL) is kept. Without this a statement queued behind
+    a migration's ``ACCESS EXCLUSIVE`` lock waits as long as the migration holds it.
+    """
+    conn.execute(_SET_TIMEOUTS, {"lock_timeout": _ms(lock_timeout),
+                                 "statement_timeout": _ms(statement_timeout)})
+
+
+def _ms(value: dt.timedelta) -> str:
+    return f"{max(1, round(value.total_seconds() * 1000))}ms"
 
 
 def transient_error_kind(exc: BaseException) -> str | None:

@@ -44,14 +44,17 @@ from dataclasses import dataclass
 import sqlalchemy as sa
 from sqlalchemy.dialects.postgresql import TIMESTAMP
 
+from favorites_maintenance.retention.database import (
+    DEFAULT_LOCK_TIMEOUT,
+    DEFAULT_STATEMENT_TIMEOUT,
+    limit_transaction,
+)
 from favorites_maintenance.retention.errors import ErrorDescription, describe
 from favorites_maintenance.retention.rule import delete_prunable, favorites, prunable
 from favorites_maintenance.settings import DATABASE_URL_VAR
 
 log = logging.getLogger(__name__)
 
-DEFAULT_LOCK_TIMEOUT = dt.timedelta(seconds=2)
-DEFAULT_STATEMENT_TIMEOUT = dt.timedelta(seconds=30)
 
 
 class StopReason(str, enum.Enum):
@@ -205,21 +208,6 @@ def _batch_statement(cutoff: dt.datetime, batch_size: int, keyset: bool) -> sa.S
     )
 
 
-# Tighten, never loosen: a limit the DBA set on the role, the database or the connection that is
-# shorter than ours stays in force (0 means "no limit" and is always tightened).
-_SET_TIMEOUTS = sa.text("""
-    SELECT set_config(name, CASE WHEN current_setting(name)::interval > interval '0'
-                                  AND current_setting(name)::interval < CAST(ours AS interval)
-                                 THEN current_setting(name) ELSE ours END, true)
-      FROM (VALUES ('lock_timeout', CAST(:lock_timeout AS text)),
-                   ('statement_timeout', CAST(:statement_timeout AS text))) AS limits(name, ours)
-""")
-
-
-def _ms(value: dt.timedelta) -> str:
-    return f"{max(1, round(value.total_seconds() * 1000))}ms"
-
-
 def assert_primary(conn: sa.Connection) -> None:
     """Raise :class:`StandbyError` if ``conn`` is on a hot standby (``pg_is_in_recovery()``)."""
     if conn.execute(sa.text("SELECT pg_is_in_recovery()")).scalar_one():
@@ -270,7 +258,6 @@ def purge(
         raise ValueError(f"max_run_duration must be > 0, got {max_run_duration!r}")
     first = _batch_statement(cutoff, batch_size, keyset=False)
     following = _batch_statement(cutoff, batch_size, keyset=True)
-    timeouts = {"lock_timeout": _ms(lock_timeout), "statement_timeout": _ms(statement_timeout)}
 
     started = time.monotonic()
     deadline = started + max_run_duration.total_seconds()
@@ -302,7 +289,8 @@ def purge(
             t0 = time.monotonic()
             try:
                 with conn.begin():
-                    conn.execute(_SET_TIMEOUTS, timeouts)
+                    limit_transaction(conn, lock_timeout=lock_timeout,
+                                      statement_timeout=statement_timeout)
                     row = conn.execute(first if after is None else following, after or {}).one()
             except sa.exc.DBAPIError as exc:
                 error = describe(exc)

@@ -18,9 +18,11 @@ from favorites_maintenance.retention.schema import dev_favorites
 from favorites_maintenance_tests.test_reliability.conftest import (
     CUTOFF,
     OLD,
+    in_thread,
     mark_slow,
     materialization,
     run_job,
+    sleeping_backend,
     slow_delete,
     step_failure,
 )
@@ -106,3 +108,37 @@ def test_a_run_under_a_role_with_a_short_statement_timeout_fails_naming_it(
     assert "statement_timeout" in text and "SQLSTATE 57014" in text
     assert len(failed) == 1 and "batch_no=1" in failed[0] and "statement_timeout" in failed[0]
     assert rows.count() == 30
+
+
+def test_a_migration_lock_after_the_purge_fails_the_backlog_instead_of_hanging_the_run(
+        db_url, engine, rows, monkeypatch):
+    rows.add_many(50, updated_at=OLD)
+    mark_slow(engine, 10)
+    holding = []
+
+    def migrate():
+        # Queued behind the purge's batch, granted when it commits: then held for 8 s.
+        sleeping_backend(engine)
+        with engine.begin() as conn:
+            conn.exec_driver_sql("LOCK TABLE favorites.favorites IN ACCESS EXCLUSIVE MODE")
+            holding.append(time.monotonic())
+            conn.exec_driver_sql("SELECT pg_sleep(8)")
+
+    with slow_delete(engine, seconds=1), dg.instance_for_test() as instance:
+        migration, _ = in_thread(migrate)
+        t0 = time.monotonic()
+        result = run_job(db_url, instance, monkeypatch=monkeypatch)
+        took = time.monotonic() - t0
+        observed = [e.dagster_event.asset_observation_data.asset_observation.metadata
+                    for e in instance.all_logs(result.run_id)
+                    if e.dagster_event and e.dagster_event.event_type
+                    == dg.DagsterEventType.ASSET_OBSERVATION]
+        migration.join(20)
+    assert holding  # the lock was really taken between the purge and the backlog
+    assert not result.success and took < 7
+    step, error = step_failure(result)
+    assert step.endswith("measure_backlog")
+    assert "lock_not_available" in error.message + (error.cause.message if error.cause else "")
+    # The rows the purge deleted are still reported, though the run could not finish.
+    assert [m["deletedTotal"].value for m in observed] == [50]
+    assert rows.count() == 0
