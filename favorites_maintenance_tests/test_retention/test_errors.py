@@ -46,3 +46,14 @@ def test_a_killed_session_is_a_transient_connection_loss(engine):
             conn.execute(sa.text("SELECT 1"))
     error = describe(raised.value)
     assert error.kind == "connection_lost" and error.transient
+
+
+def test_the_engines_hide_bound_parameters_in_errors(engine):
+    with pytest.raises(sa.exc.DBAPIError) as raised:
+        with engine.connect() as conn:
+            conn.execute(sa.text("SELECT CAST(:v AS uuid)"), {"v": "PRIVATE-not-a-uuid"})
+    # The server quotes the bad value in its message; the parameters SQLAlchemy would append
+    # are hidden, and the description keeps neither (22P02 is not a fixed-template kind).
+    assert "SQL parameters hidden" in str(raised.value)
+    assert "PRIVATE" not in str(describe(raised.value))
+    assert "PRIVATE" not in error_summary(raised.value)
