@@ -5,6 +5,7 @@ backfilled from the UI. Dagster puts only the terminal op's output metadata on t
 materialization, so the purge report travels to ``measure_backlog``, which records it.
 """
 
+import dataclasses
 import datetime as dt
 import time
 from typing import Any
@@ -104,6 +105,9 @@ def purge(context: dg.OpExecutionContext, config: PurgeConfig, database: Favorit
         else:
             context.log.debug(line)
 
+    def stop_requested() -> bool:
+        return check_captured_interrupt() or _termination_requested(context)
+
     # capture_interrupts only works on the main thread; elsewhere nothing captures the signal.
     with capture_interrupts():
         try:
@@ -111,7 +115,7 @@ def purge(context: dg.OpExecutionContext, config: PurgeConfig, database: Favorit
                 database.engine, cutoff,
                 batch_size=retention.batch_size,
                 max_run_duration=retention.max_run_duration,
-                should_stop=lambda: check_captured_interrupt() or _termination_requested(context),
+                should_stop=stop_requested,
                 on_batch=on_batch,
             )
         except Exception as exc:
@@ -132,6 +136,10 @@ def purge(context: dg.OpExecutionContext, config: PurgeConfig, database: Favorit
                 raise dg.RetryRequested(max_retries=config.max_retries,
                                         seconds_to_wait=wait) from exc
             raise
+        # A request that arrived during the last batch is still a request: the flag is only
+        # visible inside capture_interrupts, which resets it on exit.
+        if report.stop_reason is not StopReason.STOP_REQUESTED and stop_requested():
+            report = dataclasses.replace(report, stop_reason=StopReason.STOP_REQUESTED)
         summary = report_metadata(report, retention)
         earlier_deleted, earlier_batches = _committed_by_earlier_attempts(context)
         summary["deletedTotal"] += earlier_deleted

@@ -52,6 +52,9 @@ def demo(rows: int, pretend: bool) -> None:
     env = LocalEnvironment(root)
     _echo(f"starting the embedded PostgreSQL server ({env.state_dir / 'pgdata'})")
     env.start()
+    if env.replaced_database_url:
+        click.secho("note: FAVORITES_DATABASE_URL is ignored by demo, which only ever touches "
+                    "its embedded database", fg="yellow", err=True)
     try:
         _run_demo(env, rows=rows, pretend=pretend, retention_days=settings.retention_days)
     finally:
@@ -143,10 +146,10 @@ def dry_run(partition: str | None) -> None:
         _fail(str(exc))
     window_end = None
     if partition is not None:
-        try:
-            window_end = daily_partitions.time_window_for_partition_key(partition).end
-        except Exception:
-            _fail(f"--partition {partition!r} is not a daily partition key (YYYY-MM-DD)")
+        if not daily_partitions.has_partition_key(partition):
+            _fail(f"--partition {partition!r} is not a daily partition key (YYYY-MM-DD, from "
+                  f"{daily_partitions.get_first_partition_key()} to yesterday)")
+        window_end = daily_partitions.time_window_for_partition_key(partition).end
     cutoff = compute_cutoff(dt.datetime.now(UTC), settings.retention_days, window_end)
     engine = create_engine(url)
     try:

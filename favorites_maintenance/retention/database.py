@@ -4,7 +4,8 @@ Every engine of the project is made here so that the same safety settings always
 bound parameters are hidden from error messages (a failing statement must never print an
 anonymous id or a note), passwords are never rendered, the connection identifies itself to
 ``pg_stat_activity`` as ``favorites-maintenance``, connections that go stale while pooled (a
-server restart) are replaced on checkout, and no network wait is unbounded.
+server restart) are replaced on checkout, no network wait is unbounded, and ``timestamptz``
+infinities and BC instants load as :data:`MIN_UTC` / :data:`MAX_UTC` instead of failing.
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ import datetime as dt
 from typing import Any
 
 import sqlalchemy as sa
+from psycopg.types.datetime import DatetimeDumper, TimestamptzLoader
 from sqlalchemy.engine import URL, make_url
 
 from favorites_maintenance.retention.errors import ErrorDescription, describe
@@ -27,6 +29,44 @@ NETWORK_LIMITS = {
     "keepalives_interval": 10,
     "keepalives_count": 3,
 }
+
+#: What ``'-infinity'`` / ``'infinity'`` (and BC instants) of a ``timestamptz`` become in Python.
+MIN_UTC = dt.datetime.min.replace(tzinfo=dt.timezone.utc)
+MAX_UTC = dt.datetime.max.replace(tzinfo=dt.timezone.utc)
+
+
+class _InfinityTimestamptzLoader(TimestamptzLoader):
+    """Loads ``-infinity`` and BC instants as :data:`MIN_UTC`, ``infinity`` as :data:`MAX_UTC`.
+
+    ``updated_at`` is ``timestamptz NOT NULL``, so ``'-infinity'`` is a legal value of a row the
+    rule must delete; Python's datetime cannot hold it, and psycopg would fail every batch that
+    reads it back.
+    """
+
+    def load(self, data):
+        raw = bytes(data)
+        if raw == b"-infinity" or raw.endswith(b" BC"):
+            return MIN_UTC
+        if raw == b"infinity":
+            return MAX_UTC
+        return super().load(data)
+
+
+class _InfinityDatetimeDumper(DatetimeDumper):
+    """Binds :data:`MIN_UTC` / :data:`MAX_UTC` back as ``-infinity`` / ``infinity``, so a keyset
+    position taken from such a row compares exactly."""
+
+    def dump(self, obj):
+        if obj == MIN_UTC:
+            return b"-infinity"
+        if obj == MAX_UTC:
+            return b"infinity"
+        return super().dump(obj)
+
+
+def _adapt_infinities(dbapi_connection, _record) -> None:
+    dbapi_connection.adapters.register_loader("timestamptz", _InfinityTimestamptzLoader)
+    dbapi_connection.adapters.register_dumper(dt.datetime, _InfinityDatetimeDumper)
 
 
 def create_engine(url: URL | str, *, application_name: str = APPLICATION_NAME,
@@ -49,13 +89,15 @@ def create_engine(url: URL | str, *, application_name: str = APPLICATION_NAME,
     network_limits = {k: v for k, v in NETWORK_LIMITS.items() if k not in url.query}
     connect_args = {"application_name": application_name, **network_limits,
                     **kwargs.pop("connect_args", {})}
-    return sa.create_engine(
+    engine = sa.create_engine(
         url,
         hide_parameters=True,
         pool_pre_ping=True,
         connect_args=connect_args,
         **kwargs,
     )
+    sa.event.listen(engine, "connect", _adapt_infinities)
+    return engine
 
 
 #: Server-side limits of every transaction the job opens on the favorites table.

@@ -234,8 +234,8 @@ def purge(
         cutoff: timezone-aware UTC instant (see :func:`~favorites_maintenance.retention.rule.
             compute_cutoff`).
         batch_size: at most this many rows per batch transaction, > 0.
-        max_run_duration: time budget; checked between batches. When it runs out the purge
-            returns normally with ``stop_reason=max_run_duration``.
+        max_run_duration: time budget; checked between batches, after the first. When it runs
+            out the purge returns normally with ``stop_reason=max_run_duration``.
         should_stop: polled before each batch; ``True`` ends the purge with
             ``stop_reason=stop_requested``. An open batch is never torn.
         on_batch: called after each committed batch (progress, logs, metrics).
@@ -283,7 +283,8 @@ def purge(
         while True:
             if should_stop():
                 return report(StopReason.STOP_REQUESTED)
-            if time.monotonic() >= deadline:
+            # The first batch always runs, so every run makes progress however small its budget.
+            if batch_no and time.monotonic() >= deadline:
                 return report(StopReason.MAX_RUN_DURATION)
             batch_no += 1
             t0 = time.monotonic()
