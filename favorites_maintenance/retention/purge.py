@@ -28,8 +28,9 @@ One run is a loop of batch transactions on one connection. Each batch is one sta
 Each batch transaction sets ``lock_timeout`` and ``statement_timeout`` with ``SET LOCAL``
 semantics, so the server, not only this process, bounds how long a batch can hold or wait for a
 lock. A shorter limit already in force for the session (set on the role, the database or the
-URL by whoever runs the database) is kept: the job tightens limits, it never loosens them. The loop repeats while batches come back full, and stops between batches on the run's
-time budget or on a stop request; an error rolls back only the open batch.
+URL by whoever runs the database) is kept: the job tightens limits, it never loosens them. The
+loop repeats while batches come back full, and stops between batches on the run's time budget or
+on a stop request; an error rolls back only the open batch.
 """
 
 from __future__ import annotations
@@ -54,7 +55,6 @@ from favorites_maintenance.retention.rule import delete_prunable, favorites, pru
 from favorites_maintenance.settings import DATABASE_URL_VAR
 
 log = logging.getLogger(__name__)
-
 
 
 class StopReason(str, enum.Enum):

@@ -1,8 +1,9 @@
 """Simulated user sessions writing to the favorites table while purges run.
 
 Each writer thread owns its share of the target rows (every ``writers``-th one, from position
-``n``), so the last value it wrote to a row is the row's final value: the test can then check row by row that every
-write that reported success survived, and that every row a purge deleted was prunable.
+``n``), so the last value it wrote to a row is the row's final value: the test can then check
+row by row that every write that reported success survived, and that every row a purge deleted
+was prunable.
 """
 
 from __future__ import annotations
