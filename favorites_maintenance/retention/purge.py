@@ -23,8 +23,9 @@ One run is a loop of batch transactions on one connection. Each batch is one sta
   primary-key descent per row. That is safe only because the rows are locked by this very
   transaction: no one can update, delete or move them before the DELETE, so each address names
   exactly the locked row version (unlike Laravel's unlocked ``ctid IN (SELECT ...)``). On a
-  partitioned table, where addresses repeat across partitions, the DELETE matches by primary
-  key instead.
+  partitioned table, where addresses repeat across partitions, or for a role without ``SELECT``
+  on ``ctid`` (the least-privilege role of ``least_privilege.sql`` grants three columns), the
+  DELETE matches by primary key instead.
 - ``SKIP LOCKED`` lets N purges (or a purge and user transactions) run side by side: each takes
   rows nobody else holds, so no row is deleted twice and nobody waits.
 - The keyset ``(updated_at, id) > last`` starts each batch past the previous one, so the index
@@ -201,7 +202,7 @@ def _batch_statement(cutoff: dt.datetime, batch_size: int, keyset: bool,
             > sa.tuple_(after_updated_at, sa.bindparam("after_id")),
         ]
     batch = (
-        sa.select(favorites.c.ctid, favorites.c.id, favorites.c.updated_at)
+        sa.select(*([favorites.c.ctid] if by_ctid else []), favorites.c.id, favorites.c.updated_at)
         .where(*where)
         .order_by(favorites.c.updated_at, favorites.c.id)
         .limit(batch_size)
@@ -217,7 +218,8 @@ def _batch_statement(cutoff: dt.datetime, batch_size: int, keyset: bool,
         match = favorites.c.ctid == sa.any_(
             sa.func.array(sa.select(batch.c.ctid).scalar_subquery()))
     else:
-        # A partitioned table repeats row addresses across partitions: match by primary key.
+        # A partitioned table repeats row addresses across partitions, and a role may lack
+        # SELECT on ctid: match by primary key.
         match = favorites.c.id == batch.c.id
     deleted = (
         delete_prunable(cutoff, match)
@@ -252,10 +254,13 @@ def assert_primary(conn: sa.Connection) -> None:
                            "primary")
 
 
-def _is_partitioned(conn: sa.Connection) -> bool:
+def _match_by_ctid(conn: sa.Connection) -> bool:
+    """Whether the DELETE may reach the batch's rows by ``ctid``: not on a partitioned table
+    (addresses repeat across partitions), nor for a role that may not read the column."""
     table = f"{favorites.schema}.{favorites.name}"
-    return conn.execute(sa.text("SELECT relkind = 'p' FROM pg_class WHERE oid = "
-                                "to_regclass(:table)"), {"table": table}).scalar() or False
+    return conn.execute(sa.text(
+        "SELECT relkind <> 'p' AND has_column_privilege(oid, 'ctid', 'SELECT') "
+        "FROM pg_class WHERE oid = to_regclass(:table)"), {"table": table}).scalar() or False
 
 
 def purge(
@@ -324,7 +329,7 @@ def purge(
     with conn:
         try:
             assert_primary(conn)
-            if _is_partitioned(conn):
+            if not _match_by_ctid(conn):
                 first = _batch_statement(cutoff, batch_size, keyset=False, by_ctid=False)
                 following = _batch_statement(cutoff, batch_size, keyset=True, by_ctid=False)
             conn.rollback()  # end the autobegun transaction of the check
