@@ -3,6 +3,8 @@
 - ``demo``: the embedded PostgreSQL, a seeded dev table, one run of the job through Dagster on a
   persistent instance, and a summary of what happened.
 - ``dry-run``: how many rows the rule matches now, deleting nothing (Laravel's ``--pretend``).
+- ``dev``: the Dagster UI and daemon (``dagster dev``) on the embedded PostgreSQL server, with a
+  seeded dev table, until Ctrl-C.
 """
 
 from __future__ import annotations
@@ -158,3 +160,59 @@ def dry_run(partition: str | None) -> None:
     _echo(f"cutoff     {cutoff.isoformat()} (retention {settings.retention_days} days)")
     _echo(f"prunable   {backlog.remaining:,} rows (oldest updated_at: {oldest})")
     _echo("nothing deleted (dry run)")
+
+
+@main.command()
+@click.option("--port", default=3000, show_default=True, type=click.IntRange(1, 65535),
+              help="Port of the Dagster UI on 127.0.0.1.")
+@click.option("--rows", default=200_000, show_default=True, type=click.IntRange(min=1000),
+              help="Rows to seed into the dev table when it is empty.")
+def dev(port: int, rows: int) -> None:
+    """Run the Dagster UI and daemon on the embedded PostgreSQL server until Ctrl-C.
+
+    The server holds Dagster's storage and the favorites database; the dev table is created and
+    seeded when empty. With FAVORITES_DATABASE_URL set, the job uses that database instead and
+    it is left as it is.
+    """
+    import os
+
+    from favorites_maintenance.dev import (asset_page, dagster_dev_command, port_is_free,
+                                           prepare_dev_table, run_dagster_dev, ui_address)
+    from favorites_maintenance.local import LocalEnvironment, project_root
+    from favorites_maintenance.retention.database import create_engine
+    from favorites_maintenance.settings import DATABASE_URL_VAR
+
+    try:
+        load_settings()
+    except SettingsError as exc:
+        _fail(str(exc))
+    root = project_root()
+    if not (root / "dagster.yaml").is_file():
+        _fail("run this from the favorites-maintenance checkout (dagster.yaml not found)")
+    if not port_is_free(port):
+        _fail(f"port {port} on 127.0.0.1 is in use; pick another with --port")
+    own_database = DATABASE_URL_VAR not in os.environ
+
+    env = LocalEnvironment(root)
+    _echo(f"starting the embedded PostgreSQL server ({env.state_dir / 'pgdata'})")
+    env.start()
+    try:
+        if own_database:
+            engine = create_engine(load_settings().require_database_url())
+            try:
+                prepare_dev_table(engine, rows, _echo)
+            finally:
+                engine.dispose()
+        else:
+            _echo(f"the job uses {load_settings().database_url_safe} "
+                  "(FAVORITES_DATABASE_URL): not creating or seeding anything there")
+        _echo(f"Dagster instance: {env.dagster_home}")
+        _echo(f"Dagster UI: {ui_address(port)}  (asset page: {asset_page(port)})")
+        _echo("press Ctrl-C to stop the UI, the daemon and the database server")
+        code = run_dagster_dev(dagster_dev_command(root / "workspace.yaml", port),
+                               cwd=env.dagster_home, echo=_echo)
+    finally:
+        env.stop()
+        _echo("stopped")
+    if code:
+        _fail(f"dagster dev exited with code {code}")
