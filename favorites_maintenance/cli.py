@@ -176,8 +176,10 @@ def dev(port: int, rows: int) -> None:
     """
     import os
 
-    from favorites_maintenance.dev import (asset_page, dagster_dev_command, port_is_free,
-                                           prepare_dev_table, run_dagster_dev, ui_address)
+    from favorites_maintenance.assets import POOL
+    from favorites_maintenance.dev import (asset_page, dagster_dev_command, ensure_pool_limit,
+                                           port_is_free, prepare_dev_table, run_dagster_dev,
+                                           ui_address)
     from favorites_maintenance.local import LocalEnvironment, project_root
     from favorites_maintenance.retention.database import create_engine
     from favorites_maintenance.settings import DATABASE_URL_VAR
@@ -206,7 +208,8 @@ def dev(port: int, rows: int) -> None:
         else:
             _echo(f"the job uses {load_settings().database_url_safe} "
                   "(FAVORITES_DATABASE_URL): not creating or seeding anything there")
-        _echo(f"Dagster instance: {env.dagster_home}")
+        _echo(f"Dagster instance: {env.dagster_home} (pool {POOL}: "
+              f"{ensure_pool_limit()} run at a time)")
         _echo(f"Dagster UI: {ui_address(port)}  (asset page: {asset_page(port)})")
         _echo("press Ctrl-C to stop the UI, the daemon and the database server")
         code = run_dagster_dev(dagster_dev_command(root / "workspace.yaml", port),

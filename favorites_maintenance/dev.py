@@ -22,7 +22,7 @@ from pathlib import Path
 
 import sqlalchemy as sa
 
-from favorites_maintenance.assets import ASSET_KEY
+from favorites_maintenance.assets import ASSET_KEY, POOL
 
 HOST = "127.0.0.1"
 #: How long ``dagster dev`` gets to stop its webserver, daemon and code server after an interrupt.
@@ -63,6 +63,26 @@ def prepare_dev_table(engine: sa.Engine, rows: int, echo: Callable[[str], None])
     seeded = seed_favorites(engine, rows, now=dt.datetime.now(dt.timezone.utc))
     echo(f"seeded favorites.favorites in {time.monotonic() - t0:.1f} s: {seeded.rows:,} rows, "
          f"{seeded.guest_rows:,} guest, {seeded.account_rows:,} account")
+
+
+def ensure_pool_limit() -> int:
+    """Write the purge pool's limit into the instance (``DAGSTER_HOME``) unless it is there.
+
+    Dagster writes a pool's ``default_limit`` into its storage only while dequeuing the first
+    run that uses the pool, after it has read the limits for that pass: on a fresh instance the
+    runs queued at that moment (a backfill, a tick) all start together. Writing the limit before
+    the daemon starts closes that window. A limit already set, e.g. from the UI, is kept.
+
+    Returns:
+        The pool's limit.
+    """
+    import dagster as dg
+
+    with dg.DagsterInstance.get() as instance:
+        storage = instance.event_log_storage
+        if POOL not in storage.get_concurrency_keys():
+            storage.set_concurrency_slots(POOL, instance.global_op_concurrency_default_limit or 1)
+        return storage.get_concurrency_info(POOL).slot_count
 
 
 def dagster_dev_command(workspace: Path, port: int) -> list[str]:
