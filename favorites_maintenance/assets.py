@@ -5,7 +5,6 @@ backfilled from the UI. Dagster puts only the terminal op's output metadata on t
 materialization, so the purge report travels to ``measure_backlog``, which records it.
 """
 
-
 import datetime as dt
 import time
 from typing import Any
@@ -13,10 +12,12 @@ from typing import Any
 import dagster as dg
 from dagster._core.errors import DagsterExecutionInterruptedError
 from dagster._utils.interrupts import capture_interrupts, check_captured_interrupt
+from pydantic import Field
 
 from favorites_maintenance.partitions import daily_partitions
 from favorites_maintenance.resources import FavoritesDatabase, GuestRetention
 from favorites_maintenance.retention.backlog import measure_backlog as count_backlog
+from favorites_maintenance.retention.database import error_summary, transient_error_kind
 from favorites_maintenance.retention.purge import BatchError, BatchResult, PurgeReport, StopReason
 from favorites_maintenance.retention.purge import purge as run_purge
 from favorites_maintenance.retention.rule import compute_cutoff as cutoff_for
@@ -26,6 +27,10 @@ ASSET_KEY = dg.AssetKey(["favorites", "guest_favorites_cleanup"])
 #: Concurrency pool of the purge op: with run granularity and limit 1 in ``dagster.yaml``, at
 #: most one cleanup run is in progress, whoever launched it (Laravel's ``withoutOverlapping``).
 POOL = "guest_favorites_cleanup"
+
+#: SPEC 6 / SPEC 8: warn when the asset has not been materialized for 26 h, fail after 48 h.
+FRESHNESS_POLICY = dg.FreshnessPolicy.time_window(fail_window=dt.timedelta(hours=48),
+                                                  warn_window=dt.timedelta(hours=26))
 
 #: How often a batch line is logged at INFO (the others go at DEBUG), in seconds.
 PROGRESS_EVERY_S = 5.0
@@ -49,18 +54,38 @@ def compute_cutoff(context: dg.OpExecutionContext, retention: GuestRetention) ->
     return cutoff
 
 
+class PurgeConfig(dg.Config):
+    """Run config of the purge op (``ops.favorites__guest_favorites_cleanup.ops.purge.config``).
+
+    Attributes:
+        max_retries: retries of the op after a transient database error (connection lost,
+            serialization failure, deadlock, lock timeout).
+        retry_delay_seconds: pause before the first retry, in seconds; doubled at each retry.
+    """
+
+    max_retries: int = Field(default=3, ge=0)
+    retry_delay_seconds: float = Field(default=5.0, ge=0)
+
+
 @dg.op(pool=POOL, description="Delete prunable guest rows in SKIP LOCKED batch transactions.")
-def purge(context: dg.OpExecutionContext, database: FavoritesDatabase,
+def purge(context: dg.OpExecutionContext, config: PurgeConfig, database: FavoritesDatabase,
           retention: GuestRetention, cutoff: dt.datetime) -> dict[str, Any]:
     """Run the batched purge and return its report as a small dict for ``measure_backlog``.
 
-    A termination request (UI "Terminate", SIGTERM) is captured, never raised mid-batch: the open
-    batch commits, no batch starts after it, and the op then raises Dagster's interruption so
+    A transient database error (see :func:`~favorites_maintenance.retention.database.
+    transient_error_kind`) retries the op with exponential backoff; batches committed before it
+    stay deleted and the retry goes on from there. The retry is requested explicitly rather than
+    by a declarative ``RetryPolicy``, which would turn a termination into a retry.
+
+    A termination request (UI "Terminate", SIGTERM) is captured, never raised mid-batch, and the
+    run's CANCELING status is read before each batch: the open batch commits, no batch starts
+    after the request, and the op then raises Dagster's interruption so
     the run ends CANCELED rather than SUCCESS. What was deleted before the stop is recorded as
     an asset observation.
 
     Raises:
-        BatchError: a batch failed and was rolled back.
+        BatchError: a batch failed and was rolled back (not transient, or out of retries).
+        RetryRequested: a transient database error, retries left.
         DagsterExecutionInterruptedError: after a stop request.
     """
     last_progress = time.monotonic()
@@ -83,19 +108,28 @@ def purge(context: dg.OpExecutionContext, database: FavoritesDatabase,
                 database.engine, cutoff,
                 batch_size=retention.batch_size,
                 max_run_duration=retention.max_run_duration,
-                should_stop=check_captured_interrupt,
+                should_stop=lambda: check_captured_interrupt() or _termination_requested(context),
                 on_batch=on_batch,
             )
-        except BatchError as exc:
-            context.log.error(f"run failed: run_id={context.run_id} batch_no={exc.batch_no} "
-                              f"deleted_before={exc.report.deleted_total} error={exc}")
+        except Exception as exc:
+            batch_no = exc.batch_no if isinstance(exc, BatchError) else 0
+            context.log.error(f"run failed: run_id={context.run_id} batch_no={batch_no} "
+                              f"error={error_summary(exc)}")
+            kind = transient_error_kind(exc)
+            if kind is not None and context.retry_number < config.max_retries:
+                wait = config.retry_delay_seconds * 2 ** context.retry_number
+                context.log.warning(f"transient database error ({kind}); retry "
+                                    f"{context.retry_number + 1}/{config.max_retries} in {wait:g} s")
+                raise dg.RetryRequested(max_retries=config.max_retries,
+                                        seconds_to_wait=wait) from exc
             raise
-    summary = report_metadata(report, retention)
-    if report.stop_reason is StopReason.STOP_REQUESTED:
-        context.log.warning(f"run stopped on request after {report.batches} batches: "
-                            f"{report.deleted_total} rows deleted and committed")
-        context.log_event(dg.AssetObservation(asset_key=ASSET_KEY, metadata=summary))
-        raise DagsterExecutionInterruptedError()
+        summary = report_metadata(report, retention)
+        if report.stop_reason is StopReason.STOP_REQUESTED:
+            # Still inside capture_interrupts: a signal arriving now cannot cut this record short.
+            context.log.warning(f"run stopped on request after {report.batches} batches: "
+                                f"{report.deleted_total} rows deleted and committed")
+            context.log_event(dg.AssetObservation(asset_key=ASSET_KEY, metadata=summary))
+            raise DagsterExecutionInterruptedError()
     return summary
 
 
@@ -115,6 +149,14 @@ def measure_backlog(context: dg.OpExecutionContext, database: FavoritesDatabase,
         "backlogRemaining": backlog.remaining,
         "backlogOldestUpdatedAt": oldest.isoformat() if oldest else "none",
     })
+
+
+def _termination_requested(context: dg.OpExecutionContext) -> bool:
+    """The run was marked CANCELING (UI "Terminate"): seen before the interrupt reaches this
+    process, so no batch starts once the request is recorded."""
+    run = context.instance.get_run_by_id(context.run_id)
+    return run is not None and run.status in (dg.DagsterRunStatus.CANCELING,
+                                              dg.DagsterRunStatus.CANCELED)
 
 
 def report_metadata(report: PurgeReport, retention: GuestRetention) -> dict[str, Any]:
@@ -145,3 +187,8 @@ def report_metadata(report: PurgeReport, retention: GuestRetention) -> dict[str,
 def guest_favorites_cleanup():
     cutoff = compute_cutoff()
     return measure_backlog(cutoff, purge(cutoff))
+
+
+# @graph_asset takes no freshness policy: attach it to the spec.
+guest_favorites_cleanup = guest_favorites_cleanup.map_asset_specs(
+    lambda spec: spec.replace_attributes(freshness_policy=FRESHNESS_POLICY))

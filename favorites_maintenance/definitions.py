@@ -9,22 +9,32 @@ from __future__ import annotations
 import dagster as dg
 
 from favorites_maintenance.assets import guest_favorites_cleanup
+from favorites_maintenance.checks import asset_checks
 from favorites_maintenance.jobs import guest_favorites_cleanup_job
-from favorites_maintenance.resources import FavoritesDatabase, GuestRetention
+from favorites_maintenance.resources import AlertSink, FavoritesDatabase, GuestRetention
 from favorites_maintenance.schedules import build_schedule
-from favorites_maintenance.settings import DATABASE_URL_VAR, Settings, load_settings
+from favorites_maintenance.sensors import build_stale_sensor, guest_favorites_cleanup_failure_sensor
+from favorites_maintenance.settings import (
+    ALERT_WEBHOOK_URL_VAR,
+    DATABASE_URL_VAR,
+    Settings,
+    load_settings,
+)
 
 
 def build_defs(settings: Settings) -> dg.Definitions:
     """Build the definitions for ``settings``.
 
-    The database URL is passed as ``dg.EnvVar`` so it is read at run time and never shown in
-    the UI; ``settings`` only proves it valid (or absent: the run then fails naming the variable).
+    The database and webhook URLs are passed as ``dg.EnvVar`` so they are read at run time and
+    never shown in the UI; ``settings`` only proves them valid (an absent database URL fails the
+    run, naming the variable).
     """
     return dg.Definitions(
         assets=[guest_favorites_cleanup],
+        asset_checks=asset_checks,
         jobs=[guest_favorites_cleanup_job],
         schedules=[build_schedule(settings.cron)],
+        sensors=[build_stale_sensor(settings.stale_after), guest_favorites_cleanup_failure_sensor],
         resources={
             "database": FavoritesDatabase(url=dg.EnvVar(DATABASE_URL_VAR)),
             "retention": GuestRetention(
@@ -32,6 +42,9 @@ def build_defs(settings: Settings) -> dg.Definitions:
                 batch_size=settings.batch_size,
                 max_run_duration_seconds=settings.max_run_duration.total_seconds(),
             ),
+            # The webhook URL holds a token: pass it by reference, only when it is set.
+            "alerts": AlertSink(webhook_url=dg.EnvVar(ALERT_WEBHOOK_URL_VAR)
+                                if settings.alert_webhook_url else None),
         },
     )
 

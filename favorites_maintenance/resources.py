@@ -1,4 +1,4 @@
-"""Resources: the favorites database and the retention settings.
+"""Resources: the favorites database, the retention settings and the alert sink.
 
 Both are built from the validated :class:`~favorites_maintenance.settings.Settings` in
 :mod:`favorites_maintenance.definitions`; the database URL reaches Dagster only as an
@@ -8,13 +8,19 @@ Both are built from the validated :class:`~favorites_maintenance.settings.Settin
 from __future__ import annotations
 
 import datetime as dt
+import logging
+import time
 
 import dagster as dg
+import requests
 import sqlalchemy as sa
-from pydantic import PrivateAttr
+from pydantic import Field, PrivateAttr
 
 from favorites_maintenance.retention.database import create_engine
 from favorites_maintenance.settings import DATABASE_URL_VAR, SettingsError, parse_database_url
+
+
+_alerts_log = logging.getLogger("favorites_maintenance.alerts")
 
 
 class FavoritesDatabase(dg.ConfigurableResource):
@@ -60,11 +66,53 @@ class GuestRetention(dg.ConfigurableResource):
         max_run_duration_seconds: time budget of one purge, in seconds (> 0).
     """
 
-    retention_days: int
-    batch_size: int
-    max_run_duration_seconds: float
+    retention_days: int = Field(gt=0)
+    batch_size: int = Field(gt=0)
+    max_run_duration_seconds: float = Field(gt=0)
 
     @property
     def max_run_duration(self) -> dt.timedelta:
         """:attr:`max_run_duration_seconds` as a timedelta."""
         return dt.timedelta(seconds=self.max_run_duration_seconds)
+
+
+class AlertSink(dg.ConfigurableResource):
+    """Where alerts go: the log always, and a Slack-compatible webhook when one is configured.
+
+    Attributes:
+        webhook_url: optional URL receiving ``POST {"text": ...}`` (JSON); a secret, pass it as
+            ``dg.EnvVar("FAVORITES_ALERT_WEBHOOK_URL")``. Never logged.
+        timeout_seconds: per-attempt HTTP timeout, in seconds.
+        attempts: HTTP attempts before giving up (with 1 s, 2 s, ... pauses between them).
+    """
+
+    webhook_url: str | None = None
+    timeout_seconds: float = 5.0
+    attempts: int = 3
+
+    def send(self, text: str, *, log: logging.Logger | None = None,
+             level: int = logging.ERROR) -> bool:
+        """Log ``text`` and post it to the webhook, if any. Never raises.
+
+        Returns:
+            ``True`` when the webhook accepted it (or none is configured), ``False`` when every
+            attempt failed (the failure is logged, without the URL).
+        """
+        logger = log or _alerts_log
+        logger.log(level, "ALERT: %s", text)
+        if not self.webhook_url:
+            return True
+        for attempt in range(1, self.attempts + 1):
+            try:
+                response = requests.post(self.webhook_url, json={"text": text},
+                                         timeout=self.timeout_seconds)
+                if response.status_code < 300:
+                    return True
+                problem = f"HTTP {response.status_code}"
+            except requests.RequestException as exc:
+                problem = type(exc).__name__
+            logger.warning("alert webhook attempt %d/%d failed: %s", attempt, self.attempts,
+                           problem)
+            if attempt < self.attempts:
+                time.sleep(attempt)
+        return False

@@ -38,3 +38,48 @@ def create_engine(url: URL | str, *, application_name: str = APPLICATION_NAME,
         connect_args=connect_args,
         **kwargs,
     )
+
+
+# SQLSTATEs worth a retry: the same statement can succeed a moment later.
+TRANSIENT_SQLSTATES = {
+    "40001": "serialization_failure",
+    "40P01": "deadlock_detected",
+    "55P03": "lock_not_available",  # lock_timeout
+    "57P01": "admin_shutdown",  # server restart, pg_terminate_backend
+    "57P02": "crash_shutdown",
+    "57P03": "cannot_connect_now",  # server starting up
+    "53300": "too_many_connections",
+}
+
+
+def transient_error_kind(exc: BaseException) -> str | None:
+    """Name the transient database error in ``exc`` or its causes, else ``None``.
+
+    Transient: a lost or refused connection, a serialization failure, a deadlock, a lock
+    timeout (:data:`TRANSIENT_SQLSTATES`). Not transient: ``statement_timeout``
+    (``query_canceled``), a missing table or privilege, bad SQL: retrying would fail the same way.
+    """
+    seen = set()
+    while exc is not None and id(exc) not in seen:
+        seen.add(id(exc))
+        if isinstance(exc, sa.exc.DBAPIError):
+            if exc.connection_invalidated:
+                return "connection_lost"
+            orig = exc.orig
+            state = getattr(orig, "sqlstate", None)
+            if state in TRANSIENT_SQLSTATES:
+                return TRANSIENT_SQLSTATES[state]
+            if isinstance(exc, sa.exc.OperationalError) and state is None:
+                return "connection_lost"  # no SQLSTATE: the client lost the server
+        exc = exc.__cause__ or exc.__context__
+    return None
+
+
+def error_summary(exc: BaseException) -> str:
+    """``"<ExceptionType>: <first line of its message>"``, fit for a log line.
+
+    The first line of a database error is the server's message; the SQL and (hidden) parameters
+    that SQLAlchemy appends on later lines are left out.
+    """
+    text = str(exc).strip()
+    return f"{type(exc).__name__}: {text.splitlines()[0] if text else ''}"

@@ -43,6 +43,7 @@ from dataclasses import dataclass
 import sqlalchemy as sa
 from sqlalchemy.dialects.postgresql import TIMESTAMP
 
+from favorites_maintenance.retention.database import error_summary
 from favorites_maintenance.retention.rule import delete_prunable, favorites, prunable
 
 log = logging.getLogger(__name__)
@@ -128,7 +129,7 @@ class BatchError(PurgeError):
     def __init__(self, batch_no: int, report: PurgeReport, cause: BaseException):
         super().__init__(f"batch {batch_no} failed and was rolled back "
                          f"({report.deleted_total} rows in {report.batches} earlier batches stay "
-                         f"deleted): {type(cause).__name__}: {_first_line(cause)}")
+                         f"deleted): {error_summary(cause)}")
         self.batch_no = batch_no
         self.report = report
 
@@ -268,8 +269,3 @@ def purge(
             if row.selected < batch_size:
                 return report(StopReason.EXHAUSTED)
             after = {"after_updated_at": row.last_updated_at, "after_id": row.last_id}
-
-
-def _first_line(exc: BaseException) -> str:
-    text = str(exc).strip()
-    return text.splitlines()[0] if text else ""

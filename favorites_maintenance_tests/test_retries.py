@@ -1,0 +1,114 @@
+"""Op retries on transient database errors, and none on the others (SPEC 6)."""
+
+from __future__ import annotations
+
+import datetime as dt
+import threading
+
+import dagster as dg
+import pytest
+import sqlalchemy as sa
+
+from favorites_maintenance.definitions import build_defs
+from favorites_maintenance.retention.database import create_engine, transient_error_kind
+from favorites_maintenance.settings import DATABASE_URL_VAR, Settings
+
+UTC = dt.timezone.utc
+PARTITION = (dt.datetime.now(UTC) - dt.timedelta(days=1)).date().isoformat()
+OLD = dt.datetime.now(UTC) - dt.timedelta(days=400)
+
+
+@pytest.fixture
+def job(db_url, monkeypatch):
+    monkeypatch.setenv(DATABASE_URL_VAR, db_url.render_as_string(hide_password=False))
+    return build_defs(Settings()).resolve_job_def("guest_favorites_cleanup_job")
+
+
+def retry_config(max_retries: int) -> dict:
+    return {"ops": {"favorites__guest_favorites_cleanup": {"ops": {"purge": {"config": {
+        "max_retries": max_retries, "retry_delay_seconds": 0.2}}}}}}
+
+
+def hold_table_lock(engine, seconds: float) -> threading.Thread:
+    """Take ACCESS EXCLUSIVE on the table for ``seconds`` (a migration, say)."""
+    locked = threading.Event()
+
+    def hold():
+        with engine.begin() as conn:
+            conn.execute(sa.text("LOCK TABLE favorites.favorites IN ACCESS EXCLUSIVE MODE"))
+            locked.set()
+            conn.execute(sa.text("SELECT pg_sleep(:s)"), {"s": seconds})
+
+    thread = threading.Thread(target=hold, daemon=True)
+    thread.start()
+    locked.wait(10)
+    return thread
+
+
+def step_events(instance, run_id, event_type):
+    return [e for e in instance.all_logs(run_id)
+            if e.dagster_event and e.dagster_event.event_type == event_type]
+
+
+def test_a_lock_timeout_is_retried_and_the_run_then_succeeds(job, engine, rows):
+    rows.add_many(300, updated_at=OLD)
+    # Held longer than the purge's 2 s lock_timeout, but not through the retry.
+    holder = hold_table_lock(engine, 4)
+    with dg.instance_for_test() as instance:
+        result = job.execute_in_process(partition_key=PARTITION, instance=instance,
+                                        run_config=retry_config(3))
+        retries = step_events(instance, result.run_id, dg.DagsterEventType.STEP_UP_FOR_RETRY)
+        warnings = [e.user_message for e in instance.all_logs(result.run_id)
+                    if "transient database error" in (e.user_message or "")]
+    holder.join()
+    assert result.success
+    assert len(retries) >= 1
+    assert "lock_not_available" in warnings[0]
+    assert rows.count() == 0
+
+
+def test_retries_run_out_and_the_run_fails(job, engine, rows):
+    rows.add_many(10, updated_at=OLD)
+    holder = hold_table_lock(engine, 6)
+    with dg.instance_for_test() as instance:
+        result = job.execute_in_process(partition_key=PARTITION, instance=instance,
+                                        run_config=retry_config(1), raise_on_error=False)
+        retries = step_events(instance, result.run_id, dg.DagsterEventType.STEP_UP_FOR_RETRY)
+    holder.join()
+    assert not result.success
+    assert len(retries) == 1
+    assert rows.count() == 10
+
+
+def test_a_missing_table_is_not_retried(job, engine):
+    with engine.begin() as conn:
+        conn.execute(sa.text("DROP TABLE favorites.favorites"))
+    with dg.instance_for_test() as instance:
+        result = job.execute_in_process(partition_key=PARTITION, instance=instance,
+                                        run_config=retry_config(3), raise_on_error=False)
+        retries = step_events(instance, result.run_id, dg.DagsterEventType.STEP_UP_FOR_RETRY)
+    assert not result.success
+    assert retries == []
+
+
+def test_transient_errors_are_told_from_permanent_ones(db_url, pg_server):
+    engine = create_engine(db_url)
+    try:
+        with pytest.raises(sa.exc.DBAPIError) as timeout:
+            with engine.begin() as conn:
+                conn.execute(sa.text("SET LOCAL statement_timeout = '10ms'"))
+                conn.execute(sa.text("SELECT pg_sleep(1)"))
+        assert transient_error_kind(timeout.value) is None  # statement_timeout: not transient
+        with pytest.raises(sa.exc.DBAPIError) as killed:
+            with engine.connect() as conn:
+                pid = conn.execute(sa.text("SELECT pg_backend_pid()")).scalar_one()
+                with engine.connect() as other:
+                    other.execute(sa.text("SELECT pg_terminate_backend(:p)"), {"p": pid})
+                conn.execute(sa.text("SELECT 1"))
+        assert transient_error_kind(killed.value) in ("admin_shutdown", "connection_lost")
+    finally:
+        engine.dispose()
+    unreachable = create_engine(db_url.set(query={"host": "/nonexistent-socket-dir"}))
+    with pytest.raises(sa.exc.OperationalError) as refused:
+        unreachable.connect()
+    assert transient_error_kind(refused.value) == "connection_lost"

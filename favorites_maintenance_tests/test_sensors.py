@@ -1,0 +1,181 @@
+"""The staleness and failure alerts over run histories built at chosen times (SPEC 6)."""
+
+from __future__ import annotations
+
+import datetime as dt
+import json
+import threading
+import uuid
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+import dagster as dg
+import pytest
+import sqlalchemy as sa
+from dagster._core.test_utils import freeze_time
+
+from favorites_maintenance.definitions import build_defs
+from favorites_maintenance.resources import AlertSink
+from favorites_maintenance.sensors import build_stale_sensor, guest_favorites_cleanup_failure_sensor
+from favorites_maintenance.settings import DATABASE_URL_VAR, Settings
+
+UTC = dt.timezone.utc
+H = 3600.0
+# A Monday, 03:00 UTC: the default schedule's tick time.
+T0 = dt.datetime(2026, 10, 5, 3, 0, tzinfo=UTC).timestamp()
+
+
+class Webhook:
+    """A local Slack-compatible endpoint recording what it receives."""
+
+    def __init__(self):
+        self.messages: list[str] = []
+        self.status = 200
+        hook = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def do_POST(self):
+                body = self.rfile.read(int(self.headers["Content-Length"]))
+                hook.messages.append(json.loads(body)["text"])
+                self.send_response(hook.status)
+                self.end_headers()
+
+            def log_message(self, *args):
+                pass
+
+        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.url = f"http://127.0.0.1:{self.server.server_port}/hook"
+        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+
+    def close(self):
+        self.server.shutdown()
+        self.server.server_close()
+
+
+@pytest.fixture
+def webhook():
+    hook = Webhook()
+    yield hook
+    hook.close()
+
+
+@pytest.fixture
+def job(db_url, monkeypatch):
+    monkeypatch.setenv(DATABASE_URL_VAR, db_url.render_as_string(hide_password=False))
+    return build_defs(Settings()).resolve_job_def("guest_favorites_cleanup_job")
+
+
+class Watch:
+    """Evaluates the sensor at chosen instants, carrying its cursor from tick to tick."""
+
+    def __init__(self, instance, webhook, stale_after=dt.timedelta(hours=48)):
+        self.instance = instance
+        self.webhook = webhook
+        self.now = T0
+        self.cursor = None
+        self.sensor = build_stale_sensor(stale_after, clock=lambda: self.now)
+        self.sink = AlertSink(webhook_url=webhook.url, attempts=2, timeout_seconds=2)
+
+    def tick(self, at: float) -> str:
+        self.now = at
+        ctx = dg.build_sensor_context(instance=self.instance, cursor=self.cursor,
+                                      resources={"alerts": self.sink})
+        result = self.sensor(ctx)
+        self.cursor = ctx.cursor
+        return result.skip_message
+
+
+def run_at(job, instance, at: float, partition: str | None = None, **kwargs):
+    """Run the real job with Dagster's clock frozen at ``at`` (epoch seconds)."""
+    if partition is None:  # the schedule's choice: the day before
+        partition = (dt.datetime.fromtimestamp(at, UTC) - dt.timedelta(days=1)).date().isoformat()
+    with freeze_time(at):
+        return job.execute_in_process(partition_key=partition, instance=instance,
+                                      raise_on_error=False, **kwargs)
+
+
+def test_fresh_deployment_alerts_only_after_the_threshold_then_once(webhook):
+    with dg.instance_for_test() as instance:
+        watch = Watch(instance, webhook)
+        assert watch.tick(T0) == "fresh"
+        assert watch.tick(T0 + 47 * H) == "fresh"
+        assert webhook.messages == []
+        assert watch.tick(T0 + 49 * H) == "alerted"
+        assert watch.tick(T0 + 50 * H) == "stale, already alerted"
+        assert watch.tick(T0 + 80 * H) == "stale, already alerted"
+    assert len(webhook.messages) == 1
+    assert "no successful run for more than 2 days" in webhook.messages[0]
+
+
+def test_47h_after_a_success_is_fresh_49h_alerts_and_a_new_success_resolves(job, webhook):
+    with dg.instance_for_test() as instance:
+        watch = Watch(instance, webhook)
+        assert watch.tick(T0 - 100 * H) == "fresh"  # deployed long ago
+        assert run_at(job, instance, T0).success
+        assert watch.tick(T0 + 47 * H) == "fresh"
+        assert watch.tick(T0 + 49 * H) == "alerted"
+        assert run_at(job, instance, T0 + 50 * H).success
+        assert watch.tick(T0 + 50.5 * H) == "resolved"
+        assert watch.tick(T0 + 51 * H) == "fresh"
+    assert len(webhook.messages) == 2
+    assert webhook.messages[1].startswith("guest_favorites_cleanup: resolved")
+
+
+def test_failed_runs_and_old_partition_backfills_do_not_reset_the_clock(job, webhook, engine):
+    with dg.instance_for_test() as instance:
+        watch = Watch(instance, webhook)
+        watch.tick(T0 - 100 * H)
+        assert run_at(job, instance, T0).success
+        # A backfill of a day three weeks back succeeds at T0 + 40 h: not a current success.
+        assert run_at(job, instance, T0 + 40 * H, partition="2026-09-14").success
+        # A run at T0 + 45 h fails: the table is gone.
+        with engine.begin() as conn:
+            conn.execute(sa.text("ALTER TABLE favorites.favorites RENAME TO gone"))
+        failed = run_at(job, instance, T0 + 45 * H)
+        assert failed.dagster_run.status == dg.DagsterRunStatus.FAILURE
+        assert watch.tick(T0 + 49 * H) == "alerted"
+
+
+def test_a_large_history_of_other_jobs_does_not_count(job, webhook):
+    with dg.instance_for_test() as instance:
+        for _ in range(1000):
+            instance.add_run(dg.DagsterRun(job_name="some_other_job", run_id=str(uuid.uuid4()),
+                                           status=dg.DagsterRunStatus.SUCCESS))
+        watch = Watch(instance, webhook)
+        watch.tick(T0 - 100 * H)
+        assert watch.tick(T0) == "alerted"
+
+
+def test_a_failing_webhook_never_crashes_the_tick(webhook, caplog):
+    webhook.status = 500
+    with dg.instance_for_test() as instance:
+        watch = Watch(instance, webhook)
+        watch.tick(T0)
+        assert watch.tick(T0 + 49 * H) == "alerted"  # logged even though the POST failed
+    assert len(webhook.messages) == 2  # two attempts
+    assert webhook.url not in caplog.text
+
+
+def test_an_unreachable_webhook_never_crashes_the_tick(webhook):
+    webhook.close()
+    with dg.instance_for_test() as instance:
+        watch = Watch(instance, webhook)
+        watch.tick(T0)
+        assert watch.tick(T0 + 49 * H) == "alerted"
+
+
+def test_a_failed_run_alerts_through_the_sink(job, webhook, engine):
+    with engine.begin() as conn:
+        conn.execute(sa.text("DROP TABLE favorites.favorites"))
+    with dg.instance_for_test() as instance:
+        result = run_at(job, instance, T0)
+        run = instance.get_run_by_id(result.run_id)
+        [failure] = [e.dagster_event for e in instance.all_logs(result.run_id)
+                     if e.dagster_event and e.dagster_event.event_type == dg.DagsterEventType.RUN_FAILURE]
+        ctx = dg.build_run_status_sensor_context(
+            sensor_name="guest_favorites_cleanup_failure_sensor", dagster_instance=instance,
+            dagster_run=run, dagster_event=failure,
+            resources={"alerts": AlertSink(webhook_url=webhook.url)},
+        ).for_run_failure()
+        guest_favorites_cleanup_failure_sensor(ctx)
+    [message] = webhook.messages
+    assert result.run_id in message and "failed" in message and "2026-10-04" in message
