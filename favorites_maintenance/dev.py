@@ -98,6 +98,9 @@ def run_dagster_dev(command: list[str], cwd: Path, echo: Callable[[str], None]) 
     daemon and code server; whatever is left in its process group after the grace period (or
     after a second Ctrl-C) is killed.
     """
+    # Own both signals: a shell's background job starts with SIGINT ignored, and this command
+    # must still stop everything when it is sent one.
+    previous_int = signal.signal(signal.SIGINT, signal.default_int_handler)
     previous_term = signal.signal(signal.SIGTERM, _raise_keyboard_interrupt)
     proc = subprocess.Popen(command, cwd=cwd, start_new_session=True,
                             preexec_fn=_default_sigint)
@@ -117,6 +120,7 @@ def run_dagster_dev(command: list[str], cwd: Path, echo: Callable[[str], None]) 
     finally:
         _reap_group(proc.pid)
         signal.signal(signal.SIGTERM, previous_term)
+        signal.signal(signal.SIGINT, previous_int)
 
 
 def _default_sigint() -> None:

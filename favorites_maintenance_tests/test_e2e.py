@@ -215,7 +215,7 @@ def test_the_daemon_runs_the_schedule_and_graphql_returns_the_metadata(stack):
     assert guests_seeded - guests == deleted
 
 
-def test_the_asset_page_shows_the_latest_materialization_in_chromium(stack):
+def test_the_asset_page_shows_the_latest_materialization_checks_and_freshness(stack):
     binary = chromium_binary()
     if binary is None:
         message = "chromium is not installed (apt-get install -y chromium)"
@@ -239,31 +239,43 @@ def test_the_asset_page_shows_the_latest_materialization_in_chromium(stack):
     checks = [c["name"] for c in (node.get("assetChecksOrError") or {}).get("checks", [])]
     freshness = node.get("internalFreshnessPolicy")
 
-    expected = ["Latest materialization", latest["partition"], "Metadata"]
+    overview = ["Latest materialization", latest["partition"], "Metadata"]
     for label, value in latest["metadata"].items():
-        expected += [label, str(value)]
-    expected += checks
+        overview += [label, str(value)]
+    if checks:
+        overview.append("Latest check results")
     if freshness:
-        expected.append("Freshness")
+        overview.append("Freshness policy")
 
     page = f"{stack.url}/assets/{'/'.join(ASSET_PATH)}"
+    read_page(binary, page, overview, "asset-page")
+    if checks:
+        read_page(binary, f"{page}?view=checks", checks, "asset-checks")
+
+
+def read_page(binary: str, url: str, expected: list[str], name: str) -> str:
+    """Load ``url`` in headless Chromium until its text holds every ``expected`` string (the UI
+    fills in over a few GraphQL round trips), then keep a screenshot and the text as
+    ``test-artifacts/NAME.png`` and ``NAME.txt``."""
     profiles = ARTIFACTS / "chromium-profiles"
     text, missing = "", expected
     for attempt in range(4):
-        dump = chromium(binary, page, profiles / f"dom-{attempt}", "--dump-dom",
+        dump = chromium(binary, url, profiles / f"{name}-dom-{attempt}", "--dump-dom",
                         budget_ms=15000 + 10000 * attempt)
         text = visible_text(dump.stdout)
         missing = [e for e in expected if e not in text]
         if not missing:
             break
-    assert not missing, f"not on the asset page: {missing}\n\n{text[:3000]}"
+    assert not missing, f"not on {url}: {missing}\n\n{text[:3000]}"
 
     ARTIFACTS.mkdir(parents=True, exist_ok=True)
-    shot = ARTIFACTS / "asset-page.png"
+    shot = ARTIFACTS / f"{name}.png"
     shot.unlink(missing_ok=True)
-    chromium(binary, page, profiles / "screenshot", f"--screenshot={shot}", budget_ms=25000)
-    assert shot.is_file() and shot.stat().st_size > 20_000, "no screenshot taken"
-    (ARTIFACTS / "asset-page.txt").write_text(text)
+    chromium(binary, url, profiles / f"{name}-screenshot", f"--screenshot={shot}",
+             budget_ms=25000)
+    assert shot.is_file() and shot.stat().st_size > 20_000, f"no screenshot of {url}"
+    (ARTIFACTS / f"{name}.txt").write_text(text)
+    return text
 
 
 def test_ctrl_c_stops_the_ui_the_daemon_and_the_database_server(stack):
