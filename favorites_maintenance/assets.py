@@ -5,6 +5,7 @@ backfilled from the UI. Dagster puts only the terminal op's output metadata on t
 materialization, so the purge report travels to ``measure_backlog``, which records it.
 """
 
+import dataclasses
 import datetime as dt
 import time
 from typing import Any
@@ -16,6 +17,7 @@ from pydantic import Field
 
 from favorites_maintenance.partitions import daily_partitions
 from favorites_maintenance.resources import FavoritesDatabase, GuestRetention
+from favorites_maintenance.retention.backlog import BacklogError
 from favorites_maintenance.retention.backlog import measure_backlog as count_backlog
 from favorites_maintenance.retention.database import error_summary, transient_error_kind
 from favorites_maintenance.retention.purge import BatchError, BatchResult, PurgeReport, StopReason
@@ -74,8 +76,10 @@ def purge(context: dg.OpExecutionContext, config: PurgeConfig, database: Favorit
 
     A transient database error (see :func:`~favorites_maintenance.retention.database.
     transient_error_kind`) retries the op with exponential backoff; batches committed before it
-    stay deleted and the retry goes on from there. The retry is requested explicitly rather than
-    by a declarative ``RetryPolicy``, which would turn a termination into a retry.
+    stay deleted (recorded as an asset observation) and the retry goes on from there; the
+    run's ``deletedTotal`` and ``batches`` count every attempt. The retry is requested
+    explicitly rather than by a declarative ``RetryPolicy``, which would turn a termination
+    into a retry.
 
     A termination request (UI "Terminate", SIGTERM) is captured, never raised mid-batch, and the
     run's CANCELING status is read before each batch: the open batch commits, no batch starts
@@ -101,6 +105,9 @@ def purge(context: dg.OpExecutionContext, config: PurgeConfig, database: Favorit
         else:
             context.log.debug(line)
 
+    def stop_requested() -> bool:
+        return check_captured_interrupt() or _termination_requested(context)
+
     # capture_interrupts only works on the main thread; elsewhere nothing captures the signal.
     with capture_interrupts():
         try:
@@ -108,13 +115,19 @@ def purge(context: dg.OpExecutionContext, config: PurgeConfig, database: Favorit
                 database.engine, cutoff,
                 batch_size=retention.batch_size,
                 max_run_duration=retention.max_run_duration,
-                should_stop=lambda: check_captured_interrupt() or _termination_requested(context),
+                should_stop=stop_requested,
                 on_batch=on_batch,
             )
         except Exception as exc:
             batch_no = exc.batch_no if isinstance(exc, BatchError) else 0
+            deleted_before = exc.report.deleted_total if isinstance(exc, BatchError) else 0
             context.log.error(f"run failed: run_id={context.run_id} batch_no={batch_no} "
-                              f"error={error_summary(exc)}")
+                              f"deleted_before={deleted_before} error={error_summary(exc)}")
+            if deleted_before:
+                # Those rows stay deleted: say so, and let a retry of this op count them.
+                context.log_event(dg.AssetObservation(asset_key=ASSET_KEY, metadata={
+                    "deletedTotal": deleted_before, "batches": exc.report.batches,
+                    "failedBatch": batch_no, "attempt": context.retry_number + 1}))
             kind = transient_error_kind(exc)
             if kind is not None and context.retry_number < config.max_retries:
                 wait = config.retry_delay_seconds * 2 ** context.retry_number
@@ -123,7 +136,14 @@ def purge(context: dg.OpExecutionContext, config: PurgeConfig, database: Favorit
                 raise dg.RetryRequested(max_retries=config.max_retries,
                                         seconds_to_wait=wait) from exc
             raise
+        # A request that arrived during the last batch is still a request: the flag is only
+        # visible inside capture_interrupts, which resets it on exit.
+        if report.stop_reason is not StopReason.STOP_REQUESTED and stop_requested():
+            report = dataclasses.replace(report, stop_reason=StopReason.STOP_REQUESTED)
         summary = report_metadata(report, retention)
+        earlier_deleted, earlier_batches = _committed_by_earlier_attempts(context)
+        summary["deletedTotal"] += earlier_deleted
+        summary["batches"] += earlier_batches
         if report.stop_reason is StopReason.STOP_REQUESTED:
             # Still inside capture_interrupts: a signal arriving now cannot cut this record short.
             context.log.warning(f"run stopped on request after {report.batches} batches: "
@@ -139,7 +159,14 @@ def measure_backlog(context: dg.OpExecutionContext, database: FavoritesDatabase,
                     cutoff: dt.datetime, report: dict[str, Any]) -> None:
     """Measure the backlog for the run's cutoff and attach the run metadata (SPEC 6) to the
     asset materialization."""
-    backlog = count_backlog(database.engine, cutoff)
+    try:
+        backlog = count_backlog(database.engine, cutoff)
+    except BacklogError as exc:
+        context.log.error(f"run failed: run_id={context.run_id} after deleting "
+                          f"{report['deletedTotal']} rows: {exc}")
+        # The purge's deletions are committed: report them even though the run fails.
+        context.log_event(dg.AssetObservation(asset_key=ASSET_KEY, metadata=report))
+        raise
     oldest = backlog.oldest_updated_at
     context.log.info(f"run completed: deleted_total={report['deletedTotal']} "
                      f"batches={report['batches']} duration_ms={report['durationMs']} "
@@ -149,6 +176,25 @@ def measure_backlog(context: dg.OpExecutionContext, database: FavoritesDatabase,
         "backlogRemaining": backlog.remaining,
         "backlogOldestUpdatedAt": oldest.isoformat() if oldest else "none",
     })
+
+
+def _committed_by_earlier_attempts(context: dg.OpExecutionContext) -> tuple[int, int]:
+    """Rows and batches that failed attempts of this op committed in this run (op retries).
+
+    Each failed attempt records them as an observation with ``failedBatch``; the run's
+    ``deletedTotal`` and ``batches`` are the sum over its attempts, not the last one alone.
+    """
+    if context.retry_number == 0:
+        return 0, 0
+    deleted = batches = 0
+    for entry in context.instance.all_logs(context.run_id,
+                                           of_type=dg.DagsterEventType.ASSET_OBSERVATION):
+        observation = entry.asset_observation
+        if observation is None or "failedBatch" not in observation.metadata:
+            continue
+        deleted += observation.metadata["deletedTotal"].value
+        batches += observation.metadata["batches"].value
+    return deleted, batches
 
 
 def _termination_requested(context: dg.OpExecutionContext) -> bool:

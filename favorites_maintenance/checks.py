@@ -20,6 +20,7 @@ import sqlalchemy as sa
 
 from favorites_maintenance.assets import ASSET_KEY
 from favorites_maintenance.resources import FavoritesDatabase, GuestRetention
+from favorites_maintenance.retention.database import limit_transaction
 from favorites_maintenance.retention.rule import favorites
 
 SPIKE_HISTORY = 14
@@ -40,7 +41,8 @@ def no_guest_row_older_than_retention_plus_one_day(
     t = favorites
     stmt = sa.select(sa.func.count(), sa.func.min(t.c.updated_at)).where(
         t.c.user_id.is_(None), t.c.updated_at < limit)
-    with database.engine.connect() as conn:
+    with database.engine.begin() as conn:
+        limit_transaction(conn)  # never queue without limit behind a migration's lock
         overdue, oldest = conn.execute(stmt).one()
     return dg.AssetCheckResult(
         passed=overdue == 0,

@@ -54,6 +54,9 @@ def demo(rows: int, pretend: bool) -> None:
     env = LocalEnvironment(root)
     _echo(f"starting the embedded PostgreSQL server ({env.state_dir / 'pgdata'})")
     env.start()
+    if env.replaced_database_url:
+        click.secho("note: FAVORITES_DATABASE_URL is ignored by demo, which only ever touches "
+                    "its embedded database", fg="yellow", err=True)
     try:
         _run_demo(env, rows=rows, pretend=pretend, retention_days=settings.retention_days)
     finally:
@@ -145,10 +148,10 @@ def dry_run(partition: str | None) -> None:
         _fail(str(exc))
     window_end = None
     if partition is not None:
-        try:
-            window_end = daily_partitions.time_window_for_partition_key(partition).end
-        except Exception:
-            _fail(f"--partition {partition!r} is not a daily partition key (YYYY-MM-DD)")
+        if not daily_partitions.has_partition_key(partition):
+            _fail(f"--partition {partition!r} is not a daily partition key (YYYY-MM-DD, from "
+                  f"{daily_partitions.get_first_partition_key()} to yesterday)")
+        window_end = daily_partitions.time_window_for_partition_key(partition).end
     cutoff = compute_cutoff(dt.datetime.now(UTC), settings.retention_days, window_end)
     engine = create_engine(url)
     try:
@@ -171,18 +174,15 @@ def dev(port: int, rows: int) -> None:
     """Run the Dagster UI and daemon on the embedded PostgreSQL server until Ctrl-C.
 
     The server holds Dagster's storage and the favorites database; the dev table is created and
-    seeded when empty. With FAVORITES_DATABASE_URL set, the job uses that database instead and
-    it is left as it is.
+    seeded when empty. An exported FAVORITES_DATABASE_URL is ignored: dev only ever touches its
+    embedded database.
     """
-    import os
-
     from favorites_maintenance.assets import POOL
     from favorites_maintenance.dev import (asset_page, dagster_dev_command, ensure_pool_limit,
                                            port_is_free, prepare_dev_table, run_dagster_dev,
                                            ui_address)
     from favorites_maintenance.local import LocalEnvironment, project_root
     from favorites_maintenance.retention.database import create_engine
-    from favorites_maintenance.settings import DATABASE_URL_VAR
 
     try:
         load_settings()
@@ -193,21 +193,19 @@ def dev(port: int, rows: int) -> None:
         _fail("run this from the favorites-maintenance checkout (dagster.yaml not found)")
     if not port_is_free(port):
         _fail(f"port {port} on 127.0.0.1 is in use; pick another with --port")
-    own_database = DATABASE_URL_VAR not in os.environ
 
     env = LocalEnvironment(root)
     _echo(f"starting the embedded PostgreSQL server ({env.state_dir / 'pgdata'})")
     env.start()
+    if env.replaced_database_url:
+        click.secho("note: FAVORITES_DATABASE_URL is ignored by dev, which only ever touches "
+                    "its embedded database", fg="yellow", err=True)
     try:
-        if own_database:
-            engine = create_engine(load_settings().require_database_url())
-            try:
-                prepare_dev_table(engine, rows, _echo)
-            finally:
-                engine.dispose()
-        else:
-            _echo(f"the job uses {load_settings().database_url_safe} "
-                  "(FAVORITES_DATABASE_URL): not creating or seeding anything there")
+        engine = create_engine(load_settings().require_database_url())
+        try:
+            prepare_dev_table(engine, rows, _echo)
+        finally:
+            engine.dispose()
         _echo(f"Dagster instance: {env.dagster_home} (pool {POOL}: "
               f"{ensure_pool_limit()} run at a time)")
         _echo(f"Dagster UI: {ui_address(port)}  (asset page: {asset_page(port)})")

@@ -40,6 +40,7 @@ class LocalEnvironment:
 
     root: Path
     server: EmbeddedPostgres | None = None
+    replaced_database_url: bool = False
 
     @property
     def state_dir(self) -> Path:
@@ -54,7 +55,9 @@ class LocalEnvironment:
         export ``FAVORITES_DATABASE_URL``, ``DAGSTER_POSTGRES_URL`` and ``DAGSTER_HOME`` into
         this process's environment (child processes inherit them).
 
-        An explicit ``FAVORITES_DATABASE_URL`` is left alone: the job then runs against it.
+        An exported ``FAVORITES_DATABASE_URL`` is replaced (in this process only) by the embedded
+        database, and :attr:`replaced_database_url` says so: the local commands recreate and seed
+        the dev table, which must never touch another database.
         """
         self.state_dir.mkdir(parents=True, exist_ok=True)
         # The server process runs as an unprivileged user when we are root: it must reach pgdata.
@@ -65,7 +68,10 @@ class LocalEnvironment:
         storage_url = self.server.url(DAGSTER_DATABASE, driver="postgresql+psycopg2")
         self.dagster_home.mkdir(parents=True, exist_ok=True)
         shutil.copyfile(self.root / "dagster.yaml", self.dagster_home / "dagster.yaml")
-        os.environ.setdefault(DATABASE_URL_VAR, favorites_url.render_as_string(False))
+        # Always the embedded database: demo and dev recreate or seed the table, which must never
+        # happen to a database named by an exported FAVORITES_DATABASE_URL.
+        self.replaced_database_url = DATABASE_URL_VAR in os.environ
+        os.environ[DATABASE_URL_VAR] = favorites_url.render_as_string(False)
         os.environ[DAGSTER_STORAGE_URL_VAR] = storage_url.render_as_string(False)
         os.environ["DAGSTER_HOME"] = str(self.dagster_home)
         return self

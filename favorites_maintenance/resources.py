@@ -60,15 +60,18 @@ class FavoritesDatabase(dg.ConfigurableResource):
 class GuestRetention(dg.ConfigurableResource):
     """The retention policy and the run limits (SPEC 4), shown on the resource page of the UI.
 
+    Values given in a run's config (the launchpad) are validated like the environment's: a
+    value not > 0 fails the run when the resource is built, before any op runs.
+
     Attributes:
         retention_days: guest rows idle longer than this many days are prunable (> 0).
         batch_size: rows per batch transaction (> 0).
         max_run_duration_seconds: time budget of one purge, in seconds (> 0).
     """
 
-    retention_days: int = Field(gt=0)
-    batch_size: int = Field(gt=0)
-    max_run_duration_seconds: float = Field(gt=0)
+    retention_days: int = Field(gt=0, description="Guest rows idle longer are prunable.")
+    batch_size: int = Field(gt=0, description="Rows per batch transaction.")
+    max_run_duration_seconds: float = Field(gt=0, description="Time budget of one purge.")
 
     @property
     def max_run_duration(self) -> dt.timedelta:

@@ -108,8 +108,11 @@ def build_stale_sensor(stale_after: dt.timedelta,
             alerted_at = now
             outcome = "alerted"
         elif not stale and alerted_at is not None:
-            alerts.send(f"guest_favorites_cleanup: resolved, a run succeeded at {_utc(last)}.",
-                        log=context.log, level=20)
+            # No success but no longer stale: the threshold was raised since the alert.
+            why = (f"a run succeeded at {_utc(last)}" if last is not None
+                   else f"within the threshold of {stale_after} again")
+            alerts.send(f"guest_favorites_cleanup: resolved, {why}.", log=context.log,
+                        level=20)
             alerted_at = None
             outcome = "resolved"
         else:

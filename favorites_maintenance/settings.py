@@ -16,7 +16,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 import pydantic
-from croniter import croniter
+from croniter import CroniterBadDateError, croniter
 from sqlalchemy.engine import URL, make_url
 from sqlalchemy.exc import ArgumentError
 
@@ -33,6 +33,14 @@ DEFAULT_BATCH_SIZE = 1000
 DEFAULT_CRON = "0 3 * * *"
 DEFAULT_MAX_RUN_DURATION = dt.timedelta(minutes=10)
 DEFAULT_STALE_AFTER = dt.timedelta(hours=48)
+
+# Upper bounds keep every value inside what the arithmetic and the database can hold, and inside
+# what is sensible: a batch is one transaction holding row locks; a run is one daily tick.
+MAX_RETENTION_DAYS = 36_500  # 100 years
+MAX_BATCH_SIZE = 100_000
+MIN_DURATION = dt.timedelta(seconds=1)
+MAX_RUN_DURATION_LIMIT = dt.timedelta(hours=24)
+MAX_STALE_AFTER = dt.timedelta(days=30)
 
 # The favorites database is served through psycopg 3 (SPEC 4: ``postgresql+psycopg://``).
 DRIVER = "postgresql+psycopg"
@@ -72,7 +80,7 @@ class Settings:
         alert_webhook_url: optional Slack-compatible webhook for alerts.
     """
 
-    database_url: URL | None = None
+    database_url: URL | None = field(default=None, repr=False)
     retention_days: int = DEFAULT_RETENTION_DAYS
     batch_size: int = DEFAULT_BATCH_SIZE
     cron: str = DEFAULT_CRON
@@ -83,7 +91,7 @@ class Settings:
     @property
     def database_url_safe(self) -> str | None:
         """The database URL with its password replaced by ``***``, fit for logs."""
-        return None if self.database_url is None else self.database_url.render_as_string()
+        return None if self.database_url is None else safe_url(self.database_url)
 
     def require_database_url(self) -> URL:
         """Return :attr:`database_url`; raise :class:`SettingsError` when it is unset."""
@@ -108,12 +116,16 @@ def load_settings(environ: Mapping[str, str] | None = None) -> Settings:
         environ = os.environ
     return Settings(
         database_url=_opt(environ, DATABASE_URL_VAR, parse_database_url),
-        retention_days=_opt(environ, RETENTION_DAYS_VAR, _positive_int, DEFAULT_RETENTION_DAYS),
-        batch_size=_opt(environ, BATCH_SIZE_VAR, _positive_int, DEFAULT_BATCH_SIZE),
+        retention_days=_opt(environ, RETENTION_DAYS_VAR, _int_between(1, MAX_RETENTION_DAYS),
+                            DEFAULT_RETENTION_DAYS),
+        batch_size=_opt(environ, BATCH_SIZE_VAR, _int_between(1, MAX_BATCH_SIZE),
+                        DEFAULT_BATCH_SIZE),
         cron=_opt(environ, CRON_VAR, validate_cron, DEFAULT_CRON),
-        max_run_duration=_opt(environ, MAX_RUN_DURATION_VAR, parse_duration,
+        max_run_duration=_opt(environ, MAX_RUN_DURATION_VAR,
+                              _duration_between(MIN_DURATION, MAX_RUN_DURATION_LIMIT),
                               DEFAULT_MAX_RUN_DURATION),
-        stale_after=_opt(environ, STALE_AFTER_VAR, parse_duration, DEFAULT_STALE_AFTER),
+        stale_after=_opt(environ, STALE_AFTER_VAR,
+                         _duration_between(MIN_DURATION, MAX_STALE_AFTER), DEFAULT_STALE_AFTER),
         alert_webhook_url=_opt(environ, ALERT_WEBHOOK_URL_VAR, _http_url),
     )
 
@@ -132,14 +144,32 @@ def _opt(environ, variable, parse, default=None):
         raise SettingsError(variable, str(exc)) from None
 
 
-def _positive_int(raw: str) -> int:
-    try:
-        value = int(raw)
-    except ValueError:
-        raise ValueError(f"{raw!r} is not a whole number") from None
-    if value <= 0:
-        raise ValueError(f"{raw!r} must be greater than 0")
-    return value
+def _int_between(low: int, high: int):
+    def parse(raw: str) -> int:
+        try:
+            value = int(raw)
+        except ValueError:
+            raise ValueError(f"{raw!r} is not a whole number") from None
+        if value < low:
+            raise ValueError(f"{raw!r} must be greater than 0" if low == 1
+                             else f"{raw!r} must be at least {low}")
+        if value > high:
+            raise ValueError(f"{raw!r} must be at most {high:,}")
+        return value
+
+    return parse
+
+
+def _duration_between(low: dt.timedelta, high: dt.timedelta):
+    def parse(raw: str) -> dt.timedelta:
+        value = parse_duration(raw)
+        if value < low:
+            raise ValueError(f"{raw!r} must be at least {low}")
+        if value > high:
+            raise ValueError(f"{raw!r} must be at most {high}")
+        return value
+
+    return parse
 
 
 def validate_cron(raw: str) -> str:
@@ -148,7 +178,8 @@ def validate_cron(raw: str) -> str:
     The rule is Dagster's own (``dagster._utils.schedules.is_valid_cron_string``, restated here
     so the core stays free of Dagster imports; a test checks that the two agree): croniter must
     parse it, it must expand to exactly 5 fields (no seconds field), and it must not name only
-    the 30th or 31st of February.
+    the 30th or 31st of February. On top of it, an expression that never fires (``0 3 31 4 *``)
+    is refused.
 
     Raises:
         ValueError: with the expression quoted.
@@ -163,6 +194,12 @@ def validate_cron(raw: str) -> str:
     days, months = fields[2], fields[3]
     if months == [2] and len(days) == 1 and days[0] in (30, 31):
         raise ValueError(f"{raw!r} never fires (February has no day {days[0]})")
+    # Stricter than Dagster, which accepts e.g. "0 3 31 4 *": a schedule that never fires would
+    # leave the table uncleaned with no error anywhere but the staleness alert.
+    try:
+        croniter(expr, dt.datetime(2026, 1, 1, tzinfo=dt.timezone.utc)).get_next(dt.datetime)
+    except CroniterBadDateError:
+        raise ValueError(f"{raw!r} never fires (no such date)") from None
     return expr
 
 
@@ -177,8 +214,11 @@ def parse_duration(raw: str) -> dt.timedelta:
     """
     match = _HMS.match(raw)
     if match:
-        value = dt.timedelta(hours=int(match["h"]), minutes=int(match["m"]),
-                             seconds=float(match["s"]))
+        try:
+            value = dt.timedelta(hours=int(match["h"]), minutes=int(match["m"]),
+                                 seconds=float(match["s"]))
+        except OverflowError:
+            raise ValueError(f"{raw!r} is too long a duration") from None
     else:
         try:
             value = _DURATION.validate_python(raw)
@@ -204,12 +244,25 @@ def parse_database_url(raw: str) -> URL:
     except (ArgumentError, ValueError):
         raise SettingsError(DATABASE_URL_VAR, "is not a valid SQLAlchemy URL; expected "
                             "postgresql+psycopg://user:password@host:port/database") from None
+    if url.host and "@" in url.host:
+        # "u:p@ss@host" parses as password "p" on host "ss@host": part of the password would
+        # show wherever the host does.
+        raise SettingsError(DATABASE_URL_VAR, "has an '@' in its host part; URL-encode an '@' "
+                            "in the password as %40")
     if url.drivername not in _ACCEPTED_DRIVERS:
-        raise SettingsError(DATABASE_URL_VAR, f"{url.render_as_string()!r} uses driver "
+        raise SettingsError(DATABASE_URL_VAR, f"{safe_url(url)!r} uses driver "
                             f"{url.drivername!r}; expected {DRIVER!r}")
     if not url.database:
-        raise SettingsError(DATABASE_URL_VAR, f"{url.render_as_string()!r} names no database")
+        raise SettingsError(DATABASE_URL_VAR, f"{safe_url(url)!r} names no database")
     return url.set(drivername=DRIVER)
+
+
+def safe_url(url: URL) -> str:
+    """``url`` as text with its password masked, in the user part and in the query
+    (``?password=…``) alike."""
+    hidden = {k: "***" for k in url.query if "password" in k.lower()}
+    text = url.update_query_dict(hidden).render_as_string(hide_password=True)
+    return text.replace("%2A%2A%2A", "***")
 
 
 def _http_url(raw: str) -> str:

@@ -45,12 +45,12 @@ def test_overdue_check_fails_with_error_severity_when_guest_rows_are_left(run, r
     rows.add_many(50, updated_at=long_ago(500))
     rows.add_many(5, updated_at=long_ago(365.5))  # prunable, but within the day of slack
     with dg.instance_for_test() as instance:
-        # A run that runs out of time at once leaves every row in place.
-        checks = run(instance, max_run_duration=dt.timedelta(microseconds=1))
+        # A run out of time after its first batch of 10 leaves 40 of the 50 old rows.
+        checks = run(instance, batch_size=10, max_run_duration=dt.timedelta(microseconds=1))
     check = checks[OVERDUE]
     assert not check.passed
     assert check.severity == dg.AssetCheckSeverity.ERROR
-    assert check.metadata["overdueGuestRows"].value == 50
+    assert check.metadata["overdueGuestRows"].value == 40
 
 
 def test_spike_check_warns_on_a_run_far_above_the_recent_median(run, rows):

@@ -79,3 +79,16 @@ def test_a_bad_setting_stops_the_command_naming_it(checkout):
     assert proc.returncode == 2
     assert "FAVORITES_GUEST_RETENTION_DAYS: 'zero' is not a whole number" in proc.stderr
     assert "topsecret" not in proc.stderr + proc.stdout
+
+
+def test_demo_never_touches_an_exported_database(checkout, db_url, rows):
+    import datetime as dt
+
+    old = dt.datetime.now(dt.timezone.utc) - dt.timedelta(days=400)
+    kept = rows.add_many(20, updated_at=old) + rows.add_many(5, updated_at=old, user_id=1)
+    url = db_url.render_as_string(hide_password=False)
+    proc = cli("demo", "--rows", "2000", cwd=checkout,
+               env_extra={"FAVORITES_DATABASE_URL": url})
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "FAVORITES_DATABASE_URL is ignored by demo" in proc.stderr
+    assert rows.ids() == set(kept)

@@ -179,3 +179,16 @@ def test_a_failed_run_alerts_through_the_sink(job, webhook, engine):
         guest_favorites_cleanup_failure_sensor(ctx)
     [message] = webhook.messages
     assert result.run_id in message and "failed" in message and "2026-10-04" in message
+
+
+def test_raising_the_threshold_after_an_alert_resolves_it_without_a_success(webhook):
+    with dg.instance_for_test() as instance:
+        watch = Watch(instance, webhook)
+        watch.tick(T0)
+        assert watch.tick(T0 + 49 * H) == "alerted"
+        cursor = watch.cursor
+        raised = Watch(instance, webhook, stale_after=dt.timedelta(hours=72))
+        raised.cursor = cursor
+        assert raised.tick(T0 + 50 * H) == "resolved"
+        assert raised.tick(T0 + 73 * H) == "alerted"
+    assert "within the threshold of 3 days" in webhook.messages[1]

@@ -127,3 +127,49 @@ def test_terminate_in_process(many_old_guests):
         terminator.join()
         assert_cancelled_cleanly(instance, result.run_id, engine, terminator)
 
+
+
+def test_a_request_during_the_last_batch_still_cancels_and_records_it(engine, db_url,
+                                                                      monkeypatch):
+    with engine.begin() as conn:
+        conn.execute(sa.text(
+            "INSERT INTO favorites.favorites (anonymous_id, item_id, created_at, updated_at) "
+            "SELECT gen_random_uuid(), i, now() - interval '400 days', "
+            "now() - interval '400 days' FROM generate_series(1, 50) AS i"))
+        # A slow statement-level trigger keeps the one and only batch open for two seconds.
+        conn.execute(sa.text(
+            "CREATE FUNCTION favorites.slow() RETURNS trigger LANGUAGE plpgsql AS "
+            "$$ BEGIN PERFORM pg_sleep(2); RETURN NULL; END $$"))
+        conn.execute(sa.text(
+            "CREATE TRIGGER slow BEFORE DELETE ON favorites.favorites "
+            "FOR EACH STATEMENT EXECUTE FUNCTION favorites.slow()"))
+    monkeypatch.setenv(DATABASE_URL_VAR, db_url.render_as_string(hide_password=False))
+
+    with dg.instance_for_test() as instance:
+        def terminate_during_the_batch():
+            deadline = time.monotonic() + 60
+            while time.monotonic() < deadline:
+                with engine.connect() as conn:
+                    busy = conn.execute(sa.text(
+                        "SELECT count(*) FROM pg_stat_activity WHERE state = 'active' "
+                        "AND application_name = 'favorites-maintenance' "
+                        "AND query LIKE 'WITH batch%'")).scalar_one()
+                if busy:
+                    [run] = instance.get_runs(limit=1)
+                    instance.report_run_canceling(run)
+                    os.kill(os.getpid(), signal.SIGINT)
+                    return
+                time.sleep(0.05)
+
+        threading.Thread(target=terminate_during_the_batch, daemon=True).start()
+        result = cleanup_job().execute_in_process(partition_key=PARTITION, instance=instance,
+                                                  raise_on_error=False)
+        run = instance.get_run_by_id(result.run_id)
+        observations = [e.dagster_event.asset_observation_data.asset_observation.metadata
+                        for e in instance.all_logs(result.run_id) if e.dagster_event and
+                        e.dagster_event.event_type == dg.DagsterEventType.ASSET_OBSERVATION]
+    assert run.status == dg.DagsterRunStatus.CANCELED
+    assert remaining(engine) == 0  # the open batch committed whole
+    [meta] = observations
+    assert meta["deletedTotal"].value == 50
+    assert meta["stopReason"].value == "stop_requested"

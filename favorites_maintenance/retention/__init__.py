@@ -4,6 +4,7 @@ from favorites_maintenance.retention.backlog import Backlog, measure_backlog
 from favorites_maintenance.retention.purge import (
     BatchError,
     BatchResult,
+    ConnectError,
     PurgeError,
     PurgeReport,
     StandbyError,
@@ -16,6 +17,7 @@ __all__ = [
     "Backlog",
     "BatchError",
     "BatchResult",
+    "ConnectError",
     "PurgeError",
     "PurgeReport",
     "StandbyError",

@@ -11,6 +11,8 @@ from dataclasses import dataclass
 
 import sqlalchemy as sa
 
+from favorites_maintenance.retention.database import limit_transaction
+from favorites_maintenance.retention.errors import ErrorDescription, describe
 from favorites_maintenance.retention.rule import favorites, prunable
 
 
@@ -30,16 +32,35 @@ class Backlog:
 
 
 def measure_backlog(engine: sa.Engine, cutoff: dt.datetime) -> Backlog:
-    """Count the prunable rows for ``cutoff`` in one read-only statement.
+    """Count the prunable rows for ``cutoff`` in one read-only statement, bounded like a batch
+    (``lock_timeout`` 2 s, ``statement_timeout`` 30 s, or the session's shorter limits).
 
     Served by the partial index ``(updated_at, id) WHERE user_id IS NULL`` when it exists.
 
     Raises:
-        sqlalchemy.exc.DBAPIError: the database failed (parameters hidden).
+        BacklogError: the database failed (described without private data).
         ValueError: ``cutoff`` is naive.
     """
     stmt = sa.select(sa.func.count(), sa.func.min(favorites.c.updated_at)).where(
         prunable(cutoff))
-    with engine.connect() as conn:
-        remaining, oldest = conn.execute(stmt).one()
+    try:
+        with engine.begin() as conn:
+            limit_transaction(conn)  # never queue without limit behind a migration's lock
+            remaining, oldest = conn.execute(stmt).one()
+    except sa.exc.DBAPIError as exc:
+        raise BacklogError(describe(exc)) from None
     return Backlog(cutoff=cutoff, remaining=remaining, oldest_updated_at=oldest)
+
+
+class BacklogError(RuntimeError):
+    """The backlog could not be measured. ``error`` describes the database error without
+    private data (the driver's exception is not chained, see
+    :mod:`favorites_maintenance.retention.errors`)."""
+
+    def __init__(self, error: ErrorDescription):
+        super().__init__(f"could not measure the backlog: {error}")
+        self.error = error
+
+    @property
+    def kind(self) -> str:
+        return self.error.kind

@@ -2,18 +2,71 @@
 
 Every engine of the project is made here so that the same safety settings always apply:
 bound parameters are hidden from error messages (a failing statement must never print an
-anonymous id or a note), passwords are never rendered, and the connection identifies itself to
-``pg_stat_activity`` as ``favorites-maintenance``.
+anonymous id or a note), passwords are never rendered, the connection identifies itself to
+``pg_stat_activity`` as ``favorites-maintenance``, connections that go stale while pooled (a
+server restart) are replaced on checkout, no network wait is unbounded, and ``timestamptz``
+infinities and BC instants load as :data:`MIN_UTC` / :data:`MAX_UTC` instead of failing.
 """
 
 from __future__ import annotations
 
+import datetime as dt
 from typing import Any
 
 import sqlalchemy as sa
+from psycopg.types.datetime import DatetimeDumper, TimestamptzLoader
 from sqlalchemy.engine import URL, make_url
 
+from favorites_maintenance.retention.errors import ErrorDescription, describe
+
 APPLICATION_NAME = "favorites-maintenance"
+
+#: Client-side bounds on network waits (libpq parameters), unless the URL sets them.
+NETWORK_LIMITS = {
+    "connect_timeout": 10,
+    "keepalives": 1,
+    "keepalives_idle": 30,
+    "keepalives_interval": 10,
+    "keepalives_count": 3,
+}
+
+#: What ``'-infinity'`` / ``'infinity'`` (and BC instants) of a ``timestamptz`` become in Python.
+MIN_UTC = dt.datetime.min.replace(tzinfo=dt.timezone.utc)
+MAX_UTC = dt.datetime.max.replace(tzinfo=dt.timezone.utc)
+
+
+class _InfinityTimestamptzLoader(TimestamptzLoader):
+    """Loads ``-infinity`` and BC instants as :data:`MIN_UTC`, ``infinity`` as :data:`MAX_UTC`.
+
+    ``updated_at`` is ``timestamptz NOT NULL``, so ``'-infinity'`` is a legal value of a row the
+    rule must delete; Python's datetime cannot hold it, and psycopg would fail every batch that
+    reads it back.
+    """
+
+    def load(self, data):
+        raw = bytes(data)
+        if raw == b"-infinity" or raw.endswith(b" BC"):
+            return MIN_UTC
+        if raw == b"infinity":
+            return MAX_UTC
+        return super().load(data)
+
+
+class _InfinityDatetimeDumper(DatetimeDumper):
+    """Binds :data:`MIN_UTC` / :data:`MAX_UTC` back as ``-infinity`` / ``infinity``, so a keyset
+    position taken from such a row compares exactly."""
+
+    def dump(self, obj):
+        if obj == MIN_UTC:
+            return b"-infinity"
+        if obj == MAX_UTC:
+            return b"infinity"
+        return super().dump(obj)
+
+
+def _adapt_infinities(dbapi_connection, _record) -> None:
+    dbapi_connection.adapters.register_loader("timestamptz", _InfinityTimestamptzLoader)
+    dbapi_connection.adapters.register_dumper(dt.datetime, _InfinityDatetimeDumper)
 
 
 def create_engine(url: URL | str, *, application_name: str = APPLICATION_NAME,
@@ -30,56 +83,95 @@ def create_engine(url: URL | str, *, application_name: str = APPLICATION_NAME,
         An engine whose connections open lazily: creating it never touches the server.
     """
     url = make_url(url)
-    connect_args = {"application_name": application_name, **kwargs.pop("connect_args", {})}
-    return sa.create_engine(
+    # libpq waits without limit by default: for a host that drops packets or accepts and never
+    # answers (connect), and for a peer that vanished mid-statement (keepalives; TCP only).
+    # Values in the URL's query win, so an operator can still tune them there.
+    network_limits = {k: v for k, v in NETWORK_LIMITS.items() if k not in url.query}
+    connect_args = {"application_name": application_name, **network_limits,
+                    **kwargs.pop("connect_args", {})}
+    engine = sa.create_engine(
         url,
         hide_parameters=True,
         pool_pre_ping=True,
         connect_args=connect_args,
         **kwargs,
     )
+    sa.event.listen(engine, "connect", _adapt_infinities)
+    return engine
 
 
-# SQLSTATEs worth a retry: the same statement can succeed a moment later.
-TRANSIENT_SQLSTATES = {
-    "40001": "serialization_failure",
-    "40P01": "deadlock_detected",
-    "55P03": "lock_not_available",  # lock_timeout
-    "57P01": "admin_shutdown",  # server restart, pg_terminate_backend
-    "57P02": "crash_shutdown",
-    "57P03": "cannot_connect_now",  # server starting up
-    "53300": "too_many_connections",
-}
+#: Server-side limits of every transaction the job opens on the favorites table.
+DEFAULT_LOCK_TIMEOUT = dt.timedelta(seconds=2)
+DEFAULT_STATEMENT_TIMEOUT = dt.timedelta(seconds=30)
+
+# Tighten, never loosen: a limit the DBA set on the role, the database or the connection that is
+# shorter than ours stays in force (0 means "no limit" and is always tightened).
+_SET_TIMEOUTS = sa.text("""
+    SELECT set_config(name, CASE WHEN current_setting(name)::interval > interval '0'
+                                  AND current_setting(name)::interval < CAST(ours AS interval)
+                                 THEN current_setting(name) ELSE ours END, true)
+      FROM (VALUES ('lock_timeout', CAST(:lock_timeout AS text)),
+                   ('statement_timeout', CAST(:statement_timeout AS text))) AS limits(name, ours)
+""")
+
+
+def limit_transaction(conn: sa.Connection, *,
+                      lock_timeout: dt.timedelta = DEFAULT_LOCK_TIMEOUT,
+                      statement_timeout: dt.timedelta = DEFAULT_STATEMENT_TIMEOUT) -> None:
+    """Bound how long the open transaction of ``conn`` may wait for a lock or run a statement.
+
+    ``SET LOCAL`` semantics: the limits end with the transaction. A shorter limit already in
+    force for the session (role, database, URL) is kept. Without this a statement queued behind
+    a migration's ``ACCESS EXCLUSIVE`` lock waits as long as the migration holds it.
+    """
+    conn.execute(_SET_TIMEOUTS, {"lock_timeout": _ms(lock_timeout),
+                                 "statement_timeout": _ms(statement_timeout)})
+
+
+def _ms(value: dt.timedelta) -> str:
+    return f"{max(1, round(value.total_seconds() * 1000))}ms"
 
 
 def transient_error_kind(exc: BaseException) -> str | None:
     """Name the transient database error in ``exc`` or its causes, else ``None``.
 
-    Transient: a lost or refused connection, a serialization failure, a deadlock, a lock
-    timeout (:data:`TRANSIENT_SQLSTATES`). Not transient: ``statement_timeout``
-    (``query_canceled``), a missing table or privilege, bad SQL: retrying would fail the same way.
+    Transient (:data:`~favorites_maintenance.retention.errors.TRANSIENT_KINDS`): a lost or
+    refused connection, a serialization failure, a deadlock, a lock timeout, too many
+    connections. Not transient: ``statement_timeout``, a missing table or privilege, bad SQL:
+    retrying would fail the same way. The core's errors (``BatchError``, ``ConnectError``,
+    ``BacklogError``) carry their description in ``error``; raw SQLAlchemy and driver errors
+    are described on the spot.
     """
     seen = set()
     while exc is not None and id(exc) not in seen:
         seen.add(id(exc))
-        if isinstance(exc, sa.exc.DBAPIError):
-            if exc.connection_invalidated:
-                return "connection_lost"
-            orig = exc.orig
-            state = getattr(orig, "sqlstate", None)
-            if state in TRANSIENT_SQLSTATES:
-                return TRANSIENT_SQLSTATES[state]
-            if isinstance(exc, sa.exc.OperationalError) and state is None:
-                return "connection_lost"  # no SQLSTATE: the client lost the server
+        error = getattr(exc, "error", None)
+        if not isinstance(error, ErrorDescription) and _is_database_error(exc):
+            error = describe(exc)
+        if isinstance(error, ErrorDescription):
+            return error.kind if error.transient else None
         exc = exc.__cause__ or exc.__context__
     return None
 
 
 def error_summary(exc: BaseException) -> str:
-    """``"<ExceptionType>: <first line of its message>"``, fit for a log line.
+    """``"<ExceptionType>: <message>"`` on one line, fit for a log line.
 
-    The first line of a database error is the server's message; the SQL and (hidden) parameters
-    that SQLAlchemy appends on later lines are left out.
+    A database error is told by :func:`~favorites_maintenance.retention.errors.describe` (kind,
+    class, SQLSTATE; never the DETAIL or CONTEXT lines, which may quote row values); any other
+    exception by the first line of its message.
     """
+    if _is_database_error(exc):
+        return f"{type(exc).__name__}: {describe(exc)}"
     text = str(exc).strip()
     return f"{type(exc).__name__}: {text.splitlines()[0] if text else ''}"
+
+
+def _is_database_error(exc: BaseException) -> bool:
+    if isinstance(exc, sa.exc.DBAPIError):
+        return True
+    try:
+        import psycopg
+    except ImportError:  # pragma: no cover - psycopg is a dependency
+        return False
+    return isinstance(exc, psycopg.Error)

@@ -27,8 +27,10 @@ One run is a loop of batch transactions on one connection. Each batch is one sta
 
 Each batch transaction sets ``lock_timeout`` and ``statement_timeout`` with ``SET LOCAL``
 semantics, so the server, not only this process, bounds how long a batch can hold or wait for a
-lock. The loop repeats while batches come back full, and stops between batches on the run's
-time budget or on a stop request; an error rolls back only the open batch.
+lock. A shorter limit already in force for the session (set on the role, the database or the
+URL by whoever runs the database) is kept: the job tightens limits, it never loosens them. The
+loop repeats while batches come back full, and stops between batches on the run's time budget or
+on a stop request; an error rolls back only the open batch.
 """
 
 from __future__ import annotations
@@ -43,13 +45,16 @@ from dataclasses import dataclass
 import sqlalchemy as sa
 from sqlalchemy.dialects.postgresql import TIMESTAMP
 
-from favorites_maintenance.retention.database import error_summary
+from favorites_maintenance.retention.database import (
+    DEFAULT_LOCK_TIMEOUT,
+    DEFAULT_STATEMENT_TIMEOUT,
+    limit_transaction,
+)
+from favorites_maintenance.retention.errors import ErrorDescription, describe
 from favorites_maintenance.retention.rule import delete_prunable, favorites, prunable
+from favorites_maintenance.settings import DATABASE_URL_VAR
 
 log = logging.getLogger(__name__)
-
-DEFAULT_LOCK_TIMEOUT = dt.timedelta(seconds=2)
-DEFAULT_STATEMENT_TIMEOUT = dt.timedelta(seconds=30)
 
 
 class StopReason(str, enum.Enum):
@@ -121,17 +126,52 @@ class BatchError(PurgeError):
         batch_no: the batch that failed (1-based).
         report: what the run had committed before it (``stop_reason`` is that of an interrupted
             run and meaningless here; read ``deleted_total`` and ``batches``).
+        error: the database error, described without private data
+            (:class:`~favorites_maintenance.retention.errors.ErrorDescription`).
 
-    The database error is chained as ``__cause__`` (its bound parameters are hidden by the
-    engine, see :func:`favorites_maintenance.retention.database.create_engine`).
+    The driver's exception is not chained: its text may quote row values (``DETAIL``,
+    ``CONTEXT``), and whatever records this error (Dagster's event log, a traceback) would
+    record them too.
     """
 
-    def __init__(self, batch_no: int, report: PurgeReport, cause: BaseException):
+    def __init__(self, batch_no: int, report: PurgeReport, error: ErrorDescription):
         super().__init__(f"batch {batch_no} failed and was rolled back "
                          f"({report.deleted_total} rows in {report.batches} earlier batches stay "
-                         f"deleted): {error_summary(cause)}")
+                         f"deleted): {error}")
         self.batch_no = batch_no
         self.report = report
+        self.error = error
+
+    @property
+    def kind(self) -> str:
+        """The error kind, e.g. ``statement_timeout`` or ``connection_lost``."""
+        return self.error.kind
+
+    @property
+    def transient(self) -> bool:
+        """Whether the same batch may succeed if run again a little later."""
+        return self.error.transient
+
+
+class ConnectError(PurgeError):
+    """No usable connection to the favorites database; nothing was deleted.
+
+    Attributes:
+        error: the database error, described without private data.
+    """
+
+    def __init__(self, error: ErrorDescription):
+        super().__init__(f"could not open a session on the favorites database (check "
+                         f"{DATABASE_URL_VAR} and the server): {error}")
+        self.error = error
+
+    @property
+    def kind(self) -> str:
+        return self.error.kind
+
+    @property
+    def transient(self) -> bool:
+        return self.error.transient
 
 
 def _batch_statement(cutoff: dt.datetime, batch_size: int, keyset: bool) -> sa.Select:
@@ -168,16 +208,6 @@ def _batch_statement(cutoff: dt.datetime, batch_size: int, keyset: bool) -> sa.S
     )
 
 
-_SET_TIMEOUTS = sa.text(
-    "SELECT set_config('lock_timeout', :lock_timeout, true), "
-    "set_config('statement_timeout', :statement_timeout, true)"
-)
-
-
-def _ms(value: dt.timedelta) -> str:
-    return f"{max(1, round(value.total_seconds() * 1000))}ms"
-
-
 def assert_primary(conn: sa.Connection) -> None:
     """Raise :class:`StandbyError` if ``conn`` is on a hot standby (``pg_is_in_recovery()``)."""
     if conn.execute(sa.text("SELECT pg_is_in_recovery()")).scalar_one():
@@ -204,20 +234,22 @@ def purge(
         cutoff: timezone-aware UTC instant (see :func:`~favorites_maintenance.retention.rule.
             compute_cutoff`).
         batch_size: at most this many rows per batch transaction, > 0.
-        max_run_duration: time budget; checked between batches. When it runs out the purge
-            returns normally with ``stop_reason=max_run_duration``.
+        max_run_duration: time budget; checked between batches, after the first. When it runs
+            out the purge returns normally with ``stop_reason=max_run_duration``.
         should_stop: polled before each batch; ``True`` ends the purge with
             ``stop_reason=stop_requested``. An open batch is never torn.
         on_batch: called after each committed batch (progress, logs, metrics).
-        lock_timeout, statement_timeout: server-side limits of each batch transaction.
+        lock_timeout, statement_timeout: server-side limits of each batch transaction; a
+            shorter limit of the session (role, database, URL) wins.
 
     Returns:
         The :class:`PurgeReport`.
 
     Raises:
         StandbyError: the connection is on a hot standby; nothing was deleted.
+        ConnectError: no session could be opened (or checked); nothing was deleted.
         BatchError: a batch failed; it was rolled back, earlier batches stay committed. The
-            database error is its ``__cause__``.
+            database error is described in its ``error`` (never chained: see the class).
         ValueError: ``batch_size`` or ``max_run_duration`` not > 0, or a naive ``cutoff``.
     """
     if batch_size <= 0:
@@ -226,7 +258,6 @@ def purge(
         raise ValueError(f"max_run_duration must be > 0, got {max_run_duration!r}")
     first = _batch_statement(cutoff, batch_size, keyset=False)
     following = _batch_statement(cutoff, batch_size, keyset=True)
-    timeouts = {"lock_timeout": _ms(lock_timeout), "statement_timeout": _ms(statement_timeout)}
 
     started = time.monotonic()
     deadline = started + max_run_duration.total_seconds()
@@ -239,24 +270,33 @@ def purge(
                            duration_s=time.monotonic() - started, stop_reason=reason,
                            batch_max_s=batch_max_s)
 
-    with engine.connect() as conn:
-        assert_primary(conn)
-        conn.rollback()  # end the autobegun transaction of the check
+    try:
+        conn = engine.connect()
+    except sa.exc.DBAPIError as exc:
+        raise _connect_error(exc) from None
+    with conn:
+        try:
+            assert_primary(conn)
+            conn.rollback()  # end the autobegun transaction of the check
+        except sa.exc.DBAPIError as exc:
+            raise _connect_error(exc) from None
         while True:
             if should_stop():
                 return report(StopReason.STOP_REQUESTED)
-            if time.monotonic() >= deadline:
+            # The first batch always runs, so every run makes progress however small its budget.
+            if batch_no and time.monotonic() >= deadline:
                 return report(StopReason.MAX_RUN_DURATION)
             batch_no += 1
             t0 = time.monotonic()
             try:
                 with conn.begin():
-                    conn.execute(_SET_TIMEOUTS, timeouts)
+                    limit_transaction(conn, lock_timeout=lock_timeout,
+                                      statement_timeout=statement_timeout)
                     row = conn.execute(first if after is None else following, after or {}).one()
-            except Exception as exc:
-                log.error("batch %d failed and was rolled back: %s", batch_no,
-                          type(exc).__name__)
-                raise BatchError(batch_no, report(StopReason.EXHAUSTED), exc) from exc
+            except sa.exc.DBAPIError as exc:
+                error = describe(exc)
+                log.error("batch %d failed and was rolled back: %s", batch_no, error)
+                raise BatchError(batch_no, report(StopReason.EXHAUSTED), error) from None
             elapsed = time.monotonic() - t0
             batch_max_s = max(batch_max_s, elapsed)
             deleted_total += row.deleted
@@ -269,3 +309,9 @@ def purge(
             if row.selected < batch_size:
                 return report(StopReason.EXHAUSTED)
             after = {"after_updated_at": row.last_updated_at, "after_id": row.last_id}
+
+
+def _connect_error(exc: sa.exc.DBAPIError) -> ConnectError:
+    error = describe(exc)
+    log.error("no session on the favorites database: %s", error)
+    return ConnectError(error)

@@ -218,3 +218,33 @@ def test_invalid_arguments_are_refused_before_any_delete(engine, rows, kwargs):
     with pytest.raises(ValueError):
         run(engine, **kwargs)
     assert rows.count() == 1
+
+
+def test_rows_at_minus_infinity_and_before_christ_are_deleted_like_any_old_row(engine, rows):
+    accounts = {rows.add(updated_at=OLD, user_id=1)}
+    with engine.begin() as conn:
+        conn.execute(sa.text(
+            "INSERT INTO favorites.favorites (anonymous_id, item_id, created_at, updated_at) "
+            "SELECT gen_random_uuid(), 1, now(), v::timestamptz FROM (VALUES ('-infinity'), "
+            "('-infinity'), ('0044-03-15 12:00:00+00 BC'), ('0001-01-01 00:00:00+00')) AS t(v)"))
+        conn.execute(sa.text(
+            "INSERT INTO favorites.favorites (user_id, item_id, created_at, updated_at) "
+            "VALUES (2, 1, now(), '-infinity')"))
+        future = conn.execute(sa.text(
+            "INSERT INTO favorites.favorites (anonymous_id, item_id, created_at, updated_at) "
+            "VALUES (gen_random_uuid(), 1, now(), 'infinity') RETURNING id")).scalar_one()
+    before = measure_backlog(engine, CUTOFF)
+    assert before.remaining == 4
+
+    report = run(engine, batch_size=2)
+
+    assert report.deleted_total == 4
+    assert measure_backlog(engine, CUTOFF).remaining == 0
+    assert rows.count(guest) == 1 and future in rows.ids()
+    assert rows.accounts() == 2 and accounts <= rows.ids()
+
+
+def test_every_run_deletes_at_least_one_batch_however_small_its_budget(engine, rows):
+    rows.add_many(30, updated_at=OLD)
+    report = run(engine, batch_size=10, max_run_duration=dt.timedelta(microseconds=1))
+    assert (report.deleted_total, report.stop_reason) == (10, StopReason.MAX_RUN_DURATION)

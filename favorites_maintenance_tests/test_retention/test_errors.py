@@ -1,0 +1,59 @@
+"""Database errors described by kind, class and SQLSTATE, never by the text that may quote rows."""
+
+from __future__ import annotations
+
+import pytest
+import sqlalchemy as sa
+
+from favorites_maintenance.retention.database import error_summary, transient_error_kind
+from favorites_maintenance.retention.errors import describe
+
+
+def failing(engine, sql: str) -> sa.exc.DBAPIError:
+    with pytest.raises(sa.exc.DBAPIError) as raised:
+        with engine.begin() as conn:
+            conn.execute(sa.text(sql))
+    return raised.value
+
+
+@pytest.mark.parametrize("sql, kind, sqlstate, message", [
+    ("SET LOCAL statement_timeout = '10ms'; SELECT pg_sleep(1)", "statement_timeout", "57014",
+     "canceling statement due to statement timeout"),
+    ("SELECT * FROM favorites.nowhere", "undefined_table", "42P01",
+     'relation "favorites.nowhere" does not exist'),
+    ("DO $$ BEGIN RAISE EXCEPTION 'row %', 'PRIVATE' USING DETAIL = 'PRIVATE'; END $$",
+     "database_error", "P0001", None),
+])
+def test_kinds_and_what_is_said(engine, sql, kind, sqlstate, message):
+    error = describe(failing(engine, sql))
+    assert (error.kind, error.sqlstate, error.message) == (kind, sqlstate, message)
+    assert "PRIVATE" not in str(error)
+
+
+def test_a_trigger_quoting_a_row_is_summarised_without_it(engine):
+    exc = failing(engine, "DO $$ BEGIN RAISE EXCEPTION 'note: %', 'PRIVATE'; END $$")
+    assert "PRIVATE" in str(exc)  # what psycopg and SQLAlchemy would have printed
+    assert "PRIVATE" not in error_summary(exc)
+    assert transient_error_kind(exc) is None
+
+
+def test_a_killed_session_is_a_transient_connection_loss(engine):
+    with pytest.raises(sa.exc.DBAPIError) as raised:
+        with engine.connect() as conn:
+            pid = conn.execute(sa.text("SELECT pg_backend_pid()")).scalar_one()
+            with engine.connect() as other:
+                other.execute(sa.text("SELECT pg_terminate_backend(:p)"), {"p": pid})
+            conn.execute(sa.text("SELECT 1"))
+    error = describe(raised.value)
+    assert error.kind == "connection_lost" and error.transient
+
+
+def test_the_engines_hide_bound_parameters_in_errors(engine):
+    with pytest.raises(sa.exc.DBAPIError) as raised:
+        with engine.connect() as conn:
+            conn.execute(sa.text("SELECT CAST(:v AS uuid)"), {"v": "PRIVATE-not-a-uuid"})
+    # The server quotes the bad value in its message; the parameters SQLAlchemy would append
+    # are hidden, and the description keeps neither (22P02 is not a fixed-template kind).
+    assert "SQL parameters hidden" in str(raised.value)
+    assert "PRIVATE" not in str(describe(raised.value))
+    assert "PRIVATE" not in error_summary(raised.value)
