@@ -28,6 +28,7 @@ pytestmark = pytest.mark.e2e
 UTC = dt.timezone.utc
 DAYS = 365
 SEED_ROWS = 5000
+ELSEWHERE = "postgresql+psycopg://someone:elsewhere-secret@127.0.0.1:9/production"
 ARTIFACTS = Path(os.environ.get("FAVORITES_TEST_ARTIFACTS", ROOT / "test-artifacts"))
 
 RUNS = """
@@ -66,8 +67,10 @@ mutation($params: LaunchBackfillParams!) { launchPartitionBackfill(backfillParam
 @pytest.fixture(scope="module")
 def stack(tmp_path_factory):
     checkout = tmp_path_factory.mktemp("checkout")
-    dev = DevStack.start(checkout, rows=SEED_ROWS,
-                         env_extra={"FAVORITES_GUEST_RETENTION_CRON": "* * * * *"})
+    dev = DevStack.start(checkout, rows=SEED_ROWS, env_extra={
+        "FAVORITES_GUEST_RETENTION_CRON": "* * * * *",
+        # An exported URL of another database: dev must never touch it.
+        "FAVORITES_DATABASE_URL": ELSEWHERE})
     try:
         dev.wait_until_serving()
         yield dev
@@ -109,12 +112,15 @@ def seed_summary(stack) -> tuple[int, int]:
     return int(match[2].replace(",", "")), int(match[3].replace(",", ""))
 
 
-def test_dev_prints_the_ui_address_and_seeds_the_favorites_database(stack):
+def test_dev_prints_the_ui_address_and_seeds_its_own_favorites_database(stack):
     out = stack.output()
     assert f"Dagster UI: {stack.url}" in out
     assert f"{stack.url}/assets/favorites/guest_favorites_cleanup" in out
     guests, accounts = seed_summary(stack)
     assert guests + accounts == SEED_ROWS and guests > 0 and accounts > 0
+    # The exported URL was ignored, said so, and never shown.
+    assert "FAVORITES_DATABASE_URL is ignored by dev" in out
+    assert "elsewhere-secret" not in out
     # Dagster's storage is the embedded server's "dagster" database, through psycopg2.
     home = stack.checkout / ".favorites-maintenance" / "dagster_home"
     assert (home / "dagster.yaml").read_text() == (ROOT / "dagster.yaml").read_text()
@@ -241,7 +247,7 @@ def test_the_asset_page_shows_the_latest_materialization_checks_and_freshness(st
 
     overview = ["Latest materialization", latest["partition"], "Metadata"]
     for label, value in latest["metadata"].items():
-        overview += [label, str(value)]
+        overview += [label, as_shown(value)]
     if checks:
         overview.append("Latest check results")
     if freshness:
@@ -251,6 +257,13 @@ def test_the_asset_page_shows_the_latest_materialization_checks_and_freshness(st
     read_page(binary, page, overview, "asset-page")
     if checks:
         read_page(binary, f"{page}?view=checks", checks, "asset-checks")
+
+
+def as_shown(value) -> str:
+    """A metadata value as the UI prints it: JavaScript writes the float 12.0 as "12"."""
+    if isinstance(value, float) and value.is_integer():
+        return str(int(value))
+    return str(value)
 
 
 def read_page(binary: str, url: str, expected: list[str], name: str) -> str:
@@ -266,15 +279,15 @@ def read_page(binary: str, url: str, expected: list[str], name: str) -> str:
         missing = [e for e in expected if e not in text]
         if not missing:
             break
-    assert not missing, f"not on {url}: {missing}\n\n{text[:3000]}"
-
+    # Keep what the page showed, passing or not: it is the first thing to look at.
     ARTIFACTS.mkdir(parents=True, exist_ok=True)
+    (ARTIFACTS / f"{name}.txt").write_text(text)
     shot = ARTIFACTS / f"{name}.png"
     shot.unlink(missing_ok=True)
     chromium(binary, url, profiles / f"{name}-screenshot", f"--screenshot={shot}",
              budget_ms=25000)
+    assert not missing, f"not on {url}: {missing}\n\n{text[:3000]}"
     assert shot.is_file() and shot.stat().st_size > 20_000, f"no screenshot of {url}"
-    (ARTIFACTS / f"{name}.txt").write_text(text)
     return text
 
 
