@@ -3,6 +3,8 @@
 - ``demo``: the embedded PostgreSQL, a seeded dev table, one run of the job through Dagster on a
   persistent instance, and a summary of what happened.
 - ``dry-run``: how many rows the rule matches now, deleting nothing (Laravel's ``--pretend``).
+- ``dev``: the Dagster UI and daemon (``dagster dev``) on the embedded PostgreSQL server, with a
+  seeded dev table, until Ctrl-C.
 - ``bench``: the purge against the physical limit and the usual alternatives (issue 4).
 """
 
@@ -162,6 +164,60 @@ def dry_run(partition: str | None) -> None:
     _echo(f"cutoff     {cutoff.isoformat()} (retention {settings.retention_days} days)")
     _echo(f"prunable   {backlog.remaining:,} rows (oldest updated_at: {oldest})")
     _echo("nothing deleted (dry run)")
+
+
+@main.command()
+@click.option("--port", default=3000, show_default=True, type=click.IntRange(1, 65535),
+              help="Port of the Dagster UI on 127.0.0.1.")
+@click.option("--rows", default=200_000, show_default=True, type=click.IntRange(min=1000),
+              help="Rows to seed into the dev table when it is empty.")
+def dev(port: int, rows: int) -> None:
+    """Run the Dagster UI and daemon on the embedded PostgreSQL server until Ctrl-C.
+
+    The server holds Dagster's storage and the favorites database; the dev table is created and
+    seeded when empty. An exported FAVORITES_DATABASE_URL is ignored: dev only ever touches its
+    embedded database.
+    """
+    from favorites_maintenance.assets import POOL
+    from favorites_maintenance.dev import (asset_page, dagster_dev_command, ensure_pool_limit,
+                                           port_is_free, prepare_dev_table, run_dagster_dev,
+                                           ui_address)
+    from favorites_maintenance.local import LocalEnvironment, project_root
+    from favorites_maintenance.retention.database import create_engine
+
+    try:
+        load_settings()
+    except SettingsError as exc:
+        _fail(str(exc))
+    root = project_root()
+    if not (root / "dagster.yaml").is_file():
+        _fail("run this from the favorites-maintenance checkout (dagster.yaml not found)")
+    if not port_is_free(port):
+        _fail(f"port {port} on 127.0.0.1 is in use; pick another with --port")
+
+    env = LocalEnvironment(root)
+    _echo(f"starting the embedded PostgreSQL server ({env.state_dir / 'pgdata'})")
+    env.start()
+    if env.replaced_database_url:
+        click.secho("note: FAVORITES_DATABASE_URL is ignored by dev, which only ever touches "
+                    "its embedded database", fg="yellow", err=True)
+    try:
+        engine = create_engine(load_settings().require_database_url())
+        try:
+            prepare_dev_table(engine, rows, _echo)
+        finally:
+            engine.dispose()
+        _echo(f"Dagster instance: {env.dagster_home} (pool {POOL}: "
+              f"{ensure_pool_limit()} run at a time)")
+        _echo(f"Dagster UI: {ui_address(port)}  (asset page: {asset_page(port)})")
+        _echo("press Ctrl-C to stop the UI, the daemon and the database server")
+        code = run_dagster_dev(dagster_dev_command(root / "workspace.yaml", port),
+                               cwd=env.dagster_home, echo=_echo)
+    finally:
+        env.stop()
+        _echo("stopped")
+    if code:
+        _fail(f"dagster dev exited with code {code}")
 
 
 @main.command()

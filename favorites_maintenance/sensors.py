@@ -19,7 +19,6 @@ from collections.abc import Callable
 import dagster as dg
 
 from favorites_maintenance.assets import ASSET_KEY
-from favorites_maintenance.jobs import guest_favorites_cleanup_job
 from favorites_maintenance.partitions import daily_partitions
 from favorites_maintenance.resources import AlertSink
 
@@ -123,11 +122,13 @@ def build_stale_sensor(stale_after: dt.timedelta,
     return guest_favorites_cleanup_stale_sensor
 
 
+# No monitored_jobs: the sensor then watches every job of this code location, which is what
+# catches backfills launched from the UI (they run as Dagster's implicit asset job, not as
+# guest_favorites_cleanup_job). The location holds nothing but the cleanup.
 @dg.run_failure_sensor(
     name=FAILURE_SENSOR_NAME,
-    monitored_jobs=[guest_favorites_cleanup_job],
     default_status=dg.DefaultSensorStatus.RUNNING,
-    description="Alerts when a run of guest_favorites_cleanup_job fails.",
+    description="Alerts when a cleanup run fails (scheduled, launched or backfilled).",
 )
 def guest_favorites_cleanup_failure_sensor(context: dg.RunFailureSensorContext,
                                            alerts: AlertSink):
@@ -135,5 +136,5 @@ def guest_favorites_cleanup_failure_sensor(context: dg.RunFailureSensorContext,
     run = context.dagster_run
     partition = run.tags.get("dagster/partition", "-")
     message = context.failure_event.message or "no message"
-    alerts.send(f"guest_favorites_cleanup_job run {run.run_id} (partition {partition}) "
-                f"failed: {message}", log=context.log)
+    alerts.send(f"{run.job_name} run {run.run_id} (partition {partition}) failed: {message}",
+                log=context.log)

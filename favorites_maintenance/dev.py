@@ -1,0 +1,172 @@
+"""``favorites-maintenance dev``: the Dagster UI and daemon on the local environment.
+
+The embedded PostgreSQL server serves both Dagster's storage and the favorites database
+(:class:`~favorites_maintenance.local.LocalEnvironment`); ``dagster dev`` runs the webserver and
+the daemon on top of it. Ctrl-C (SIGINT) or SIGTERM stops ``dagster dev`` first, so the webserver,
+the daemon, the code server and any run they started end while their storage is still up, and
+then the server.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import datetime as dt
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import sqlalchemy as sa
+
+from favorites_maintenance.assets import ASSET_KEY, POOL
+
+HOST = "127.0.0.1"
+#: How long ``dagster dev`` gets to stop its webserver, daemon and code server after an interrupt.
+SHUTDOWN_GRACE_S = 60.0
+
+
+def ui_address(port: int) -> str:
+    return f"http://{HOST}:{port}"
+
+
+def asset_page(port: int) -> str:
+    """The UI page of the cleanup asset."""
+    return f"{ui_address(port)}/assets/{'/'.join(ASSET_KEY.path)}"
+
+
+def port_is_free(port: int) -> bool:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            sock.bind((HOST, port))
+        except OSError:
+            return False
+    return True
+
+
+def prepare_dev_table(engine: sa.Engine, rows: int, echo: Callable[[str], None]) -> None:
+    """Create the dev table if missing and seed ``rows`` rows if it is empty."""
+    from favorites_maintenance.retention.schema import create_dev_schema
+    from favorites_maintenance.seed import seed_favorites, summarize
+
+    create_dev_schema(engine)
+    current = summarize(engine)
+    if current.rows:
+        echo(f"favorites.favorites holds {current.rows:,} rows ({current.guest_rows:,} guest, "
+             f"{current.account_rows:,} account): not seeding")
+        return
+    t0 = time.monotonic()
+    seeded = seed_favorites(engine, rows, now=dt.datetime.now(dt.timezone.utc))
+    echo(f"seeded favorites.favorites in {time.monotonic() - t0:.1f} s: {seeded.rows:,} rows, "
+         f"{seeded.guest_rows:,} guest, {seeded.account_rows:,} account")
+
+
+def ensure_pool_limit() -> int:
+    """Write the purge pool's limit into the instance (``DAGSTER_HOME``) unless it is there.
+
+    Dagster writes a pool's ``default_limit`` into its storage only while dequeuing the first
+    run that uses the pool, after it has read the limits for that pass: on a fresh instance the
+    runs queued at that moment (a backfill, a tick) all start together. Writing the limit before
+    the daemon starts closes that window. A limit already set, e.g. from the UI, is kept.
+
+    Returns:
+        The pool's limit.
+    """
+    import dagster as dg
+
+    with dg.DagsterInstance.get() as instance:
+        storage = instance.event_log_storage
+        if POOL not in storage.get_concurrency_keys():
+            storage.set_concurrency_slots(POOL, instance.global_op_concurrency_default_limit or 1)
+        return storage.get_concurrency_info(POOL).slot_count
+
+
+def dagster_dev_command(workspace: Path, port: int) -> list[str]:
+    return [sys.executable, "-m", "dagster", "dev", "-w", str(workspace),
+            "-h", HOST, "-p", str(port)]
+
+
+def run_dagster_dev(command: list[str], cwd: Path, echo: Callable[[str], None]) -> int:
+    """Run ``dagster dev`` until it exits or this process is interrupted; return its exit code.
+
+    ``dagster dev`` runs in its own session, so a Ctrl-C at the terminal reaches this process
+    only, and the shutdown goes one way: SIGINT to ``dagster dev``, which stops its webserver,
+    daemon and code server; whatever is left in its process group after the grace period (or
+    after a second Ctrl-C) is killed.
+    """
+    # Own both signals: a shell's background job starts with SIGINT ignored, and this command
+    # must still stop everything when it is sent one.
+    previous_int = signal.signal(signal.SIGINT, signal.default_int_handler)
+    previous_term = signal.signal(signal.SIGTERM, _raise_keyboard_interrupt)
+    proc = subprocess.Popen(command, cwd=cwd, start_new_session=True,
+                            preexec_fn=_default_sigint)
+    try:
+        try:
+            return proc.wait()
+        except KeyboardInterrupt:
+            echo("stopping the Dagster webserver and daemon ...")
+            proc.send_signal(signal.SIGINT)
+            try:
+                proc.wait(timeout=SHUTDOWN_GRACE_S)
+            except (KeyboardInterrupt, subprocess.TimeoutExpired):
+                echo("dagster dev did not stop in time: killing it")
+                _signal_group(proc.pid, signal.SIGKILL)
+                proc.wait()
+            return 0
+    finally:
+        _reap_group(proc.pid)
+        signal.signal(signal.SIGTERM, previous_term)
+        signal.signal(signal.SIGINT, previous_int)
+
+
+def _default_sigint() -> None:
+    # A shell starting this command in the background makes it ignore SIGINT, and children
+    # inherit that: dagster dev must handle it to shut down its webserver and daemon.
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
+def _raise_keyboard_interrupt(signum, frame) -> None:
+    raise KeyboardInterrupt
+
+
+def _signal_group(pgid: int, sig: int) -> bool:
+    """Send ``sig`` to process group ``pgid``; False when the group is empty."""
+    try:
+        os.killpg(pgid, sig)
+    except ProcessLookupError:
+        return False
+    return True
+
+
+def _reap_group(pgid: int, grace_s: float = 10.0) -> None:
+    """End what ``dagster dev`` left behind in its process group (e.g. a run worker)."""
+    if not _group_alive(pgid):
+        return
+    _signal_group(pgid, signal.SIGTERM)
+    deadline = time.monotonic() + grace_s
+    while time.monotonic() < deadline:
+        if not _group_alive(pgid):
+            return
+        time.sleep(0.2)
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(pgid, signal.SIGKILL)
+
+
+def _group_alive(pgid: int) -> bool:
+    """Whether process group ``pgid`` still has a live (not zombie) member."""
+    proc = Path("/proc")
+    if not proc.is_dir():
+        return _signal_group(pgid, 0)
+    for stat in proc.glob("[0-9]*/stat"):
+        try:
+            # "pid (comm) state ppid pgrp ...": comm may hold spaces, so split after ")".
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+        except (OSError, IndexError):
+            continue
+        if fields[0] != "Z" and int(fields[2]) == pgid:
+            return True
+    return False
