@@ -8,7 +8,9 @@
 -- What the job does, and the privilege each statement needs:
 --   SELECT id, updated_at ... WHERE user_id IS NULL AND updated_at < $cutoff
 --       ORDER BY updated_at, id FOR UPDATE SKIP LOCKED   -> SELECT on the three columns it reads
---   DELETE ... WHERE <same guard> AND id = <batch id>      -> DELETE on the table
+--   DELETE ... WHERE <same guard> AND ctid = <batch ctid>
+--       AND id = <batch id>                                 -> DELETE on the table, and SELECT
+--                                                              on ctid (a row address, no data)
 --   SELECT count(*), min(updated_at) ... (the backlog)     -> SELECT on the three columns
 --   pg_is_in_recovery(), set_config(...)                   -> nothing
 -- and one more, which PostgreSQL imposes: a row-locking clause (FOR UPDATE, FOR SHARE, ...)
@@ -27,7 +29,7 @@ CREATE ROLE :"role" LOGIN NOSUPERUSER NOCREATEDB NOCREATEROLE NOINHERIT NOREPLIC
 
 REVOKE ALL ON TABLE favorites.favorites FROM :"role";
 GRANT USAGE ON SCHEMA favorites TO :"role";
-GRANT SELECT (id, user_id, updated_at) ON TABLE favorites.favorites TO :"role";
+GRANT SELECT (id, user_id, updated_at, ctid) ON TABLE favorites.favorites TO :"role";
 GRANT DELETE ON TABLE favorites.favorites TO :"role";
 -- Only for FOR UPDATE SKIP LOCKED (see above); never used to write.
 GRANT UPDATE (updated_at) ON TABLE favorites.favorites TO :"role";

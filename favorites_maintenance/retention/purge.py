@@ -10,19 +10,20 @@ One run is a loop of batch transactions on one connection. Each batch is one sta
          ORDER BY updated_at, id LIMIT :batch_size
            FOR UPDATE SKIP LOCKED),
     deleted AS (
-        DELETE FROM favorites.favorites
+        DELETE FROM favorites.favorites USING batch
          WHERE user_id IS NULL AND updated_at < :cutoff
-           AND ctid = ANY(ARRAY(SELECT ctid FROM batch))
+           AND favorites.ctid = batch.ctid AND favorites.id = batch.id
         RETURNING 1)
     SELECT (SELECT count(*) FROM batch), (SELECT count(*) FROM deleted), <last (updated_at, id)>
 
 - ``MATERIALIZED`` evaluates the candidate SELECT exactly once, so the DELETE cannot re-run a
   ``LIMIT`` subquery and take more than ``batch_size`` rows; the DELETE repeats the guard and the
   cutoff (defence in depth).
-- The DELETE reaches the batch's rows by their ``ctid`` (row address) in one TID scan, not by a
-  primary-key descent per row. That is safe only because the rows are locked by this very
-  transaction: no one can update, delete or move them before the DELETE, so each address names
-  exactly the locked row version (unlike Laravel's unlocked ``ctid IN (SELECT ...)``). On a
+- The DELETE reaches the batch's rows by their ``ctid`` (row address) with a TID scan, not by a
+  primary-key index descent per row, and checks the primary key as well: never a bare ``ctid``.
+  The address is stable because the rows are locked by this very transaction: no one can
+  update, delete or move them before the DELETE (unlike Laravel's unlocked
+  ``ctid IN (SELECT ...)``). On a
   partitioned table, where addresses repeat across partitions, or for a role without ``SELECT``
   on ``ctid`` (the least-privilege role of ``least_privilege.sql`` grants three columns), the
   DELETE matches by primary key instead.
@@ -213,10 +214,10 @@ def _batch_statement(cutoff: dt.datetime, batch_size: int, keyset: bool,
     if by_ctid:
         # The batch's rows are locked by this transaction, so no one can update, delete or
         # move them before the DELETE: their ctid (row address) names exactly the locked row
-        # versions. One TID scan over the batch's addresses reaches them without a primary-key
-        # descent per row; the guard is checked again on each.
-        match = favorites.c.ctid == sa.any_(
-            sa.func.array(sa.select(batch.c.ctid).scalar_subquery()))
+        # versions. A TID scan per address reaches each without a primary-key index descent;
+        # the id is matched too, so a row is only ever deleted by its address *and* its key,
+        # and the guard is checked again on each.
+        match = sa.and_(favorites.c.ctid == batch.c.ctid, favorites.c.id == batch.c.id)
     else:
         # A partitioned table repeats row addresses across partitions, and a role may lack
         # SELECT on ctid: match by primary key.
