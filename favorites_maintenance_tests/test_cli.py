@@ -23,7 +23,7 @@ def checkout(tmp_path):
     return tmp_path
 
 
-def cli(*args, cwd, env_extra=None, timeout=300):
+def cli(*args, cwd, env_extra=None, timeout=600):
     env = {k: v for k, v in os.environ.items()
            if not k.startswith(("FAVORITES_", "DAGSTER_"))}
     env.update(env_extra or {})
