@@ -138,7 +138,7 @@ def dry_run(partition: str | None) -> None:
     Reads FAVORITES_DATABASE_URL (and the retention settings) like the job does.
     """
     from favorites_maintenance.partitions import daily_partitions
-    from favorites_maintenance.retention.backlog import measure_backlog
+    from favorites_maintenance.retention.backlog import BacklogError, measure_backlog
     from favorites_maintenance.retention.database import create_engine
     from favorites_maintenance.retention.rule import compute_cutoff
 
@@ -157,6 +157,9 @@ def dry_run(partition: str | None) -> None:
     engine = create_engine(url)
     try:
         backlog = measure_backlog(engine, cutoff)
+    except BacklogError as exc:
+        _fail(f"{exc} (database {settings.database_url_safe}: check FAVORITES_DATABASE_URL, "
+              "the server and the table)")
     finally:
         engine.dispose()
     oldest = backlog.oldest_updated_at.isoformat() if backlog.oldest_updated_at else "none"

@@ -39,7 +39,9 @@ DEFAULT_STALE_AFTER = dt.timedelta(hours=48)
 MAX_RETENTION_DAYS = 36_500  # 100 years
 MAX_BATCH_SIZE = 100_000
 MIN_DURATION = dt.timedelta(seconds=1)
-MAX_RUN_DURATION_LIMIT = dt.timedelta(hours=24)
+# Below the 1 h hard ceiling of run monitoring in dagster.yaml (max_runtime_seconds: 3600), which
+# would otherwise end a long purge as FAILURE instead of letting it stop on its own budget.
+MAX_RUN_DURATION_LIMIT = dt.timedelta(minutes=50)
 MAX_STALE_AFTER = dt.timedelta(days=30)
 
 # The favorites database is served through psycopg 3 (SPEC 4: ``postgresql+psycopg://``).
