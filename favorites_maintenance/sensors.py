@@ -33,6 +33,10 @@ CURRENT_PARTITION_LAG = dt.timedelta(days=2)
 _RECORD_LIMIT = 50
 
 
+def _hours(value: dt.timedelta) -> str:
+    return f"{value.total_seconds() / 3600:g} h"
+
+
 def _utc(ts: float) -> str:
     return dt.datetime.fromtimestamp(ts, dt.timezone.utc).isoformat(timespec="seconds")
 
@@ -90,7 +94,7 @@ def build_stale_sensor(stale_after: dt.timedelta,
         minimum_interval_seconds=300,
         default_status=dg.DefaultSensorStatus.RUNNING,
         description=(f"Alerts when guest_favorites_cleanup has had no successful current run "
-                     f"for {stale_after}."),
+                     f"for {_hours(stale_after)}."),
     )
     def guest_favorites_cleanup_stale_sensor(context: dg.SensorEvaluationContext,
                                              alerts: AlertSink):
@@ -102,14 +106,14 @@ def build_stale_sensor(stale_after: dt.timedelta,
         stale = last is None and now - first_seen > stale_after.total_seconds()
         if stale and alerted_at is None:
             alerts.send(f"guest_favorites_cleanup: no successful run for more than "
-                        f"{stale_after} (checked at {_utc(now)}; watching since "
+                        f"{_hours(stale_after)} (checked at {_utc(now)}; watching since "
                         f"{_utc(first_seen)}). See the runbook in README.md.", log=context.log)
             alerted_at = now
             outcome = "alerted"
         elif not stale and alerted_at is not None:
             # No success but no longer stale: the threshold was raised since the alert.
             why = (f"a run succeeded at {_utc(last)}" if last is not None
-                   else f"within the threshold of {stale_after} again")
+                   else f"within the threshold of {_hours(stale_after)} again")
             alerts.send(f"guest_favorites_cleanup: resolved, {why}.", log=context.log,
                         level=20)
             alerted_at = None

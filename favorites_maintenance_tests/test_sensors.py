@@ -103,7 +103,7 @@ def test_fresh_deployment_alerts_only_after_the_threshold_then_once(webhook):
         assert watch.tick(T0 + 50 * H) == "stale, already alerted"
         assert watch.tick(T0 + 80 * H) == "stale, already alerted"
     assert len(webhook.messages) == 1
-    assert "no successful run for more than 2 days" in webhook.messages[0]
+    assert "no successful run for more than 48 h" in webhook.messages[0]
 
 
 def test_47h_after_a_success_is_fresh_49h_alerts_and_a_new_success_resolves(job, webhook):
@@ -191,4 +191,4 @@ def test_raising_the_threshold_after_an_alert_resolves_it_without_a_success(webh
         raised.cursor = cursor
         assert raised.tick(T0 + 50 * H) == "resolved"
         assert raised.tick(T0 + 73 * H) == "alerted"
-    assert "within the threshold of 3 days" in webhook.messages[1]
+    assert "within the threshold of 72 h" in webhook.messages[1]
