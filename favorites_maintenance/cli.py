@@ -30,6 +30,22 @@ def _fail(message: str) -> None:
     sys.exit(2)
 
 
+def _start_local_environment(command: str):
+    """Start the embedded server and DAGSTER_HOME of the checkout for ``command``."""
+    from favorites_maintenance.local import LocalEnvironment, project_root
+
+    root = project_root()
+    if not (root / "dagster.yaml").is_file():
+        _fail("run this from the favorites-maintenance checkout (dagster.yaml not found)")
+    env = LocalEnvironment(root)
+    _echo(f"starting the embedded PostgreSQL server ({env.state_dir / 'pgdata'})")
+    env.start()
+    if env.replaced_database_url:
+        click.secho(f"note: FAVORITES_DATABASE_URL is ignored by {command}, which only ever "
+                    "touches its embedded database", fg="yellow", err=True)
+    return env
+
+
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
 def main() -> None:
     """Daily retention cleanup of stale guest favorites (Dagster + PostgreSQL)."""
@@ -42,22 +58,11 @@ def main() -> None:
               help="Seed, then only report how many rows the rule matches; delete nothing.")
 def demo(rows: int, pretend: bool) -> None:
     """Seed the embedded PostgreSQL and run the cleanup job once through Dagster."""
-    from favorites_maintenance.local import LocalEnvironment, project_root
-
     try:
         settings = load_settings()
     except SettingsError as exc:
         _fail(str(exc))
-    root = project_root()
-    if not (root / "dagster.yaml").is_file():
-        _fail("run this from the favorites-maintenance checkout (dagster.yaml not found)")
-
-    env = LocalEnvironment(root)
-    _echo(f"starting the embedded PostgreSQL server ({env.state_dir / 'pgdata'})")
-    env.start()
-    if env.replaced_database_url:
-        click.secho("note: FAVORITES_DATABASE_URL is ignored by demo, which only ever touches "
-                    "its embedded database", fg="yellow", err=True)
+    env = _start_local_environment("demo")
     try:
         _run_demo(env, rows=rows, pretend=pretend, retention_days=settings.retention_days)
     finally:
@@ -185,25 +190,15 @@ def dev(port: int, rows: int) -> None:
     from favorites_maintenance.dev import (asset_page, dagster_dev_command, ensure_pool_limit,
                                            port_is_free, prepare_dev_table, run_dagster_dev,
                                            ui_address)
-    from favorites_maintenance.local import LocalEnvironment, project_root
     from favorites_maintenance.retention.database import create_engine
 
     try:
         load_settings()
     except SettingsError as exc:
         _fail(str(exc))
-    root = project_root()
-    if not (root / "dagster.yaml").is_file():
-        _fail("run this from the favorites-maintenance checkout (dagster.yaml not found)")
     if not port_is_free(port):
         _fail(f"port {port} on 127.0.0.1 is in use; pick another with --port")
-
-    env = LocalEnvironment(root)
-    _echo(f"starting the embedded PostgreSQL server ({env.state_dir / 'pgdata'})")
-    env.start()
-    if env.replaced_database_url:
-        click.secho("note: FAVORITES_DATABASE_URL is ignored by dev, which only ever touches "
-                    "its embedded database", fg="yellow", err=True)
+    env = _start_local_environment("dev")
     try:
         engine = create_engine(load_settings().require_database_url())
         try:
@@ -214,7 +209,7 @@ def dev(port: int, rows: int) -> None:
               f"{ensure_pool_limit()} run at a time)")
         _echo(f"Dagster UI: {ui_address(port)}  (asset page: {asset_page(port)})")
         _echo("press Ctrl-C to stop the UI, the daemon and the database server")
-        code = run_dagster_dev(dagster_dev_command(root / "workspace.yaml", port),
+        code = run_dagster_dev(dagster_dev_command(env.root / "workspace.yaml", port),
                                cwd=env.dagster_home, echo=_echo)
     finally:
         env.stop()

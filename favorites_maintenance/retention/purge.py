@@ -130,11 +130,29 @@ class PurgeError(RuntimeError):
     """A purge could not start or could not finish."""
 
 
+class _DatabaseError(PurgeError):
+    """A purge error caused by the database, described without private data."""
+
+    def __init__(self, message: str, error: ErrorDescription):
+        super().__init__(message)
+        self.error = error
+
+    @property
+    def kind(self) -> str:
+        """The error kind, e.g. ``statement_timeout`` or ``connection_lost``."""
+        return self.error.kind
+
+    @property
+    def transient(self) -> bool:
+        """Whether the same statement may succeed if run again a little later."""
+        return self.error.transient
+
+
 class StandbyError(PurgeError):
     """The connection reached a hot standby (``pg_is_in_recovery()``); nothing was deleted."""
 
 
-class BatchError(PurgeError):
+class BatchError(_DatabaseError):
     """A batch transaction failed and was rolled back whole; earlier batches stay committed.
 
     Attributes:
@@ -152,23 +170,12 @@ class BatchError(PurgeError):
     def __init__(self, batch_no: int, report: PurgeReport, error: ErrorDescription):
         super().__init__(f"batch {batch_no} failed and was rolled back "
                          f"({report.deleted_total} rows in {report.batches} earlier batches stay "
-                         f"deleted): {error}")
+                         f"deleted): {error}", error)
         self.batch_no = batch_no
         self.report = report
-        self.error = error
-
-    @property
-    def kind(self) -> str:
-        """The error kind, e.g. ``statement_timeout`` or ``connection_lost``."""
-        return self.error.kind
-
-    @property
-    def transient(self) -> bool:
-        """Whether the same batch may succeed if run again a little later."""
-        return self.error.transient
 
 
-class ConnectError(PurgeError):
+class ConnectError(_DatabaseError):
     """No usable connection to the favorites database; nothing was deleted.
 
     Attributes:
@@ -177,16 +184,7 @@ class ConnectError(PurgeError):
 
     def __init__(self, error: ErrorDescription):
         super().__init__(f"could not open a session on the favorites database (check "
-                         f"{DATABASE_URL_VAR} and the server): {error}")
-        self.error = error
-
-    @property
-    def kind(self) -> str:
-        return self.error.kind
-
-    @property
-    def transient(self) -> bool:
-        return self.error.transient
+                         f"{DATABASE_URL_VAR} and the server): {error}", error)
 
 
 def _batch_statement(cutoff: dt.datetime, batch_size: int, keyset: bool,
