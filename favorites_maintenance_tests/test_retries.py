@@ -11,7 +11,6 @@ import pytest
 import sqlalchemy as sa
 
 from favorites_maintenance.definitions import build_defs
-from favorites_maintenance.retention.database import create_engine, transient_error_kind
 from favorites_maintenance.settings import DATABASE_URL_VAR, Settings
 
 UTC = dt.timezone.utc
@@ -113,25 +112,3 @@ def test_a_missing_table_is_not_retried(job, engine):
     assert not result.success
     assert retries == []
 
-
-def test_transient_errors_are_told_from_permanent_ones(db_url, pg_server):
-    engine = create_engine(db_url)
-    try:
-        with pytest.raises(sa.exc.DBAPIError) as timeout:
-            with engine.begin() as conn:
-                conn.execute(sa.text("SET LOCAL statement_timeout = '10ms'"))
-                conn.execute(sa.text("SELECT pg_sleep(1)"))
-        assert transient_error_kind(timeout.value) is None  # statement_timeout: not transient
-        with pytest.raises(sa.exc.DBAPIError) as killed:
-            with engine.connect() as conn:
-                pid = conn.execute(sa.text("SELECT pg_backend_pid()")).scalar_one()
-                with engine.connect() as other:
-                    other.execute(sa.text("SELECT pg_terminate_backend(:p)"), {"p": pid})
-                conn.execute(sa.text("SELECT 1"))
-        assert transient_error_kind(killed.value) in ("admin_shutdown", "connection_lost")
-    finally:
-        engine.dispose()
-    unreachable = create_engine(db_url.set(query={"host": "/nonexistent-socket-dir"}))
-    with pytest.raises(sa.exc.OperationalError) as refused:
-        unreachable.connect()
-    assert transient_error_kind(refused.value) == "connection_lost"

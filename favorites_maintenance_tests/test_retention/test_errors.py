@@ -5,7 +5,11 @@ from __future__ import annotations
 import pytest
 import sqlalchemy as sa
 
-from favorites_maintenance.retention.database import error_summary, transient_error_kind
+from favorites_maintenance.retention.database import (
+    create_engine,
+    error_summary,
+    transient_error_kind,
+)
 from favorites_maintenance.retention.errors import describe
 
 
@@ -25,9 +29,11 @@ def failing(engine, sql: str) -> sa.exc.DBAPIError:
      "database_error", "P0001", None),
 ])
 def test_kinds_and_what_is_said(engine, sql, kind, sqlstate, message):
-    error = describe(failing(engine, sql))
+    exc = failing(engine, sql)
+    error = describe(exc)
     assert (error.kind, error.sqlstate, error.message) == (kind, sqlstate, message)
     assert "PRIVATE" not in str(error)
+    assert transient_error_kind(exc) is None  # retrying would fail the same way
 
 
 def test_a_trigger_quoting_a_row_is_summarised_without_it(engine):
@@ -46,6 +52,14 @@ def test_a_killed_session_is_a_transient_connection_loss(engine):
             conn.execute(sa.text("SELECT 1"))
     error = describe(raised.value)
     assert error.kind == "connection_lost" and error.transient
+    assert transient_error_kind(raised.value) in ("admin_shutdown", "connection_lost")
+
+
+def test_an_unreachable_server_is_a_transient_connection_loss(db_url):
+    unreachable = create_engine(db_url.set(query={"host": "/nonexistent-socket-dir"}))
+    with pytest.raises(sa.exc.OperationalError) as refused:
+        unreachable.connect()
+    assert transient_error_kind(refused.value) == "connection_lost"
 
 
 def test_the_engines_hide_bound_parameters_in_errors(engine):
