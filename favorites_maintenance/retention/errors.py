@@ -53,6 +53,13 @@ _KINDS: dict[str, str] = {
     "23514": "check_violation",
     "23P01": "exclusion_violation",
     "23": "integrity_constraint_violation",
+    # Raised by triggers and functions: their messages are the author's text, which may quote
+    # the row, so only the kind is told.
+    "P0001": "raise_exception",
+    "P0": "plpgsql_error",
+    "22": "data_exception",
+    "09": "triggered_action_exception",
+    "27": "triggered_data_change_violation",
 }
 
 #: Kinds whose primary message names schema objects only (the templates of integrity errors).
