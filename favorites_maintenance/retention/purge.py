@@ -427,7 +427,8 @@ def purge(
     def skip(count: int, cause: str, key=None) -> None:
         nonlocal skipped, failed_in_a_row
         skipped += count
-        failed_in_a_row += count
+        if key is not None:
+            failed_in_a_row += count
         if cause not in causes:
             log.warning("rows skipped: %s", cause)
         causes[cause] = causes.get(cause, 0) + count
@@ -528,7 +529,9 @@ def purge(
                 on_batch(BatchResult(batch_no, row.deleted, elapsed, deleted_total))
             if row.deleted < row.selected:
                 skip(row.selected - row.deleted, _SWALLOWED)
-                if selected_total >= batch_size and deleted_total * 2 < selected_total:
+                # Judged once a full batch's worth was selected, or at the end of the run.
+                if (deleted_total * 2 < selected_total
+                        and (selected_total >= batch_size or row.selected < limit)):
                     raise _no_progress(conn, report(StopReason.EXHAUSTED), selected_total)
                 check_skipped()
             if row.selected < limit:
@@ -595,16 +598,16 @@ def _check_zero_progress(conn: sa.Connection, cutoff: dt.datetime, report: Purge
         return
     if locked:
         return  # released since the batch ran: the next run takes them
-    raise _no_progress(conn, report, visible, locked_none=True)
+    raise _no_progress(conn, report, visible, locked_none=True, at_least=visible >= sample)
 
 
 def _no_progress(conn: sa.Connection, report: PurgeReport, matched: int, *,
-                 locked_none: bool = False) -> NoProgressError:
+                 locked_none: bool = False, at_least: bool = False) -> NoProgressError:
     causes = _swallowing_mechanisms(conn)
     table = f"{favorites.schema}.{favorites.name}"
     if locked_none:
-        what = (f"the rule matches {matched}{'+' if matched else ''} rows of {table} that no "
-                f"other session holds, yet the purge could lock none of them")
+        what = (f"the rule matches {'at least ' if at_least else ''}{matched} rows of {table} "
+                f"that no other session holds, yet the purge could lock none of them")
     else:
         what = (f"the batches selected {matched} rows of {table} but deleted only "
                 f"{report.deleted_total}")
