@@ -172,6 +172,8 @@ def deployment(pg_server, tmp_path_factory):
 
 
 class Deployment:
+    """The running deployment, and every GraphQL answer read from it (:attr:`served`)."""
+
     def __init__(self, **parts):
         self.__dict__.update(parts)
         self.served: list[str] = []  # every GraphQL answer either webserver gave
