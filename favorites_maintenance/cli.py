@@ -171,7 +171,8 @@ def dry_run(partition: str | None) -> None:
     except TableShapeError as exc:
         _fail(str(exc))
     except (BacklogError, sa.exc.DBAPIError) as exc:
-        reason = exc if isinstance(exc, BacklogError) else describe(exc)
+        reason = (exc if isinstance(exc, BacklogError)
+                  else f"could not read favorites.favorites: {describe(exc)}")
         _fail(f"{reason} (database {settings.database_url_safe}: check FAVORITES_DATABASE_URL, "
               "the server and the table)")
     finally:
