@@ -166,6 +166,7 @@ def purge(context: dg.OpExecutionContext, config: PurgeConfig, database: Favorit
                 context.log_event(dg.AssetObservation(asset_key=ASSET_KEY, metadata={
                     "deletedTotal": deleted_before, "batches": failed_report.batches,
                     "skippedRows": failed_report.skipped_rows,
+                    "isolationBatches": failed_report.isolation_batches,
                     "failedBatch": batch_no, "attempt": context.retry_number + 1}))
             kind = transient_error_kind(exc)
             if kind is not None and context.retry_number < config.max_retries:
