@@ -150,6 +150,20 @@ def slow_delete(engine, *, note: str = "SLOW", seconds: float = 30.0, once: bool
         drop_slow_delete(engine)
 
 
+def delete_trigger(engine, name: str, body: str, *, when: str = "BEFORE",
+                   each: str = "ROW") -> None:
+    """A PL/pgSQL trigger ``name`` on DELETE of the test table, running ``body`` (the function
+    of the same name, in schema ``favorites``). A literal ``%`` in ``body`` is written ``%%``."""
+    with engine.begin() as conn:
+        conn.exec_driver_sql(f"""
+            CREATE FUNCTION favorites.{name}() RETURNS trigger LANGUAGE plpgsql AS $$
+            BEGIN
+                {body}
+            END $$;
+            CREATE TRIGGER {name} {when} DELETE ON favorites.favorites
+                FOR EACH {each} EXECUTE FUNCTION favorites.{name}();""")
+
+
 def mark_slow(engine, offset: int) -> None:
     """Give the row at ``offset`` in batch order (``updated_at, id``) the note ``SLOW``."""
     with engine.begin() as conn:
