@@ -1,5 +1,5 @@
 """``favorites-maintenance bench``: the purge side by side with the physical limit and the usual
-alternatives, on the embedded PostgreSQL server (issue 4).
+alternatives, on the embedded PostgreSQL server.
 
 One seeded, reproducible data set (see :func:`seed_template`) is restored before every strategy
 (``CREATE DATABASE ... TEMPLATE``), then each strategy deletes every prunable row at the default

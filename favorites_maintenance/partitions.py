@@ -1,6 +1,6 @@
-"""Daily UTC partitions of the cleanup asset (SPEC 6).
+"""Daily UTC partitions of the cleanup asset.
 
-A run of partition ``D`` uses ``cutoff = min(now, end of D) - Days`` (SPEC 3), so a backfill of
+A run of partition ``D`` uses ``cutoff = min(now, end of D) - Days``, so a backfill of
 an old day deletes a subset of what today's run would.
 """
 

@@ -1,4 +1,4 @@
-"""The batched purge of prunable guest favorites (SPEC 5).
+"""The batched purge of prunable guest favorites.
 
 One run is a loop of batch transactions on one connection. Each batch is one statement::
 
@@ -74,7 +74,7 @@ log = logging.getLogger(__name__)
 
 
 class StopReason(str, enum.Enum):
-    """Why a purge ended without error (SPEC 6, metadata ``stopReason``)."""
+    """Why a purge ended without error (metadata ``stopReason``)."""
 
     EXHAUSTED = "exhausted"
     """A batch came back less than full: nothing prunable and unlocked is left past the cursor."""

@@ -20,11 +20,11 @@ from favorites_maintenance.settings import DATABASE_URL_VAR, Settings
 
 UTC = dt.timezone.utc
 PARTITION = "2026-06-15"
-#: SPEC 3 for PARTITION with the default 365 days: min(now, end of the day) - 365 days.
+#: The cutoff of PARTITION with the default 365 days: min(now, end of the day) - 365 days.
 CUTOFF = dt.datetime(2026, 6, 16, tzinfo=UTC) - dt.timedelta(days=365)
 OLD = CUTOFF - dt.timedelta(days=30)
 FRESH = CUTOFF + dt.timedelta(days=30)
-#: Private values the job must never print (SPEC 2, SPEC 7).
+#: Private values the job must never print (an anonymous id, a note).
 SENTINEL_ANON = "5e171ae1-dead-4bee-8000-5e171ae15e17"
 SENTINEL_NOTE = "SENTINEL-NOTE-do-not-log-7c1a"
 

@@ -1,4 +1,4 @@
-"""Timeouts: a short server-side limit makes a batch fail, and the run says so (issue 5).
+"""Timeouts: a short server-side limit makes a batch fail, and the run says so.
 
 The limits a DBA puts on the job's role are the ones in force: the job's own per-batch
 ``statement_timeout``/``lock_timeout`` may tighten them, never loosen them.
