@@ -74,4 +74,4 @@ def test_spike_check_needs_history_before_it_can_fail(run, rows):
     with dg.instance_for_test() as instance:
         check = run(instance)[SPIKE]
     assert check.passed
-    assert "earlier runs" in check.description
+    assert "earlier current-day runs" in check.description
