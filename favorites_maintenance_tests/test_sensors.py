@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import datetime as dt
 import json
+import time
 import threading
 import uuid
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -192,3 +193,45 @@ def test_raising_the_threshold_after_an_alert_resolves_it_without_a_success(webh
         assert raised.tick(T0 + 50 * H) == "resolved"
         assert raised.tick(T0 + 73 * H) == "alerted"
     assert "within the threshold of 72 h" in webhook.messages[1]
+
+
+def test_without_a_cursor_the_clock_is_the_last_success_in_the_history(job, webhook):
+    """A new deployment, a reset or renamed sensor, a migrated instance: the first tick finds
+    the last successful current run, however old, and alerts at once when it is stale."""
+    stale_after = dt.timedelta(seconds=6)
+    with dg.instance_for_test() as instance:
+        yesterday = (dt.datetime.now(UTC) - dt.timedelta(days=1)).date().isoformat()
+        assert job.execute_in_process(partition_key=yesterday, instance=instance).success
+        time.sleep(8)
+        sensor = build_stale_sensor(stale_after)
+        sink = AlertSink(webhook_url=webhook.url, attempts=1)
+        ctx = dg.build_sensor_context(instance=instance, resources={"alerts": sink})
+        assert sensor(ctx).skip_message == "alerted"
+        again = dg.build_sensor_context(instance=instance, cursor=ctx.cursor,
+                                        resources={"alerts": sink})
+        assert sensor(again).skip_message == "stale, already alerted"
+    [message] = webhook.messages
+    assert "no successful run for more than 0.00166667 h" in message
+    assert "last successful run at" in message
+
+
+def test_without_a_cursor_a_success_months_ago_alerts_on_the_first_tick(job, webhook):
+    with dg.instance_for_test() as instance:
+        assert run_at(job, instance, T0 - 24 * 3600 * 70).success  # 70 days before T0
+        # Later, a week of old days backfilled: none of them restarts the clock.
+        for day in range(7):
+            assert run_at(job, instance, T0 - 6 * H,
+                          partition=f"2026-09-{10 + day:02d}").success
+        watch = Watch(instance, webhook)
+        assert watch.tick(T0) == "alerted"
+        assert "last successful run at 2026-07-27T03:00:00+00:00" in webhook.messages[0]
+
+
+def test_without_a_cursor_and_no_success_ever_the_clock_starts_at_the_first_tick(job, webhook):
+    with dg.instance_for_test() as instance:
+        assert run_at(job, instance, T0 - 6 * H, partition="2026-09-01").success  # a backfill
+        watch = Watch(instance, webhook)
+        assert watch.tick(T0) == "fresh"
+        assert watch.tick(T0 + 47 * H) == "fresh"
+        assert watch.tick(T0 + 49 * H) == "alerted"
+        assert "none since watching began at 2026-10-05T03:00:00+00:00" in webhook.messages[0]
