@@ -23,6 +23,7 @@ result, stored under none; the UI then shows the planned one as "Skipped".)
 
 import datetime as dt
 import statistics
+import warnings
 
 import dagster as dg
 import sqlalchemy as sa
@@ -32,6 +33,10 @@ from favorites_maintenance.partitions import daily_partitions, is_current
 from favorites_maintenance.resources import FavoritesDatabase, GuestRetention
 from favorites_maintenance.retention.database import limit_transaction
 from favorites_maintenance.retention.rule import compute_cutoff, favorites
+
+# Partitioned checks are a preview feature of Dagster 1.13: say it once, here, not at every load.
+warnings.filterwarnings("ignore", message="Specifying a partitions_def on an AssetCheckSpec",
+                        category=dg.PreviewWarning)
 
 SPIKE_HISTORY = 14
 SPIKE_MIN_HISTORY = 3

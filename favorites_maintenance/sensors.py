@@ -18,13 +18,22 @@ import time
 from collections.abc import Callable
 
 import dagster as dg
+from dagster._core.scheduler.instigation import InstigatorType, TickStatus
 
 from favorites_maintenance.assets import ASSET_KEY
 from favorites_maintenance.partitions import CURRENT_PARTITION_LAG, daily_partitions, is_current
 from favorites_maintenance.resources import AlertSink
+from favorites_maintenance.schedules import SCHEDULE_NAME
 
 STALE_SENSOR_NAME = "guest_favorites_cleanup_stale_sensor"
 FAILURE_SENSOR_NAME = "guest_favorites_cleanup_failure_sensor"
+TICK_FAILURE_SENSOR_NAME = "guest_favorites_cleanup_tick_failure_sensor"
+
+#: Seconds between two evaluations of the tick-failure sensor: a failed tick is alerted at most
+#: this long (plus the daemon's own loop) after it.
+TICK_FAILURE_INTERVAL_S = 60
+#: Characters of a failed tick's error kept in the alert.
+_ERROR_CHARS = 600
 
 #: Materializations read per query at most (those of the few partitions of one time window).
 _RECORD_LIMIT = 50
@@ -188,3 +197,63 @@ def guest_favorites_cleanup_failure_sensor(context: dg.RunFailureSensorContext,
     message = context.failure_event.message or "no message"
     alerts.send(f"{run.job_name} run {run.run_id} (partition {partition}) failed: {message}",
                 log=context.log)
+
+
+def _schedule_state(context: dg.SensorEvaluationContext):
+    """The stored state of the cleanup schedule of this code location, or ``None`` before the
+    scheduler first saw it."""
+    location = context.code_location_origin.location_name if context.code_location_origin else None
+    for state in context.instance.all_instigator_state(instigator_type=InstigatorType.SCHEDULE):
+        origin = state.origin.repository_origin.code_location_origin
+        if state.instigator_name == SCHEDULE_NAME and location in (None, origin.location_name):
+            return state
+    return None
+
+
+def _error_summary(tick) -> str:
+    """The failed tick's error, on one line and shortened; Dagster's config errors name the
+    variable at fault, never its value."""
+    if tick.error is None:
+        return "no error recorded"
+    text = " ".join(tick.error.message.split())
+    return text if len(text) <= _ERROR_CHARS else text[:_ERROR_CHARS - 3] + "..."
+
+
+@dg.sensor(
+    name=TICK_FAILURE_SENSOR_NAME,
+    minimum_interval_seconds=TICK_FAILURE_INTERVAL_S,
+    default_status=dg.DefaultSensorStatus.RUNNING,
+    description=("Alerts when a tick of guest_favorites_cleanup_schedule fails (no run is "
+                 "created, so the run-failure sensor never fires), and when ticks succeed again."),
+)
+def guest_favorites_cleanup_tick_failure_sensor(context: dg.SensorEvaluationContext,
+                                                alerts: AlertSink):
+    """Alert once per episode of failed schedule ticks, with a resolution message when a tick
+    succeeds (or skips) again.
+
+    Reads the newest finished tick of the schedule from the instance: one indexed query, however
+    long the tick history. The cursor is JSON ``{"failingSince": epoch_s | null}``, the first
+    failed tick of the episode already alerted.
+    """
+    state = _schedule_state(context)
+    ticks = [] if state is None else context.instance.get_ticks(
+        state.instigator_origin_id, state.selector_id, limit=1,
+        statuses=[TickStatus.SUCCESS, TickStatus.SKIPPED, TickStatus.FAILURE])
+    if not ticks:
+        return dg.SkipReason(f"{SCHEDULE_NAME} has no finished tick yet")
+    [tick] = ticks
+    failing_since = json.loads(context.cursor).get("failingSince") if context.cursor else None
+    if tick.status == TickStatus.FAILURE and failing_since is None:
+        alerts.send(f"{SCHEDULE_NAME}: the tick at {_utc(tick.timestamp)} failed and started no "
+                    f"cleanup run: {_error_summary(tick)}", log=context.log)
+        failing_since, outcome = tick.timestamp, "alerted"
+    elif tick.status == TickStatus.FAILURE:
+        outcome = "failing, already alerted"
+    elif failing_since is not None:
+        alerts.send(f"{SCHEDULE_NAME}: resolved, the tick at {_utc(tick.timestamp)} succeeded "
+                    f"(ticks failed from {_utc(failing_since)}).", log=context.log, level=20)
+        failing_since, outcome = None, "resolved"
+    else:
+        outcome = "ticks succeed"
+    context.update_cursor(json.dumps({"failingSince": failing_since}))
+    return dg.SkipReason(outcome)

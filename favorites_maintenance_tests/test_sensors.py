@@ -235,3 +235,46 @@ def test_without_a_cursor_and_no_success_ever_the_clock_starts_at_the_first_tick
         assert watch.tick(T0 + 47 * H) == "fresh"
         assert watch.tick(T0 + 49 * H) == "alerted"
         assert "none since watching began at 2026-10-05T03:00:00+00:00" in webhook.messages[0]
+
+
+def test_a_failed_schedule_tick_alerts_once_then_resolves(dagster_storage_url, db_url, webhook,
+                                                          monkeypatch):
+    """The code location served without FAVORITES_DATABASE_URL: the scheduler's tick fails
+    before any run exists. The tick-failure sensor, in the same daemon pass, alerts once; the
+    location served again with the variable set, the next tick succeeds and it resolves."""
+    from favorites_maintenance_tests.daemon import code_location, pg_instance, scheduler_and_sensors
+
+    monkeypatch.delenv(DATABASE_URL_VAR, raising=False)
+    monkeypatch.setenv("FAVORITES_GUEST_RETENTION_CRON", "* * * * *")
+    monkeypatch.setenv("FAVORITES_ALERT_WEBHOOK_URL", webhook.url)
+    start = dt.datetime(2026, 10, 5, 3, 0, 30, tzinfo=UTC)
+    minute = dt.timedelta(minutes=1)
+    with pg_instance(dagster_storage_url) as instance:
+        with code_location(instance) as workspace:
+            scheduler_and_sensors(workspace, start)  # the scheduler first sees the schedule
+            assert webhook.messages == []
+            scheduler_and_sensors(workspace, start + minute)  # the 03:01 tick fails
+            assert len(webhook.messages) == 1
+            scheduler_and_sensors(workspace, start + 2 * minute)  # fails again: same episode
+            assert len(webhook.messages) == 1
+            assert instance.get_runs() == []
+        monkeypatch.setenv(DATABASE_URL_VAR, db_url.render_as_string(hide_password=False))
+        with code_location(instance) as workspace:
+            scheduler_and_sensors(workspace, start + 3 * minute)
+            [run] = instance.get_runs()  # the 03:03 tick created its run
+            assert run.tags["dagster/partition"] == "2026-10-04"
+        sensor_ticks = _ticks(instance, "guest_favorites_cleanup_tick_failure_sensor")
+    failed, resolved = webhook.messages
+    assert failed.startswith("guest_favorites_cleanup_schedule: the tick at "
+                             "2026-10-05T03:01:00+00:00 failed and started no cleanup run")
+    assert "FAVORITES_DATABASE_URL" in failed and "not set" in failed
+    assert resolved.startswith("guest_favorites_cleanup_schedule: resolved, the tick at "
+                               "2026-10-05T03:03:00+00:00 succeeded")
+    assert [t.skip_reason for t in sensor_ticks][:3] == [
+        "resolved", "failing, already alerted", "alerted"]
+
+
+def _ticks(instance, name):
+    """The ticks of instigator ``name``, newest first."""
+    [state] = [s for s in instance.all_instigator_state() if s.instigator_name == name]
+    return instance.get_ticks(state.instigator_origin_id, state.selector_id)
