@@ -96,6 +96,11 @@ def purge(context: dg.OpExecutionContext, config: PurgeConfig, database: Favorit
 
     def on_batch(batch: BatchResult) -> None:
         nonlocal last_progress
+        if batch.deleted == 0:  # not a batch in the run's metadata (`batches` counts none)
+            if batch.batch_no == 1:
+                context.log.info(f"nothing to delete: no guest row older than "
+                                 f"{cutoff.isoformat()}")
+            return
         now = time.monotonic()
         line = (f"batch {batch.batch_no} deleted {batch.deleted} rows "
                 f"({batch.deleted_total} so far)")
