@@ -151,10 +151,12 @@ def purge(context: dg.OpExecutionContext, config: PurgeConfig, database: Favorit
         summary["batches"] += earlier_batches
         if report.stop_reason is StopReason.STOP_REQUESTED:
             # Still inside capture_interrupts: a signal arriving now cannot cut this record short.
-            context.log.warning(f"run stopped on request after {report.batches} batches: "
-                                f"{report.deleted_total} rows deleted and committed")
+            stopped = (f"stopped on request after {report.batches} batches: "
+                       f"{report.deleted_total} rows deleted and committed; the run ends CANCELED")
+            context.log.warning(f"run {stopped} (Dagster shows this step as interrupted and the "
+                                "steps after it as not executed)")
             context.log_event(dg.AssetObservation(asset_key=ASSET_KEY, metadata=summary))
-            raise DagsterExecutionInterruptedError()
+            raise DagsterExecutionInterruptedError(stopped)
     return summary
 
 
