@@ -5,8 +5,10 @@ backfilled from the UI. Dagster puts only the terminal op's output metadata on t
 materialization, so the purge report travels to ``measure_backlog``, which records it.
 """
 
+import contextlib
 import dataclasses
 import datetime as dt
+import logging
 import time
 from typing import Any
 
@@ -19,8 +21,18 @@ from favorites_maintenance.partitions import daily_partitions
 from favorites_maintenance.resources import FavoritesDatabase, GuestRetention
 from favorites_maintenance.retention.backlog import BacklogError
 from favorites_maintenance.retention.backlog import measure_backlog as count_backlog
-from favorites_maintenance.retention.database import error_summary, transient_error_kind
-from favorites_maintenance.retention.purge import BatchError, BatchResult, PurgeReport, StopReason
+from favorites_maintenance.retention.database import (
+    error_summary,
+    is_database_error,
+    transient_error_kind,
+)
+from favorites_maintenance.retention.purge import (
+    BatchError,
+    BatchResult,
+    PurgeError,
+    PurgeReport,
+    StopReason,
+)
 from favorites_maintenance.retention.purge import purge as run_purge
 from favorites_maintenance.retention.rule import compute_cutoff as cutoff_for
 
@@ -36,6 +48,12 @@ FRESHNESS_POLICY = dg.FreshnessPolicy.time_window(fail_window=dt.timedelta(hours
 
 #: How often a batch line is logged at INFO (the others go at DEBUG), in seconds.
 PROGRESS_EVERY_S = 5.0
+
+#: The retention core logs through Python's ``logging``; its records at INFO and above (skipped
+#: rows and their causes, a missing index, a stale statement) are shown in the run's log too.
+CORE_LOGGER = "favorites_maintenance.retention"
+
+_log = logging.getLogger(__name__)
 
 
 @dg.op(description="The cutoff instant: min(now, end of the partition window) - retention days.")
@@ -98,23 +116,41 @@ def purge(context: dg.OpExecutionContext, config: PurgeConfig, database: Favorit
         nonlocal last_progress
         if batch.deleted == 0:  # not a batch in the run's metadata (`batches` counts none)
             if batch.batch_no == 1:
-                context.log.info(f"nothing to delete: no guest row older than "
-                                 f"{cutoff.isoformat()}")
+                _to_run_log(context, logging.INFO,
+                            f"nothing to delete: no guest row older than {cutoff.isoformat()}")
             return
         now = time.monotonic()
         line = (f"batch {batch.batch_no} deleted {batch.deleted} rows "
                 f"({batch.deleted_total} so far)")
         if batch.batch_no == 1 or now - last_progress >= PROGRESS_EVERY_S:
             last_progress = now
-            context.log.info(line)
+            _to_run_log(context, logging.INFO, line)
         else:
-            context.log.debug(line)
+            _to_run_log(context, logging.DEBUG, line)
+
+    status_failed = False
 
     def stop_requested() -> bool:
-        return check_captured_interrupt() or _termination_requested(context)
+        nonlocal status_failed
+        if check_captured_interrupt():
+            return True
+        try:
+            requested = _termination_requested(context)
+        except Exception as exc:  # noqa: BLE001 - Dagster's storage, not the favorites database
+            # The purge goes on: a status that cannot be read is "no stop requested" until the
+            # next read. The signal of a termination is still captured above.
+            if not status_failed:
+                _log.warning("could not read the run's status from Dagster's storage (the "
+                             "purge goes on): %s", error_summary(exc))
+            status_failed = True
+            return False
+        if status_failed:
+            _log.warning("Dagster's storage answers again")
+        status_failed = False
+        return requested
 
     # capture_interrupts only works on the main thread; elsewhere nothing captures the signal.
-    with capture_interrupts():
+    with capture_interrupts(), _core_logs_in_run_log(context):
         try:
             report = run_purge(
                 database.engine, cutoff,
@@ -124,14 +160,18 @@ def purge(context: dg.OpExecutionContext, config: PurgeConfig, database: Favorit
                 on_batch=on_batch,
             )
         except Exception as exc:
+            failed_report = getattr(exc, "report", None) if isinstance(exc, PurgeError) else None
             batch_no = exc.batch_no if isinstance(exc, BatchError) else 0
-            deleted_before = exc.report.deleted_total if isinstance(exc, BatchError) else 0
+            deleted_before = failed_report.deleted_total if failed_report else 0
             context.log.error(f"run failed: run_id={context.run_id} batch_no={batch_no} "
-                              f"deleted_before={deleted_before} error={error_summary(exc)}")
-            if deleted_before:
+                              f"deleted_before={deleted_before} "
+                              f"database={_failed_database(exc)} error={error_summary(exc)}")
+            if deleted_before or (failed_report and failed_report.skipped_rows):
                 # Those rows stay deleted: say so, and let a retry of this op count them.
                 context.log_event(dg.AssetObservation(asset_key=ASSET_KEY, metadata={
-                    "deletedTotal": deleted_before, "batches": exc.report.batches,
+                    "deletedTotal": deleted_before, "batches": failed_report.batches,
+                    "skippedRows": failed_report.skipped_rows,
+                    "isolationBatches": failed_report.isolation_batches,
                     "failedBatch": batch_no, "attempt": context.retry_number + 1}))
             kind = transient_error_kind(exc)
             if kind is not None and context.retry_number < config.max_retries:
@@ -204,6 +244,44 @@ def _committed_by_earlier_attempts(context: dg.OpExecutionContext) -> tuple[int,
     return deleted, batches
 
 
+def _to_run_log(context: dg.OpExecutionContext, level: int, message: str) -> None:
+    """Log ``message`` in the run's log; if Dagster's storage refuses the write, in the
+    process's log instead. Never raises: a storage outage must not tear the batch loop."""
+    try:
+        context.log.log(level, message)
+    except Exception as exc:  # noqa: BLE001 - Dagster's storage, not the favorites database
+        _log.log(level, "%s (not in the run's log: Dagster's storage failed: %s)", message,
+                 error_summary(exc))
+
+
+class _RunLogHandler(logging.Handler):
+    def __init__(self, context: dg.OpExecutionContext):
+        super().__init__(logging.INFO)
+        self.context = context
+
+    def emit(self, record: logging.LogRecord) -> None:
+        _to_run_log(self.context, record.levelno, record.getMessage())
+
+
+@contextlib.contextmanager
+def _core_logs_in_run_log(context: dg.OpExecutionContext):
+    logger = logging.getLogger(CORE_LOGGER)
+    handler = _RunLogHandler(context)
+    logger.addHandler(handler)
+    try:
+        yield
+    finally:
+        logger.removeHandler(handler)
+
+
+def _failed_database(exc: BaseException) -> str:
+    """Which database an error came from, for the log: the core wraps every error of the
+    favorites database in its own exceptions, so a bare driver error here is Dagster's."""
+    if not isinstance(exc, PurgeError) and is_database_error(exc):
+        return "dagster_storage"
+    return "favorites"
+
+
 def _termination_requested(context: dg.OpExecutionContext) -> bool:
     """The run was marked CANCELING (UI "Terminate"): seen before the interrupt reaches this
     process, so no batch starts once the request is recorded."""
@@ -223,6 +301,9 @@ def report_metadata(report: PurgeReport, retention: GuestRetention) -> dict[str,
         "retentionDays": retention.retention_days,
         "batchSize": retention.batch_size,
         "stopReason": report.stop_reason.value,
+        "skippedRows": report.skipped_rows,
+        "skippedCauses": "; ".join(report.skipped_causes) or "none",
+        "isolationBatches": report.isolation_batches,
     }
 
 

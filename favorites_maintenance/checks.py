@@ -1,6 +1,6 @@
 """Asset checks for the SLOs of the table and of the runs; they run in every run of the job.
 
-Both checks are partitioned like the asset, so each run records exactly one result per check,
+The checks are partitioned like the asset, so each run records exactly one result per check,
 for its own day. (An unpartitioned check on this partitioned asset gets two rows in Dagster's
 check history per run: the *planned* execution, stored under the run's partition, and the
 result, stored under none; the UI then shows the planned one as "Skipped".)
@@ -139,4 +139,43 @@ def _deleted_totals(instance: dg.DagsterInstance, run_id: str) -> tuple[int | No
     return current, history[:SPIKE_HISTORY]
 
 
-asset_checks = [no_guest_row_older_than_retention_plus_one_day, deleted_total_spike]
+@dg.asset_check(
+    asset=ASSET_KEY,
+    partitions_def=daily_partitions,
+    name="no_rows_skipped",
+    description="WARN when the run left prunable rows in place because deleting them failed "
+                "(a foreign key, a trigger) or had no effect.",
+)
+def no_rows_skipped(context: dg.AssetCheckExecutionContext) -> dg.AssetCheckResult:
+    """Read this run's ``skippedRows`` and ``skippedCauses``; any skipped row fails (WARN).
+
+    Skipped rows are retried by every run; they stay until the reference or trigger that
+    blocks them is dealt with (README, runbook: "rows are skipped").
+    """
+    metadata = _this_runs_materialization(context)
+    if metadata is None:
+        return dg.AssetCheckResult(passed=True, severity=dg.AssetCheckSeverity.WARN,
+                                   description="no materialization in this run to check")
+    skipped = metadata["skippedRows"].value if "skippedRows" in metadata else 0
+    causes = metadata["skippedCauses"].value if "skippedCauses" in metadata else "none"
+    return dg.AssetCheckResult(
+        passed=skipped == 0,
+        severity=dg.AssetCheckSeverity.WARN,
+        metadata={"skippedRows": skipped, "skippedCauses": causes},
+        description=(f"{skipped} prunable rows could not be deleted: {causes}"
+                     if skipped else None),
+    )
+
+
+def _this_runs_materialization(context: dg.AssetCheckExecutionContext):
+    """Metadata of the asset's materialization in this run, or ``None``."""
+    records = context.instance.fetch_materializations(ASSET_KEY, limit=SPIKE_HISTORY + 1).records
+    for record in records:
+        mat = record.asset_materialization
+        if mat is not None and record.run_id == context.run.run_id:
+            return mat.metadata
+    return None
+
+
+asset_checks = [no_guest_row_older_than_retention_plus_one_day, deleted_total_spike,
+                no_rows_skipped]

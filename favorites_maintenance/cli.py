@@ -15,6 +15,7 @@ import sys
 import time
 
 import click
+import sqlalchemy as sa
 
 from favorites_maintenance.settings import SettingsError, load_settings
 
@@ -156,7 +157,9 @@ def dry_run(partition: str | None) -> None:
     from favorites_maintenance.partitions import daily_partitions
     from favorites_maintenance.retention.backlog import BacklogError, measure_backlog
     from favorites_maintenance.retention.database import create_engine
+    from favorites_maintenance.retention.errors import describe
     from favorites_maintenance.retention.rule import compute_cutoff
+    from favorites_maintenance.retention.table_check import TableShapeError, check_table
 
     try:
         settings = load_settings()
@@ -172,12 +175,21 @@ def dry_run(partition: str | None) -> None:
     cutoff = compute_cutoff(dt.datetime.now(UTC), settings.retention_days, window_end)
     engine = create_engine(url)
     try:
+        # The same check of the table the job makes before its first batch.
+        with engine.connect() as conn:
+            findings = check_table(conn)
         backlog = measure_backlog(engine, cutoff)
-    except BacklogError as exc:
-        _fail(f"{exc} (database {settings.database_url_safe}: check FAVORITES_DATABASE_URL, "
+    except TableShapeError as exc:
+        _fail(str(exc))
+    except (BacklogError, sa.exc.DBAPIError) as exc:
+        reason = (exc if isinstance(exc, BacklogError)
+                  else f"could not read favorites.favorites: {describe(exc)}")
+        _fail(f"{reason} (database {settings.database_url_safe}: check FAVORITES_DATABASE_URL, "
               "the server and the table)")
     finally:
         engine.dispose()
+    for warning in findings.warnings:
+        click.secho(f"warning: {warning}", fg="yellow", err=True)
     oldest = backlog.oldest_updated_at.isoformat() if backlog.oldest_updated_at else "none"
     _echo(f"database   {settings.database_url_safe}")
     _echo(f"cutoff     {cutoff.isoformat()} (retention {settings.retention_days} days)")

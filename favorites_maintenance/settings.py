@@ -237,9 +237,13 @@ def parse_database_url(raw: str) -> URL:
 
     ``postgresql://`` and ``postgres://`` are taken to mean ``postgresql+psycopg://``.
 
+    Driver options in the URL's query are checked as
+    :func:`favorites_maintenance.retention.database.connect_options` takes them.
+
     Raises:
         SettingsError: malformed (the text is not echoed: it may hold a password), another
-            driver or database (shown with the password masked), or no database name.
+            driver or database (shown with the password masked), no database name, or a query
+            option the driver cannot take (named).
     """
     try:
         url = make_url(raw)
@@ -256,6 +260,13 @@ def parse_database_url(raw: str) -> URL:
                             f"{url.drivername!r}; expected {DRIVER!r}")
     if not url.database:
         raise SettingsError(DATABASE_URL_VAR, f"{safe_url(url)!r} names no database")
+    # Driver options in the query are checked now, not when the first run connects.
+    from favorites_maintenance.retention.database import ConnectOptionError, connect_options
+
+    try:
+        connect_options(url)
+    except ConnectOptionError as exc:
+        raise SettingsError(DATABASE_URL_VAR, f"{safe_url(url)!r}: {exc}") from None
     return url.set(drivername=DRIVER)
 
 

@@ -105,7 +105,7 @@ def test_max_run_duration_leaves_a_backlog_and_still_succeeds(db_url, monkeypatc
     assert meta["backlogRemaining"] == 50 - meta["deletedTotal"] > 0
 
 
-def test_a_missing_table_fails_the_run_with_the_database_error(db_url, monkeypatch, engine):
+def test_a_missing_table_fails_the_run_naming_the_table(db_url, monkeypatch, engine):
     import sqlalchemy as sa
 
     with engine.begin() as conn:
@@ -117,7 +117,9 @@ def test_a_missing_table_fails_the_run_with_the_database_error(db_url, monkeypat
     assert not result.success
     [failure] = [e for e in result.all_events if e.event_type_value == "STEP_FAILURE"]
     assert failure.step_key.endswith("purge")
-    assert "UndefinedTable" in str(failure.event_specific_data.error)
+    # Checked before the first batch, and named.
+    assert "TableShapeError" in str(failure.event_specific_data.error)
+    assert "table favorites.favorites does not exist" in str(failure.event_specific_data.error)
 
 
 def run_partition_raising(defs, instance):

@@ -99,7 +99,7 @@ def test_dry_run_on_an_unreachable_database_says_so_without_a_traceback(checkout
     proc = cli("dry-run", cwd=checkout, env_extra={
         "FAVORITES_DATABASE_URL": "postgresql://bob:topsecret@127.0.0.1:1/app"})
     assert proc.returncode == 2
-    assert proc.stderr.startswith("error: could not measure the backlog")
+    assert proc.stderr.startswith("error: could not read favorites.favorites: connection_lost")
     assert "check FAVORITES_DATABASE_URL" in proc.stderr
     assert "Traceback" not in proc.stderr and "topsecret" not in proc.stderr
 

@@ -36,7 +36,8 @@ def test_every_definition_resolves():
         assert defs.resolve_sensor_def(name).default_status == dg.DefaultSensorStatus.RUNNING
     asset = defs.resolve_assets_def(["favorites", "guest_favorites_cleanup"])
     assert {k.name for k in defs.resolve_asset_graph().asset_check_keys} == {
-        "no_guest_row_older_than_retention_plus_one_day", "deleted_total_spike"}
+        "no_guest_row_older_than_retention_plus_one_day", "deleted_total_spike",
+        "no_rows_skipped"}
     [spec] = asset.specs
     assert spec.freshness_policy is not None
 

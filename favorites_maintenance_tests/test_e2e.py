@@ -65,7 +65,8 @@ query($key: AssetKeyInput!, $name: String!) {
   assetCheckExecutions(assetKey: $key, checkName: $name, limit: 100) {
     runId status partition evaluation { severity } } }
 """
-CHECKS = ("no_guest_row_older_than_retention_plus_one_day", "deleted_total_spike")
+CHECKS = ("no_guest_row_older_than_retention_plus_one_day", "deleted_total_spike",
+          "no_rows_skipped")
 BACKFILL = """
 mutation($params: LaunchBackfillParams!) { launchPartitionBackfill(backfillParams: $params) {
   __typename ... on LaunchBackfillSuccess { backfillId } ... on PythonError { message } } }

@@ -138,3 +138,40 @@ def test_loading_the_code_location_fails_fast_naming_the_variable():
     assert proc.returncode != 0
     assert "FAVORITES_GUEST_RETENTION_BATCH_SIZE: '-1' must be greater than 0" in proc.stderr
     assert PASSWORD not in proc.stderr + proc.stdout
+
+
+@pytest.mark.parametrize("query, said", [
+    ("prepare_threshold=x", "option 'prepare_threshold' must be a whole number >= 0 or None"),
+    ("prepare_threshold=-1", "option 'prepare_threshold' must be a whole number >= 0 or None"),
+    ("connect_timeout=soon", "option 'connect_timeout' must be a whole number >= 0"),
+    ("sslmode=sure", "option 'sslmode' must be one of allow, disable, prefer, require, "
+                     "verify-ca, verify-full"),
+    ("target_session_attrs=any-please", "option 'target_session_attrs' must be one of"),
+    ("autocommit=true", "option 'autocommit' is not supported"),
+    ("pool_size=4", "option 'pool_size' is not a libpq or psycopg connection option"),
+])
+def test_driver_options_in_the_url_are_checked_at_load_naming_the_option(query, said):
+    with pytest.raises(SettingsError) as raised:
+        load_settings({"FAVORITES_DATABASE_URL":
+                       f"postgresql://app:{PASSWORD}@db.internal/favorites?{query}"})
+    assert raised.value.variable == "FAVORITES_DATABASE_URL"
+    assert said in str(raised.value)
+    assert PASSWORD not in str(raised.value)
+
+
+def test_driver_options_reach_psycopg_with_the_types_it_expects():
+    from favorites_maintenance.retention.database import connect_options
+
+    url = load_settings({"FAVORITES_DATABASE_URL":
+                         "postgresql://app@db.internal/favorites?prepare_threshold=0"
+                         "&connect_timeout=3&sslmode=verify-full&sslrootcert=/etc/ca.pem"
+                         "&options=-c%20search_path%3Dfavorites"}).database_url
+    libpq_url, connect_args = connect_options(url)
+    assert connect_args == {"prepare_threshold": 0}
+    assert dict(libpq_url.query) == {"connect_timeout": "3", "sslmode": "verify-full",
+                                     "sslrootcert": "/etc/ca.pem",
+                                     "options": "-c search_path=favorites"}
+    # Unless the URL asks, nothing is prepared server-side (safe behind a transaction pooler).
+    assert connect_options("postgresql+psycopg://app@h/db")[1] == {"prepare_threshold": None}
+    assert connect_options("postgresql+psycopg://app@h/db?prepare_threshold=None")[1] == {
+        "prepare_threshold": None}

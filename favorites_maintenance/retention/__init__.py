@@ -5,23 +5,32 @@ from favorites_maintenance.retention.purge import (
     BatchError,
     BatchResult,
     ConnectError,
+    NoProgressError,
     PurgeError,
     PurgeReport,
+    SkippedRowsError,
     StandbyError,
     StopReason,
+    TableCheckError,
     purge,
 )
 from favorites_maintenance.retention.rule import compute_cutoff, delete_prunable, prunable
+from favorites_maintenance.retention.table_check import TableShapeError, check_table
 
 __all__ = [
     "Backlog",
     "BatchError",
     "BatchResult",
     "ConnectError",
+    "NoProgressError",
     "PurgeError",
     "PurgeReport",
+    "SkippedRowsError",
     "StandbyError",
     "StopReason",
+    "TableCheckError",
+    "TableShapeError",
+    "check_table",
     "compute_cutoff",
     "delete_prunable",
     "measure_backlog",

@@ -69,6 +69,82 @@ def _adapt_infinities(dbapi_connection, _record) -> None:
     dbapi_connection.adapters.register_dumper(dt.datetime, _InfinityDatetimeDumper)
 
 
+#: psycopg's own connection options (not libpq's) that a URL's query may set.
+_PSYCOPG_OPTIONS = {"prepare_threshold"}
+#: psycopg options the job cannot run with: it manages its own transactions and row types.
+_REFUSED_OPTIONS = {"autocommit", "row_factory", "cursor_factory", "context"}
+_INT_OPTIONS = {"connect_timeout", "keepalives", "keepalives_idle", "keepalives_interval",
+                "keepalives_count", "tcp_user_timeout"}
+_CHOICES = {
+    "sslmode": {"disable", "allow", "prefer", "require", "verify-ca", "verify-full"},
+    "target_session_attrs": {"any", "read-write", "read-only", "primary", "standby",
+                             "prefer-standby"},
+    "gssencmode": {"disable", "prefer", "require"},
+}
+
+
+class ConnectOptionError(ValueError):
+    """An option in a database URL's query that the driver cannot take.
+
+    Attributes:
+        option: the query key at fault, e.g. ``prepare_threshold``.
+    """
+
+    def __init__(self, option: str, message: str):
+        super().__init__(f"option {option!r} {message}")
+        self.option = option
+
+
+def connect_options(url: URL | str) -> tuple[URL, dict[str, Any]]:
+    """Split a database URL into the URL libpq reads and psycopg's own connect arguments.
+
+    The query of a SQLAlchemy URL reaches the driver as strings. libpq parses its own keywords
+    (``sslmode``, ``connect_timeout``, ``options``, ...) from text, but psycopg compares
+    ``prepare_threshold`` with an integer, so it is converted here: a whole number >= 0, or
+    ``None``/``none``/empty for "never prepare". When the URL does not set it the result is
+    ``None``: no server-side prepared statement, which a transaction-mode pooler (PgBouncer,
+    RDS Proxy, Supavisor, Odyssey) would hand to another server connection.
+
+    Returns:
+        ``(url, connect_args)``: the URL without psycopg's options, and the arguments for
+        ``psycopg.connect``.
+
+    Raises:
+        ConnectOptionError: an option libpq does not know, one the job cannot run with
+            (``autocommit``, ...), or a value of the wrong type (``connect_timeout=soon``).
+    """
+    from psycopg import pq
+
+    url = make_url(url)
+    known = {o.keyword.decode() for o in pq.Conninfo.get_defaults()}
+    connect_args: dict[str, Any] = {"prepare_threshold": None}
+    for key, value in url.query.items():
+        if key in _REFUSED_OPTIONS:
+            raise ConnectOptionError(key, "is not supported: the job manages its own "
+                                          "transactions and result rows")
+        if key not in known and key not in _PSYCOPG_OPTIONS:
+            raise ConnectOptionError(key, "is not a libpq or psycopg connection option")
+        if isinstance(value, tuple) and key not in {"host", "hostaddr", "port"}:
+            raise ConnectOptionError(key, "is given more than once")
+        if key == "prepare_threshold":
+            connect_args[key] = _prepare_threshold(value)
+        elif key in _INT_OPTIONS and not (value.isdigit()):
+            raise ConnectOptionError(key, f"must be a whole number >= 0, got {value!r}")
+        elif key in _CHOICES and value not in _CHOICES[key]:
+            raise ConnectOptionError(key, f"must be one of {', '.join(sorted(_CHOICES[key]))}; "
+                                          f"got {value!r}")
+    return url.difference_update_query(_PSYCOPG_OPTIONS), connect_args
+
+
+def _prepare_threshold(value: str) -> int | None:
+    if value.strip().lower() in {"", "none", "null"}:
+        return None
+    if not value.strip().isdigit():
+        raise ConnectOptionError("prepare_threshold", "must be a whole number >= 0 or None "
+                                                      f"(never prepare), got {value!r}")
+    return int(value)
+
+
 def create_engine(url: URL | str, *, application_name: str = APPLICATION_NAME,
                   **kwargs: Any) -> sa.Engine:
     """Create an engine for the favorites database.
@@ -80,14 +156,19 @@ def create_engine(url: URL | str, *, application_name: str = APPLICATION_NAME,
         **kwargs: passed to :func:`sqlalchemy.create_engine`.
 
     Returns:
-        An engine whose connections open lazily: creating it never touches the server.
+        An engine whose connections open lazily: creating it never touches the server. Its
+        connections prepare no server-side statement unless the URL sets ``prepare_threshold``
+        (see :func:`connect_options`).
+
+    Raises:
+        ConnectOptionError: an option of the URL's query the driver cannot take.
     """
-    url = make_url(url)
+    url, driver_args = connect_options(url)
     # libpq waits without limit by default: for a host that drops packets or accepts and never
     # answers (connect), and for a peer that vanished mid-statement (keepalives; TCP only).
     # Values in the URL's query win, so an operator can still tune them there.
     network_limits = {k: v for k, v in NETWORK_LIMITS.items() if k not in url.query}
-    connect_args = {"application_name": application_name, **network_limits,
+    connect_args = {"application_name": application_name, **network_limits, **driver_args,
                     **kwargs.pop("connect_args", {})}
     engine = sa.create_engine(
         url,
@@ -146,7 +227,7 @@ def transient_error_kind(exc: BaseException) -> str | None:
     while exc is not None and id(exc) not in seen:
         seen.add(id(exc))
         error = getattr(exc, "error", None)
-        if not isinstance(error, ErrorDescription) and _is_database_error(exc):
+        if not isinstance(error, ErrorDescription) and is_database_error(exc):
             error = describe(exc)
         if isinstance(error, ErrorDescription):
             return error.kind if error.transient else None
@@ -161,13 +242,14 @@ def error_summary(exc: BaseException) -> str:
     class, SQLSTATE; never the DETAIL or CONTEXT lines, which may quote row values); any other
     exception by the first line of its message.
     """
-    if _is_database_error(exc):
+    if is_database_error(exc):
         return f"{type(exc).__name__}: {describe(exc)}"
     text = str(exc).strip()
     return f"{type(exc).__name__}: {text.splitlines()[0] if text else ''}"
 
 
-def _is_database_error(exc: BaseException) -> bool:
+def is_database_error(exc: BaseException) -> bool:
+    """Whether ``exc`` is a SQLAlchemy ``DBAPIError`` or a psycopg error, of any database."""
     if isinstance(exc, sa.exc.DBAPIError):
         return True
     try:

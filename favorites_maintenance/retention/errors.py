@@ -7,10 +7,15 @@ the retention core is therefore described here from its SQLSTATE: a short *kind*
 act on, the driver's error class, the SQLSTATE and, only for errors whose text the server writes
 from a fixed template (timeouts, permissions, a missing table, a lost connection), the primary
 message. Anything else is named by class and SQLSTATE alone.
+
+The schema objects the server names in its diagnostic fields (``schema_name``, ``table_name``,
+``constraint_name``, ``column_name``) and the PL/pgSQL function in its context line are told as
+well: they are names from the schema, never values from a row.
 """
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 
 import sqlalchemy as sa
@@ -36,11 +41,49 @@ _KINDS: dict[str, str] = {
     "08": "connection_lost",
     "53300": "too_many_connections",
     "53": "insufficient_resources",
+    # A prepared or plan-cached statement outlived a schema change (or a pooler moved the
+    # session): running it again re-plans it.
+    "26000": "stale_statement",
+    # Row-level errors: one row of a batch cannot be deleted (a foreign key, a trigger, a
+    # cascade into another table); the rest of the batch could.
+    "23001": "restrict_violation",
+    "23503": "foreign_key_violation",
+    "23502": "not_null_violation",
+    "23505": "unique_violation",
+    "23514": "check_violation",
+    "23P01": "exclusion_violation",
+    "23": "integrity_constraint_violation",
+    # Raised by triggers and functions: their messages are the author's text, which may quote
+    # the row, so only the kind is told.
+    "P0001": "raise_exception",
+    "P0": "plpgsql_error",
+    "22": "data_exception",
+    "09": "triggered_action_exception",
+    "27": "triggered_data_change_violation",
 }
+
+#: Kinds whose primary message names schema objects only (the templates of integrity errors).
+#: Any other kind found by the row-level classes below is told by class and SQLSTATE alone:
+#: a trigger's ``RAISE`` or a data exception may quote row values.
+_SAFE_MESSAGE_KINDS = frozenset({
+    "statement_timeout", "query_canceled", "lock_not_available", "permission_denied",
+    "undefined_table", "undefined_column", "undefined_schema", "deadlock_detected",
+    "serialization_failure", "read_only", "authentication_failed", "unknown_database",
+    "connection_lost", "too_many_connections", "insufficient_resources", "stale_statement",
+    "restrict_violation", "foreign_key_violation", "not_null_violation", "check_violation",
+    "exclusion_violation", "integrity_constraint_violation",
+})
+
+#: SQLSTATE classes raised by something about one row: integrity constraints (23), data
+#: exceptions in a trigger (22), PL/pgSQL ``RAISE`` (P0), triggered actions (09, 27) and
+#: routines (2F, 38, 39). A batch failing with one of them is worth splitting.
+ROW_LEVEL_CLASSES = frozenset({"23", "22", "P0", "09", "27", "2F", "38", "39"})
+
+_ROUTINE = re.compile(r"PL/pgSQL function ([^\s(]+)\(")
 
 #: Kinds worth retrying as they are: the same statement may well succeed a moment later.
 TRANSIENT_KINDS = frozenset({"connection_lost", "deadlock_detected", "serialization_failure",
-                             "lock_not_available", "too_many_connections"})
+                             "lock_not_available", "too_many_connections", "stale_statement"})
 
 
 @dataclass(frozen=True)
@@ -54,17 +97,57 @@ class ErrorDescription:
         error_class: the driver's exception class, e.g. ``QueryCanceled``.
         sqlstate: the five-character SQLSTATE, or ``None`` (client-side errors).
         message: the server's primary message for the known kinds, else ``None``.
+        schema: schema of the object the server names (``diag.schema_name``), or ``None``.
+        table: table the server names (``diag.table_name``), or ``None``.
+        constraint: constraint the server names (``diag.constraint_name``), or ``None``.
+        column: column the server names (``diag.column_name``), or ``None``.
+        routine: the PL/pgSQL function that raised (from the context line), or ``None``.
     """
 
     kind: str
     error_class: str
     sqlstate: str | None
     message: str | None
+    schema: str | None = None
+    table: str | None = None
+    constraint: str | None = None
+    column: str | None = None
+    routine: str | None = None
 
     @property
     def transient(self) -> bool:
         """Whether running the same work again a little later may succeed."""
         return self.kind in TRANSIENT_KINDS
+
+    @property
+    def row_level(self) -> bool:
+        """Whether the error is about a row of the statement (see :data:`ROW_LEVEL_CLASSES`):
+        the same statement without that row may succeed."""
+        return bool(self.sqlstate) and self.sqlstate[:2] in ROW_LEVEL_CLASSES
+
+    @property
+    def cause(self) -> str:
+        """The error told by what raised it, e.g. ``restrict_violation (SQLSTATE 23001) from
+        constraint favorites.refs_favorite_fk on favorites.refs``: kind, SQLSTATE and schema
+        objects only, the same for every row it stops (one log line per distinct cause)."""
+        text = self.kind if self.kind != "database_error" else self.error_class
+        if self.sqlstate:
+            text += f" (SQLSTATE {self.sqlstate})"
+        where = []
+        if self.constraint:
+            where.append(f"constraint {self._qualified(self.constraint)}")
+        if self.routine:
+            where.append(f"function {self.routine}()")
+        if where:
+            text += " from " + " in ".join(where)
+        if self.table:
+            text += f" on {self._qualified(self.table)}"
+            if self.column:
+                text += f".{self.column}"
+        return text
+
+    def _qualified(self, name: str) -> str:
+        return f"{self.schema}.{name}" if self.schema else name
 
     def __str__(self) -> str:
         text = f"{self.kind}: {self.error_class}"
@@ -72,6 +155,11 @@ class ErrorDescription:
             text += f" (SQLSTATE {self.sqlstate})"
         if self.message:
             text += f": {self.message}"
+        objects = [f"{label} {value}" for label, value in (
+            ("schema", self.schema), ("table", self.table), ("constraint", self.constraint),
+            ("column", self.column), ("function", self.routine)) if value]
+        if objects:
+            text += f" [{', '.join(objects)}]"
         return text
 
 
@@ -86,14 +174,34 @@ def describe(exc: BaseException) -> ErrorDescription:
         kind = _KINDS.get(sqlstate) or _KINDS.get(sqlstate[:2])
         if sqlstate == "57014" and "statement timeout" not in (primary or ""):
             kind = "query_canceled"
+        if sqlstate == "0A000" and primary == "cached plan must not change result type":
+            kind = "stale_statement"
     elif _is_disconnect(exc, orig):
         # libpq's own text ("server closed the connection unexpectedly", "connection to server
         # ... failed: Connection refused"): client-side, never row data nor a password.
         kind = "connection_lost"
         primary = _first_line(orig)
+    objects = _schema_objects(diag)
     if kind is None:
-        return ErrorDescription("database_error", type(orig).__name__, sqlstate, None)
-    return ErrorDescription(kind, type(orig).__name__, sqlstate, primary)
+        return ErrorDescription("database_error", type(orig).__name__, sqlstate, None, **objects)
+    message = primary if kind in _SAFE_MESSAGE_KINDS else None
+    return ErrorDescription(kind, type(orig).__name__, sqlstate, message, **objects)
+
+
+def _schema_objects(diag) -> dict[str, str | None]:
+    if diag is None:
+        return {}
+    context = getattr(diag, "context", None) or ""
+    # The context lists frames innermost first: the first PL/pgSQL function is the one that
+    # raised.
+    routines = _ROUTINE.findall(context)
+    return {
+        "schema": getattr(diag, "schema_name", None),
+        "table": getattr(diag, "table_name", None),
+        "constraint": getattr(diag, "constraint_name", None),
+        "column": getattr(diag, "column_name", None),
+        "routine": routines[0] if routines else None,
+    }
 
 
 def _is_disconnect(exc: BaseException, orig: BaseException) -> bool:

@@ -16,16 +16,31 @@ from importlib.resources import files
 import sqlalchemy as sa
 
 SQL_RESOURCE = "least_privilege.sql"
+RLS_RESOURCE = "row_level_security.sql"
 _PLACEHOLDER = ':"role"'
 
 
-def least_privilege_sql(role: str) -> str:
-    """The shipped SQL with ``:"role"`` replaced by ``role`` quoted as an identifier."""
+def least_privilege_sql(role: str, resource: str = SQL_RESOURCE) -> str:
+    """A shipped SQL file (``least_privilege.sql`` by default) with ``:"role"`` replaced by
+    ``role`` quoted as an identifier."""
     if not role or "\x00" in role:
         raise ValueError("role must be a non-empty name")
     quoted = '"' + role.replace('"', '""') + '"'
-    text = files("favorites_maintenance.retention").joinpath(SQL_RESOURCE).read_text("utf-8")
+    text = files("favorites_maintenance.retention").joinpath(resource).read_text("utf-8")
     return text.replace(_PLACEHOLDER, quoted)
+
+
+def apply_row_level_security(engine: sa.Engine, role: str) -> None:
+    """Create the row-level security policies ``role`` needs on ``favorites.favorites``
+    (``row_level_security.sql``: SELECT, UPDATE for ``FOR UPDATE`` only, and DELETE, each
+    admitting guest rows only).
+
+    Args:
+        engine: connected as the table's owner.
+        role: the cleanup's role (see :func:`apply_least_privilege`).
+    """
+    with engine.begin() as conn:
+        conn.exec_driver_sql(least_privilege_sql(role, RLS_RESOURCE))
 
 
 def apply_least_privilege(engine: sa.Engine, role: str, *, password: str | None = None) -> None:

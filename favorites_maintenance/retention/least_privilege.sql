@@ -22,6 +22,9 @@
 -- no key). The job never writes it: the least-privilege test runs the whole job under this role
 -- with a trigger that refuses any UPDATE by it.
 --
+-- With row-level security enabled on the table, the role also needs the policies of
+-- row_level_security.sql (next to this file): without an UPDATE policy FOR UPDATE locks nothing.
+--
 -- Not granted: any other column (anonymous_id and note are private and never read), INSERT,
 -- TRUNCATE, REFERENCES, TRIGGER, CREATE on the schema, and anything on any other table.
 

@@ -67,6 +67,7 @@ from favorites_maintenance.retention.database import (
 )
 from favorites_maintenance.retention.errors import ErrorDescription, describe
 from favorites_maintenance.retention.rule import delete_prunable, favorites, prunable
+from favorites_maintenance.retention.table_check import check_table
 from favorites_maintenance.settings import DATABASE_URL_VAR
 
 log = logging.getLogger(__name__)
@@ -111,6 +112,14 @@ class PurgeReport:
         duration_s: wall time of the whole purge, in seconds.
         stop_reason: why it ended.
         batch_max_s: the longest batch transaction, in seconds (0.0 when none ran).
+        skipped_rows: prunable rows left in place because deleting them failed on a row-level
+            error (a foreign key, a trigger, a cascade) or had no effect; the next run tries
+            them again.
+        skipped_causes: one entry per distinct cause of the skipped rows, naming the
+            constraint, trigger function and table involved (schema objects, never values).
+        isolation_batches: transactions spent splitting failed batches to isolate those rows.
+        retried_batches: batches run again at once after a stale prepared statement or cached
+            plan (a schema change during the run).
     """
 
     cutoff: dt.datetime
@@ -119,6 +128,10 @@ class PurgeReport:
     duration_s: float
     stop_reason: StopReason
     batch_max_s: float = 0.0
+    skipped_rows: int = 0
+    skipped_causes: tuple[str, ...] = ()
+    isolation_batches: int = 0
+    retried_batches: int = 0
 
     @property
     def duration_ms(self) -> int:
@@ -187,24 +200,75 @@ class ConnectError(_DatabaseError):
                          f"{DATABASE_URL_VAR} and the server): {error}", error)
 
 
-def _batch_statement(cutoff: dt.datetime, batch_size: int, keyset: bool,
-                     by_ctid: bool = True) -> sa.Select:
+class TableCheckError(_DatabaseError):
+    """The table's shape could not be read before the first batch (a migration's lock held
+    past ``lock_timeout``, a lost connection); nothing was deleted.
+
+    Attributes:
+        error: the database error, described without private data.
+    """
+
+    def __init__(self, error: ErrorDescription):
+        super().__init__(f"could not read the shape of {favorites.schema}.{favorites.name} "
+                         f"before the first batch (nothing deleted): {error}", error)
+
+
+class SkippedRowsError(PurgeError):
+    """Rows the rule matches could not be deleted, and not just a few: :data:`BLOCKED_AFTER`
+    candidates in a row failed with nothing deleted between them (a whole table blocked by a
+    constraint or a trigger), or more rows failed than a run may skip. What was deleted before
+    stays deleted.
+
+    Attributes:
+        report: what the run did, ``skipped_rows`` and ``skipped_causes`` included.
+    """
+
+    def __init__(self, message: str, report: PurgeReport):
+        super().__init__(message)
+        self.report = report
+
+
+class NoProgressError(PurgeError):
+    """The rule matches rows that no other session holds, yet the batches deleted none of them
+    (or far fewer than they selected): something swallows the deletes. What was deleted before
+    stays deleted.
+
+    Attributes:
+        report: what the run did.
+        causes: the mechanisms found on the table that can swallow deletes (row-level
+            security, ``BEFORE DELETE`` triggers, rules), named; empty when none is visible.
+    """
+
+    def __init__(self, message: str, report: PurgeReport, causes: tuple[str, ...]):
+        super().__init__(message)
+        self.report = report
+        self.causes = causes
+
+
+#: How many rows one run may skip before it fails instead.
+DEFAULT_MAX_SKIPPED_ROWS = 100
+
+#: Candidates in a row that fail, nothing deleted between them, before the purge takes the
+#: table for blocked and fails rather than trying every row one at a time.
+BLOCKED_AFTER = 10
+
+#: Runs of the same batch after a stale statement before the error is raised.
+_STALE_RETRIES = 3
+
+_SWALLOWED = ("deleted no row although it was locked (a BEFORE DELETE trigger returning NULL, or "
+              "a row-level security DELETE policy narrower than the SELECT and UPDATE ones)")
+
+
+def _batch_statement(cutoff: dt.datetime, keyset: bool, by_ctid: bool = True) -> sa.Select:
+    """The one statement of a batch; ``:batch_size`` (and the keyset position) are bound."""
     where = [prunable(cutoff)]
     if keyset:
-        after_updated_at = sa.bindparam("after_updated_at", type_=TIMESTAMP(timezone=True))
-        where += [
-            # Redundant with the row comparison, but it gives the planner the range on the
-            # leading column, so it prefers the partial index to walking the plain updated_at
-            # index through the account rows (and re-sorting them by id).
-            favorites.c.updated_at >= after_updated_at,
-            sa.tuple_(favorites.c.updated_at, favorites.c.id)
-            > sa.tuple_(after_updated_at, sa.bindparam("after_id")),
-        ]
+        where += _after_position()
     batch = (
         sa.select(*([favorites.c.ctid] if by_ctid else []), favorites.c.id, favorites.c.updated_at)
         .where(*where)
         .order_by(favorites.c.updated_at, favorites.c.id)
-        .limit(batch_size)
+        .limit(sa.bindparam("batch_size", type_=sa.Integer))
         .with_for_update(skip_locked=True)
         .cte("batch")
         .prefix_with("MATERIALIZED")
@@ -218,8 +282,10 @@ def _batch_statement(cutoff: dt.datetime, batch_size: int, keyset: bool,
         match = sa.and_(favorites.c.ctid == batch.c.ctid, favorites.c.id == batch.c.id)
     else:
         # A partitioned table repeats row addresses across partitions, and a role may lack
-        # SELECT on ctid: match by primary key.
-        match = favorites.c.id == batch.c.id
+        # SELECT on ctid: match by key. The age column is matched too: a table partitioned by
+        # it has its primary key on (id, updated_at).
+        match = sa.and_(favorites.c.id == batch.c.id,
+                        favorites.c.updated_at == batch.c.updated_at)
     deleted = (
         delete_prunable(cutoff, match)
         .returning(sa.literal_column("1"))
@@ -239,6 +305,27 @@ def _batch_statement(cutoff: dt.datetime, batch_size: int, keyset: bool,
         last_updated_at.label("last_updated_at"),
         last_id.label("last_id"),
     )
+
+
+def _after_position() -> list[sa.ColumnElement[bool]]:
+    after_updated_at = sa.bindparam("after_updated_at", type_=TIMESTAMP(timezone=True))
+    return [
+        # Redundant with the row comparison, but it gives the planner the range on the
+        # leading column, so it prefers the partial index to walking the plain updated_at
+        # index through the account rows (and re-sorting them by id).
+        favorites.c.updated_at >= after_updated_at,
+        sa.tuple_(favorites.c.updated_at, favorites.c.id)
+        > sa.tuple_(after_updated_at, sa.bindparam("after_id")),
+    ]
+
+
+def _next_key_statement(cutoff: dt.datetime, keyset: bool) -> sa.Select:
+    """Lock and return the key of the next candidate: a one-row batch names its row before it
+    tries to delete it, so the row can be skipped if the delete fails."""
+    where = [prunable(cutoff)] + (_after_position() if keyset else [])
+    return (sa.select(favorites.c.id, favorites.c.updated_at).where(*where)
+            .order_by(favorites.c.updated_at, favorites.c.id).limit(1)
+            .with_for_update(skip_locked=True))
 
 
 #: Per batch transaction (``SET LOCAL`` semantics), unless ``synchronous_commit`` is asked for.
@@ -273,8 +360,21 @@ def purge(
     lock_timeout: dt.timedelta = DEFAULT_LOCK_TIMEOUT,
     statement_timeout: dt.timedelta = DEFAULT_STATEMENT_TIMEOUT,
     synchronous_commit: bool = False,
+    max_skipped_rows: int = DEFAULT_MAX_SKIPPED_ROWS,
 ) -> PurgeReport:
     """Delete every prunable row older than ``cutoff``, one batch transaction at a time.
+
+    Before the first batch the table is checked (:func:`~favorites_maintenance.retention.
+    table_check.check_table`): a shape the rule cannot use is refused, a missing partial index
+    is logged as a warning.
+
+    A batch that fails on a row-level error (a foreign key ``RESTRICT``/``NO ACTION``, a
+    trigger that raises, a violation raised by a cascade) is run again in halves, each in its
+    own transaction, from the same keyset position, down to single rows; a single row that
+    still fails is skipped for this run (its key logged at WARNING, never another column) and
+    the purge goes on past it. Rows a batch locked but whose DELETE had no effect are skipped
+    the same way. A batch that fails because a schema change made a prepared statement or a
+    cached plan stale is run again at once on a new connection.
 
     Args:
         engine: engine on the favorites database (the primary).
@@ -292,6 +392,8 @@ def purge(
             synchronous standbys). Off by default: the delete is idempotent, so a batch whose
             commit a server crash loses only comes back as backlog for the next run; the cost
             is that ``deleted_total`` may then count rows that are still there.
+        max_skipped_rows: rows one run may skip before it fails with
+            :class:`SkippedRowsError`.
 
     Returns:
         The :class:`PurgeReport`.
@@ -299,48 +401,99 @@ def purge(
     Raises:
         StandbyError: the connection is on a hot standby; nothing was deleted.
         ConnectError: no session could be opened (or checked); nothing was deleted.
+        TableCheckError: the table's shape could not be read (a lock held past
+            ``lock_timeout``, a lost connection); nothing was deleted.
+        TableShapeError: the table lacks a column the rule needs or has the wrong type;
+            nothing was deleted.
         BatchError: a batch failed; it was rolled back, earlier batches stay committed. The
             database error is described in its ``error`` (never chained: see the class).
-        ValueError: ``batch_size`` or ``max_run_duration`` not > 0, or a naive ``cutoff``.
+        SkippedRowsError: :data:`BLOCKED_AFTER` candidates in a row failed (a blocked table),
+            or more than ``max_skipped_rows`` did.
+        NoProgressError: the rule matches rows no other session holds, yet the batches deleted
+            none of them or far fewer than they selected.
+        ValueError: ``batch_size``, ``max_run_duration`` or ``max_skipped_rows`` out of range,
+            or a naive ``cutoff``.
     """
     if batch_size <= 0:
         raise ValueError(f"batch_size must be > 0, got {batch_size!r}")
     if max_run_duration <= dt.timedelta(0):
         raise ValueError(f"max_run_duration must be > 0, got {max_run_duration!r}")
-    first = _batch_statement(cutoff, batch_size, keyset=False)
-    following = _batch_statement(cutoff, batch_size, keyset=True)
+    if max_skipped_rows < 0:
+        raise ValueError(f"max_skipped_rows must be >= 0, got {max_skipped_rows!r}")
+    next_first = _next_key_statement(cutoff, keyset=False)
+    next_following = _next_key_statement(cutoff, keyset=True)
 
     started = time.monotonic()
     deadline = started + max_run_duration.total_seconds()
-    deleted_total = batches = batch_no = 0
+    deleted_total = batches = batch_no = selected_total = 0
     batch_max_s = 0.0
+    skipped = isolation_batches = retried_batches = stale_retries = failed_in_a_row = 0
+    causes: dict[str, int] = {}
     after: dict | None = None
+    size = batch_size  # below batch_size while failed batches are split
 
     def report(reason: StopReason) -> PurgeReport:
         return PurgeReport(cutoff=cutoff, deleted_total=deleted_total, batches=batches,
                            duration_s=time.monotonic() - started, stop_reason=reason,
-                           batch_max_s=batch_max_s)
+                           batch_max_s=batch_max_s, skipped_rows=skipped,
+                           skipped_causes=tuple(causes), isolation_batches=isolation_batches,
+                           retried_batches=retried_batches)
 
+    def skip(count: int, cause: str, key=None) -> None:
+        nonlocal skipped, failed_in_a_row
+        skipped += count
+        if key is not None:
+            failed_in_a_row += count
+        if cause not in causes:
+            log.warning("rows skipped: %s", cause)
+        causes[cause] = causes.get(cause, 0) + count
+        if key is not None:
+            log.warning("skipped row id=%s (%s)", key, cause)
+
+    def check_skipped() -> None:
+        if failed_in_a_row >= BLOCKED_AFTER:
+            raise SkippedRowsError(
+                f"the last {failed_in_a_row} prunable rows the purge tried all failed, with "
+                f"nothing deleted between them ({deleted_total} rows deleted before): the table "
+                f"looks blocked: {_causes_text(causes)}", report(StopReason.EXHAUSTED)) from None
+        if skipped > max_skipped_rows:
+            raise SkippedRowsError(
+                f"more than {max_skipped_rows} prunable rows could not be deleted in one run "
+                f"({deleted_total} were): {_causes_text(causes)}",
+                report(StopReason.EXHAUSTED)) from None
+
+    conn = _connect(engine)
     try:
-        conn = engine.connect()
-    except sa.exc.DBAPIError as exc:
-        raise _connect_error(exc) from None
-    with conn:
         try:
             assert_primary(conn)
-            if not _match_by_ctid(conn):
-                first = _batch_statement(cutoff, batch_size, keyset=False, by_ctid=False)
-                following = _batch_statement(cutoff, batch_size, keyset=True, by_ctid=False)
-            conn.rollback()  # end the autobegun transaction of the check
+            by_ctid = _match_by_ctid(conn)
+            conn.rollback()  # end the autobegun transaction of the checks
         except sa.exc.DBAPIError as exc:
             raise _connect_error(exc) from None
+        try:
+            with conn.begin():
+                # Reading the catalogs locks the table like a batch does: bounded the same way.
+                limit_transaction(conn, lock_timeout=lock_timeout,
+                                  statement_timeout=statement_timeout)
+                findings = check_table(conn)
+        except sa.exc.DBAPIError as exc:
+            error = describe(exc)
+            log.error("could not check the table before the first batch: %s", error)
+            raise TableCheckError(error) from None
+        for warning in findings.warnings:
+            log.warning("%s", warning)
+        first = _batch_statement(cutoff, keyset=False, by_ctid=by_ctid)
+        following = _batch_statement(cutoff, keyset=True, by_ctid=by_ctid)
         while True:
             if should_stop():
                 return report(StopReason.STOP_REQUESTED)
             # The first batch always runs, so every run makes progress however small its budget.
             if batch_no and time.monotonic() >= deadline:
                 return report(StopReason.MAX_RUN_DURATION)
-            batch_no += 1
+            if not stale_retries:
+                batch_no += 1
+            limit = size
+            key = None
             t0 = time.monotonic()
             try:
                 with conn.begin():
@@ -348,23 +501,177 @@ def purge(
                                       statement_timeout=statement_timeout)
                     if not synchronous_commit:
                         conn.execute(_ASYNC_COMMIT)
-                    row = conn.execute(first if after is None else following, after or {}).one()
+                    if limit == 1:
+                        key = conn.execute(next_first if after is None else next_following,
+                                           after or {}).first()
+                    params = {**(after or {}), "batch_size": limit}
+                    row = conn.execute(first if after is None else following, params).one()
             except sa.exc.DBAPIError as exc:
                 error = describe(exc)
+                if error.kind == "stale_statement" and stale_retries < _STALE_RETRIES:
+                    # A prepared statement or cached plan outlived a schema change: a new
+                    # connection plans the same statement afresh.
+                    stale_retries += 1
+                    retried_batches += 1
+                    log.warning("batch %d ran into a stale statement after a schema change; "
+                                "running it again on a new connection: %s", batch_no, error)
+                    conn = _reconnect(engine, conn)
+                    continue
+                stale_retries = 0
+                if error.row_level:
+                    if size < batch_size:
+                        isolation_batches += 1
+                    if limit > 1:
+                        # Split: the same keyset position, half the rows, own transaction.
+                        size = max(1, limit // 2)
+                        log.info("batch %d failed on a row-level error (%s); splitting it into "
+                                 "batches of %d rows", batch_no, error.cause, size)
+                        continue
+                    if key is not None:
+                        skip(1, error.cause, key.id)
+                        check_skipped()
+                        after = {"after_updated_at": key.updated_at, "after_id": key.id}
+                        continue
                 log.error("batch %d failed and was rolled back: %s", batch_no, error)
                 raise BatchError(batch_no, report(StopReason.EXHAUSTED), error) from None
+            stale_retries = 0
             elapsed = time.monotonic() - t0
             batch_max_s = max(batch_max_s, elapsed)
             deleted_total += row.deleted
+            selected_total += row.selected
+            if size < batch_size:
+                isolation_batches += 1
+                # A piece went through: grow back toward the full batch size.
+                size = min(batch_size, size * 2)
             if row.deleted:
                 batches += 1
-            log.debug("batch %d deleted %d rows in %.1f ms", batch_no, row.deleted,
-                      elapsed * 1000)
+                failed_in_a_row = 0
+            if row.selected:
+                log.debug("batch %d deleted %d rows in %.1f ms", batch_no, row.deleted,
+                          elapsed * 1000)
             if on_batch is not None:
                 on_batch(BatchResult(batch_no, row.deleted, elapsed, deleted_total))
-            if row.selected < batch_size:
-                return report(StopReason.EXHAUSTED)
+            if row.deleted < row.selected:
+                skip(row.selected - row.deleted, _SWALLOWED)
+                # Judged once a full batch's worth was selected, or at the end of the run.
+                if (deleted_total * 2 < selected_total
+                        and (selected_total >= batch_size or row.selected < limit)):
+                    raise _no_progress(conn, report(StopReason.EXHAUSTED), selected_total)
+                check_skipped()
+            if row.selected < limit:
+                break
             after = {"after_updated_at": row.last_updated_at, "after_id": row.last_id}
+
+        final = report(StopReason.EXHAUSTED)
+        if deleted_total * 2 < selected_total:
+            raise _no_progress(conn, final, selected_total)
+        if not selected_total:
+            _check_zero_progress(conn, cutoff, final, batch_size)
+        return final
+    finally:
+        conn.close()
+
+
+def _causes_text(causes: dict[str, int]) -> str:
+    return "; ".join(f"{cause} ({count} rows)" for cause, count in causes.items())
+
+
+def _connect(engine: sa.Engine) -> sa.Connection:
+    try:
+        return engine.connect()
+    except sa.exc.DBAPIError as exc:
+        raise _connect_error(exc) from None
+
+
+def _reconnect(engine: sa.Engine, conn: sa.Connection) -> sa.Connection:
+    conn.invalidate()  # psycopg's prepared statements die with the server session
+    conn.close()
+    return _connect(engine)
+
+
+def _check_zero_progress(conn: sa.Connection, cutoff: dt.datetime, report: PurgeReport,
+                         sample: int) -> None:
+    """The purge locked no row: tell "every candidate is held by another session" (a backlog
+    for the next run) from "the rule matches rows this role cannot lock" (a failure).
+
+    One rolled-back transaction: count candidates without locking, then try to lock them
+    ``NOWAIT``. A row held by another session makes the lock fail at once (55P03): fine. No
+    row visible: fine. Rows visible, none locked and no lock conflict: something filters them
+    from ``FOR UPDATE`` (row-level security without an UPDATE policy): fail.
+    """
+    ids = (sa.select(favorites.c.id).where(prunable(cutoff))
+           .order_by(favorites.c.updated_at, favorites.c.id).limit(sample))
+    try:
+        tx = conn.begin()
+        try:
+            limit_transaction(conn)
+            visible = conn.execute(sa.select(sa.func.count()).select_from(
+                ids.subquery())).scalar_one()
+            if not visible:
+                return
+            try:
+                locked = len(conn.execute(ids.with_for_update(nowait=True)).all())
+            except sa.exc.DBAPIError as exc:
+                if describe(exc).kind == "lock_not_available":
+                    return  # held by user transactions: the backlog waits for the next run
+                raise
+        finally:
+            tx.rollback()  # the probe's locks are released at once
+    except sa.exc.DBAPIError as exc:
+        log.warning("could not check why the purge locked no row: %s", describe(exc))
+        return
+    if locked:
+        return  # released since the batch ran: the next run takes them
+    raise _no_progress(conn, report, visible, locked_none=True, at_least=visible >= sample)
+
+
+def _no_progress(conn: sa.Connection, report: PurgeReport, matched: int, *,
+                 locked_none: bool = False, at_least: bool = False) -> NoProgressError:
+    causes = _swallowing_mechanisms(conn)
+    table = f"{favorites.schema}.{favorites.name}"
+    if locked_none:
+        what = (f"the rule matches {'at least ' if at_least else ''}{matched} rows of {table} "
+                f"that no other session holds, yet the purge could lock none of them")
+    else:
+        what = (f"the batches selected {matched} rows of {table} but deleted only "
+                f"{report.deleted_total}")
+    found = f" Found on {table}: {'; '.join(causes)}." if causes else ""
+    message = (f"{what}: something swallows the deletes, so the run is not a success.{found} "
+               f"Likely causes: row-level security (SELECT ... FOR UPDATE also needs an UPDATE "
+               f"policy for the job's role, and DELETE a DELETE policy: see README, "
+               f"'Production databases'); a BEFORE DELETE trigger that returns NULL; a rule "
+               f"that does not fit the table.")
+    log.error("%s", message)
+    return NoProgressError(message, report, tuple(causes))
+
+
+def _swallowing_mechanisms(conn: sa.Connection) -> list[str]:
+    """Row-level security, BEFORE DELETE row triggers and DELETE rules on the table, named."""
+    table = f"{favorites.schema}.{favorites.name}"
+    try:
+        with conn.begin():
+            rls = conn.execute(sa.text(
+                "SELECT c.relrowsecurity, c.relforcerowsecurity, "
+                "       (SELECT count(*) FROM pg_policy p WHERE p.polrelid = c.oid) "
+                "FROM pg_class c WHERE c.oid = to_regclass(:t)"), {"t": table}).first()
+            # tgtype bits: 1 row-level, 2 BEFORE, 8 DELETE.
+            triggers = conn.execute(sa.text(
+                "SELECT tgname FROM pg_trigger WHERE tgrelid = to_regclass(:t) "
+                "AND NOT tgisinternal AND tgenabled <> 'D' AND tgtype & 11 = 11 "
+                "ORDER BY tgname"), {"t": table}).scalars().all()
+            rules = conn.execute(sa.text(
+                "SELECT rulename FROM pg_rewrite WHERE ev_class = to_regclass(:t) "
+                "AND ev_type = '4' ORDER BY rulename"), {"t": table}).scalars().all()
+    except sa.exc.DBAPIError as exc:
+        log.warning("could not read the table's policies and triggers: %s", describe(exc))
+        return []
+    found = []
+    if rls is not None and rls[0]:
+        found.append(f"row-level security is enabled ({rls[2]} policies"
+                     f"{', forced for the owner' if rls[1] else ''})")
+    found += [f"BEFORE DELETE trigger {name}" for name in triggers]
+    found += [f"DELETE rule {name}" for name in rules]
+    return found
 
 
 def _connect_error(exc: sa.exc.DBAPIError) -> ConnectError:

@@ -170,7 +170,7 @@ def test_a_missing_table_fails_the_run_with_a_clear_error(db_url, engine, monkey
     step, error = step_failure(result)
     text = error.message + (error.cause.message if error.cause else "")
     assert step.endswith("purge")
-    assert "undefined_table" in text and 'relation "favorites.favorites" does not exist' in text
+    assert "table favorites.favorites does not exist" in text
 
 
 @pytest.mark.parametrize("grants, expected", [
@@ -197,3 +197,18 @@ def test_a_missing_permission_fails_the_run_with_a_clear_error(
     text = error.message + (error.cause.message if error.cause else "")
     assert "permission_denied" in text and "SQLSTATE 42501" in text and expected in text
     assert rows.count() == 20
+
+
+@pytest.mark.parametrize("query", [
+    {"prepare_threshold": "0", "connect_timeout": "5"},
+    {"prepare_threshold": "None", "options": "-c lock_timeout=1500"},
+])
+def test_driver_options_in_the_url_reach_the_driver_and_the_run_succeeds(
+        db_url, rows, monkeypatch, query):
+    # '?prepare_threshold=0' used to pass validation, then fail the purge with a TypeError.
+    rows.add_many(250, updated_at=OLD)
+    with dg.instance_for_test() as instance:
+        result = run_job(db_url.update_query_dict(query), instance, monkeypatch=monkeypatch,
+                         batch_size=100)
+    assert result.success
+    assert materialization(result)["deletedTotal"] == 250

@@ -26,7 +26,7 @@ def failing(engine, sql: str) -> sa.exc.DBAPIError:
     ("SELECT * FROM favorites.nowhere", "undefined_table", "42P01",
      'relation "favorites.nowhere" does not exist'),
     ("DO $$ BEGIN RAISE EXCEPTION 'row %', 'PRIVATE' USING DETAIL = 'PRIVATE'; END $$",
-     "database_error", "P0001", None),
+     "raise_exception", "P0001", None),
 ])
 def test_kinds_and_what_is_said(engine, sql, kind, sqlstate, message):
     exc = failing(engine, sql)
