@@ -116,6 +116,11 @@ def purge(context: dg.OpExecutionContext, config: PurgeConfig, database: Favorit
 
     def on_batch(batch: BatchResult) -> None:
         nonlocal last_progress
+        if batch.deleted == 0:  # not a batch in the run's metadata (`batches` counts none)
+            if batch.batch_no == 1:
+                _to_run_log(context, logging.INFO,
+                            f"nothing to delete: no guest row older than {cutoff.isoformat()}")
+            return
         now = time.monotonic()
         line = (f"batch {batch.batch_no} deleted {batch.deleted} rows "
                 f"({batch.deleted_total} so far)")
@@ -186,10 +191,12 @@ def purge(context: dg.OpExecutionContext, config: PurgeConfig, database: Favorit
         summary["batches"] += earlier_batches
         if report.stop_reason is StopReason.STOP_REQUESTED:
             # Still inside capture_interrupts: a signal arriving now cannot cut this record short.
-            context.log.warning(f"run stopped on request after {report.batches} batches: "
-                                f"{report.deleted_total} rows deleted and committed")
+            stopped = (f"stopped on request after {report.batches} batches: "
+                       f"{report.deleted_total} rows deleted and committed; the run ends CANCELED")
+            context.log.warning(f"run {stopped} (Dagster shows this step as interrupted and the "
+                                "steps after it as not executed)")
             context.log_event(dg.AssetObservation(asset_key=ASSET_KEY, metadata=summary))
-            raise DagsterExecutionInterruptedError()
+            raise DagsterExecutionInterruptedError(stopped)
     return summary
 
 

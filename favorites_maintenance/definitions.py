@@ -13,7 +13,11 @@ from favorites_maintenance.checks import asset_checks
 from favorites_maintenance.jobs import guest_favorites_cleanup_job
 from favorites_maintenance.resources import AlertSink, FavoritesDatabase, GuestRetention
 from favorites_maintenance.schedules import build_schedule
-from favorites_maintenance.sensors import build_stale_sensor, guest_favorites_cleanup_failure_sensor
+from favorites_maintenance.sensors import (
+    build_stale_sensor,
+    guest_favorites_cleanup_failure_sensor,
+    guest_favorites_cleanup_tick_failure_sensor,
+)
 from favorites_maintenance.settings import (
     ALERT_WEBHOOK_URL_VAR,
     DATABASE_URL_VAR,
@@ -34,7 +38,8 @@ def build_defs(settings: Settings) -> dg.Definitions:
         asset_checks=asset_checks,
         jobs=[guest_favorites_cleanup_job],
         schedules=[build_schedule(settings.cron)],
-        sensors=[build_stale_sensor(settings.stale_after), guest_favorites_cleanup_failure_sensor],
+        sensors=[build_stale_sensor(settings.stale_after), guest_favorites_cleanup_failure_sensor,
+                 guest_favorites_cleanup_tick_failure_sensor],
         resources={
             "database": FavoritesDatabase(url=dg.EnvVar(DATABASE_URL_VAR)),
             "retention": GuestRetention(
