@@ -1,4 +1,4 @@
-"""The cleanup as an op graph ``compute_cutoff -> purge -> measure_backlog`` (SPEC 5, SPEC 6).
+"""The cleanup as an op graph ``compute_cutoff -> purge -> measure_backlog``.
 
 The graph is exposed as a daily-partitioned graph-backed asset so runs can be launched and
 backfilled from the UI. Dagster puts only the terminal op's output metadata on the asset
@@ -42,7 +42,7 @@ ASSET_KEY = dg.AssetKey(["favorites", "guest_favorites_cleanup"])
 #: most one cleanup run is in progress, whoever launched it (Laravel's ``withoutOverlapping``).
 POOL = "guest_favorites_cleanup"
 
-#: SPEC 6 / SPEC 8: warn when the asset has not been materialized for 26 h, fail after 48 h.
+#: Warn when the asset has not been materialized for 26 h, fail after 48 h (the alert threshold).
 FRESHNESS_POLICY = dg.FreshnessPolicy.time_window(fail_window=dt.timedelta(hours=48),
                                                   warn_window=dt.timedelta(hours=26))
 
@@ -60,7 +60,7 @@ _log = logging.getLogger(__name__)
 
 @dg.op(description="The cutoff instant: min(now, end of the partition window) - retention days.")
 def compute_cutoff(context: dg.OpExecutionContext, retention: GuestRetention) -> dt.datetime:
-    """Return the run's cutoff, a timezone-aware UTC datetime (SPEC 3).
+    """Return the run's cutoff, a timezone-aware UTC datetime.
 
     For a partitioned run (one day or a range) the anchor is ``min(now, window end)``; a run
     without a partition uses ``now``.
@@ -119,7 +119,8 @@ def purge(context: dg.OpExecutionContext, config: PurgeConfig, database: Favorit
         if batch.deleted == 0:  # not a batch in the run's metadata (`batches` counts none)
             if batch.batch_no == 1:
                 _to_run_log(context, logging.INFO,
-                            f"nothing to delete: no guest row older than {cutoff.isoformat()}")
+                            f"nothing to delete: no guest row older than {cutoff.isoformat()} "
+                            "that no other session holds")
             return
         now = time.monotonic()
         line = (f"batch {batch.batch_no} deleted {batch.deleted} rows "
@@ -204,7 +205,7 @@ def purge(context: dg.OpExecutionContext, config: PurgeConfig, database: Favorit
        description="Count what the rule still matches and record the run's metadata.")
 def measure_backlog(context: dg.OpExecutionContext, database: FavoritesDatabase,
                     cutoff: dt.datetime, report: dict[str, Any]) -> None:
-    """Measure the backlog for the run's cutoff and attach the run metadata (SPEC 6) to the
+    """Measure the backlog for the run's cutoff and attach the run metadata to the
     asset materialization."""
     try:
         backlog = count_backlog(database.engine, cutoff)
@@ -291,7 +292,7 @@ def _termination_requested(context: dg.OpExecutionContext) -> bool:
 
 
 def report_metadata(report: PurgeReport, retention: GuestRetention) -> dict[str, Any]:
-    """The SPEC 6 metadata of a purge report: numbers stay numbers so the UI can plot them."""
+    """The run metadata of a purge report: numbers stay numbers so the UI can plot them."""
     return {
         "deletedTotal": report.deleted_total,
         "batches": report.batches,

@@ -5,7 +5,7 @@
 - ``dry-run``: how many rows the rule matches now, deleting nothing (Laravel's ``--pretend``).
 - ``dev``: the Dagster UI and daemon (``dagster dev``) on the embedded PostgreSQL server, with a
   seeded dev table, until Ctrl-C.
-- ``bench``: the purge against the physical limit and the usual alternatives (issue 4).
+- ``bench``: the purge against the physical limit and the usual alternatives.
 """
 
 from __future__ import annotations

@@ -1,7 +1,7 @@
 """The code location: ``defs`` wires the asset, job, schedule and resources together.
 
 Settings are read and validated when this module is imported, i.e. when the code location
-loads (SPEC 4): an invalid ``FAVORITES_*`` variable stops the load with a message naming it.
+loads: an invalid ``FAVORITES_*`` variable stops the load with a message naming it.
 """
 
 from __future__ import annotations

@@ -14,7 +14,7 @@ from favorites_maintenance.settings import DATABASE_URL_VAR, Settings
 
 UTC = dt.timezone.utc
 PARTITION = "2026-06-15"
-# SPEC 3: min(now, end of 2026-06-15) - 365 days.
+# The cutoff: min(now, end of 2026-06-15) - 365 days.
 CUTOFF = dt.datetime(2026, 6, 16, tzinfo=UTC) - dt.timedelta(days=365)
 SENTINEL_NOTE = "SENTINEL-NOTE-6f1c"
 SENTINEL_ANON = "5e171ae1-0000-4000-8000-5e171ae15e17"

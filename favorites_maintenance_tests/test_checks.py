@@ -1,4 +1,4 @@
-"""The SLO asset checks, evaluated in real runs of the job (SPEC 8)."""
+"""The SLO asset checks, evaluated in real runs of the job."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""The staleness and failure alerts over run histories built at chosen times (SPEC 6)."""
+"""The staleness and failure alerts over run histories built at chosen times."""
 
 from __future__ import annotations
 
