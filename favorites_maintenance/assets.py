@@ -1,4 +1,4 @@
-"""The cleanup as an op graph ``compute_cutoff -> purge -> measure_backlog`` (SPEC 5, SPEC 6).
+"""The cleanup as an op graph ``compute_cutoff -> purge -> measure_backlog``.
 
 The graph is exposed as a daily-partitioned graph-backed asset so runs can be launched and
 backfilled from the UI. Dagster puts only the terminal op's output metadata on the asset
@@ -42,11 +42,13 @@ ASSET_KEY = dg.AssetKey(["favorites", "guest_favorites_cleanup"])
 #: most one cleanup run is in progress, whoever launched it (Laravel's ``withoutOverlapping``).
 POOL = "guest_favorites_cleanup"
 
-#: SPEC 6 / SPEC 8: warn when the asset has not been materialized for 26 h, fail after 48 h.
+#: Warn when the asset has not been materialized for 26 h, fail after 48 h (the alert threshold).
 FRESHNESS_POLICY = dg.FreshnessPolicy.time_window(fail_window=dt.timedelta(hours=48),
                                                   warn_window=dt.timedelta(hours=26))
 
-#: How often a batch line is logged at INFO (the others go at DEBUG), in seconds.
+#: How often a batch line reaches the run's log, in seconds (the first batch's always does;
+#: every batch is logged at DEBUG by the retention core's Python logger). An event written to
+#: Dagster's storage for each batch would cost more than the batch itself.
 PROGRESS_EVERY_S = 5.0
 
 #: The retention core logs through Python's ``logging``; its records at INFO and above (skipped
@@ -58,7 +60,7 @@ _log = logging.getLogger(__name__)
 
 @dg.op(description="The cutoff instant: min(now, end of the partition window) - retention days.")
 def compute_cutoff(context: dg.OpExecutionContext, retention: GuestRetention) -> dt.datetime:
-    """Return the run's cutoff, a timezone-aware UTC datetime (SPEC 3).
+    """Return the run's cutoff, a timezone-aware UTC datetime.
 
     For a partitioned run (one day or a range) the anchor is ``min(now, window end)``; a run
     without a partition uses ``now``.
@@ -114,14 +116,18 @@ def purge(context: dg.OpExecutionContext, config: PurgeConfig, database: Favorit
 
     def on_batch(batch: BatchResult) -> None:
         nonlocal last_progress
+        if batch.deleted == 0:  # not a batch in the run's metadata (`batches` counts none)
+            if batch.batch_no == 1:
+                _to_run_log(context, logging.INFO,
+                            f"nothing to delete: no guest row older than {cutoff.isoformat()} "
+                            "that no other session holds")
+            return
         now = time.monotonic()
         line = (f"batch {batch.batch_no} deleted {batch.deleted} rows "
                 f"({batch.deleted_total} so far)")
         if batch.batch_no == 1 or now - last_progress >= PROGRESS_EVERY_S:
             last_progress = now
             _to_run_log(context, logging.INFO, line)
-        else:
-            _to_run_log(context, logging.DEBUG, line)
 
     status_failed = False
 
@@ -166,6 +172,7 @@ def purge(context: dg.OpExecutionContext, config: PurgeConfig, database: Favorit
                 context.log_event(dg.AssetObservation(asset_key=ASSET_KEY, metadata={
                     "deletedTotal": deleted_before, "batches": failed_report.batches,
                     "skippedRows": failed_report.skipped_rows,
+                    "isolationBatches": failed_report.isolation_batches,
                     "failedBatch": batch_no, "attempt": context.retry_number + 1}))
             kind = transient_error_kind(exc)
             if kind is not None and context.retry_number < config.max_retries:
@@ -185,10 +192,12 @@ def purge(context: dg.OpExecutionContext, config: PurgeConfig, database: Favorit
         summary["batches"] += earlier_batches
         if report.stop_reason is StopReason.STOP_REQUESTED:
             # Still inside capture_interrupts: a signal arriving now cannot cut this record short.
-            context.log.warning(f"run stopped on request after {report.batches} batches: "
-                                f"{report.deleted_total} rows deleted and committed")
+            stopped = (f"stopped on request after {report.batches} batches: "
+                       f"{report.deleted_total} rows deleted and committed; the run ends CANCELED")
+            context.log.warning(f"run {stopped} (Dagster shows this step as interrupted and the "
+                                "steps after it as not executed)")
             context.log_event(dg.AssetObservation(asset_key=ASSET_KEY, metadata=summary))
-            raise DagsterExecutionInterruptedError()
+            raise DagsterExecutionInterruptedError(stopped)
     return summary
 
 
@@ -196,7 +205,7 @@ def purge(context: dg.OpExecutionContext, config: PurgeConfig, database: Favorit
        description="Count what the rule still matches and record the run's metadata.")
 def measure_backlog(context: dg.OpExecutionContext, database: FavoritesDatabase,
                     cutoff: dt.datetime, report: dict[str, Any]) -> None:
-    """Measure the backlog for the run's cutoff and attach the run metadata (SPEC 6) to the
+    """Measure the backlog for the run's cutoff and attach the run metadata to the
     asset materialization."""
     try:
         backlog = count_backlog(database.engine, cutoff)
@@ -283,7 +292,7 @@ def _termination_requested(context: dg.OpExecutionContext) -> bool:
 
 
 def report_metadata(report: PurgeReport, retention: GuestRetention) -> dict[str, Any]:
-    """The SPEC 6 metadata of a purge report: numbers stay numbers so the UI can plot them."""
+    """The run metadata of a purge report: numbers stay numbers so the UI can plot them."""
     return {
         "deletedTotal": report.deleted_total,
         "batches": report.batches,

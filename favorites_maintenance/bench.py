@@ -1,5 +1,5 @@
 """``favorites-maintenance bench``: the purge side by side with the physical limit and the usual
-alternatives, on the embedded PostgreSQL server (issue 4).
+alternatives, on the embedded PostgreSQL server.
 
 One seeded, reproducible data set (see :func:`seed_template`) is restored before every strategy
 (``CREATE DATABASE ... TEMPLATE``), then each strategy deletes every prunable row at the default
@@ -12,7 +12,14 @@ settings (retention 365 days, batch size 1000):
   1000)`` in autocommit until a statement deletes nothing;
 - ``D``: ``SELECT id ... ORDER BY updated_at LIMIT 1000 FOR UPDATE SKIP LOCKED`` then ``DELETE ...
   WHERE id = ANY(...)`` per transaction, no keyset, while batches come back full;
-- ``A2``, ``A4``: 2 and 4 processes running ``A`` at once on the same table.
+- ``A2``, ``A4``: 2 and 4 processes running ``A`` at once on the same table;
+- ``J``: ``guest_favorites_cleanup_job`` run through Dagster as users run it (the default
+  multiprocess executor, a PostgreSQL-backed instance; see :mod:`favorites_maintenance.bench_job`),
+  rated by its purge's ``durationMs`` and, apart, by the run's start to end.
+
+Each strategy's batch times are also reported per decile of the run (the p50 of the first 10 %
+of its batches, ..., of the last 10 %), which shows whether a batch grows slower as the run
+goes on.
 
 Every purge runs in a child process of its own (its peak RSS is read there), while another
 process runs a paced user workload (single-row inserts and updates of account rows and fresh
@@ -26,7 +33,7 @@ window and not another's does not decide the comparison; every strategy leaves t
 behind for the vacuum that follows. Each strategy starts right after a ``CHECKPOINT``, so each
 pays the same full-page images for the pages it touches first.
 
-This module imports no Dagster.
+This module imports no Dagster (``J`` imports it in its own process).
 """
 
 from __future__ import annotations
@@ -59,11 +66,11 @@ UTC = dt.timezone.utc
 
 #: The data set's "now": fixed, so the same seed gives the same rows whenever the bench runs.
 BENCH_NOW = dt.datetime(2026, 1, 1, tzinfo=UTC)
-STRATEGIES = ("A", "B", "C", "D", "A2", "A4")
+STRATEGIES = ("A", "B", "C", "D", "A2", "A4", "J")
 #: Not run by default: A with ``synchronous_commit`` on, to measure what turning it off saves.
 EXTRA_STRATEGIES = ("A_durable",)
 #: Workers of each strategy (A2 and A4 run A in that many processes at once).
-WORKERS = {"A": 1, "B": 1, "C": 1, "D": 1, "A2": 2, "A4": 4, "A_durable": 1}
+WORKERS = {"A": 1, "B": 1, "C": 1, "D": 1, "A2": 2, "A4": 4, "A_durable": 1, "J": 1}
 #: Share of the rows, the oldest, that are all account rows; guests make 40% overall.
 ACCOUNT_HEAD_SHARE = 0.25
 GUEST_SHARE_OVERALL = 0.4
@@ -112,6 +119,15 @@ class BenchConfig:
 
 # --------------------------------------------------------------------------------------------
 # statistics
+
+
+def deciles(durations: Sequence[float]) -> list[float] | None:
+    """The p50 batch time of each tenth of a run, in ms, in run order (``None`` below 10
+    batches)."""
+    if len(durations) < 10:
+        return None
+    n = len(durations)
+    return [_ms(percentile(durations[i * n // 10:(i + 1) * n // 10], 50)) for i in range(10)]
 
 
 def percentile(values: Sequence[float], p: float) -> float | None:
@@ -184,7 +200,15 @@ def _run_worker(strategy, url, cutoff, batch_size, max_run_s, start, pipe) -> di
     pipe.send("ready")
     start.wait()
     t0 = time.monotonic()
-    if strategy in ("A", "A_durable"):
+    extra: dict[str, Any] = {}
+    if strategy == "J":
+        from favorites_maintenance.bench_job import run_job
+
+        job = run_job(sa.make_url(url), cutoff, batch_size, max_run_s)
+        deleted, stop_reason = job["deleted"], job["stop_reason"]
+        extra = {"purge_seconds": job["purge_seconds"], "run_seconds": job["run_seconds"],
+                 "job_batches": job["batches"], "job_batch_max_ms": job["batch_max_ms"]}
+    elif strategy in ("A", "A_durable"):
         report = purge(engine, cutoff, batch_size=batch_size,
                        max_run_duration=dt.timedelta(seconds=max_run_s),
                        should_stop=lambda: False,
@@ -235,8 +259,10 @@ def _run_worker(strategy, url, cutoff, batch_size, max_run_s, start, pipe) -> di
     return {
         "deleted": deleted, "durations": durations, "t0": t0, "t1": t1,
         "stop_reason": stop_reason, "rss_mb": _rss_mb(), "rss_before_mb": rss_before,
-        "wal_bytes": (wal1 - wal0) if (wal0 is not None and wal1 is not None and pid0 == pid1)
-        else None,
+        # J's purge runs in a step process of its own: only the server's total tells its WAL.
+        "wal_bytes": (wal1 - wal0) if (wal0 is not None and wal1 is not None and pid0 == pid1
+                                       and strategy != "J") else None,
+        **extra,
     }
 
 
@@ -490,6 +516,7 @@ def _run_strategy(ctx, srv: _Server, cfg: BenchConfig, strategy: str, template: 
     idle = [lat for t, lat in samples if idle_from <= t < t0]
     during = [lat for t, lat in samples if t0 <= t <= t1]
     backend_wal = [r["wal_bytes"] for r in results]
+    job = results[0] if "purge_seconds" in results[0] else None
     out = {
         "workers": workers,
         "rows_deleted": deleted,
@@ -510,7 +537,19 @@ def _run_strategy(ctx, srv: _Server, cfg: BenchConfig, strategy: str, template: 
         "peak_rss_mb": max(r["rss_mb"] for r in results),
         "rss_after_start_mb": max(r["rss_before_mb"] for r in results),
         "stop_reasons": sorted({r["stop_reason"] for r in results}),
+        "deciles": deciles(durations),
     }
+    if job is not None:
+        # The job's purge runs in a step process: rate it by its own durationMs, and the run
+        # from start to end apart.
+        out.update({
+            "rows_per_second": round(deleted / max(job["purge_seconds"], 1e-9), 1),
+            "purge_duration_s": round(job["purge_seconds"], 3),
+            "run_duration_s": round(job["run_seconds"], 3),
+            "run_rows_per_second": round(deleted / max(job["run_seconds"], 1e-9), 1),
+            "batches": job["job_batches"],
+            "batch_max_ms": job["job_batch_max_ms"],
+        })
     if workload:
         out.update({
             "user_ops_idle": len(idle), "user_ops": len(during),
@@ -625,6 +664,13 @@ def run_bench(server, cfg: BenchConfig) -> dict:
         srv.dispose()
 
     b_rate = results.get("B", {}).get("rows_per_second")
+    overhead = None
+    if "A" in results and "J" in results and results["J"]["batches"]:
+        # What one batch costs more in the job than in the core: the job's purge time per batch
+        # less A's wall time per batch.
+        a, j = results["A"], results["J"]
+        overhead = round(1000 * (j["purge_duration_s"] / j["batches"]
+                                 - a["duration_s"] / max(a["batches"], 1)), 3)
     idle_all: list[float] = []
     for res in results.values():
         idle_all.extend(res.pop("_idle_samples", []))
@@ -652,6 +698,7 @@ def run_bench(server, cfg: BenchConfig) -> dict:
                     "loadavg_after": load_after, "postgres": version,
                     "finished_at": dt.datetime.now(UTC).isoformat(timespec="seconds")},
         **cfg.extra,
+        "overhead_ms_per_batch": overhead,
         "strategies": results,
     }
     if cfg.out is not None:
@@ -679,4 +726,14 @@ def format_table(report: dict) -> str:
                  f"median-throughput run of {report['repeat']} per strategy; user "
                  f"workload {report['user_ops_per_second']:.0f} ops/s, p99 idle (all windows) "
                  f"{report['user_p99_ms_idle']} ms; peak RSS of A {report['peak_rss_mb']}")
+    if "J" in report["strategies"]:
+        j = report["strategies"]["J"]
+        lines.append(f"J (the job through Dagster): purge {j['rows_per_second']:,.0f} rows/s "
+                     f"({j['purge_duration_s']:.2f} s), run start to end "
+                     f"{j['run_rows_per_second']:,.0f} rows/s ({j['run_duration_s']:.2f} s); "
+                     f"per-batch overhead over A: {report.get('overhead_ms_per_batch')} ms")
+    for name, r in report["strategies"].items():
+        if r.get("deciles"):
+            lines.append(f"batch p50 per decile, {name:>2} (ms): "
+                         + " ".join(f"{d:.1f}" for d in r["deciles"]))
     return "\n".join(lines)

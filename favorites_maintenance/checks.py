@@ -1,43 +1,69 @@
-"""Asset checks for the SLOs of SPEC 8; they run in every run of the cleanup job.
+"""Asset checks for the SLOs of the table and of the runs; they run in every run of the job.
 
-- ``no_guest_row_older_than_retention_plus_one_day`` (ERROR): the freshness SLO of the table.
-  No guest row may have an ``updated_at`` older than ``Days + 1 day``: the day of slack covers a
-  run's backlog and rows skipped because a user held them.
+The checks are partitioned like the asset, so each run records exactly one result per check,
+for its own day. (An unpartitioned check on this partitioned asset gets two rows in Dagster's
+check history per run: the *planned* execution, stored under the run's partition, and the
+result, stored under none; the UI then shows the planned one as "Skipped".)
+
+- ``no_guest_row_older_than_retention_plus_one_day`` (ERROR): the freshness SLO. After a run of
+  day ``D`` no guest row may be older than that run's cutoff minus one day, i.e.
+  ``updated_at < min(now, end of D) - (Days + 1 day)``: the day of slack covers a run's backlog
+  and rows skipped because a user held them. For the latest day this is the table's SLO as of
+  that day's end; a backfilled past day is judged against its own, older cutoff, never against
+  rows only today's cutoff covers.
 - ``deleted_total_spike`` (WARN): a run deleted far more than usual, which is what an
   over-deletion or a changed upstream would look like. The run's ``deletedTotal`` is compared
-  with the median of up to :data:`SPIKE_HISTORY` earlier materializations; it is a spike when it
-  exceeds both ``SPIKE_FACTOR`` times that median and the median plus :data:`SPIKE_MIN_ROWS`
-  (so a quiet table going from 3 to 40 rows is no spike). Fewer than
-  :data:`SPIKE_MIN_HISTORY` earlier runs: passes, saying so.
+  with the median of up to :data:`SPIKE_HISTORY` earlier materializations of *current* days
+  (:func:`~favorites_maintenance.partitions.is_current`; backfills of past days, which often
+  delete 0, are left out of the baseline); it is a spike when it exceeds both ``SPIKE_FACTOR``
+  times that median and the median plus :data:`SPIKE_MIN_ROWS` (so a quiet table going from 3
+  to 40 rows is no spike). Fewer than :data:`SPIKE_MIN_HISTORY` earlier runs: passes, saying so.
 """
 
 
 import datetime as dt
 import statistics
+import warnings
 
 import dagster as dg
 import sqlalchemy as sa
 
 from favorites_maintenance.assets import ASSET_KEY
+from favorites_maintenance.partitions import daily_partitions, is_current
 from favorites_maintenance.resources import FavoritesDatabase, GuestRetention
 from favorites_maintenance.retention.database import limit_transaction
-from favorites_maintenance.retention.rule import favorites
+from favorites_maintenance.retention.rule import compute_cutoff, favorites
+
+# Partitioned checks are a preview feature of Dagster 1.13: say it once, here, not at every load.
+warnings.filterwarnings("ignore", message="Specifying a partitions_def on an AssetCheckSpec",
+                        category=dg.PreviewWarning)
 
 SPIKE_HISTORY = 14
 SPIKE_MIN_HISTORY = 3
 SPIKE_FACTOR = 5.0
 SPIKE_MIN_ROWS = 10_000
+#: Materializations read per page, and pages at most, when collecting the spike baseline: the
+#: cost of a check stays bounded whatever the length of the history.
+_PAGE = 50
+_MAX_PAGES = 4
 
 
 @dg.asset_check(
     asset=ASSET_KEY,
+    partitions_def=daily_partitions,
     name="no_guest_row_older_than_retention_plus_one_day",
-    description="SLO: no guest row idle longer than the retention period plus one day.",
+    description=("SLO: after a day's run, no guest row idle longer than the retention period "
+                 "plus one day, measured from that run's cutoff."),
 )
 def no_guest_row_older_than_retention_plus_one_day(
-        database: FavoritesDatabase, retention: GuestRetention) -> dg.AssetCheckResult:
-    """Count guest rows with ``updated_at < now - (Days + 1 day)``; any such row fails (ERROR)."""
-    limit = dt.datetime.now(dt.timezone.utc) - dt.timedelta(days=retention.retention_days + 1)
+        context: dg.AssetCheckExecutionContext, database: FavoritesDatabase,
+        retention: GuestRetention) -> dg.AssetCheckResult:
+    """Count guest rows with ``updated_at < cutoff - 1 day``, where ``cutoff`` is the run's own
+    (``min(now, end of its day) - Days``, UTC); any such row fails (ERROR)."""
+    now = dt.datetime.now(dt.timezone.utc)
+    window_end = context.partition_time_window.end if context.has_partition_key else None
+    cutoff = compute_cutoff(now, retention.retention_days, window_end)
+    limit = cutoff - dt.timedelta(days=1)
     t = favorites
     stmt = sa.select(sa.func.count(), sa.func.min(t.c.updated_at)).where(
         t.c.user_id.is_(None), t.c.updated_at < limit)
@@ -50,42 +76,33 @@ def no_guest_row_older_than_retention_plus_one_day(
         metadata={
             "overdueGuestRows": overdue,
             "oldestOverdueUpdatedAt": oldest.isoformat() if oldest else "none",
+            "cutoff": cutoff.isoformat(),
             "limit": limit.isoformat(),
         },
-        description=(f"{overdue} guest rows are older than {retention.retention_days} + 1 days"
-                     if overdue else None),
+        description=(f"{overdue} guest rows are older than this run's cutoff minus one day "
+                     f"({limit.isoformat()})" if overdue else None),
     )
 
 
 @dg.asset_check(
     asset=ASSET_KEY,
+    partitions_def=daily_partitions,
     name="deleted_total_spike",
     description=(f"WARN when deletedTotal exceeds {SPIKE_FACTOR:g}x the median of the last "
-                 f"{SPIKE_HISTORY} runs and that median + {SPIKE_MIN_ROWS:,} rows."),
+                 f"{SPIKE_HISTORY} current-day runs and that median + {SPIKE_MIN_ROWS:,} rows."),
 )
 def deleted_total_spike(context: dg.AssetCheckExecutionContext) -> dg.AssetCheckResult:
-    """Compare this run's ``deletedTotal`` with the median of earlier materializations."""
-    records = context.instance.fetch_materializations(ASSET_KEY, limit=SPIKE_HISTORY + 1).records
-    values = []  # newest first; the first one of this run is the value under test
-    current = None
-    for record in records:
-        mat = record.asset_materialization
-        if mat is None or "deletedTotal" not in mat.metadata:
-            continue
-        value = mat.metadata["deletedTotal"].value
-        if current is None and record.run_id == context.run.run_id:
-            current = value
-        else:
-            values.append(value)
+    """Compare this run's ``deletedTotal`` with the median of earlier current-day runs."""
+    current, history = _deleted_totals(context.instance, context.run.run_id)
     if current is None:
         return dg.AssetCheckResult(passed=True, severity=dg.AssetCheckSeverity.WARN,
                                    description="no materialization in this run to check")
-    history = values[:SPIKE_HISTORY]
     if len(history) < SPIKE_MIN_HISTORY:
         return dg.AssetCheckResult(
             passed=True, severity=dg.AssetCheckSeverity.WARN,
             metadata={"deletedTotal": current, "history": len(history)},
-            description=f"only {len(history)} earlier runs; a spike needs {SPIKE_MIN_HISTORY}")
+            description=(f"only {len(history)} earlier current-day runs; a spike needs "
+                         f"{SPIKE_MIN_HISTORY}"))
     median = statistics.median(history)
     threshold = max(SPIKE_FACTOR * median, median + SPIKE_MIN_ROWS)
     spike = current > threshold
@@ -100,8 +117,31 @@ def deleted_total_spike(context: dg.AssetCheckExecutionContext) -> dg.AssetCheck
     )
 
 
+def _deleted_totals(instance: dg.DagsterInstance, run_id: str) -> tuple[int | None, list[int]]:
+    """This run's ``deletedTotal`` and those of up to :data:`SPIKE_HISTORY` earlier current-day
+    materializations, newest first; at most ``_PAGE * _MAX_PAGES`` records are read."""
+    current, history = None, []
+    cursor = None
+    for _ in range(_MAX_PAGES):
+        page = instance.fetch_materializations(ASSET_KEY, limit=_PAGE, cursor=cursor)
+        for record in page.records:  # newest first
+            mat = record.asset_materialization
+            if mat is None or "deletedTotal" not in mat.metadata:
+                continue
+            value = mat.metadata["deletedTotal"].value
+            if record.run_id == run_id:
+                current = value if current is None else current
+            elif is_current(record.partition_key, record.timestamp):
+                history.append(value)
+        if len(history) >= SPIKE_HISTORY or not page.has_more:
+            break
+        cursor = page.cursor
+    return current, history[:SPIKE_HISTORY]
+
+
 @dg.asset_check(
     asset=ASSET_KEY,
+    partitions_def=daily_partitions,
     name="no_rows_skipped",
     description="WARN when the run left prunable rows in place because deleting them failed "
                 "(a foreign key, a trigger) or had no effect.",

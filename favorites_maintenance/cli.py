@@ -5,7 +5,7 @@
 - ``dry-run``: how many rows the rule matches now, deleting nothing (Laravel's ``--pretend``).
 - ``dev``: the Dagster UI and daemon (``dagster dev``) on the embedded PostgreSQL server, with a
   seeded dev table, until Ctrl-C.
-- ``bench``: the purge against the physical limit and the usual alternatives (issue 4).
+- ``bench``: the purge against the physical limit and the usual alternatives.
 """
 
 from __future__ import annotations
@@ -48,17 +48,27 @@ def _start_local_environment(command: str):
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
+@click.version_option(package_name="favorites-maintenance", prog_name="favorites-maintenance")
 def main() -> None:
     """Daily retention cleanup of stale guest favorites (Dagster + PostgreSQL)."""
 
 
-@main.command()
+@main.command(short_help="Seed a local database, run the cleanup once, print what it did.")
 @click.option("--rows", default=200_000, show_default=True, type=click.IntRange(min=1000),
               help="Rows to seed into the dev table (guest and account rows over three years).")
 @click.option("--pretend", is_flag=True,
               help="Seed, then only report how many rows the rule matches; delete nothing.")
 def demo(rows: int, pretend: bool) -> None:
-    """Seed the embedded PostgreSQL and run the cleanup job once through Dagster."""
+    """Seed the embedded PostgreSQL and run the cleanup job once through Dagster.
+
+    Starts the embedded PostgreSQL server of this checkout, DROPS AND RECREATES the dev table
+    favorites.favorites in its "favorites" database, seeds it, runs guest_favorites_cleanup_job
+    for the latest complete day and prints rows deleted, batches, duration and backlog.
+
+    Everything lives in .favorites-maintenance/ of the checkout (ignored by git): the server's
+    data in pgdata/, the Dagster instance in dagster_home/ (the run stays in its history, as
+    `dev` shows it). FAVORITES_DATABASE_URL is ignored: demo never touches another database.
+    """
     try:
         settings = load_settings()
     except SettingsError as exc:
@@ -74,6 +84,7 @@ def _run_demo(env, *, rows: int, pretend: bool, retention_days: int) -> None:
     import dagster as dg
 
     from favorites_maintenance.definitions import build_defs
+    from favorites_maintenance.dev import seed_progress
     from favorites_maintenance.partitions import daily_partitions
     from favorites_maintenance.retention.backlog import measure_backlog
     from favorites_maintenance.retention.database import create_engine
@@ -89,7 +100,7 @@ def _run_demo(env, *, rows: int, pretend: bool, retention_days: int) -> None:
         t0 = time.monotonic()
         drop_dev_schema(engine)
         create_dev_schema(engine)
-        before = seed_favorites(engine, rows, now=now)
+        before = seed_favorites(engine, rows, now=now, on_progress=seed_progress(rows, _echo))
         _echo(f"  seeded in {time.monotonic() - t0:.1f} s: {before.rows:,} rows, "
               f"{before.guest_rows:,} guest, {before.account_rows:,} account")
 
@@ -135,7 +146,7 @@ def _run_demo(env, *, rows: int, pretend: bool, retention_days: int) -> None:
         _fail("account rows changed")
 
 
-@main.command("dry-run")
+@main.command("dry-run", short_help="Count what the rule matches now; delete nothing.")
 @click.option("--partition", default=None, metavar="YYYY-MM-DD",
               help="Use the cutoff of this daily partition instead of now.")
 def dry_run(partition: str | None) -> None:
@@ -186,17 +197,25 @@ def dry_run(partition: str | None) -> None:
     _echo("nothing deleted (dry run)")
 
 
-@main.command()
+@main.command(short_help="Run the Dagster UI and daemon on a local database until Ctrl-C.")
 @click.option("--port", default=3000, show_default=True, type=click.IntRange(1, 65535),
               help="Port of the Dagster UI on 127.0.0.1.")
 @click.option("--rows", default=200_000, show_default=True, type=click.IntRange(min=1000),
-              help="Rows to seed into the dev table when it is empty.")
-def dev(port: int, rows: int) -> None:
+              help="Rows to seed into the dev table when it is empty (or with --reseed).")
+@click.option("--reseed", is_flag=True,
+              help="Drop and recreate the dev table and seed it again, e.g. after a demo "
+                   "deleted its prunable rows.")
+@click.option("--debug", is_flag=True,
+              help="Also print DEBUG lines of runs (every step event and purge batch) in this "
+                   "terminal; the UI's run log has them either way.")
+def dev(port: int, rows: int, reseed: bool, debug: bool) -> None:
     """Run the Dagster UI and daemon on the embedded PostgreSQL server until Ctrl-C.
 
     The server holds Dagster's storage and the favorites database; the dev table is created and
-    seeded when empty. An exported FAVORITES_DATABASE_URL is ignored: dev only ever touches its
-    embedded database.
+    seeded when empty (--reseed: always). Data lives in .favorites-maintenance/ of the checkout.
+    An exported FAVORITES_DATABASE_URL is ignored: dev only ever touches its embedded database.
+    The terminal gets INFO and above (--debug: everything), without colour when it is not a
+    terminal.
     """
     from favorites_maintenance.assets import POOL
     from favorites_maintenance.dev import (asset_page, dagster_dev_command, ensure_pool_limit,
@@ -214,7 +233,7 @@ def dev(port: int, rows: int) -> None:
     try:
         engine = create_engine(load_settings().require_database_url())
         try:
-            prepare_dev_table(engine, rows, _echo)
+            prepare_dev_table(engine, rows, _echo, reseed=reseed)
         finally:
             engine.dispose()
         _echo(f"Dagster instance: {env.dagster_home} (pool {POOL}: "
@@ -222,7 +241,7 @@ def dev(port: int, rows: int) -> None:
         _echo(f"Dagster UI: {ui_address(port)}  (asset page: {asset_page(port)})")
         _echo("press Ctrl-C to stop the UI, the daemon and the database server")
         code = run_dagster_dev(dagster_dev_command(env.root / "workspace.yaml", port),
-                               cwd=env.dagster_home, echo=_echo)
+                               cwd=env.dagster_home, echo=_echo, debug=debug)
     finally:
         env.stop()
         _echo("stopped")
@@ -230,7 +249,7 @@ def dev(port: int, rows: int) -> None:
         _fail(f"dagster dev exited with code {code}")
 
 
-@main.command()
+@main.command(short_help="Benchmark the purge against one DELETE and the usual alternatives.")
 @click.option("--rows", default=2_000_000, show_default=True, type=click.IntRange(min=10_000),
               help="Size of the seeded data set (the memory check also runs at 10% of it).")
 @click.option("--strategies", default="A,B,C,D,A2,A4", show_default=True,

@@ -1,7 +1,7 @@
 """The code location: ``defs`` wires the asset, job, schedule and resources together.
 
 Settings are read and validated when this module is imported, i.e. when the code location
-loads (SPEC 4): an invalid ``FAVORITES_*`` variable stops the load with a message naming it.
+loads: an invalid ``FAVORITES_*`` variable stops the load with a message naming it.
 """
 
 from __future__ import annotations
@@ -18,7 +18,11 @@ from favorites_maintenance.resources import (
     deployed_retention,
 )
 from favorites_maintenance.schedules import build_schedule
-from favorites_maintenance.sensors import build_stale_sensor, guest_favorites_cleanup_failure_sensor
+from favorites_maintenance.sensors import (
+    build_stale_sensor,
+    guest_favorites_cleanup_failure_sensor,
+    guest_favorites_cleanup_tick_failure_sensor,
+)
 from favorites_maintenance.settings import (
     ALERT_WEBHOOK_URL_VAR,
     Settings,
@@ -39,7 +43,8 @@ def build_defs(settings: Settings) -> dg.Definitions:
         asset_checks=asset_checks,
         jobs=[guest_favorites_cleanup_job],
         schedules=[build_schedule(settings.cron)],
-        sensors=[build_stale_sensor(settings.stale_after), guest_favorites_cleanup_failure_sensor],
+        sensors=[build_stale_sensor(settings.stale_after), guest_favorites_cleanup_failure_sensor,
+                 guest_favorites_cleanup_tick_failure_sensor],
         resources={
             # What the job deletes is the deployment's: run config may set only run limits.
             "database": deployed_database(),

@@ -1,4 +1,4 @@
-"""The job that materializes the cleanup asset, one daily partition per run (SPEC 6).
+"""The job that materializes the cleanup asset, one daily partition per run.
 
 Its partitioning is the asset's (:mod:`favorites_maintenance.partitions`).
 """

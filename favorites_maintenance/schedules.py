@@ -1,4 +1,4 @@
-"""The daily schedule on the configured cron, in UTC (SPEC 6).
+"""The daily schedule on the configured cron, in UTC.
 
 Dagster's ``build_schedule_from_partitioned_job`` refuses a custom cron for time partitions, so
 the schedule is written out: each tick requests the latest *complete* partition as of the tick.

@@ -12,6 +12,7 @@ so a scan of all rows in ``updated_at`` order meets many account rows before the
 from __future__ import annotations
 
 import datetime as dt
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import sqlalchemy as sa
@@ -37,7 +38,7 @@ _INSERT = sa.text(
                    CAST(:start AS timestamptz)
                      + ((CASE WHEN i % 250 < 25 THEN i - i % 25 ELSE i END)::float8 / :rows)
                        * (CAST(:now AS timestamptz) - CAST(:start AS timestamptz)) AS created_at
-              FROM generate_series(0, :rows - 1) AS i) AS g
+              FROM generate_series(CAST(:first AS integer), CAST(:last AS integer)) AS i) AS g
     """
 )
 
@@ -55,9 +56,14 @@ class SeedSummary:
     account_rows: int
 
 
+#: Rows per INSERT statement: the unit of progress reports.
+CHUNK_ROWS = 100_000
+
+
 def seed_favorites(engine: sa.Engine, rows: int, *, now: dt.datetime, years: float = 3.0,
                    seed: float = 0.42, guest_share: float = 0.4,
-                   touched_share: float = 0.1, account_head_share: float = 0.0) -> SeedSummary:
+                   touched_share: float = 0.1, account_head_share: float = 0.0,
+                   on_progress: Callable[[int], None] | None = None) -> SeedSummary:
     """Append ``rows`` generated rows to the dev table and ``ANALYZE`` it.
 
     Args:
@@ -69,6 +75,9 @@ def seed_favorites(engine: sa.Engine, rows: int, *, now: dt.datetime, years: flo
         guest_share, touched_share: probabilities in [0, 1].
         account_head_share: share in [0, 1) of the rows, the oldest ones, that are all account
             rows; ``guest_share`` then applies to the others only (0: guests from the start).
+        on_progress: called with the number of rows inserted so far after each statement of
+            :data:`CHUNK_ROWS` rows (the statements run in one transaction and one session, so
+            the rows are the same as in one statement).
 
     Returns:
         The :class:`SeedSummary` of the whole table after the insert.
@@ -82,9 +91,14 @@ def seed_favorites(engine: sa.Engine, rows: int, *, now: dt.datetime, years: flo
         # One backend, no parallel workers: random() is then a single seeded sequence.
         conn.execute(sa.text("SET LOCAL max_parallel_workers_per_gather = 0"))
         conn.execute(sa.select(sa.func.setseed(seed)))
-        conn.execute(_INSERT, {"rows": rows, "now": now, "start": start,
-                               "guest_share": guest_share, "touched_share": touched_share,
-                               "account_head_rows": int(rows * account_head_share)})
+        for first in range(0, rows, CHUNK_ROWS):
+            last = min(first + CHUNK_ROWS, rows) - 1
+            conn.execute(_INSERT, {"rows": rows, "now": now, "start": start, "first": first,
+                                   "last": last, "guest_share": guest_share,
+                                   "touched_share": touched_share,
+                                   "account_head_rows": int(rows * account_head_share)})
+            if on_progress is not None:
+                on_progress(last + 1)
     with engine.connect().execution_options(isolation_level="AUTOCOMMIT") as conn:
         conn.execute(sa.text("ANALYZE favorites.favorites"))
     return summarize(engine)

@@ -1,4 +1,4 @@
-"""Environment -> validated settings (SPEC 4).
+"""Environment -> validated settings.
 
 Every setting comes from one ``FAVORITES_*`` environment variable. :func:`load_settings` is
 called when the Dagster code location loads, so a bad value stops the load with a message that
@@ -44,7 +44,7 @@ MIN_DURATION = dt.timedelta(seconds=1)
 MAX_RUN_DURATION_LIMIT = dt.timedelta(minutes=50)
 MAX_STALE_AFTER = dt.timedelta(days=30)
 
-# The favorites database is served through psycopg 3 (SPEC 4: ``postgresql+psycopg://``).
+# The favorites database is served through psycopg 3 (``postgresql+psycopg://``).
 DRIVER = "postgresql+psycopg"
 _ACCEPTED_DRIVERS = {"postgresql", "postgres", "postgresql+psycopg"}
 
@@ -67,7 +67,7 @@ class SettingsError(ValueError):
 
 @dataclass(frozen=True)
 class Settings:
-    """The validated configuration of the cleanup (SPEC 4).
+    """The validated configuration of the cleanup.
 
     Attributes:
         database_url: SQLAlchemy URL of the favorites database, always with the

@@ -42,6 +42,15 @@ def db_url(pg_server):
 
 
 @pytest.fixture
+def dagster_storage_url(pg_server) -> str:
+    """``postgresql+psycopg2://`` URL of a new database for a Dagster instance's storage."""
+    name = f"dagster{os.getpid()}_{next(_counter)}"
+    url = pg_server.ensure_database(name)
+    yield url.set(drivername="postgresql+psycopg2").render_as_string(hide_password=False)
+    pg_server.drop_database(name)
+
+
+@pytest.fixture
 def engine(db_url):
     """An engine on the per-test database, disposed after the test."""
     eng = create_engine(db_url)

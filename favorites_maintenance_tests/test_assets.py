@@ -14,7 +14,7 @@ from favorites_maintenance.settings import DATABASE_URL_VAR, Settings
 
 UTC = dt.timezone.utc
 PARTITION = "2026-06-15"
-# SPEC 3: min(now, end of 2026-06-15) - 365 days.
+# The cutoff: min(now, end of 2026-06-15) - 365 days.
 CUTOFF = dt.datetime(2026, 6, 16, tzinfo=UTC) - dt.timedelta(days=365)
 SENTINEL_NOTE = "SENTINEL-NOTE-6f1c"
 SENTINEL_ANON = "5e171ae1-0000-4000-8000-5e171ae15e17"
@@ -84,8 +84,14 @@ def test_an_empty_table_records_a_successful_empty_run(defs):
     with dg.instance_for_test() as instance:
         result = run_partition(defs, instance)
         meta = materialization_metadata(result)
+        messages = [e.user_message for e in instance.all_logs(result.run_id)
+                    if not e.dagster_event]
     assert result.success
     assert (meta["deletedTotal"], meta["batches"], meta["backlogRemaining"]) == (0, 0, 0)
+    # The log agrees with `batches` 0: no batch line, one "nothing to delete".
+    assert (f"nothing to delete: no guest row older than {CUTOFF.isoformat()} that no other "
+            "session holds") in messages
+    assert not [m for m in messages if m.startswith("batch ")]
 
 
 def test_max_run_duration_leaves_a_backlog_and_still_succeeds(db_url, monkeypatch, rows):

@@ -1,6 +1,6 @@
 """A backfill of a week: one run per daily partition, each bounded by ``now - Days``.
 
-A run of day ``D`` uses ``cutoff = min(now, end of D) - Days`` (SPEC 3), so whatever order the
+A run of day ``D`` uses ``cutoff = min(now, end of D) - Days``, so whatever order the
 partitions run in, each run deletes a subset of what a run of a later day would, and no run ever
 deletes a row that today's run would keep.
 """

@@ -15,7 +15,7 @@ from favorites_maintenance.bench import STRATEGIES, BenchConfig, format_table, r
 def test_a_small_bench_writes_every_strategy_and_deletes_exactly_the_prunable_rows(
         pg_server, tmp_path):
     out = tmp_path / "bench-results" / "purge.json"
-    run_bench(pg_server, BenchConfig(rows=20_000, idle_seconds=0.5, out=out,
+    run_bench(pg_server, BenchConfig(rows=20_000, idle_seconds=0.5, out=out, batch_size=200,
                                      db_prefix=f"bench{os.getpid()}", echo=lambda line: None))
 
     report = json.loads(out.read_text())
@@ -36,3 +36,9 @@ def test_a_small_bench_writes_every_strategy_and_deletes_exactly_the_prunable_ro
         assert strategy["correct"] and strategy["correct_10pct"], name
     assert report["strategies"]["A4"]["workers"] == 4
     assert "A4" in format_table(report)
+    # J ran the job through Dagster and is rated by its purge; the overhead over A is reported.
+    job = report["strategies"]["J"]
+    assert job["batches"] >= 1 and job["purge_duration_s"] > 0 and job["run_duration_s"] > 0
+    assert job["run_rows_per_second"] < job["rows_per_second"]
+    assert isinstance(report["overhead_ms_per_batch"], float)
+    assert len(report["strategies"]["A"]["deciles"]) == 10

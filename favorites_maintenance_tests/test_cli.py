@@ -48,6 +48,7 @@ def test_demo_deletes_the_prunable_rows_and_leaves_account_rows(checkout):
     accounts = re.search(r"account rows\s+([\d,]+) -> ([\d,]+)", out)
     assert accounts[1] == accounts[2]
     assert "(unchanged)" in out
+    assert "  seeding: 20,000 / 20,000 rows" in out  # progress while seeding
     # The run was recorded in the persistent instance of the checkout.
     assert (checkout / ".favorites-maintenance" / "dagster_home" / "dagster.yaml").is_file()
 
@@ -101,3 +102,69 @@ def test_dry_run_on_an_unreachable_database_says_so_without_a_traceback(checkout
     assert proc.stderr.startswith("error: could not read favorites.favorites: connection_lost")
     assert "check FAVORITES_DATABASE_URL" in proc.stderr
     assert "Traceback" not in proc.stderr and "topsecret" not in proc.stderr
+
+
+def test_version_and_help_say_what_each_command_does(checkout):
+    version = cli("--version", cwd=checkout)
+    assert version.returncode == 0
+    assert re.fullmatch(r"favorites-maintenance, version \d+\.\d+\.\d+\n", version.stdout)
+    top = cli("--help", cwd=checkout).stdout
+    commands = top.split("Commands:")[1]
+    for name in ("bench", "demo", "dev", "dry-run"):
+        assert re.search(rf"^  {name} ", commands, re.M), top
+    assert "..." not in commands  # no summary cut short
+    demo = " ".join(cli("demo", "--help", cwd=checkout).stdout.split())
+    assert "DROPS AND RECREATES the dev table favorites.favorites" in demo
+    assert ".favorites-maintenance/ of the checkout" in demo
+    dev = " ".join(cli("dev", "--help", cwd=checkout).stdout.split())
+    assert "--reseed Drop and recreate the dev table and seed it again" in dev
+
+
+def test_dev_reseed_drops_what_the_table_held_and_seeds_it_again(engine, rows):
+    from favorites_maintenance.dev import prepare_dev_table
+
+    import datetime as dt
+
+    from favorites_maintenance.retention.schema import dev_favorites
+
+    marked = dt.datetime(2020, 1, 1, tzinfo=dt.timezone.utc)
+    kept = rows.add_many(7, updated_at=marked, step=dt.timedelta(0))
+    said = []
+    prepare_dev_table(engine, 3000, said.append)
+    assert rows.ids() == set(kept)  # a table with rows is left as it is
+    prepare_dev_table(engine, 3000, said.append, reseed=True)
+    assert rows.count() == 3000
+    assert rows.count(dev_favorites.c.updated_at == marked) == 0
+    assert "dropping and recreating favorites.favorites (--reseed)" in said
+    assert "  seeding: 3,000 / 3,000 rows" in said
+
+
+def test_dev_output_keeps_info_and_drops_colour_and_debug_lines_off_a_terminal():
+    """What dagster dev writes, relayed to a redirected log: no ANSI codes, no DEBUG lines
+    unless asked for, every other line (a multi-line error included) as it came."""
+    import io
+    import os as _os
+
+    from favorites_maintenance.dev import relay_output
+
+    lines = [
+        b"\x1b[32m2026-11-30 22:03:08 +0000\x1b[0m - dagster.daemon - \x1b[34mINFO\x1b[0m"
+        b" - daemon started\n",
+        b"2026-11-30 22:03:09 +0000 - dagster - DEBUG - job - 1234 - purge - batch 2 deleted"
+        b" 100 rows (200 so far)\n",
+        b"2026-11-30 22:03:09 +0000 - dagster - INFO - job - 1234 - purge - batch 1 deleted"
+        b" 100 rows (100 so far)\n",
+        b"2026-11-30 22:03:10 +0000 - dagster - ERROR - job - 1234 - purge - run failed\n",
+        b"Traceback (most recent call last):\n",
+    ]
+    for debug, expect in ((False, [0, 2, 3, 4]), (True, [0, 1, 2, 3, 4])):
+        read, write = _os.pipe()
+        with _os.fdopen(write, "wb") as w:
+            w.writelines(lines)
+        out = io.StringIO()
+        with _os.fdopen(read, "rb") as r:
+            relay_output(r, out, plain=True, debug=debug)
+        text = out.getvalue()
+        assert "\x1b" not in text
+        assert text.splitlines() == [re.sub(r"\x1b\[[0-9;]*m", "", lines[i].decode()).rstrip("\n")
+                                     for i in expect]

@@ -31,7 +31,8 @@ def test_every_definition_resolves():
     assert schedule.cron_schedule == "15 2 * * *"
     assert schedule.execution_timezone == "UTC"
     assert schedule.default_status == dg.DefaultScheduleStatus.RUNNING
-    for name in ("guest_favorites_cleanup_stale_sensor", "guest_favorites_cleanup_failure_sensor"):
+    for name in ("guest_favorites_cleanup_stale_sensor", "guest_favorites_cleanup_failure_sensor",
+                 "guest_favorites_cleanup_tick_failure_sensor"):
         assert defs.resolve_sensor_def(name).default_status == dg.DefaultSensorStatus.RUNNING
     asset = defs.resolve_assets_def(["favorites", "guest_favorites_cleanup"])
     assert {k.name for k in defs.resolve_asset_graph().asset_check_keys} == {

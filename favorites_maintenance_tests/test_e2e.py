@@ -27,6 +27,8 @@ pytestmark = pytest.mark.e2e
 
 UTC = dt.timezone.utc
 DAYS = 365
+#: Backfills launched by the tests: id -> partitions, for the later tests reading their checks.
+BACKFILLED: dict[str, list[str]] = {}
 SEED_ROWS = 5000
 ELSEWHERE = "postgresql+psycopg://someone:elsewhere-secret@127.0.0.1:9/production"
 ARTIFACTS = Path(os.environ.get("FAVORITES_TEST_ARTIFACTS", ROOT / "test-artifacts"))
@@ -58,6 +60,13 @@ mutation($id: String!) { stopRunningSchedule(id: $id) { __typename
   ... on ScheduleStateResult { scheduleState { status } }
   ... on PythonError { message } } }
 """
+CHECK_EXECUTIONS = """
+query($key: AssetKeyInput!, $name: String!) {
+  assetCheckExecutions(assetKey: $key, checkName: $name, limit: 100) {
+    runId status partition evaluation { severity } } }
+"""
+CHECKS = ("no_guest_row_older_than_retention_plus_one_day", "deleted_total_spike",
+          "no_rows_skipped")
 BACKFILL = """
 mutation($params: LaunchBackfillParams!) { launchPartitionBackfill(backfillParams: $params) {
   __typename ... on LaunchBackfillSuccess { backfillId } ... on PythonError { message } } }
@@ -138,6 +147,7 @@ def test_the_pool_keeps_a_second_run_queued_while_one_runs(stack):
     launched = stack.graphql(BACKFILL, {"params": {
         "assetSelection": [{"path": ASSET_PATH}], "partitionNames": partitions}})
     backfill_id = launched["launchPartitionBackfill"]["backfillId"]
+    BACKFILLED[backfill_id] = partitions
 
     snapshots = []
 
@@ -172,6 +182,19 @@ def test_the_pool_keeps_a_second_run_queued_while_one_runs(stack):
         cutoff = dt.datetime.fromisoformat(meta["cutoff"])
         assert cutoff == end - dt.timedelta(days=DAYS)
         assert cutoff <= now - dt.timedelta(days=DAYS)
+    # Each check recorded one result per backfilled day, for that day, and none failed: a past
+    # day is judged against its own cutoff, not today's.
+    for name in CHECKS:
+        executions = check_executions(stack, name)
+        for run in mine:
+            [execution] = [e for e in executions if e["runId"] == run["runId"]]
+            assert execution["partition"] == run["tags"]["dagster/partition"], execution
+            assert execution["status"] == "SUCCEEDED", (name, execution)
+
+
+def check_executions(stack, name: str) -> list[dict]:
+    """The executions of asset check ``name`` as the Checks tab lists them, newest first."""
+    return stack.graphql(CHECK_EXECUTIONS, {**key_vars(), "name": name})["assetCheckExecutions"]
 
 
 def test_the_daemon_runs_the_schedule_and_graphql_returns_the_metadata(stack):
@@ -215,6 +238,10 @@ def test_the_daemon_runs_the_schedule_and_graphql_returns_the_metadata(stack):
     finally:
         engine.dispose()
     deleted = sum(m["metadata"]["deletedTotal"] for m in materializations(stack))
+    # The terminal of dev, redirected to a file: the runs' INFO lines, no DEBUG line, no colour.
+    out = stack.output()
+    assert "run completed: deleted_total=" in out
+    assert " - DEBUG - " not in out and "\x1b[" not in out
     assert prunable == 0
     assert accounts == accounts_seeded
     assert deleted > 0
@@ -255,8 +282,17 @@ def test_the_asset_page_shows_the_latest_materialization_checks_and_freshness(st
 
     page = f"{stack.url}/assets/{'/'.join(ASSET_PATH)}"
     read_page(binary, page, overview, "asset-page")
-    if checks:
-        read_page(binary, f"{page}?view=checks", checks, "asset-checks")
+    assert set(checks) == set(CHECKS)
+    # After the backfill: every execution of every check, backfilled days included, passed,
+    # one per run (none left "Skipped"), and the Checks tab shows no failed check.
+    backfill_runs = {r["runId"] for r in runs(stack) if r["tags"].get("dagster/backfill")}
+    assert BACKFILLED and backfill_runs
+    for name in CHECKS:
+        executions = check_executions(stack, name)
+        assert {e["status"] for e in executions} == {"SUCCEEDED"}, (name, executions)
+        assert backfill_runs <= {e["runId"] for e in executions}
+    text = read_page(binary, f"{page}?view=checks", list(CHECKS), "asset-checks")
+    assert "Failed" not in text and "Skipped" not in text, text[:3000]
 
 
 def as_shown(value) -> str:

@@ -1,4 +1,4 @@
-"""Op retries on transient database errors, and none on the others (SPEC 6)."""
+"""Op retries on transient database errors, and none on the others."""
 
 from __future__ import annotations
 

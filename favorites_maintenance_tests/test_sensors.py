@@ -1,9 +1,10 @@
-"""The staleness and failure alerts over run histories built at chosen times (SPEC 6)."""
+"""The staleness and failure alerts over run histories built at chosen times."""
 
 from __future__ import annotations
 
 import datetime as dt
 import json
+import time
 import threading
 import uuid
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -192,3 +193,88 @@ def test_raising_the_threshold_after_an_alert_resolves_it_without_a_success(webh
         assert raised.tick(T0 + 50 * H) == "resolved"
         assert raised.tick(T0 + 73 * H) == "alerted"
     assert "within the threshold of 72 h" in webhook.messages[1]
+
+
+def test_without_a_cursor_the_clock_is_the_last_success_in_the_history(job, webhook):
+    """A new deployment, a reset or renamed sensor, a migrated instance: the first tick finds
+    the last successful current run, however old, and alerts at once when it is stale."""
+    stale_after = dt.timedelta(seconds=6)
+    with dg.instance_for_test() as instance:
+        yesterday = (dt.datetime.now(UTC) - dt.timedelta(days=1)).date().isoformat()
+        assert job.execute_in_process(partition_key=yesterday, instance=instance).success
+        time.sleep(8)
+        sensor = build_stale_sensor(stale_after)
+        sink = AlertSink(webhook_url=webhook.url, attempts=1)
+        ctx = dg.build_sensor_context(instance=instance, resources={"alerts": sink})
+        assert sensor(ctx).skip_message == "alerted"
+        again = dg.build_sensor_context(instance=instance, cursor=ctx.cursor,
+                                        resources={"alerts": sink})
+        assert sensor(again).skip_message == "stale, already alerted"
+    [message] = webhook.messages
+    assert "no successful run for more than 0.00166667 h" in message
+    assert "last successful run at" in message
+
+
+def test_without_a_cursor_a_success_months_ago_alerts_on_the_first_tick(job, webhook):
+    with dg.instance_for_test() as instance:
+        assert run_at(job, instance, T0 - 24 * 3600 * 70).success  # 70 days before T0
+        # Later, a week of old days backfilled: none of them restarts the clock.
+        for day in range(7):
+            assert run_at(job, instance, T0 - 6 * H,
+                          partition=f"2026-09-{10 + day:02d}").success
+        watch = Watch(instance, webhook)
+        assert watch.tick(T0) == "alerted"
+        assert "last successful run at 2026-07-27T03:00:00+00:00" in webhook.messages[0]
+
+
+def test_without_a_cursor_and_no_success_ever_the_clock_starts_at_the_first_tick(job, webhook):
+    with dg.instance_for_test() as instance:
+        assert run_at(job, instance, T0 - 6 * H, partition="2026-09-01").success  # a backfill
+        watch = Watch(instance, webhook)
+        assert watch.tick(T0) == "fresh"
+        assert watch.tick(T0 + 47 * H) == "fresh"
+        assert watch.tick(T0 + 49 * H) == "alerted"
+        assert "none since watching began at 2026-10-05T03:00:00+00:00" in webhook.messages[0]
+
+
+def test_a_failed_schedule_tick_alerts_once_then_resolves(dagster_storage_url, db_url, webhook,
+                                                          monkeypatch):
+    """The code location served without FAVORITES_DATABASE_URL: the scheduler's tick fails
+    before any run exists. The tick-failure sensor, in the same daemon pass, alerts once; the
+    location served again with the variable set, the next tick succeeds and it resolves."""
+    from favorites_maintenance_tests.daemon import code_location, pg_instance, scheduler_and_sensors
+
+    monkeypatch.delenv(DATABASE_URL_VAR, raising=False)
+    monkeypatch.setenv("FAVORITES_GUEST_RETENTION_CRON", "* * * * *")
+    monkeypatch.setenv("FAVORITES_ALERT_WEBHOOK_URL", webhook.url)
+    start = dt.datetime(2026, 10, 5, 3, 0, 30, tzinfo=UTC)
+    minute = dt.timedelta(minutes=1)
+    with pg_instance(dagster_storage_url) as instance:
+        with code_location(instance) as workspace:
+            scheduler_and_sensors(workspace, start)  # the scheduler first sees the schedule
+            assert webhook.messages == []
+            scheduler_and_sensors(workspace, start + minute)  # the 03:01 tick fails
+            assert len(webhook.messages) == 1
+            scheduler_and_sensors(workspace, start + 2 * minute)  # fails again: same episode
+            assert len(webhook.messages) == 1
+            assert instance.get_runs() == []
+        monkeypatch.setenv(DATABASE_URL_VAR, db_url.render_as_string(hide_password=False))
+        with code_location(instance) as workspace:
+            scheduler_and_sensors(workspace, start + 3 * minute)
+            [run] = instance.get_runs()  # the 03:03 tick created its run
+            assert run.tags["dagster/partition"] == "2026-10-04"
+        sensor_ticks = _ticks(instance, "guest_favorites_cleanup_tick_failure_sensor")
+    failed, resolved = webhook.messages
+    assert failed.startswith("guest_favorites_cleanup_schedule: the tick at "
+                             "2026-10-05T03:01:00+00:00 failed and started no cleanup run")
+    assert "FAVORITES_DATABASE_URL" in failed and "not set" in failed
+    assert resolved.startswith("guest_favorites_cleanup_schedule: resolved, the tick at "
+                               "2026-10-05T03:03:00+00:00 succeeded")
+    assert [t.skip_reason for t in sensor_ticks][:3] == [
+        "resolved", "failing, already alerted", "alerted"]
+
+
+def _ticks(instance, name):
+    """The ticks of instigator ``name``, newest first."""
+    [state] = [s for s in instance.all_instigator_state() if s.instigator_name == name]
+    return instance.get_ticks(state.instigator_origin_id, state.selector_id)

@@ -1,4 +1,4 @@
-"""Settings from the environment (SPEC 4): defaults, and every invalid value named."""
+"""Settings from the environment: defaults, and every invalid value named."""
 
 from __future__ import annotations
 

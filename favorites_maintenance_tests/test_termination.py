@@ -97,6 +97,18 @@ def assert_cancelled_cleanly(instance, run_id, engine, terminator):
     meta = observation.dagster_event.asset_observation_data.asset_observation.metadata
     assert meta["stopReason"].value == "stop_requested"
     assert meta["deletedTotal"].value == deleted
+    # The run's log and page say it was a deliberate stop, with the rows it committed.
+    logs = instance.all_logs(run_id)
+    batches = deleted // BATCH
+    stopped = (f"stopped on request after {batches} batches: {deleted} rows deleted and "
+               f"committed; the run ends CANCELED")
+    assert f"run {stopped} (Dagster shows this step as interrupted" in "\n".join(
+        e.user_message for e in logs if not e.dagster_event)
+    [failure] = [e.dagster_event for e in logs if e.dagster_event and e.dagster_event.event_type
+                 == dg.DagsterEventType.STEP_FAILURE]
+    assert failure.step_key.endswith(".purge")
+    assert failure.step_failure_data.error.message.strip() == (
+        f"dagster._core.errors.DagsterExecutionInterruptedError: {stopped}")
     # The sensor does not count a canceled run as a success.
     sensor = build_stale_sensor(dt.timedelta(hours=48), clock=lambda: time.time() + 3600)
     ctx = dg.build_sensor_context(instance=instance, cursor='{"firstSeen": 0}',

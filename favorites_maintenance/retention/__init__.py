@@ -11,6 +11,7 @@ from favorites_maintenance.retention.purge import (
     SkippedRowsError,
     StandbyError,
     StopReason,
+    TableCheckError,
     purge,
 )
 from favorites_maintenance.retention.rule import compute_cutoff, delete_prunable, prunable
@@ -27,6 +28,7 @@ __all__ = [
     "SkippedRowsError",
     "StandbyError",
     "StopReason",
+    "TableCheckError",
     "TableShapeError",
     "check_table",
     "compute_cutoff",

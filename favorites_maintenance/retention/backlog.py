@@ -1,4 +1,4 @@
-"""The backlog: prunable rows still present for a cutoff (SPEC 5 step 5).
+"""The backlog: prunable rows still present for a cutoff.
 
 Also the dry run (Laravel's ``model:prune --pretend``): how many rows the rule matches now,
 deleting nothing.

@@ -1,4 +1,4 @@
-"""The batched purge of prunable guest favorites (SPEC 5).
+"""The batched purge of prunable guest favorites.
 
 One run is a loop of batch transactions on one connection. Each batch is one statement::
 
@@ -74,7 +74,7 @@ log = logging.getLogger(__name__)
 
 
 class StopReason(str, enum.Enum):
-    """Why a purge ended without error (SPEC 6, metadata ``stopReason``)."""
+    """Why a purge ended without error (metadata ``stopReason``)."""
 
     EXHAUSTED = "exhausted"
     """A batch came back less than full: nothing prunable and unlocked is left past the cursor."""
@@ -198,6 +198,19 @@ class ConnectError(_DatabaseError):
     def __init__(self, error: ErrorDescription):
         super().__init__(f"could not open a session on the favorites database (check "
                          f"{DATABASE_URL_VAR} and the server): {error}", error)
+
+
+class TableCheckError(_DatabaseError):
+    """The table's shape could not be read before the first batch (a migration's lock held
+    past ``lock_timeout``, a lost connection); nothing was deleted.
+
+    Attributes:
+        error: the database error, described without private data.
+    """
+
+    def __init__(self, error: ErrorDescription):
+        super().__init__(f"could not read the shape of {favorites.schema}.{favorites.name} "
+                         f"before the first batch (nothing deleted): {error}", error)
 
 
 class SkippedRowsError(PurgeError):
@@ -388,6 +401,8 @@ def purge(
     Raises:
         StandbyError: the connection is on a hot standby; nothing was deleted.
         ConnectError: no session could be opened (or checked); nothing was deleted.
+        TableCheckError: the table's shape could not be read (a lock held past
+            ``lock_timeout``, a lost connection); nothing was deleted.
         TableShapeError: the table lacks a column the rule needs or has the wrong type;
             nothing was deleted.
         BatchError: a batch failed; it was rolled back, earlier batches stay committed. The
@@ -451,11 +466,20 @@ def purge(
     try:
         try:
             assert_primary(conn)
-            findings = check_table(conn)
             by_ctid = _match_by_ctid(conn)
             conn.rollback()  # end the autobegun transaction of the checks
         except sa.exc.DBAPIError as exc:
             raise _connect_error(exc) from None
+        try:
+            with conn.begin():
+                # Reading the catalogs locks the table like a batch does: bounded the same way.
+                limit_transaction(conn, lock_timeout=lock_timeout,
+                                  statement_timeout=statement_timeout)
+                findings = check_table(conn)
+        except sa.exc.DBAPIError as exc:
+            error = describe(exc)
+            log.error("could not check the table before the first batch: %s", error)
+            raise TableCheckError(error) from None
         for warning in findings.warnings:
             log.warning("%s", warning)
         first = _batch_statement(cutoff, keyset=False, by_ctid=by_ctid)

@@ -1,6 +1,6 @@
-"""The retention rule: which guest favorites are prunable, and the cutoff (SPEC 3).
+"""The retention rule: which guest favorites are prunable, and the cutoff.
 
-This is the one place the rule lives (seed 004: the rule is declared with the data it governs;
+This is the one place the rule lives (the rule is declared with the data it governs;
 the schedule only says *when* it runs). A row is prunable iff::
 
     user_id IS NULL AND updated_at < :cutoff
@@ -20,7 +20,7 @@ from sqlalchemy.dialects.postgresql import TIMESTAMP
 SCHEMA = "favorites"
 TABLE = "favorites"
 
-#: The favorites table as the job sees it: only the three columns it may read (SPEC 2). The id
+#: The favorites table as the job sees it: only the three columns it may read. The id
 #: type is left open (bigint or uuid): values are only ever read back and rebound.
 favorites = sa.Table(
     TABLE,
@@ -37,7 +37,7 @@ _UTC = dt.timezone.utc
 
 
 def prunable(cutoff: dt.datetime) -> sa.ColumnElement[bool]:
-    """The prunable predicate ``user_id IS NULL AND updated_at < :cutoff`` (SPEC 3).
+    """The prunable predicate ``user_id IS NULL AND updated_at < :cutoff``.
 
     Args:
         cutoff: timezone-aware instant; rows with ``updated_at`` strictly before it are prunable.
@@ -64,7 +64,7 @@ def delete_prunable(cutoff: dt.datetime, *where: sa.ColumnElement[bool]) -> sa.D
 
 def compute_cutoff(now: dt.datetime, retention_days: int,
                    window_end: dt.datetime | None = None) -> dt.datetime:
-    """The cutoff instant for a run: ``min(now, window_end) - retention_days`` in UTC (SPEC 3).
+    """The cutoff instant for a run: ``min(now, window_end) - retention_days`` in UTC.
 
     ``window_end`` is the end of the daily partition being run (a backfill of an old day then
     deletes a subset of what today's run would); a cutoff later than ``now - retention_days`` is

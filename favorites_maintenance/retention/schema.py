@@ -1,4 +1,4 @@
-"""The dev/test DDL of ``favorites.favorites`` and the recommended partial index (SPEC 2).
+"""The dev/test DDL of ``favorites.favorites`` and the recommended partial index.
 
 The production table belongs to the favorites service: the job never creates or alters it. This
 module builds a table of the same shape for the demo, the benchmark and the tests.

@@ -20,11 +20,11 @@ from favorites_maintenance.settings import DATABASE_URL_VAR, Settings
 
 UTC = dt.timezone.utc
 PARTITION = "2026-06-15"
-#: SPEC 3 for PARTITION with the default 365 days: min(now, end of the day) - 365 days.
+#: The cutoff of PARTITION with the default 365 days: min(now, end of the day) - 365 days.
 CUTOFF = dt.datetime(2026, 6, 16, tzinfo=UTC) - dt.timedelta(days=365)
 OLD = CUTOFF - dt.timedelta(days=30)
 FRESH = CUTOFF + dt.timedelta(days=30)
-#: Private values the job must never print (SPEC 2, SPEC 7).
+#: Private values the job must never print (an anonymous id, a note).
 SENTINEL_ANON = "5e171ae1-dead-4bee-8000-5e171ae15e17"
 SENTINEL_NOTE = "SENTINEL-NOTE-do-not-log-7c1a"
 
@@ -148,6 +148,20 @@ def slow_delete(engine, *, note: str = "SLOW", seconds: float = 30.0, once: bool
         yield
     finally:
         drop_slow_delete(engine)
+
+
+def delete_trigger(engine, name: str, body: str, *, when: str = "BEFORE",
+                   each: str = "ROW") -> None:
+    """A PL/pgSQL trigger ``name`` on DELETE of the test table, running ``body`` (the function
+    of the same name, in schema ``favorites``). A literal ``%`` in ``body`` is written ``%%``."""
+    with engine.begin() as conn:
+        conn.exec_driver_sql(f"""
+            CREATE FUNCTION favorites.{name}() RETURNS trigger LANGUAGE plpgsql AS $$
+            BEGIN
+                {body}
+            END $$;
+            CREATE TRIGGER {name} {when} DELETE ON favorites.favorites
+                FOR EACH {each} EXECUTE FUNCTION favorites.{name}();""")
 
 
 def mark_slow(engine, offset: int) -> None:

@@ -1,5 +1,5 @@
 """Bad input: invalid settings fail before any connection, naming the setting; a missing table
-or a missing permission fails the run with a clear error (issue 5)."""
+or a missing permission fails the run with a clear error."""
 
 from __future__ import annotations
 

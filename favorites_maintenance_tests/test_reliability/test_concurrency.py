@@ -1,4 +1,4 @@
-"""Concurrency: user sessions write while purges run; four purges at once (issue 5)."""
+"""Concurrency: user sessions write while purges run; four purges at once."""
 
 from __future__ import annotations
 

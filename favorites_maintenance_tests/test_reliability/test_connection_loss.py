@@ -1,4 +1,4 @@
-"""Connection loss: the purge's backend is killed in the middle of a batch (issue 5).
+"""Connection loss: the purge's backend is killed in the middle of a batch.
 
 The batch in flight rolls back whole, the batches committed before it stay deleted, the run
 fails and says so, the next run finishes the work, and the totals reported by both runs add up
@@ -107,7 +107,7 @@ def test_a_killed_batch_is_retried_and_the_run_reports_everything_it_deleted(
             result = run_job(db_url, instance, batch_size=BATCH, retries=2)
             killer.join(10)
         assert isinstance(killed[0], int)
-        assert result.success  # SPEC 6: a lost connection is transient, the op retried
+        assert result.success  # a lost connection is transient: the op retried
         retries = [e for e in result.all_events if e.event_type_value == "STEP_UP_FOR_RETRY"]
         meta = materialization(result)
     assert len(retries) == 1

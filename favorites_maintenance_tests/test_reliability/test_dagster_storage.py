@@ -18,6 +18,7 @@ import sqlalchemy as sa
 
 from favorites_maintenance_tests.test_reliability.conftest import (
     OLD,
+    delete_trigger,
     materialization,
     run_job,
 )
@@ -32,12 +33,8 @@ OUTAGE_S = {"refuses-connections": 15.0, "runs-table-missing": 4.0}
 
 def slow_batches(engine, seconds: float) -> None:
     """Every DELETE statement takes ``seconds`` longer, so the purge outlasts the outage."""
-    with engine.begin() as conn:
-        conn.exec_driver_sql(f"""
-            CREATE FUNCTION favorites.slow_statement() RETURNS trigger LANGUAGE plpgsql AS $$
-            BEGIN PERFORM pg_sleep({seconds}); RETURN NULL; END $$;
-            CREATE TRIGGER slow_statement AFTER DELETE ON favorites.favorites
-                FOR EACH STATEMENT EXECUTE FUNCTION favorites.slow_statement();""")
+    delete_trigger(engine, "slow_statement", f"PERFORM pg_sleep({seconds}); RETURN NULL;",
+                   when="AFTER", each="STATEMENT")
 
 
 class Outage:

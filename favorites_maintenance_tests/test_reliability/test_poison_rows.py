@@ -23,6 +23,7 @@ from favorites_maintenance_tests.test_reliability.conftest import (
     OLD,
     SENTINEL_ANON,
     SENTINEL_NOTE,
+    delete_trigger,
     error_text,
     everything_dagster_recorded,
     materialization,
@@ -121,17 +122,11 @@ def test_each_kind_of_row_level_error_is_isolated_and_named(engine, rows, blocke
         cause = ("foreign_key_violation (SQLSTATE 23503) from constraint "
                  "favorites.refs_favorite_fk on favorites.refs")
     elif blocker == "trigger":
-        with engine.begin() as conn:
-            conn.exec_driver_sql(f"""
-                CREATE FUNCTION favorites.refuse_flagged() RETURNS trigger LANGUAGE plpgsql AS $$
-                BEGIN
-                    IF OLD.id IN ({', '.join(map(str, poison))}) THEN
-                        RAISE EXCEPTION 'cannot delete %%', OLD.note;
-                    END IF;
-                    RETURN OLD;
-                END $$;
-                CREATE TRIGGER refuse_flagged BEFORE DELETE ON favorites.favorites
-                    FOR EACH ROW EXECUTE FUNCTION favorites.refuse_flagged();""")
+        delete_trigger(engine, "refuse_flagged", f"""
+            IF OLD.id IN ({', '.join(map(str, poison))}) THEN
+                RAISE EXCEPTION 'cannot delete %%', OLD.note;
+            END IF;
+            RETURN OLD;""")
         cause = "raise_exception (SQLSTATE P0001) from function favorites.refuse_flagged()"
     else:
         # A cascade into a child table whose own child restricts: the violation is raised on
@@ -161,12 +156,7 @@ def test_each_kind_of_row_level_error_is_isolated_and_named(engine, rows, blocke
 
 
 def refuse_all_deletes(engine) -> None:
-    with engine.begin() as conn:
-        conn.exec_driver_sql("""
-            CREATE FUNCTION favorites.refuse_all() RETURNS trigger LANGUAGE plpgsql AS $$
-            BEGIN RAISE EXCEPTION 'deletes are frozen'; END $$;
-            CREATE TRIGGER refuse_all BEFORE DELETE ON favorites.favorites
-                FOR EACH ROW EXECUTE FUNCTION favorites.refuse_all();""")
+    delete_trigger(engine, "refuse_all", "RAISE EXCEPTION 'deletes are frozen';")
 
 
 def test_a_table_where_every_row_fails_fails_the_run_naming_the_cause(

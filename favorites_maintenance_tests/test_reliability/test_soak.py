@@ -1,5 +1,5 @@
 """Load: at least 60 s of concurrent user writes during a purge of 500,000 rows, then a row by
-row comparison of what is left with what the rule says must be gone (issue 5).
+row comparison of what is left with what the rule says must be gone.
 
 Marked ``soak`` (about 1.5 min); deselect locally with ``-m "not soak"``. The figures are
 printed (``pytest -s`` or ``-rA`` shows them).

@@ -19,6 +19,7 @@ from favorites_maintenance.retention.least_privilege import apply_row_level_secu
 from favorites_maintenance.retention.schema import dev_favorites
 from favorites_maintenance_tests.test_reliability.conftest import (
     OLD,
+    delete_trigger,
     error_text,
     materialization,
     run_job,
@@ -84,15 +85,7 @@ def test_a_delete_policy_narrower_than_the_lock_fails_the_run(
 
 
 def swallow_deletes(engine, where: str = "true") -> None:
-    with engine.begin() as conn:
-        conn.exec_driver_sql(f"""
-            CREATE FUNCTION favorites.keep_rows() RETURNS trigger LANGUAGE plpgsql AS $$
-            BEGIN
-                IF {where} THEN RETURN NULL; END IF;
-                RETURN OLD;
-            END $$;
-            CREATE TRIGGER keep_rows BEFORE DELETE ON favorites.favorites
-                FOR EACH ROW EXECUTE FUNCTION favorites.keep_rows();""")
+    delete_trigger(engine, "keep_rows", f"IF {where} THEN RETURN NULL; END IF; RETURN OLD;")
 
 
 def test_a_before_delete_trigger_returning_null_fails_the_run_naming_it(

@@ -1,4 +1,4 @@
-"""The batched purge against a real PostgreSQL (SPEC 5, SPEC 9)."""
+"""The batched purge against a real PostgreSQL."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""The retention rule and the cutoff (SPEC 3)."""
+"""The retention rule and the cutoff."""
 
 from __future__ import annotations
 

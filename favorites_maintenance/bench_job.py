@@ -1,0 +1,110 @@
+"""Strategy ``J`` of ``favorites-maintenance bench``: the cleanup job as users run it.
+
+``guest_favorites_cleanup_job`` runs through Dagster with its default (multiprocess) executor on
+an instance whose storage is a PostgreSQL database of the bench's own server, against the same
+restored data set as the other strategies. The partition and the retention days are chosen so
+that the job's cutoff is the bench's cutoff. Kept apart from :mod:`favorites_maintenance.bench`,
+which imports no Dagster.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import os
+import shutil
+import tempfile
+import time
+from pathlib import Path
+
+import dagster as dg
+import sqlalchemy as sa
+from sqlalchemy.engine import URL
+
+from favorites_maintenance.partitions import daily_partitions
+from favorites_maintenance.settings import (
+    BATCH_SIZE_VAR,
+    DATABASE_URL_VAR,
+    MAX_RUN_DURATION_VAR,
+    RETENTION_DAYS_VAR,
+)
+
+#: The day the bench's job run materializes (the first partition of the asset).
+PARTITION = daily_partitions.get_first_partition_key()
+
+
+def cleanup_job() -> dg.JobDefinition:
+    """The job as the code location defines it, from the environment (reconstructable, so the
+    multiprocess executor's step processes build the same one)."""
+    from favorites_maintenance.definitions import build_defs
+    from favorites_maintenance.settings import load_settings
+
+    return build_defs(load_settings()).resolve_job_def("guest_favorites_cleanup_job")
+
+
+def run_job(url: URL, cutoff: dt.datetime, batch_size: int, max_run_s: float) -> dict:
+    """Run the job once on ``url``'s database and say what it did.
+
+    Args:
+        url: the favorites database (psycopg URL); Dagster's storage goes in a database named
+            after it with ``_dagster`` appended, on the same server, dropped afterwards.
+        cutoff: the bench's cutoff; it must fall a whole number of days before the end of
+            :data:`PARTITION`.
+        batch_size: rows per batch (``FAVORITES_GUEST_RETENTION_BATCH_SIZE``).
+        max_run_s: the purge's time budget, in seconds.
+
+    Returns:
+        ``deleted``, ``batches``, ``purge_seconds`` (the run's ``durationMs``),
+        ``run_seconds`` (the run record's start to end), ``batch_max_ms``, ``stop_reason``.
+
+    Raises:
+        RuntimeError: the run did not succeed.
+    """
+    window_end = daily_partitions.time_window_for_partition_key(PARTITION).end
+    days = (window_end - cutoff) / dt.timedelta(days=1)
+    if days != int(days) or days < 1:
+        raise ValueError(f"cutoff {cutoff.isoformat()} is not whole days before {window_end}")
+    storage_db = f"{url.database}_dagster"
+    admin = sa.create_engine(url.set(database="postgres"), isolation_level="AUTOCOMMIT")
+    home = Path(tempfile.mkdtemp(prefix="favorites-bench-dagster-"))
+    try:
+        with admin.connect() as conn:
+            conn.exec_driver_sql(f'DROP DATABASE IF EXISTS "{storage_db}" WITH (FORCE)')
+            conn.exec_driver_sql(f'CREATE DATABASE "{storage_db}"')
+        storage = url.set(drivername="postgresql+psycopg2", database=storage_db)
+        (home / "dagster.yaml").write_text(
+            "storage:\n  postgres:\n    postgres_url: "
+            f"'{storage.render_as_string(hide_password=False)}'\n"
+            "telemetry:\n  enabled: false\n")
+        os.environ.update({
+            DATABASE_URL_VAR: url.render_as_string(hide_password=False),
+            BATCH_SIZE_VAR: str(batch_size),
+            RETENTION_DAYS_VAR: str(int(days)),
+            MAX_RUN_DURATION_VAR: f"PT{max_run_s:g}S",
+        })
+        with dg.DagsterInstance.from_config(str(home)) as instance:
+            t0 = time.monotonic()
+            # The console shows warnings only: the bench prints its own progress.
+            quiet = {"loggers": {"console": {"config": {"log_level": "WARNING"}}}}
+            with dg.execute_job(dg.reconstructable(cleanup_job), instance=instance,
+                                run_config=quiet,
+                                tags={"dagster/partition": PARTITION}) as result:
+                t1 = time.monotonic()
+                if not result.success:
+                    raise RuntimeError(f"the job's run {result.run_id} did not succeed")
+                [mat] = result.get_asset_materialization_events()
+                meta = {k: v.value for k, v in mat.materialization.metadata.items()}
+                record = instance.get_run_record_by_id(result.run_id)
+        return {
+            "deleted": meta["deletedTotal"],
+            "batches": meta["batches"],
+            "purge_seconds": meta["durationMs"] / 1000,
+            "run_seconds": (record.end_time - record.start_time
+                            if record and record.end_time and record.start_time else t1 - t0),
+            "batch_max_ms": meta["batchMaxMs"],
+            "stop_reason": meta["stopReason"],
+        }
+    finally:
+        with admin.connect() as conn:
+            conn.exec_driver_sql(f'DROP DATABASE IF EXISTS "{storage_db}" WITH (FORCE)')
+        admin.dispose()
+        shutil.rmtree(home, ignore_errors=True)
