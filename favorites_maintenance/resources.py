@@ -1,8 +1,13 @@
 """Resources: the favorites database, the retention settings and the alert sink.
 
-Both are built from the validated :class:`~favorites_maintenance.settings.Settings` in
-:mod:`favorites_maintenance.definitions`; the database URL reaches Dagster only as an
-``EnvVar``, so the UI and the run config never show it.
+All three are built from the validated :class:`~favorites_maintenance.settings.Settings` in
+:mod:`favorites_maintenance.definitions`. The job deletes rows for good, so what it deletes is
+decided by the deployment alone: :func:`deployed_database` and :func:`deployed_retention` serve
+the database and the retention days as the code location's environment gives them, and a run's
+config (the launchpad, a re-execution, ``execute_in_process``) may set only the run limits, within
+the same bounds as the environment's values. Anything else is refused when the run is launched,
+before a run exists, with a message naming the variable that configures it. The database URL
+reaches Dagster only as an ``EnvVar``, so the UI and the run config never show it.
 """
 
 from __future__ import annotations
@@ -10,6 +15,8 @@ from __future__ import annotations
 import datetime as dt
 import logging
 import time
+from collections.abc import Mapping
+from typing import Any
 
 import dagster as dg
 import requests
@@ -17,11 +24,23 @@ import sqlalchemy as sa
 from pydantic import Field, PrivateAttr
 
 from favorites_maintenance.retention.database import create_engine
-from favorites_maintenance.settings import DATABASE_URL_VAR, SettingsError, parse_database_url
+from favorites_maintenance.settings import (
+    BATCH_SIZE_VAR,
+    DATABASE_URL_VAR,
+    MAX_BATCH_SIZE,
+    MAX_RUN_DURATION_LIMIT,
+    MAX_RUN_DURATION_VAR,
+    MIN_DURATION,
+    RETENTION_DAYS_VAR,
+    SettingsError,
+    parse_database_url,
+)
 
 
 _alerts_log = logging.getLogger("favorites_maintenance.alerts")
 
+#: Where the code location reads its settings from, as the refusals tell the operator.
+_WHERE = "the environment of the process serving the code location (README, \"Configuration\")"
 
 class FavoritesDatabase(dg.ConfigurableResource):
     """The PostgreSQL database holding ``favorites.favorites``.
@@ -58,15 +77,18 @@ class FavoritesDatabase(dg.ConfigurableResource):
 
 
 class GuestRetention(dg.ConfigurableResource):
-    """The retention policy and the run limits (SPEC 4), shown on the resource page of the UI.
+    """The retention days and the run limits of the cleanup.
 
-    Values given in a run's config (the launchpad) are validated like the environment's: a
-    value not > 0 fails the run when the resource is built, before any op runs.
+    The code location builds it from the validated environment and serves it through
+    :func:`deployed_retention`, which lets a run's config set only the limits, within the
+    bounds of their variables. Built directly (tests, scripts), any positive values are taken.
 
     Attributes:
-        retention_days: guest rows idle longer than this many days are prunable (> 0).
-        batch_size: rows per batch transaction (> 0).
-        max_run_duration_seconds: time budget of one purge, in seconds (> 0).
+        retention_days: guest rows idle longer than this many days are prunable (> 0);
+            ``FAVORITES_GUEST_RETENTION_DAYS``.
+        batch_size: rows per batch transaction (> 0); ``FAVORITES_GUEST_RETENTION_BATCH_SIZE``.
+        max_run_duration_seconds: time budget of one purge, in seconds (> 0);
+            ``FAVORITES_GUEST_RETENTION_MAX_RUN_DURATION``.
     """
 
     retention_days: int = Field(gt=0, description="Guest rows idle longer are prunable.")
@@ -77,6 +99,112 @@ class GuestRetention(dg.ConfigurableResource):
     def max_run_duration(self) -> dt.timedelta:
         """:attr:`max_run_duration_seconds` as a timedelta."""
         return dt.timedelta(seconds=self.max_run_duration_seconds)
+
+
+#: The run limits a launch may set (run config ``resources.retention.config``), with their
+#: variable, bounds and type: a batch is one transaction holding row locks, and the time budget
+#: stays under the run ceiling of ``dagster.yaml``.
+LAUNCH_LIMITS: dict[str, tuple[str, float, float, type]] = {
+    "batch_size": (BATCH_SIZE_VAR, 1, MAX_BATCH_SIZE, int),
+    "max_run_duration_seconds": (MAX_RUN_DURATION_VAR, MIN_DURATION.total_seconds(),
+                                 MAX_RUN_DURATION_LIMIT.total_seconds(), float),
+}
+
+
+def _refuse(message: str, config: Any) -> dg.DagsterInvalidConfigError:
+    return dg.DagsterInvalidConfigError(message, [], config)
+
+
+def deployed_retention(deployed: GuestRetention) -> dg.ResourceDefinition:
+    """The ``retention`` resource of the code location: ``deployed`` (built from the
+    environment), with the run limits open to a run's config and nothing else.
+
+    Run config ``resources.retention.config`` may hold ``batch_size`` (rows, 1 to 100,000) and
+    ``max_run_duration_seconds`` (seconds, 1 to 3,000), the bounds of
+    ``FAVORITES_GUEST_RETENTION_BATCH_SIZE`` and ``FAVORITES_GUEST_RETENTION_MAX_RUN_DURATION``;
+    the launchpad offers the deployed values. The retention days are the deployment's: a
+    ``retention_days`` other than the deployed value (which changes nothing) is refused, and so
+    is any other key. The table, the guard and the age column are fixed in
+    :mod:`favorites_maintenance.retention.rule` and have no config at all.
+
+    The check runs when Dagster resolves the run config: in the code server when a run is
+    launched from the UI or GraphQL (the launch fails, no run is created) and before
+    ``execute_in_process`` creates its run.
+
+    Raises (at launch):
+        dagster.DagsterInvalidConfigError: naming the key, the value and the variable that
+            configures it.
+    """
+    days = deployed.retention_days
+
+    def at_launch(config: Mapping[str, Any]) -> dict[str, Any]:
+        values = {"retention_days": days, "batch_size": deployed.batch_size,
+                  "max_run_duration_seconds": deployed.max_run_duration_seconds}
+        for key, value in config.items():
+            if key == "retention_days":
+                if value is None or value == days:
+                    continue
+                raise _refuse(
+                    f"retention_days={value!r} refused: the retention is not set at launch. It "
+                    f"is {RETENTION_DAYS_VAR} ({days} days in this deployment), read from "
+                    f"{_WHERE}; change it there, reviewed, and restart that process.", config)
+            if key not in LAUNCH_LIMITS:
+                raise _refuse(
+                    f"{key!r} refused: a launch may set only {', '.join(LAUNCH_LIMITS)}. The "
+                    f"rule (table, guard user_id IS NULL, age column updated_at, retention days) "
+                    f"is fixed by the deployment: {RETENTION_DAYS_VAR} in {_WHERE}.", config)
+            variable, low, high, kind = LAUNCH_LIMITS[key]
+            if value == values[key]:
+                continue  # the deployment's own value (the launchpad's default)
+            if not low <= value <= high:
+                shown = int(value) if float(value).is_integer() else value  # 0, not 0.0
+                raise _refuse(
+                    f"{key}={shown!r} refused: it must be between {low:,g} and {high:,g}, "
+                    f"the bounds of {variable}.", config)
+            values[key] = kind(value)
+        return values
+
+    description = (
+        f"Retention: guest rows idle longer than {days} days are prunable "
+        f"({RETENTION_DAYS_VAR}; fixed by the deployment, not settable at launch). Run limits: "
+        f"batch_size {deployed.batch_size} rows, max_run_duration_seconds "
+        f"{deployed.max_run_duration_seconds:g} s ({BATCH_SIZE_VAR}, {MAX_RUN_DURATION_VAR}); a "
+        f"launch may change them within the same bounds.")
+    schema = dg.Permissive({
+        "batch_size": dg.Field(int, default_value=deployed.batch_size,
+                               description=f"Rows per batch transaction, 1 to {MAX_BATCH_SIZE:,} "
+                               f"({BATCH_SIZE_VAR})."),
+        "max_run_duration_seconds": dg.Field(
+            float, default_value=float(deployed.max_run_duration_seconds),
+            description=f"Time budget of the purge in seconds, "
+            f"{MIN_DURATION.total_seconds():g} to {MAX_RUN_DURATION_LIMIT.total_seconds():g} "
+            f"({MAX_RUN_DURATION_VAR})."),
+    })
+    return deployed.get_resource_definition().configured(at_launch, config_schema=schema,
+                                                          description=description)
+
+
+def deployed_database() -> dg.ResourceDefinition:
+    """The ``database`` resource of the code location: the favorites database of
+    ``FAVORITES_DATABASE_URL`` (read by ``EnvVar`` when the run starts), which no run config
+    can change: any ``resources.database.config`` is refused at launch, naming the variable, so
+    a launch can neither point the job at another database nor leave a password in a run's
+    config.
+
+    Raises (at launch):
+        dagster.DagsterInvalidConfigError: any key given in run config.
+    """
+    def at_launch(config: Mapping[str, Any]) -> dict[str, Any]:
+        if config:
+            raise _refuse(
+                f"{', '.join(sorted(config))} refused: the favorites database is not chosen at "
+                f"launch. It is {DATABASE_URL_VAR}, read from {_WHERE}.", config)
+        return {"url": {"env": DATABASE_URL_VAR}}  # resolved by Dagster when the run starts
+
+    return FavoritesDatabase(url=dg.EnvVar(DATABASE_URL_VAR)).get_resource_definition().configured(
+        at_launch, config_schema=dg.Permissive({}),
+        description=f"The favorites database: {DATABASE_URL_VAR} (by reference, never shown); "
+        "not settable at launch.")
 
 
 class AlertSink(dg.ConfigurableResource):

@@ -214,3 +214,94 @@ def visible_text(dom: str) -> str:
     text = re.sub(r"<script.*?</script>|<style.*?</style>", " ", dom, flags=re.S)
     text = re.sub(r"<[^>]+>", " ", text)
     return re.sub(r"\s+", " ", html.unescape(text))
+
+
+def graphql(url: str, query: str, variables: dict | None = None) -> dict:
+    """POST ``query`` to the webserver at ``url``; return its ``data``, failing on ``errors``."""
+    body = json.dumps({"query": query, "variables": variables or {}}).encode()
+    request = urllib.request.Request(f"{url}/graphql", data=body,
+                                     headers={"Content-Type": "application/json"})
+    try:
+        with urllib.request.urlopen(request, timeout=60) as resp:
+            payload = json.load(resp)
+    except urllib.error.HTTPError as exc:
+        # The webserver answers 500 when the data holds a PythonError: the data is the answer.
+        body = exc.read().decode(errors="replace")
+        try:
+            payload = json.loads(body)
+        except ValueError:
+            payload = {"errors": f"HTTP {exc.code}: {body[:2000]}"}
+    assert not payload.get("errors"), payload["errors"]
+    return payload["data"]
+
+
+@dataclass
+class DagsterService:
+    """One process of a deployment as ``README.md`` ("Deploying") runs it: ``dagster-webserver``
+    or ``dagster-daemon run`` over ``workspace.yaml``, with its own environment.
+
+    Attributes:
+        proc: the process, leader of its own process group (its code server runs in it too).
+        log: its stdout and stderr.
+        port: the webserver's port on 127.0.0.1 (``None`` for the daemon).
+    """
+
+    proc: subprocess.Popen
+    log: Path
+    port: int | None = None
+    seen_pids: set[int] = field(default_factory=set)
+
+    @classmethod
+    def start(cls, command: str, args: list[str], env: dict[str, str], log: Path,
+              port: int | None = None) -> "DagsterService":
+        binary = str(Path(sys.executable).parent / command)
+        with open(log, "wb") as out:
+            proc = subprocess.Popen([binary, *args, "-w", str(ROOT / "workspace.yaml")],
+                                    cwd=ROOT, env=env, stdout=out, stderr=subprocess.STDOUT,
+                                    start_new_session=True)
+        return cls(proc=proc, log=log, port=port)
+
+    @classmethod
+    def webserver(cls, env: dict[str, str], log: Path, *extra: str) -> "DagsterService":
+        port = free_port()
+        return cls.start("dagster-webserver", ["-h", "127.0.0.1", "-p", str(port), *extra],
+                         env, log, port)
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    def tail(self, n: int = 40) -> str:
+        return "\n".join(self.log.read_text(errors="replace").splitlines()[-n:])
+
+    def wait_until_serving(self, timeout: float = 180) -> None:
+        def up():
+            if self.proc.poll() is not None:
+                raise AssertionError(f"exited with {self.proc.returncode}:\n{self.tail()}")
+            self.seen_pids |= descendants(self.proc.pid)
+            try:
+                with urllib.request.urlopen(f"{self.url}/server_info", timeout=5) as resp:
+                    return resp.status == 200
+            except (urllib.error.URLError, ConnectionError, TimeoutError):
+                return False
+
+        wait_for(up, timeout, what=f"the Dagster webserver on {self.url}")
+
+    def graphql(self, query: str, variables: dict | None = None) -> dict:
+        return graphql(self.url, query, variables)
+
+    def stop(self, timeout: float = 60) -> None:
+        """SIGINT to the process (it stops its code server), then SIGKILL to whatever of it
+        is left."""
+        if self.proc.poll() is None:
+            self.seen_pids |= descendants(self.proc.pid)
+            self.proc.send_signal(signal.SIGINT)
+            try:
+                self.proc.wait(timeout=timeout)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+        for pid in self.seen_pids:
+            if alive(pid):
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(pid, signal.SIGKILL)

@@ -110,21 +110,20 @@ def test_an_invalid_setting_stops_the_code_location_before_any_connection(
 
 @pytest.mark.parametrize("field, value", [("retention_days", 0), ("batch_size", -5),
                                           ("max_run_duration_seconds", 0)])
-def test_an_invalid_value_in_the_run_config_fails_the_run_before_any_connection(
+def test_an_invalid_value_in_the_run_config_is_refused_at_launch_before_any_connection(
         field, value, listener, monkeypatch):
     monkeypatch.setenv(DATABASE_URL_VAR, listener.url())
     job = build_defs(Settings()).resolve_job_def("guest_favorites_cleanup_job")
     with dg.instance_for_test() as instance:
-        result = job.execute_in_process(
-            partition_key=PARTITION, instance=instance, raise_on_error=False,
-            run_config={"resources": {"retention": {"config": {
-                "retention_days": 365, "batch_size": 1000, "max_run_duration_seconds": 600,
-                field: value}}}})
-    assert not result.success
-    [failure] = [e for e in result.all_events if e.is_failure]
-    text = str(failure.event_specific_data.error.cause)
-    assert field in text and "greater than 0" in text
-    assert not [e for e in result.all_events if e.event_type_value == "STEP_START"]
+        with pytest.raises(dg.DagsterInvalidConfigError) as refused:
+            job.execute_in_process(
+                partition_key=PARTITION, instance=instance,
+                run_config={"resources": {"retention": {"config": {
+                    "retention_days": 365, "batch_size": 1000, "max_run_duration_seconds": 600,
+                    field: value}}}})
+        assert instance.get_runs() == []
+    assert str(refused.value).startswith(f"{field}={value!r} refused")
+    assert PASSWORD not in str(refused.value)
     assert listener.accepted == 0
 
 
