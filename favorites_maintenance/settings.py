@@ -273,7 +273,8 @@ def parse_database_url(raw: str) -> URL:
 def safe_url(url: URL) -> str:
     """``url`` as text with its password masked, in the user part and in the query
     (``?password=…``) alike."""
-    hidden = {k: "***" for k in url.query if "password" in k.lower()}
+    # A libpq conninfo may hide in dbname (its own password with it): masked too.
+    hidden = {k: "***" for k in url.query if "password" in k.lower() or k.lower() == "dbname"}
     text = url.update_query_dict(hidden).render_as_string(hide_password=True)
     return text.replace("%2A%2A%2A", "***")
 

@@ -149,6 +149,9 @@ def test_loading_the_code_location_fails_fast_naming_the_variable():
     ("target_session_attrs=any-please", "option 'target_session_attrs' must be one of"),
     ("autocommit=true", "option 'autocommit' is not supported"),
     ("pool_size=4", "option 'pool_size' is not a libpq or psycopg connection option"),
+    ("prepare_threshold=%C2%B2", "option 'prepare_threshold' must be a whole number"),
+    ("connect_timeout=%C2%B2", "option 'connect_timeout' must be a whole number"),
+    (f"dbname=host%3Dh2%20password%3D{PASSWORD}", "option 'dbname' is not taken here"),
 ])
 def test_driver_options_in_the_url_are_checked_at_load_naming_the_option(query, said):
     with pytest.raises(SettingsError) as raised:

@@ -35,28 +35,51 @@ MIN_UTC = dt.datetime.min.replace(tzinfo=dt.timezone.utc)
 MAX_UTC = dt.datetime.max.replace(tzinfo=dt.timezone.utc)
 
 
+class _ServerInstant(dt.datetime):
+    """:data:`MIN_UTC` or :data:`MAX_UTC` standing for an instant Python cannot hold, with the
+    server's own text of it (``raw``), which is what is bound when it is sent back."""
+
+    raw: bytes
+
+
+def _server_instant(value: dt.datetime, raw: bytes) -> _ServerInstant:
+    instant = _ServerInstant(value.year, value.month, value.day, value.hour, value.minute,
+                             value.second, value.microsecond, tzinfo=value.tzinfo)
+    instant.raw = raw
+    return instant
+
+
 class _InfinityTimestamptzLoader(TimestamptzLoader):
     """Loads ``-infinity`` and BC instants as :data:`MIN_UTC`, ``infinity`` as :data:`MAX_UTC`.
 
     ``updated_at`` is ``timestamptz NOT NULL``, so ``'-infinity'`` is a legal value of a row the
     rule must delete; Python's datetime cannot hold it, and psycopg would fail every batch that
-    reads it back.
+    reads it back. The value keeps the server's text, so a keyset position taken from such a
+    row is bound back exactly (two BC instants both load as :data:`MIN_UTC`).
     """
 
     def load(self, data):
         raw = bytes(data)
         if raw == b"-infinity" or raw.endswith(b" BC"):
-            return MIN_UTC
+            return _server_instant(MIN_UTC, raw)
         if raw == b"infinity":
-            return MAX_UTC
-        return super().load(data)
+            return _server_instant(MAX_UTC, raw)
+        value = super().load(data)
+        if value == MIN_UTC or value == MAX_UTC:
+            # Indistinguishable from the infinities once loaded: keep the server's text.
+            return _server_instant(value, raw)
+        return value
 
 
 class _InfinityDatetimeDumper(DatetimeDumper):
-    """Binds :data:`MIN_UTC` / :data:`MAX_UTC` back as ``-infinity`` / ``infinity``, so a keyset
-    position taken from such a row compares exactly."""
+    """Binds an instant loaded by :class:`_InfinityTimestamptzLoader` back as the server's own
+    text of it, and :data:`MIN_UTC` / :data:`MAX_UTC` given by hand as ``-infinity`` /
+    ``infinity``."""
 
     def dump(self, obj):
+        raw = getattr(obj, "raw", None)
+        if raw is not None:
+            return raw
         if obj == MIN_UTC:
             return b"-infinity"
         if obj == MAX_UTC:
@@ -67,6 +90,7 @@ class _InfinityDatetimeDumper(DatetimeDumper):
 def _adapt_infinities(dbapi_connection, _record) -> None:
     dbapi_connection.adapters.register_loader("timestamptz", _InfinityTimestamptzLoader)
     dbapi_connection.adapters.register_dumper(dt.datetime, _InfinityDatetimeDumper)
+    dbapi_connection.adapters.register_dumper(_ServerInstant, _InfinityDatetimeDumper)
 
 
 #: psycopg's own connection options (not libpq's) that a URL's query may set.
@@ -128,7 +152,10 @@ def connect_options(url: URL | str) -> tuple[URL, dict[str, Any]]:
             raise ConnectOptionError(key, "is given more than once")
         if key == "prepare_threshold":
             connect_args[key] = _prepare_threshold(value)
-        elif key in _INT_OPTIONS and not (value.isdigit()):
+        elif key == "dbname":
+            raise ConnectOptionError(key, "is not taken here: name the database in the URL's "
+                                          "path (postgresql+psycopg://user@host/DATABASE)")
+        elif key in _INT_OPTIONS and not _whole_number(value):
             raise ConnectOptionError(key, f"must be a whole number >= 0, got {value!r}")
         elif key in _CHOICES and value not in _CHOICES[key]:
             raise ConnectOptionError(key, f"must be one of {', '.join(sorted(_CHOICES[key]))}; "
@@ -136,10 +163,14 @@ def connect_options(url: URL | str) -> tuple[URL, dict[str, Any]]:
     return url.difference_update_query(_PSYCOPG_OPTIONS), connect_args
 
 
+def _whole_number(value: str) -> bool:
+    return value.isascii() and value.isdigit()
+
+
 def _prepare_threshold(value: str) -> int | None:
     if value.strip().lower() in {"", "none", "null"}:
         return None
-    if not value.strip().isdigit():
+    if not _whole_number(value.strip()):
         raise ConnectOptionError("prepare_threshold", "must be a whole number >= 0 or None "
                                                       f"(never prepare), got {value!r}")
     return int(value)

@@ -44,6 +44,9 @@ _KINDS: dict[str, str] = {
     # A prepared or plan-cached statement outlived a schema change (or a pooler moved the
     # session): running it again re-plans it.
     "26000": "stale_statement",
+    # A feature the statement needs is refused for this table (e.g. a DELETE rule, which
+    # PostgreSQL does not apply to a DELETE ... RETURNING in WITH).
+    "0A000": "feature_not_supported",
     # Row-level errors: one row of a batch cannot be deleted (a foreign key, a trigger, a
     # cascade into another table); the rest of the batch could.
     "23001": "restrict_violation",
@@ -70,6 +73,7 @@ _SAFE_MESSAGE_KINDS = frozenset({
     "undefined_table", "undefined_column", "undefined_schema", "deadlock_detected",
     "serialization_failure", "read_only", "authentication_failed", "unknown_database",
     "connection_lost", "too_many_connections", "insufficient_resources", "stale_statement",
+    "feature_not_supported",
     "restrict_violation", "foreign_key_violation", "not_null_violation", "check_violation",
     "exclusion_violation", "integrity_constraint_violation",
 })

@@ -252,6 +252,11 @@ DEFAULT_MAX_SKIPPED_ROWS = 100
 #: table for blocked and fails rather than trying every row one at a time.
 BLOCKED_AFTER = 10
 
+#: Rows selected before a shortfall of deletes is judged mid-run (at least one full batch);
+#: a run that ends sooner is judged at its end. A few rows swallowed at the head of the table
+#: must not fail every run however small the batches.
+NO_PROGRESS_SAMPLE = 1000
+
 #: Runs of the same batch after a stale statement before the error is raised.
 _STALE_RETRIES = 3
 
@@ -466,8 +471,7 @@ def purge(
     try:
         try:
             assert_primary(conn)
-            by_ctid = _match_by_ctid(conn)
-            conn.rollback()  # end the autobegun transaction of the checks
+            conn.rollback()  # end the autobegun transaction of the check
         except sa.exc.DBAPIError as exc:
             raise _connect_error(exc) from None
         try:
@@ -476,6 +480,7 @@ def purge(
                 limit_transaction(conn, lock_timeout=lock_timeout,
                                   statement_timeout=statement_timeout)
                 findings = check_table(conn)
+                by_ctid = _match_by_ctid(conn)
         except sa.exc.DBAPIError as exc:
             error = describe(exc)
             log.error("could not check the table before the first batch: %s", error)
@@ -553,11 +558,10 @@ def purge(
                 on_batch(BatchResult(batch_no, row.deleted, elapsed, deleted_total))
             if row.deleted < row.selected:
                 skip(row.selected - row.deleted, _SWALLOWED)
-                # Judged once a full batch's worth was selected, or at the end of the run.
+                # Judged once enough rows were selected, or at the end of the run.
                 if (deleted_total * 2 < selected_total
-                        and (selected_total >= batch_size or row.selected < limit)):
+                        and selected_total >= max(batch_size, NO_PROGRESS_SAMPLE)):
                     raise _no_progress(conn, report(StopReason.EXHAUSTED), selected_total)
-                check_skipped()
             if row.selected < limit:
                 break
             after = {"after_updated_at": row.last_updated_at, "after_id": row.last_id}
@@ -594,16 +598,19 @@ def _check_zero_progress(conn: sa.Connection, cutoff: dt.datetime, report: Purge
     """The purge locked no row: tell "every candidate is held by another session" (a backlog
     for the next run) from "the rule matches rows this role cannot lock" (a failure).
 
-    One rolled-back transaction: count candidates without locking, then try to lock them
-    ``NOWAIT``. A row held by another session makes the lock fail at once (55P03): fine. No
-    row visible: fine. Rows visible, none locked and no lock conflict: something filters them
-    from ``FOR UPDATE`` (row-level security without an UPDATE policy): fail.
+    One rolled-back ``REPEATABLE READ`` transaction, so both statements see one snapshot:
+    count candidates without locking, then try to lock them ``NOWAIT``. A row held by another
+    session makes the lock fail at once (55P03), one changed since the snapshot fails it with a
+    serialization failure: fine, either way. No row visible: fine. Rows visible, none locked and
+    no conflict: something filters them from ``FOR UPDATE`` (row-level security without an
+    UPDATE policy): fail.
     """
     ids = (sa.select(favorites.c.id).where(prunable(cutoff))
            .order_by(favorites.c.updated_at, favorites.c.id).limit(sample))
     try:
         tx = conn.begin()
         try:
+            conn.exec_driver_sql("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ")
             limit_transaction(conn)
             visible = conn.execute(sa.select(sa.func.count()).select_from(
                 ids.subquery())).scalar_one()
@@ -612,8 +619,8 @@ def _check_zero_progress(conn: sa.Connection, cutoff: dt.datetime, report: Purge
             try:
                 locked = len(conn.execute(ids.with_for_update(nowait=True)).all())
             except sa.exc.DBAPIError as exc:
-                if describe(exc).kind == "lock_not_available":
-                    return  # held by user transactions: the backlog waits for the next run
+                if describe(exc).kind in ("lock_not_available", "serialization_failure"):
+                    return  # held or changed by others: the backlog waits for the next run
                 raise
         finally:
             tx.rollback()  # the probe's locks are released at once

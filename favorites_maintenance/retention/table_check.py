@@ -23,7 +23,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import sqlalchemy as sa
-from sqlalchemy.dialects.postgresql import TIMESTAMP
+from sqlalchemy.dialects.postgresql import DOMAIN, TIMESTAMP
 
 from favorites_maintenance.retention.rule import favorites
 from favorites_maintenance.retention.schema import RECOMMENDED_INDEX_SQL
@@ -75,6 +75,10 @@ def check_table(conn: sa.Connection) -> TableFindings:
     """
     table = f"{favorites.schema}.{favorites.name}"
     inspector = sa.inspect(conn)
+    if (favorites.name in inspector.get_view_names(schema=favorites.schema)
+            or favorites.name in inspector.get_materialized_view_names(schema=favorites.schema)):
+        raise TableShapeError(f"{table} is a view: the job deletes from the table itself; "
+                              "point it at the database whose favorites.favorites is a table")
     try:
         columns = {c["name"]: c for c in inspector.get_columns(favorites.name,
                                                                  schema=favorites.schema)}
@@ -90,7 +94,8 @@ def check_table(conn: sa.Connection) -> TableFindings:
 
     age = column(AGE_COLUMN)
     age_type = age["type"]
-    if not (isinstance(age_type, TIMESTAMP) and age_type.timezone):
+    base_type = age_type.data_type if isinstance(age_type, DOMAIN) else age_type
+    if not (isinstance(base_type, TIMESTAMP) and base_type.timezone):
         type_name = age_type.compile(dialect=conn.dialect)
         raise TableShapeError(
             f"{table}.{AGE_COLUMN} is {type_name}, but the rule compares it with a UTC instant "
@@ -105,7 +110,11 @@ def check_table(conn: sa.Connection) -> TableFindings:
             f"({GUARD_COLUMN} IS NULL): the table is not the one the rule is written for",
             column=GUARD_COLUMN)
 
-    column(KEY_COLUMN)
+    if column(KEY_COLUMN)["nullable"]:
+        raise TableShapeError(
+            f"{table}.{KEY_COLUMN} is nullable: a row without a key can never be matched by the "
+            f"purge's DELETE. Fix: ALTER TABLE {table} ALTER COLUMN {KEY_COLUMN} SET NOT NULL",
+            column=KEY_COLUMN)
     if not _is_unique(inspector, KEY_COLUMN):
         raise TableShapeError(
             f"{table}.{KEY_COLUMN} is not unique (no primary key, unique constraint or unique "

@@ -234,3 +234,20 @@ def test_database_errors_name_the_constraint_never_the_detail_values(engine, row
         '"favorites" violates RESTRICT setting of foreign key constraint "refs_favorite_fk" on '
         'table "refs" [schema favorites, table refs, constraint refs_favorite_fk]')
     assert str(favorite_id) not in str(error)
+
+
+@pytest.mark.parametrize("when", ["0100-01-01 00:00:00+00 BC", "0001-01-01 00:00:00+00",
+                                  "-infinity"])
+def test_a_referenced_row_at_an_instant_python_cannot_hold_is_skipped_once(engine, rows, when):
+    # Such instants load as datetime.min; the keyset must still move past the skipped row.
+    with engine.begin() as conn:
+        conn.exec_driver_sql(
+            "INSERT INTO favorites.favorites (id, anonymous_id, item_id, updated_at) "
+            f"OVERRIDING SYSTEM VALUE VALUES (1000000, gen_random_uuid(), 1, '{when}')")
+    reference(engine, 1000000)
+    ordinary = rows.add_many(20, updated_at=OLD)
+
+    report = purge(engine, CUTOFF, batch_size=5, max_run_duration=TEN_MIN)
+
+    assert (report.deleted_total, report.skipped_rows) == (len(ordinary), 1)
+    assert rows.ids() == {1000000}

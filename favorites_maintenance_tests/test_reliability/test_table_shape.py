@@ -104,7 +104,7 @@ def test_a_timestamp_without_time_zone_is_refused_by_the_job_and_the_dry_run(
      "favorites.favorites.updated_at is DATE"),
     ({"user_id": "bigint NOT NULL"}, "user_id",
      "favorites.favorites.user_id is NOT NULL, so no row can ever be a guest row"),
-    ({"key": "bigint"}, "id", "favorites.favorites.id is not unique"),
+    ({"key": "bigint NOT NULL"}, "id", "favorites.favorites.id is not unique"),
 ])
 def test_other_shapes_the_rule_cannot_use_are_refused_naming_the_column(
         db_url, engine, monkeypatch, shape, column, said):
@@ -149,3 +149,27 @@ def test_a_missing_partial_index_is_a_warning_with_the_statement_to_run(
     out = dry_run(db_url)
     assert out.exit_code == 0
     assert "warning:" in out.stderr and RECOMMENDED_INDEX_SQL in out.stderr
+
+
+def test_a_view_in_place_of_the_table_is_refused_naming_it(db_url, engine, monkeypatch):
+    with engine.begin() as conn:
+        conn.exec_driver_sql("ALTER TABLE favorites.favorites RENAME TO base")
+        conn.exec_driver_sql("CREATE VIEW favorites.favorites AS SELECT * FROM favorites.base")
+    with dg.instance_for_test() as instance:
+        result = run_job(db_url, instance, monkeypatch=monkeypatch)
+    assert "favorites.favorites is a view" in error_text(step_failure(result)[1])
+
+
+def test_a_nullable_key_is_refused_and_a_timestamptz_domain_is_accepted(
+        db_url, engine, monkeypatch):
+    recreate(engine, key="bigint UNIQUE")
+    out = dry_run(db_url)
+    assert out.exit_code == 2 and "favorites.favorites.id is nullable" in out.output
+
+    with engine.begin() as conn:
+        conn.exec_driver_sql("CREATE DOMAIN favorites.instant AS timestamptz")
+    recreate(engine, updated_at="favorites.instant NOT NULL")
+    insert(engine, [(1, None, OLD.isoformat()), (2, 5, OLD.isoformat())])
+    with dg.instance_for_test() as instance:
+        result = run_job(db_url, instance, monkeypatch=monkeypatch)
+    assert result.success and ids(engine) == {2}

@@ -9,15 +9,19 @@ backlog, as before, and a few swallowed rows are skipped rows, not a failure.
 
 from __future__ import annotations
 
+import datetime as dt
 import threading
 
 import dagster as dg
 import pytest
 import sqlalchemy as sa
 
+from favorites_maintenance.retention import BatchError, purge
+from favorites_maintenance.retention.database import create_engine
 from favorites_maintenance.retention.least_privilege import apply_row_level_security
 from favorites_maintenance.retention.schema import dev_favorites
 from favorites_maintenance_tests.test_reliability.conftest import (
+    CUTOFF,
     OLD,
     delete_trigger,
     error_text,
@@ -155,3 +159,54 @@ def test_nothing_to_delete_is_still_a_success(db_url, engine, rows, monkeypatch,
         result = run_job(db_url, instance, monkeypatch=monkeypatch)
     assert result.success
     assert materialization(result)["deletedTotal"] == 0
+
+
+@pytest.mark.parametrize("batch_size, protected", [(10, 6), (1, 1)])
+def test_a_few_swallowed_rows_at_the_head_of_the_table_never_fail_the_run(
+        engine, rows, batch_size, protected):
+    # Every run starts at the oldest rows: judging the first small batch alone would fail
+    # every run for good.
+    ids = sorted(rows.add_many(200, updated_at=OLD))
+    kept = set(ids[:protected])
+    swallow_deletes(engine, f"OLD.id <= {max(kept)}")
+
+    report = purge(engine, CUTOFF, batch_size=batch_size, max_run_duration=dt.timedelta(
+        minutes=5))
+
+    assert (report.deleted_total, report.skipped_rows) == (200 - protected, protected)
+    assert rows.ids() == kept
+
+
+def test_rows_deleted_by_another_session_during_the_check_are_no_failure(db_url, engine, rows):
+    rows.add_many(5, updated_at=OLD)
+    other = engine.connect()
+    held = other.begin()
+    other.execute(sa.delete(dev_favorites))  # another session deletes them, not yet committed
+    job_engine = create_engine(db_url)
+
+    @sa.event.listens_for(job_engine, "before_cursor_execute")
+    def commit_the_other_first(conn, cursor, statement, *args):
+        # The other session commits between the zero-progress check's count and its lock.
+        if "NOWAIT" in statement and held.is_active:
+            held.commit()
+
+    try:
+        report = purge(job_engine, CUTOFF, batch_size=10, max_run_duration=dt.timedelta(
+            minutes=5))
+    finally:
+        other.close()
+        job_engine.dispose()
+    assert report.deleted_total == 0
+    assert rows.count() == 0
+
+
+def test_a_delete_rule_fails_the_batch_naming_what_the_server_refused(engine, rows):
+    rows.add_many(20, updated_at=OLD)
+    with engine.begin() as conn:
+        conn.exec_driver_sql(
+            "CREATE RULE keep AS ON DELETE TO favorites.favorites DO INSTEAD NOTHING")
+    with pytest.raises(BatchError) as raised:
+        purge(engine, CUTOFF, batch_size=7, max_run_duration=dt.timedelta(minutes=5))
+    assert "feature_not_supported" in str(raised.value)
+    assert 'cannot perform DELETE RETURNING on relation "favorites"' in str(raised.value)
+    assert rows.count() == 20
