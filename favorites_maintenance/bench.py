@@ -582,8 +582,9 @@ def start_server(pgdata: Path):
 
     pgdata = Path(pgdata).resolve()
     pgdata.parent.mkdir(parents=True, exist_ok=True)
-    # The server runs as an unprivileged user when we are root: it must reach pgdata.
-    os.chmod(pgdata.parent, 0o755)
+    # The server runs as an unprivileged user when we are root: it must reach pgdata. Only add
+    # read and search bits: the parent may be a shared folder such as /tmp (sticky, writable).
+    os.chmod(pgdata.parent, pgdata.parent.stat().st_mode & 0o7777 | 0o055)
     server = EmbeddedPostgres(pgdata).start()
     srv = _Server(server)
     try:
