@@ -273,7 +273,9 @@ def _batch_statement(cutoff: dt.datetime, keyset: bool, by_ctid: bool = True) ->
         sa.select(*([favorites.c.ctid] if by_ctid else []), favorites.c.id, favorites.c.updated_at)
         .where(*where)
         .order_by(favorites.c.updated_at, favorites.c.id)
-        .limit(sa.bindparam("batch_size", type_=sa.Integer))
+        # Rendered into the statement: as a server-side parameter the LIMIT is planned worse
+        # (batch p50 6.4 -> 9-11 ms at 2 M rows in the bench).
+        .limit(sa.bindparam("batch_size", type_=sa.Integer, literal_execute=True))
         .with_for_update(skip_locked=True)
         .cte("batch")
         .prefix_with("MATERIALIZED")
