@@ -82,6 +82,23 @@ def alive(pid: int) -> bool:
     return state != "Z"
 
 
+def wait_until_serving(service, timeout: float, *, what: str, who: str = "") -> None:
+    """Wait until ``service`` (with ``proc``, ``url``, ``tail()`` and ``seen_pids``) answers
+    ``/server_info``; fail at once, with the tail of its log, if its process exits."""
+    def up():
+        if service.proc.poll() is not None:
+            raise AssertionError(f"{who + ' ' if who else ''}exited with "
+                                 f"{service.proc.returncode}:\n{service.tail()}")
+        service.seen_pids |= descendants(service.proc.pid)
+        try:
+            with urllib.request.urlopen(f"{service.url}/server_info", timeout=5) as resp:
+                return resp.status == 200
+        except (urllib.error.URLError, ConnectionError, TimeoutError):
+            return False
+
+    wait_for(up, timeout, what=what)
+
+
 @dataclass
 class DevStack:
     """``favorites-maintenance dev`` running in a fresh checkout.
@@ -132,17 +149,7 @@ class DevStack:
         return "\n".join(self.output().splitlines()[-n:])
 
     def wait_until_serving(self, timeout: float = 120) -> None:
-        def up():
-            if self.proc.poll() is not None:
-                raise AssertionError(f"dev exited with {self.proc.returncode}:\n{self.tail()}")
-            self.seen_pids |= descendants(self.proc.pid)
-            try:
-                with urllib.request.urlopen(f"{self.url}/server_info", timeout=5) as resp:
-                    return resp.status == 200
-            except (urllib.error.URLError, ConnectionError, TimeoutError):
-                return False
-
-        wait_for(up, timeout, what=f"the Dagster UI on {self.url}")
+        wait_until_serving(self, timeout, what=f"the Dagster UI on {self.url}", who="dev")
         self.seen_pids |= descendants(self.proc.pid)
 
     def favorites_engine(self) -> sa.Engine:
@@ -275,17 +282,7 @@ class DagsterService:
         return "\n".join(self.log.read_text(errors="replace").splitlines()[-n:])
 
     def wait_until_serving(self, timeout: float = 180) -> None:
-        def up():
-            if self.proc.poll() is not None:
-                raise AssertionError(f"exited with {self.proc.returncode}:\n{self.tail()}")
-            self.seen_pids |= descendants(self.proc.pid)
-            try:
-                with urllib.request.urlopen(f"{self.url}/server_info", timeout=5) as resp:
-                    return resp.status == 200
-            except (urllib.error.URLError, ConnectionError, TimeoutError):
-                return False
-
-        wait_for(up, timeout, what=f"the Dagster webserver on {self.url}")
+        wait_until_serving(self, timeout, what=f"the Dagster webserver on {self.url}")
 
     def graphql(self, query: str, variables: dict | None = None) -> dict:
         return graphql(self.url, query, variables)

@@ -13,15 +13,16 @@ import os
 import pwd
 import shutil
 import signal
-import socket
 import subprocess
 import tempfile
 import time
 from pathlib import Path
 
 import psycopg
-import pytest
 import sqlalchemy as sa
+
+from favorites_maintenance_tests.dev_stack import free_port
+from favorites_maintenance_tests.system_packages import missing
 
 INSTALL_HINT = "apt-get install -y pgbouncer"
 
@@ -35,18 +36,8 @@ def require_pgbouncer() -> str:
     """The ``pgbouncer`` executable; without it skip the test, or fail it when ``CI=true``."""
     binary = pgbouncer_binary()
     if binary is None:
-        message = f"pgbouncer is not installed ({INSTALL_HINT})"
-        if os.environ.get("CI", "").lower() == "true":
-            pytest.fail(message)
-        pytest.skip(message)
+        missing(f"pgbouncer is not installed ({INSTALL_HINT})")
     return binary
-
-
-def free_port() -> int:
-    """A TCP port of 127.0.0.1 that nothing listens on right now."""
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 class PgBouncer:

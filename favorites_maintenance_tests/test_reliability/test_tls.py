@@ -36,6 +36,7 @@ from favorites_maintenance.retention.schema import create_dev_schema
 from favorites_maintenance.settings import DATABASE_URL_VAR, Settings
 from favorites_maintenance_tests.conftest import Rows
 from favorites_maintenance_tests.dev_stack import alive, free_port, wait_for
+from favorites_maintenance_tests.system_packages import missing
 from favorites_maintenance_tests.test_reliability.conftest import (
     CUTOFF,
     PARTITION,
@@ -160,10 +161,7 @@ class TlsServer:
 def tls_server():
     bindir = debian_bindir()
     if bindir is None:
-        message = "PostgreSQL from Debian is not installed (apt-get install -y postgresql)"
-        if os.environ.get("CI", "").lower() == "true":
-            pytest.fail(message)
-        pytest.skip(message)
+        missing("PostgreSQL from Debian is not installed (apt-get install -y postgresql)")
     root = Path(tempfile.mkdtemp(prefix="favorites-tls-"))
     os.chmod(root, 0o777)
     server = TlsServer(root, bindir)
