@@ -9,11 +9,17 @@ import contextlib
 import dataclasses
 import datetime as dt
 import logging
+import math
+import threading
 import time
 from typing import Any
 
 import dagster as dg
 from dagster._core.errors import DagsterExecutionInterruptedError
+from dagster._core.storage.event_log import (
+    ConsolidatedSqliteEventLogStorage,
+    SqliteEventLogStorage,
+)
 from dagster._utils.interrupts import capture_interrupts, check_captured_interrupt
 from pydantic import Field
 
@@ -50,6 +56,11 @@ FRESHNESS_POLICY = dg.FreshnessPolicy.time_window(fail_window=dt.timedelta(hours
 #: every batch is logged at DEBUG by the retention core's Python logger). An event written to
 #: Dagster's storage for each batch would cost more than the batch itself.
 PROGRESS_EVERY_S = 5.0
+
+#: How often the purge reads its run's status from Dagster's storage, in seconds, when no
+#: interrupt or pushed event has told it of a stop request. A read opens a connection to the
+#: storage (about 25 ms against PostgreSQL), longer than a batch.
+STATUS_EVERY_S = 1.0
 
 #: The retention core logs through Python's ``logging``; its records at INFO and above (skipped
 #: rows and their causes, a missing index, a stale statement) are shown in the run's log too.
@@ -101,10 +112,10 @@ def purge(context: dg.OpExecutionContext, config: PurgeConfig, database: Favorit
     explicitly rather than by a declarative ``RetryPolicy``, which would turn a termination
     into a retry.
 
-    A termination request (UI "Terminate", SIGTERM) is captured, never raised mid-batch, and the
-    run's CANCELING status is read before each batch: the open batch commits, no batch starts
-    after the request, and the op then raises Dagster's interruption so
-    the run ends CANCELED rather than SUCCESS. What was deleted before the stop is recorded as
+    A termination request (UI "Terminate", SIGTERM) is captured, never raised mid-batch, and
+    checked before each batch, with the run's CANCELING status (see :class:`_StopRequests`):
+    the open batch commits, no batch starts after the request, and the op then raises
+    Dagster's interruption so the run ends CANCELED rather than SUCCESS. What was deleted before the stop is recorded as
     an asset observation.
 
     Raises:
@@ -129,35 +140,15 @@ def purge(context: dg.OpExecutionContext, config: PurgeConfig, database: Favorit
             last_progress = now
             _to_run_log(context, logging.INFO, line)
 
-    status_failed = False
-
-    def stop_requested() -> bool:
-        nonlocal status_failed
-        if check_captured_interrupt():
-            return True
-        try:
-            requested = _termination_requested(context)
-        except Exception as exc:  # noqa: BLE001 - Dagster's storage, not the favorites database
-            # The purge goes on: a status that cannot be read is "no stop requested" until the
-            # next read. The signal of a termination is still captured above.
-            if not status_failed:
-                _log.warning("could not read the run's status from Dagster's storage (the "
-                             "purge goes on): %s", error_summary(exc))
-            status_failed = True
-            return False
-        if status_failed:
-            _log.warning("Dagster's storage answers again")
-        status_failed = False
-        return requested
-
     # capture_interrupts only works on the main thread; elsewhere nothing captures the signal.
-    with capture_interrupts(), _core_logs_in_run_log(context):
+    with capture_interrupts(), _core_logs_in_run_log(context), \
+            _StopRequests(context) as stop_requests:
         try:
             report = run_purge(
                 database.engine, cutoff,
                 batch_size=retention.batch_size,
                 max_run_duration=retention.max_run_duration,
-                should_stop=stop_requested,
+                should_stop=stop_requests.requested,
                 on_batch=on_batch,
             )
         except Exception as exc:
@@ -184,7 +175,8 @@ def purge(context: dg.OpExecutionContext, config: PurgeConfig, database: Favorit
             raise
         # A request that arrived during the last batch is still a request: the flag is only
         # visible inside capture_interrupts, which resets it on exit.
-        if report.stop_reason is not StopReason.STOP_REQUESTED and stop_requested():
+        if (report.stop_reason is not StopReason.STOP_REQUESTED
+                and stop_requests.requested(read_now=True)):
             report = dataclasses.replace(report, stop_reason=StopReason.STOP_REQUESTED)
         summary = report_metadata(report, retention)
         earlier_deleted, earlier_batches = _committed_by_earlier_attempts(context)
@@ -283,12 +275,80 @@ def _failed_database(exc: BaseException) -> str:
     return "favorites"
 
 
-def _termination_requested(context: dg.OpExecutionContext) -> bool:
-    """The run was marked CANCELING (UI "Terminate"): seen before the interrupt reaches this
-    process, so no batch starts once the request is recorded."""
-    run = context.instance.get_run_by_id(context.run_id)
-    return run is not None and run.status in (dg.DagsterRunStatus.CANCELING,
-                                              dg.DagsterRunStatus.CANCELED)
+class _StopRequests:
+    """Whether the run was asked to stop, known before each batch without a round trip to
+    Dagster's storage per batch.
+
+    Three ways in, the first two pushed:
+
+    - the interrupt Dagster sends the step's process on termination, captured by
+      ``capture_interrupts``;
+    - the run's ``RUN_CANCELING`` event, pushed by a SQLite event log storage's watch as its
+      file changes (``dagster dev`` without this repository's ``dagster.yaml``, tests);
+    - the run's status, read at most every :data:`STATUS_EVERY_S` seconds, for a launcher that
+      marks a run CANCELING without interrupting it, or a watch that cannot start.
+
+    A status that cannot be read (Dagster's storage down) counts as "no stop requested" until
+    the next read; the captured interrupt still stops the purge.
+    """
+
+    def __init__(self, context: dg.OpExecutionContext):
+        self._context = context
+        self._canceling = threading.Event()
+        self._last_read = -math.inf
+        self._read_failed = False
+        self._watching = False
+
+    def __enter__(self) -> "_StopRequests":
+        storage = self._context.instance.event_log_storage
+        # Only a storage that pushes: the PostgreSQL one's watch polls on a thread of its own
+        # (every 0.25 s to 16 s), no sooner than the read below, and dies on a storage outage.
+        if isinstance(storage, (SqliteEventLogStorage, ConsolidatedSqliteEventLogStorage)):
+            try:
+                storage.watch(self._context.run_id, None, self._on_event)
+                self._watching = True
+            except Exception as exc:  # noqa: BLE001 - the bounded read still sees the request
+                _log.warning("no event watch on Dagster's storage (the run's status is read "
+                             "every %g s): %s", STATUS_EVERY_S, error_summary(exc))
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        if self._watching:
+            with contextlib.suppress(Exception):
+                self._context.instance.event_log_storage.end_watch(self._context.run_id,
+                                                                   self._on_event)
+
+    def _on_event(self, entry: dg.EventLogEntry, _cursor: str) -> None:
+        if entry.dagster_event_type in (dg.DagsterEventType.RUN_CANCELING,
+                                        dg.DagsterEventType.RUN_CANCELED):
+            self._canceling.set()
+
+    def requested(self, read_now: bool = False) -> bool:
+        """True once a stop was requested; ``read_now`` reads the run's status whatever the
+        time since the last read (once, after the last batch)."""
+        if check_captured_interrupt() or self._canceling.is_set():
+            return True
+        now = time.monotonic()
+        if read_now or now - self._last_read >= STATUS_EVERY_S:
+            self._last_read = now
+            if self._read_status():
+                self._canceling.set()
+        return self._canceling.is_set()
+
+    def _read_status(self) -> bool:
+        try:
+            run = self._context.instance.get_run_by_id(self._context.run_id)
+        except Exception as exc:  # noqa: BLE001 - Dagster's storage, not the favorites database
+            if not self._read_failed:
+                _log.warning("could not read the run's status from Dagster's storage (the "
+                             "purge goes on): %s", error_summary(exc))
+            self._read_failed = True
+            return False
+        if self._read_failed:
+            _log.warning("Dagster's storage answers again")
+        self._read_failed = False
+        return run is not None and run.status in (dg.DagsterRunStatus.CANCELING,
+                                                  dg.DagsterRunStatus.CANCELED)
 
 
 def report_metadata(report: PurgeReport, retention: GuestRetention) -> dict[str, Any]:

@@ -18,6 +18,7 @@ import pytest
 import sqlalchemy as sa
 
 from favorites_maintenance.resources import AlertSink
+from favorites_maintenance_tests.daemon import pg_instance
 from favorites_maintenance.sensors import build_stale_sensor
 from favorites_maintenance.settings import BATCH_SIZE_VAR, DATABASE_URL_VAR
 
@@ -185,3 +186,38 @@ def test_a_request_during_the_last_batch_still_cancels_and_records_it(engine, db
     [meta] = observations
     assert meta["deletedTotal"].value == 50
     assert meta["stopReason"].value == "stop_requested"
+
+
+def test_a_run_marked_canceling_without_an_interrupt_stops_at_the_next_status_read(
+        many_old_guests, dagster_storage_url):
+    """Dagster's PostgreSQL storage pushes nothing to the step: a launcher that only marks the
+    run CANCELING is seen at the purge's next status read (every ``STATUS_EVERY_S``), not
+    after the backlog is gone."""
+    engine = many_old_guests
+    with pg_instance(dagster_storage_url) as instance:
+        deleted_at_request = []
+
+        def mark_canceling():
+            deadline = time.monotonic() + 120
+            while time.monotonic() < deadline:
+                if ROWS - remaining(engine) >= 5 * BATCH:
+                    [run] = instance.get_runs(limit=1)
+                    instance.report_run_canceling(run)
+                    deleted_at_request.append(ROWS - remaining(engine))
+                    return
+                time.sleep(0.01)
+
+        threading.Thread(target=mark_canceling, daemon=True).start()
+        result = cleanup_job().execute_in_process(partition_key=PARTITION, instance=instance,
+                                                  raise_on_error=False)
+        observations = [e.dagster_event.asset_observation_data.asset_observation.metadata
+                        for e in instance.all_logs(result.run_id) if e.dagster_event and
+                        e.dagster_event.event_type == dg.DagsterEventType.ASSET_OBSERVATION]
+    assert not result.success
+    deleted = ROWS - remaining(engine)
+    assert deleted_at_request and deleted >= deleted_at_request[0]
+    # Stopped by the request: the whole backlog takes far longer than a status read's interval.
+    assert deleted < ROWS // 2
+    [meta] = observations
+    assert meta["stopReason"].value == "stop_requested"
+    assert meta["deletedTotal"].value == deleted
