@@ -217,27 +217,41 @@ DEFAULT_LOCK_TIMEOUT = dt.timedelta(seconds=2)
 DEFAULT_STATEMENT_TIMEOUT = dt.timedelta(seconds=30)
 
 # Tighten, never loosen: a limit the DBA set on the role, the database or the connection that is
-# shorter than ours stays in force (0 means "no limit" and is always tightened).
-_SET_TIMEOUTS = sa.text("""
-    SELECT set_config(name, CASE WHEN current_setting(name)::interval > interval '0'
+# shorter than ours stays in force (0 means "no limit" and is always tightened). One statement
+# sets every value, so a batch pays one round trip for them.
+_SET_LIMITS = sa.text("""
+    SELECT set_config(name, CASE WHEN NOT is_limit THEN ours
+                                 WHEN current_setting(name)::interval > interval '0'
                                   AND current_setting(name)::interval < CAST(ours AS interval)
                                  THEN current_setting(name) ELSE ours END, true)
-      FROM (VALUES ('lock_timeout', CAST(:lock_timeout AS text)),
-                   ('statement_timeout', CAST(:statement_timeout AS text))) AS limits(name, ours)
+      FROM (VALUES ('lock_timeout', CAST(:lock_timeout AS text), true),
+                   ('statement_timeout', CAST(:statement_timeout AS text), true),
+                   ('synchronous_commit', CAST(:synchronous_commit AS text), false))
+           AS limits(name, ours, is_limit)
+     WHERE is_limit OR ours IS NOT NULL
 """)
 
 
 def limit_transaction(conn: sa.Connection, *,
                       lock_timeout: dt.timedelta = DEFAULT_LOCK_TIMEOUT,
-                      statement_timeout: dt.timedelta = DEFAULT_STATEMENT_TIMEOUT) -> None:
+                      statement_timeout: dt.timedelta = DEFAULT_STATEMENT_TIMEOUT,
+                      synchronous_commit: bool | None = None) -> None:
     """Bound how long the open transaction of ``conn`` may wait for a lock or run a statement.
 
     ``SET LOCAL`` semantics: the limits end with the transaction. A shorter limit already in
     force for the session (role, database, URL) is kept. Without this a statement queued behind
     a migration's ``ACCESS EXCLUSIVE`` lock waits as long as the migration holds it.
+
+    Args:
+        conn: a connection with a transaction open.
+        lock_timeout, statement_timeout: the limits, rounded to whole milliseconds (>= 1 ms).
+        synchronous_commit: ``False`` also sets ``synchronous_commit = off`` for the
+            transaction, in the same statement; ``None`` or ``True`` leaves the session's value.
     """
-    conn.execute(_SET_TIMEOUTS, {"lock_timeout": _ms(lock_timeout),
-                                 "statement_timeout": _ms(statement_timeout)})
+    conn.execute(_SET_LIMITS, {"lock_timeout": _ms(lock_timeout),
+                               "statement_timeout": _ms(statement_timeout),
+                               "synchronous_commit": "off" if synchronous_commit is False
+                               else None})
 
 
 def _ms(value: dt.timedelta) -> str:

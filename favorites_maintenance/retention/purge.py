@@ -335,10 +335,6 @@ def _next_key_statement(cutoff: dt.datetime, keyset: bool) -> sa.Select:
             .with_for_update(skip_locked=True))
 
 
-#: Per batch transaction (``SET LOCAL`` semantics), unless ``synchronous_commit`` is asked for.
-_ASYNC_COMMIT = sa.text("SELECT set_config('synchronous_commit', 'off', true)")
-
-
 def assert_primary(conn: sa.Connection) -> None:
     """Raise :class:`StandbyError` if ``conn`` is on a hot standby (``pg_is_in_recovery()``)."""
     if conn.execute(sa.text("SELECT pg_is_in_recovery()")).scalar_one():
@@ -505,9 +501,8 @@ def purge(
             try:
                 with conn.begin():
                     limit_transaction(conn, lock_timeout=lock_timeout,
-                                      statement_timeout=statement_timeout)
-                    if not synchronous_commit:
-                        conn.execute(_ASYNC_COMMIT)
+                                      statement_timeout=statement_timeout,
+                                      synchronous_commit=synchronous_commit)
                     if limit == 1:
                         key = conn.execute(next_first if after is None else next_following,
                                            after or {}).first()

@@ -280,3 +280,29 @@ def test_every_run_deletes_at_least_one_batch_however_small_its_budget(engine, r
     rows.add_many(30, updated_at=OLD)
     report = run(engine, batch_size=10, max_run_duration=dt.timedelta(microseconds=1))
     assert (report.deleted_total, report.stop_reason) == (10, StopReason.MAX_RUN_DURATION)
+
+
+@pytest.mark.parametrize("synchronous_commit", [False, True])
+def test_each_batch_runs_under_its_limits_and_commit_mode_and_leaves_the_session_as_it_was(
+        engine, rows, synchronous_commit):
+    rows.add_many(30, updated_at=OLD)
+    with engine.begin() as conn:
+        conn.execute(sa.text("CREATE TABLE favorites.seen (settings text)"))
+        conn.execute(sa.text(
+            "CREATE FUNCTION favorites.note_settings() RETURNS trigger LANGUAGE plpgsql AS $$ "
+            "BEGIN INSERT INTO favorites.seen VALUES (concat_ws(' ', "
+            "current_setting('lock_timeout'), current_setting('statement_timeout'), "
+            "current_setting('synchronous_commit'))); RETURN NULL; END $$"))
+        conn.execute(sa.text(
+            "CREATE TRIGGER note_settings AFTER DELETE ON favorites.favorites "
+            "FOR EACH STATEMENT EXECUTE FUNCTION favorites.note_settings()"))
+    report = run(engine, batch_size=10, lock_timeout=dt.timedelta(milliseconds=1500),
+                 statement_timeout=dt.timedelta(seconds=20),
+                 synchronous_commit=synchronous_commit)
+    assert report.deleted_total == 30
+    with engine.connect() as conn:
+        seen = set(conn.execute(sa.text("SELECT settings FROM favorites.seen")).scalars())
+        after = conn.execute(sa.text("SELECT concat_ws(' ', current_setting('lock_timeout'), "
+                                     "current_setting('synchronous_commit'))")).scalar_one()
+    assert seen == {f"1500ms 20s {'on' if synchronous_commit else 'off'}"}
+    assert after == "0 on"  # SET LOCAL: the pooled session keeps its own values
