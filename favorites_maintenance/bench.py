@@ -67,10 +67,12 @@ UTC = dt.timezone.utc
 #: The data set's "now": fixed, so the same seed gives the same rows whenever the bench runs.
 BENCH_NOW = dt.datetime(2026, 1, 1, tzinfo=UTC)
 STRATEGIES = ("A", "B", "C", "D", "A2", "A4", "J")
-#: Not run by default: A with ``synchronous_commit`` on, to measure what turning it off saves.
-EXTRA_STRATEGIES = ("A_durable",)
+#: Not run by default, to measure what a choice of A's gives: A with ``synchronous_commit`` on,
+#: and A locking every batch's rows before deleting them (no optimistic batches).
+EXTRA_STRATEGIES = ("A_durable", "A_lock_first")
 #: Workers of each strategy (A2 and A4 run A in that many processes at once).
-WORKERS = {"A": 1, "B": 1, "C": 1, "D": 1, "A2": 2, "A4": 4, "A_durable": 1, "J": 1}
+WORKERS = {"A": 1, "B": 1, "C": 1, "D": 1, "A2": 2, "A4": 4, "A_durable": 1, "A_lock_first": 1,
+           "J": 1}
 #: Share of the rows, the oldest, that are all account rows; guests make 40% overall.
 ACCOUNT_HEAD_SHARE = 0.25
 GUEST_SHARE_OVERALL = 0.4
@@ -208,12 +210,13 @@ def _run_worker(strategy, url, cutoff, batch_size, max_run_s, start, pipe) -> di
         deleted, stop_reason = job["deleted"], job["stop_reason"]
         extra = {"purge_seconds": job["purge_seconds"], "run_seconds": job["run_seconds"],
                  "job_batches": job["batches"], "job_batch_max_ms": job["batch_max_ms"]}
-    elif strategy in ("A", "A_durable"):
+    elif strategy in ("A", "A_durable", "A_lock_first"):
         report = purge(engine, cutoff, batch_size=batch_size,
                        max_run_duration=dt.timedelta(seconds=max_run_s),
                        should_stop=lambda: False,
                        on_batch=lambda b: durations.append(b.duration_s),
-                       **({"synchronous_commit": True} if strategy == "A_durable" else {}))
+                       **({"synchronous_commit": True} if strategy == "A_durable" else {}),
+                       **({"optimistic": False} if strategy == "A_lock_first" else {}))
         deleted = report.deleted_total
         stop_reason = report.stop_reason.value
     elif strategy == "B":

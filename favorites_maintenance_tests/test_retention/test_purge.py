@@ -283,8 +283,9 @@ def test_every_run_deletes_at_least_one_batch_however_small_its_budget(engine, r
 
 
 @pytest.mark.parametrize("synchronous_commit", [False, True])
+@pytest.mark.parametrize("optimistic", [False, True])
 def test_each_batch_runs_under_its_limits_and_commit_mode_and_leaves_the_session_as_it_was(
-        engine, rows, synchronous_commit):
+        engine, rows, synchronous_commit, optimistic):
     rows.add_many(30, updated_at=OLD)
     with engine.begin() as conn:
         conn.execute(sa.text("CREATE TABLE favorites.seen (settings text)"))
@@ -298,11 +299,74 @@ def test_each_batch_runs_under_its_limits_and_commit_mode_and_leaves_the_session
             "FOR EACH STATEMENT EXECUTE FUNCTION favorites.note_settings()"))
     report = run(engine, batch_size=10, lock_timeout=dt.timedelta(milliseconds=1500),
                  statement_timeout=dt.timedelta(seconds=20),
-                 synchronous_commit=synchronous_commit)
+                 synchronous_commit=synchronous_commit, optimistic=optimistic)
     assert report.deleted_total == 30
     with engine.connect() as conn:
-        seen = set(conn.execute(sa.text("SELECT settings FROM favorites.seen")).scalars())
+        seen = list(conn.execute(sa.text("SELECT settings FROM favorites.seen")).scalars())
         after = conn.execute(sa.text("SELECT concat_ws(' ', current_setting('lock_timeout'), "
                                      "current_setting('synchronous_commit'))")).scalar_one()
-    assert seen == {f"1500ms 20s {'on' if synchronous_commit else 'off'}"}
+    commit = "on" if synchronous_commit else "off"
+    # The first batch locks its rows first; optimistic ones after it wait 5 ms for a lock.
+    assert seen[0] == f"1500ms 20s {commit}"
+    assert set(seen[1:]) == {f"{'5ms' if optimistic else '1500ms'} 20s {commit}"}
+    assert len(seen) == 4  # three full batches and the empty one that ends the run
     assert after == "0 on"  # SET LOCAL: the pooled session keeps its own values
+
+
+def test_an_optimistic_batch_that_meets_a_held_row_is_taken_again_with_skip_locked(engine,
+                                                                                    rows):
+    ids = rows.add_many(50, updated_at=OLD)
+    held = ids[25]  # in the third batch: the first batch always locks first
+    user = engine.connect()
+    try:
+        user.begin()
+        user.execute(sa.select(dev_favorites.c.id).where(dev_favorites.c.id == held)
+                     .with_for_update())
+        t0 = time.monotonic()
+        report = run(engine, batch_size=10, lock_timeout=dt.timedelta(seconds=5))
+        assert time.monotonic() - t0 < 4  # waited 5 ms for the user's lock, not 5 s
+        assert report.deleted_total == 49
+        assert report.skipped_rows == 0  # a held row is backlog, not a skipped row
+    finally:
+        user.rollback()
+        user.close()
+    assert rows.ids() == {held}
+
+
+def test_a_row_claimed_while_an_optimistic_delete_waits_for_it_is_not_deleted(
+        engine, rows, monkeypatch):
+    """The DELETE re-checks the guard on the row's newest version: a guest row that became an
+    account row while the batch waited for it stays, and so does its new owner."""
+    purge_module = __import__("favorites_maintenance.retention.purge", fromlist=["purge"])
+    # Long enough to commit the claim while the DELETE waits, in a test.
+    monkeypatch.setattr(purge_module, "OPTIMISTIC_LOCK_TIMEOUT", dt.timedelta(seconds=20))
+    ids = rows.add_many(50, updated_at=OLD)
+    claimed = ids[25]
+    user = engine.connect()
+    result = {}
+    try:
+        user.begin()
+        user.execute(sa.update(dev_favorites).where(dev_favorites.c.id == claimed)
+                     .values(user_id=42))
+        worker = threading.Thread(target=lambda: result.update(
+            report=run(engine, batch_size=10, lock_timeout=dt.timedelta(seconds=30))))
+        worker.start()
+        deadline = time.monotonic() + 20
+        waiting = 0
+        while not waiting and time.monotonic() < deadline:
+            with engine.connect() as conn:
+                waiting = conn.execute(sa.text(
+                    "SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock' "
+                    "AND application_name = 'favorites-maintenance' "
+                    "AND query LIKE 'WITH batch%'")).scalar_one()
+            time.sleep(0.02)
+        assert waiting, "the optimistic DELETE never waited for the claimed row"
+        user.commit()
+        worker.join(30)
+    finally:
+        user.close()
+    assert result["report"].deleted_total == 49
+    assert rows.ids() == {claimed}
+    with engine.connect() as conn:
+        assert conn.execute(sa.select(dev_favorites.c.user_id)
+                            .where(dev_favorites.c.id == claimed)).scalar_one() == 42
