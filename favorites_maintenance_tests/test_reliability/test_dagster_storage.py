@@ -1,7 +1,7 @@
 """Dagster's own storage failing for a moment never tears the batch loop or loses the count.
 
-The purge reads the run's status before each batch (a stop request) and logs its progress to
-the run's event log, both in Dagster's storage, a PostgreSQL database of its own. While that
+The purge reads the run's status once a second (a stop request) and logs its progress to the
+run's event log, both in Dagster's storage, a PostgreSQL database of its own. While that
 database refuses connections (or its runs table is away), a status read counts as "no stop
 requested" and a log line goes to the process log: the purge goes on, and ``deletedTotal``
 is every row it deleted.
