@@ -226,7 +226,8 @@ _SET_LIMITS = sa.text("""
                                  THEN current_setting(name) ELSE ours END, true)
       FROM (VALUES ('lock_timeout', CAST(:lock_timeout AS text), true),
                    ('statement_timeout', CAST(:statement_timeout AS text), true),
-                   ('synchronous_commit', CAST(:synchronous_commit AS text), false))
+                   ('synchronous_commit', CAST(:synchronous_commit AS text), false),
+                   ('enable_incremental_sort', CAST(:incremental_sort AS text), false))
            AS limits(name, ours, is_limit)
      WHERE is_limit OR ours IS NOT NULL
 """)
@@ -235,7 +236,8 @@ _SET_LIMITS = sa.text("""
 def limit_transaction(conn: sa.Connection, *,
                       lock_timeout: dt.timedelta = DEFAULT_LOCK_TIMEOUT,
                       statement_timeout: dt.timedelta = DEFAULT_STATEMENT_TIMEOUT,
-                      synchronous_commit: bool | None = None) -> None:
+                      synchronous_commit: bool | None = None,
+                      incremental_sort: bool | None = None) -> None:
     """Bound how long the open transaction of ``conn`` may wait for a lock or run a statement.
 
     ``SET LOCAL`` semantics: the limits end with the transaction. A shorter limit already in
@@ -247,10 +249,14 @@ def limit_transaction(conn: sa.Connection, *,
         lock_timeout, statement_timeout: the limits, rounded to whole milliseconds (>= 1 ms).
         synchronous_commit: ``False`` also sets ``synchronous_commit = off`` for the
             transaction, in the same statement; ``None`` or ``True`` leaves the session's value.
+        incremental_sort: ``False`` sets ``enable_incremental_sort = off`` for the
+            transaction; ``None`` or ``True`` leaves the session's value.
     """
     conn.execute(_SET_LIMITS, {"lock_timeout": _ms(lock_timeout),
                                "statement_timeout": _ms(statement_timeout),
                                "synchronous_commit": "off" if synchronous_commit is False
+                               else None,
+                               "incremental_sort": "off" if incremental_sort is False
                                else None})
 
 

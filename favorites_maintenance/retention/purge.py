@@ -14,7 +14,7 @@ One run is a loop of batch transactions on one connection. Each batch is one sta
          WHERE user_id IS NULL AND updated_at < :cutoff
            AND favorites.ctid = batch.ctid AND favorites.id = batch.id
         RETURNING 1)
-    SELECT (SELECT count(*) FROM batch), (SELECT count(*) FROM deleted), <last (updated_at, id)>
+    SELECT <rows in batch>, (SELECT count(*) FROM deleted), <last (updated_at, id) of batch>
 
 - ``MATERIALIZED`` evaluates the candidate SELECT exactly once, so the DELETE cannot re-run a
   ``LIMIT`` subquery and take more than ``batch_size`` rows; the DELETE repeats the guard and the
@@ -47,6 +47,13 @@ trigger or policy swallowed the delete), the batch is rolled back and taken agai
 form above, which then serves the next :data:`_LOCKING_AFTER_CONFLICT` batches. The first batch
 always locks first, so a role that may delete but not lock what the rule matches (row-level
 security without an UPDATE policy) fails the run at once, not only under contention.
+
+When the table has the partial index on ``(updated_at, id) WHERE user_id IS NULL``, each batch
+also turns ``enable_incremental_sort`` off for its transaction: the planner then takes that index,
+which yields the batch in keyset order, rather than a plain ``updated_at`` index plus an
+incremental sort, which it tends to cost lower though it reads every account row in the range
+too (1.1-1.6 ms against 2.5-3.0 ms for the candidates of one 1000-row batch, ``EXPLAIN
+ANALYZE`` at 1 M rows).
 
 Each batch transaction sets ``lock_timeout`` and ``statement_timeout`` with ``SET LOCAL``
 semantics, so the server, not only this process, bounds how long a batch can hold or wait for a
@@ -323,20 +330,21 @@ def _batch_statement(cutoff: dt.datetime, keyset: bool, by_ctid: bool = True,
         .returning(sa.literal_column("1"))
         .cte("deleted")
     )
-    last_updated_at = sa.select(sa.func.max(batch.c.updated_at)).scalar_subquery()
-    last_id = (
-        sa.select(batch.c.id)
-        .where(batch.c.updated_at == last_updated_at)
-        .order_by(batch.c.id.desc())
+    # The batch's last key and its size in one pass over it (a window count, then the top row).
+    last = (
+        sa.select(batch.c.updated_at, batch.c.id, sa.func.count().over().label("selected"))
+        .order_by(batch.c.updated_at.desc(), batch.c.id.desc())
         .limit(1)
-        .scalar_subquery()
+        .subquery("last")
     )
+    # One row even for an empty batch.
+    one = sa.select(sa.literal(1).label("one")).subquery("one")
     return sa.select(
-        sa.select(sa.func.count()).select_from(batch).scalar_subquery().label("selected"),
+        sa.func.coalesce(last.c.selected, 0).label("selected"),
         sa.select(sa.func.count()).select_from(deleted).scalar_subquery().label("deleted"),
-        last_updated_at.label("last_updated_at"),
-        last_id.label("last_id"),
-    )
+        last.c.updated_at.label("last_updated_at"),
+        last.c.id.label("last_id"),
+    ).select_from(one.outerjoin(last, sa.true()))
 
 
 def _after_position() -> list[sa.ColumnElement[bool]]:
@@ -543,7 +551,8 @@ def purge(
                     limit_transaction(conn,
                                       lock_timeout=fast_lock_timeout if fast else lock_timeout,
                                       statement_timeout=statement_timeout,
-                                      synchronous_commit=synchronous_commit)
+                                      synchronous_commit=synchronous_commit,
+                                      incremental_sort=False if findings.keyset_index else None)
                     if limit == 1:
                         key = conn.execute(next_first if after is None else next_following,
                                            after or {}).first()

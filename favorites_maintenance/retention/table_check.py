@@ -53,12 +53,15 @@ class TableFindings:
         table: the table checked, ``schema.name``.
         has_recommended_index: whether a partial index on ``(updated_at, ...)`` with the
             predicate ``user_id IS NULL`` exists.
+        keyset_index: whether such an index is on ``(updated_at, id, ...)``: it hands a batch its
+            rows in keyset order, with no sort.
         warnings: one sentence each, fit for a log line (the missing index and its fix).
     """
 
     table: str
     has_recommended_index: bool
     warnings: tuple[str, ...] = ()
+    keyset_index: bool = False
 
 
 def check_table(conn: sa.Connection) -> TableFindings:
@@ -122,16 +125,18 @@ def check_table(conn: sa.Connection) -> TableFindings:
             f"key, or CREATE UNIQUE INDEX CONCURRENTLY ON {table} ({KEY_COLUMN})",
             column=KEY_COLUMN)
 
-    has_index = any(
-        ix["column_names"][:1] == [AGE_COLUMN]
-        and _normalised(ix.get("dialect_options", {}).get("postgresql_where"))
-        == f"{GUARD_COLUMN} is null"
-        for ix in inspector.get_indexes(favorites.name, schema=favorites.schema))
+    partial = [ix["column_names"]
+               for ix in inspector.get_indexes(favorites.name, schema=favorites.schema)
+               if ix["column_names"][:1] == [AGE_COLUMN]
+               and _normalised(ix.get("dialect_options", {}).get("postgresql_where"))
+               == f"{GUARD_COLUMN} is null"]
+    has_index = bool(partial)
     warnings = () if has_index else (
         f"{table} has no partial index on ({AGE_COLUMN}, {KEY_COLUMN}) WHERE {GUARD_COLUMN} IS "
         f"NULL: each batch reads more than it deletes. Create it (it does not block writes): "
         f"{RECOMMENDED_INDEX_SQL}",)
-    return TableFindings(table=table, has_recommended_index=has_index, warnings=warnings)
+    return TableFindings(table=table, has_recommended_index=has_index, warnings=warnings,
+                         keyset_index=any(c[:2] == [AGE_COLUMN, KEY_COLUMN] for c in partial))
 
 
 def _is_unique(inspector, name: str) -> bool:

@@ -293,7 +293,8 @@ def test_each_batch_runs_under_its_limits_and_commit_mode_and_leaves_the_session
             "CREATE FUNCTION favorites.note_settings() RETURNS trigger LANGUAGE plpgsql AS $$ "
             "BEGIN INSERT INTO favorites.seen VALUES (concat_ws(' ', "
             "current_setting('lock_timeout'), current_setting('statement_timeout'), "
-            "current_setting('synchronous_commit'))); RETURN NULL; END $$"))
+            "current_setting('synchronous_commit'), current_setting('enable_incremental_sort'))); "
+            "RETURN NULL; END $$"))
         conn.execute(sa.text(
             "CREATE TRIGGER note_settings AFTER DELETE ON favorites.favorites "
             "FOR EACH STATEMENT EXECUTE FUNCTION favorites.note_settings()"))
@@ -307,8 +308,9 @@ def test_each_batch_runs_under_its_limits_and_commit_mode_and_leaves_the_session
                                      "current_setting('synchronous_commit'))")).scalar_one()
     commit = "on" if synchronous_commit else "off"
     # The first batch locks its rows first; optimistic ones after it wait 5 ms for a lock.
-    assert seen[0] == f"1500ms 20s {commit}"
-    assert set(seen[1:]) == {f"{'5ms' if optimistic else '1500ms'} 20s {commit}"}
+    # enable_incremental_sort off: the partial index hands the batch its rows in keyset order.
+    assert seen[0] == f"1500ms 20s {commit} off"
+    assert set(seen[1:]) == {f"{'5ms' if optimistic else '1500ms'} 20s {commit} off"}
     assert len(seen) == 4  # three full batches and the empty one that ends the run
     assert after == "0 on"  # SET LOCAL: the pooled session keeps its own values
 
@@ -370,3 +372,23 @@ def test_a_row_claimed_while_an_optimistic_delete_waits_for_it_is_not_deleted(
     with engine.connect() as conn:
         assert conn.execute(sa.select(dev_favorites.c.user_id)
                             .where(dev_favorites.c.id == claimed)).scalar_one() == 42
+
+
+def test_without_the_keyset_index_the_planner_keeps_its_incremental_sort(engine, rows):
+    from favorites_maintenance.retention.schema import RECOMMENDED_INDEX_NAME
+
+    rows.add_many(15, updated_at=OLD)
+    with engine.begin() as conn:
+        conn.execute(sa.text(f"DROP INDEX favorites.{RECOMMENDED_INDEX_NAME}"))
+        conn.execute(sa.text("CREATE TABLE favorites.seen (setting text)"))
+        conn.execute(sa.text(
+            "CREATE FUNCTION favorites.note_setting() RETURNS trigger LANGUAGE plpgsql AS $$ "
+            "BEGIN INSERT INTO favorites.seen VALUES "
+            "(current_setting('enable_incremental_sort')); RETURN NULL; END $$"))
+        conn.execute(sa.text(
+            "CREATE TRIGGER note_setting AFTER DELETE ON favorites.favorites "
+            "FOR EACH STATEMENT EXECUTE FUNCTION favorites.note_setting()"))
+    assert run(engine, batch_size=10).deleted_total == 15
+    with engine.connect() as conn:
+        # Without that index a full sort of the whole range could cost far more.
+        assert set(conn.execute(sa.text("SELECT setting FROM favorites.seen")).scalars()) == {"on"}
