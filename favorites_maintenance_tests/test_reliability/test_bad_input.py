@@ -173,7 +173,7 @@ def test_a_missing_table_fails_the_run_with_a_clear_error(db_url, engine, monkey
 
 
 @pytest.mark.parametrize("grants, expected", [
-    # Exactly the grants the issue lists: PostgreSQL also wants UPDATE for FOR UPDATE.
+    # SELECT and DELETE alone are not enough: PostgreSQL also wants UPDATE for FOR UPDATE.
     (["GRANT USAGE ON SCHEMA favorites TO {role}",
       "GRANT SELECT (id, user_id, updated_at), DELETE ON favorites.favorites TO {role}"],
      "permission denied for table favorites"),
