@@ -644,8 +644,10 @@ def run_bench(server, cfg: BenchConfig) -> dict:
                 runs[strategy].append(res)
                 echo(f"strategy {strategy} (round {round_no}/{cfg.repeat}): "
                      f"{res['rows_deleted']:,} rows in {res['duration_s']:.2f} s "
-                     f"({res['rows_per_second']:,.0f} rows/s), batch p99 {res['batch_p99_ms']} "
-                     f"ms, user p99 {res['user_p99_ms_idle']} -> {res['user_p99_ms']} ms"
+                     f"({res['rows_per_second']:,.0f} rows/s), "
+                     + (f"batch p99 {res['batch_p99_ms']} ms, "
+                        if res['batch_p99_ms'] is not None else "")
+                     + f"user p99 {res['user_p99_ms_idle']} -> {res['user_p99_ms']} ms"
                      + ("" if res["correct"] else "  WRONG ROW COUNTS"))
         results: dict[str, dict] = {}
         for strategy, done in runs.items():

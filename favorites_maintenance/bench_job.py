@@ -74,6 +74,8 @@ def run_job(url: URL, cutoff: dt.datetime, batch_size: int, max_run_s: float) ->
         (home / "dagster.yaml").write_text(
             "storage:\n  postgres:\n    postgres_url: "
             f"'{storage.render_as_string(hide_password=False)}'\n"
+            # Step processes log their start through the instance's default console logger.
+            "python_logs:\n  python_log_level: WARNING\n"
             "telemetry:\n  enabled: false\n")
         os.environ.update({
             DATABASE_URL_VAR: url.render_as_string(hide_password=False),
