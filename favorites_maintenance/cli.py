@@ -259,7 +259,8 @@ def dev(port: int, rows: int, reseed: bool, debug: bool) -> None:
               help="Size of the seeded data set (the memory check also runs at 10% of it).")
 @click.option("--strategies", default="A,B,C,D,A2,A4", show_default=True,
               help="Comma-separated subset of A, B, C, D, A2, A4 (and A_durable: A with "
-                   "synchronous_commit on), run in that order.")
+                   "synchronous_commit on; A_fixed: A at a fixed batch size), run in that "
+                   "order.")
 @click.option("--idle-seconds", default=5.0, show_default=True, type=click.FloatRange(min=0.5),
               help="Idle window of the user workload before each purge.")
 @click.option("--repeat", default=1, show_default=True, type=click.IntRange(min=1),
