@@ -11,6 +11,11 @@ moves the size toward a target wall time per batch, after every batch:
   that same size, by at most :data:`GROW_FACTOR` per batch, so a single fast batch (a cached
   page run) cannot jump the size to the max;
 - in between, the size stays: a band, so the size does not oscillate around the target;
+- a batch that grew but deleted at a clearly lower rate than the batch before it (below
+  :data:`WORSE_RATE` of it) goes back to the size before, which becomes a ceiling for the next
+  :data:`CEILING_BATCHES` batches: past some size the planner may reach the batch's rows by
+  scanning every prunable row instead of by address, and a larger batch, though still under
+  the target, then deletes fewer rows a second;
 - another session waiting on a lock the purge holds halves the next batch at once (the wait
   lasts as long as the batch does);
 - the size always stays between :attr:`~BatchSizeController.floor` and
@@ -33,6 +38,11 @@ AIM = 0.8
 GROW_BELOW = 0.5
 #: The most the size grows from one batch to the next.
 GROW_FACTOR = 2.0
+#: A grown batch deleting fewer rows a second than this share of the batch before it was a
+#: step too far (measured noise between two batches of the same size stays well within it).
+WORSE_RATE = 0.75
+#: Batches the ceiling set by a step too far holds before the size may try growing past it.
+CEILING_BATCHES = 50
 #: The smallest adaptive size (or the first size, when smaller): below it the per-transaction
 #: cost dominates and the purge would crawl without sparing anyone.
 FLOOR = 100
@@ -53,7 +63,8 @@ class BatchSizeController:
 
     Attributes:
         size: the next batch's size, rows.
-        shrinks: how many times the size shrank (a slow batch or a lock waiter).
+        shrinks: how many times the size shrank (a slow batch, a step too far, a lock waiter).
+        ceiling: the size growth may not pass for now, after a step too far (``None``: none).
     """
 
     def __init__(self, first: int, maximum: int, target: dt.timedelta, *, floor: int = FLOOR):
@@ -67,6 +78,9 @@ class BatchSizeController:
         self.target_s = max(target.total_seconds(), 0.0)
         self.size = first
         self.shrinks = 0
+        self.ceiling: int | None = None
+        self._ceiling_left = 0
+        self._before_growth: tuple[int, float] | None = None  # (size, rows/s) before a step
 
     @property
     def adaptive(self) -> bool:
@@ -79,20 +93,35 @@ class BatchSizeController:
         a partial batch (the last one, or a piece of a split batch) says nothing of the rate."""
         if not self.adaptive or rows <= 0:
             return self.size
+        rate = rows / duration_s if duration_s > 0 else math.inf
+        before, self._before_growth = self._before_growth, None
+        if self._ceiling_left:
+            self._ceiling_left -= 1
+            if not self._ceiling_left:
+                self.ceiling = None
         ratio = duration_s / self.target_s
-        if ratio > 1.0:
+        if before is not None and rate < before[1] * WORSE_RATE and ratio <= 1.0:
+            # The step up made every row dearer: back, and stay there a while.
+            self.ceiling, self._ceiling_left = before[0], CEILING_BATCHES
+            self.size = before[0]
+            self.shrinks += 1
+        elif ratio > 1.0:
             aimed = rows * AIM / ratio
             self._set(min(aimed, self.size - 1))
             self.shrinks += 1
         elif ratio < GROW_BELOW:
             aimed = rows * AIM / ratio if ratio > 0 else math.inf
-            self._set(min(aimed, self.size * GROW_FACTOR))
+            previous = self.size
+            self._set(min(aimed, self.size * GROW_FACTOR, self.ceiling or math.inf))
+            if self.size > previous:
+                self._before_growth = (previous, rate)
         return self.size
 
     def lock_waiters(self, count: int) -> int:
         """Take the number of sessions found waiting on a lock the purge held during the last
         batch; any halves the next size. Returns the next batch's size."""
         if self.adaptive and count > 0:
+            self._before_growth = None
             self._set(self.size // 2)
             self.shrinks += 1
         return self.size

@@ -142,3 +142,26 @@ def test_splitting_a_failed_batch_works_from_the_adaptive_size_and_grows_back_to
     # Only after the isolation does the adaptive size grow again.
     assert sizes[back:back + 2] == [400, 800]
     assert report.batch_size_max == 800 and report.isolation_batches > 0
+
+
+def test_a_step_up_that_lowers_the_rate_goes_back_and_holds_there_a_while():
+    from favorites_maintenance.retention.batch_size import CEILING_BATCHES
+
+    sizes = BatchSizeController(1000, 10_000, TARGET)
+    assert sizes.after_batch(1000, 0.010) == 2000      # 100 rows/ms
+    assert sizes.after_batch(2000, 0.020) == 4000      # same rate: grows on
+    # 4000 rows in 150 ms (27 rows/ms): under the target, but each row costs almost four
+    # times as much (a plan that scans every prunable row, say): back to 2000.
+    assert sizes.after_batch(4000, 0.150) == 2000
+    assert sizes.ceiling == 2000
+    for _ in range(CEILING_BATCHES - 1):
+        assert sizes.after_batch(2000, 0.020) == 2000
+    # The ceiling lifts: the size may try again.
+    assert sizes.after_batch(2000, 0.020) == 4000 and sizes.ceiling is None
+
+
+def test_a_step_up_at_the_same_rate_is_no_step_too_far():
+    sizes = BatchSizeController(1000, 10_000, TARGET)
+    sizes.after_batch(1000, 0.010)
+    # Twice the rows in a bit more than twice the time: noise, not a worse plan.
+    assert sizes.after_batch(2000, 0.024) == 4000 and sizes.ceiling is None
