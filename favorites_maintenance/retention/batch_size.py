@@ -100,8 +100,9 @@ class BatchSizeController:
             if not self._ceiling_left:
                 self.ceiling = None
         ratio = duration_s / self.target_s
-        if before is not None and rate < before[1] * WORSE_RATE and ratio <= 1.0:
-            # The step up made every row dearer: back, and stay there a while.
+        if before is not None and rate < before[1] * WORSE_RATE:
+            # The step up made every row dearer (over the target or not): back to the size
+            # before, which was under it, and stay there a while.
             self.ceiling, self._ceiling_left = before[0], CEILING_BATCHES
             self.size = before[0]
             self.shrinks += 1

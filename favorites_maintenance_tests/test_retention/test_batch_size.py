@@ -165,3 +165,11 @@ def test_a_step_up_at_the_same_rate_is_no_step_too_far():
     sizes.after_batch(1000, 0.010)
     # Twice the rows in a bit more than twice the time: noise, not a worse plan.
     assert sizes.after_batch(2000, 0.024) == 4000 and sizes.ceiling is None
+
+
+def test_a_step_up_over_the_target_at_a_worse_rate_goes_back_rather_than_shrinking_by_time():
+    sizes = BatchSizeController(4000, 10_000, TARGET)
+    assert sizes.after_batch(4000, 0.040) == 8000      # 100 rows/ms
+    # 8000 rows in 300 ms (27 rows/ms): by time alone it would shrink to 4266 and grow again.
+    assert sizes.after_batch(8000, 0.300) == 4000 and sizes.ceiling == 4000
+    assert sizes.after_batch(4000, 0.040) == 4000
