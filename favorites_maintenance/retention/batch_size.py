@@ -12,7 +12,8 @@ moves the size toward a target wall time per batch, after every batch:
   page run) cannot jump the size to the max;
 - in between, the size stays: a band, so the size does not oscillate around the target;
 - a batch that grew but deleted at a clearly lower rate than the batch before it (below
-  :data:`WORSE_RATE` of it) goes back to the size before, which becomes a ceiling for the next
+  :data:`WORSE_RATE` of it) goes back to the size before (or smaller, if it was over the target
+  and the rule above asks for less), which becomes a ceiling for the next
   :data:`CEILING_BATCHES` batches: past some size the planner may reach the batch's rows by
   scanning every prunable row instead of by address, and a larger batch, though still under
   the target, then deletes fewer rows a second;
@@ -104,7 +105,8 @@ class BatchSizeController:
             # The step up made every row dearer (over the target or not): back to the size
             # before, which was under it, and stay there a while.
             self.ceiling, self._ceiling_left = before[0], CEILING_BATCHES
-            self.size = before[0]
+            # Over the target, no larger than the time rule allows either.
+            self._set(min(before[0], rows * AIM / ratio) if ratio > 1.0 else before[0])
             self.shrinks += 1
         elif ratio > 1.0:
             aimed = rows * AIM / ratio
