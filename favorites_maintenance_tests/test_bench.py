@@ -41,7 +41,8 @@ def test_a_small_bench_writes_every_strategy_and_deletes_exactly_the_prunable_ro
     assert job["batches"] >= 1 and job["purge_duration_s"] > 0 and job["run_duration_s"] > 0
     assert job["run_rows_per_second"] < job["rows_per_second"]
     assert isinstance(report["overhead_ms_per_batch"], float)
-    assert len(report["strategies"]["A"]["deciles"]) == 10
+    # Deciles need 10 batches: D's stay at 200 rows (A's grow, and may be fewer).
+    assert len(report["strategies"]["D"]["deciles"]) == 10
 
 
 def test_a_fixed_keeps_every_batch_at_the_first_size_beside_the_adaptive_a(pg_server, tmp_path):
