@@ -11,8 +11,8 @@ moves the size toward a target wall time per batch, after every batch:
   that same size, by at most :data:`GROW_FACTOR` per batch, so a single fast batch (a cached
   page run) cannot jump the size to the max;
 - in between, the size stays: a band, so the size does not oscillate around the target;
-- a batch that grew but deleted at a clearly lower rate than the batch before it (below
-  :data:`WORSE_RATE` of it) goes back to the size before (or smaller, if it was over the target
+- a batch that grew, took a good part of the target (:data:`JUDGE_FROM`) and deleted at a
+  clearly lower rate than the batch before it (below :data:`WORSE_RATE` of it) goes back to the size before (or smaller, if it was over the target
   and the rule above asks for less), which becomes a ceiling for the next
   :data:`CEILING_BATCHES` batches: past some size the planner may reach the batch's rows by
   scanning every prunable row instead of by address, and a larger batch, though still under
@@ -42,6 +42,9 @@ GROW_FACTOR = 2.0
 #: A grown batch deleting fewer rows a second than this share of the batch before it was a
 #: step too far (measured noise between two batches of the same size stays well within it).
 WORSE_RATE = 0.75
+#: A step too far is only judged on a batch that took at least this share of the target: the
+#: rate of a batch of a few milliseconds is mostly noise, and a slow plan shows as a slow batch.
+JUDGE_FROM = 0.25
 #: Batches the ceiling set by a step too far holds before the size may try growing past it.
 CEILING_BATCHES = 50
 #: The smallest adaptive size (or the first size, when smaller): below it the per-transaction
@@ -101,7 +104,7 @@ class BatchSizeController:
             if not self._ceiling_left:
                 self.ceiling = None
         ratio = duration_s / self.target_s
-        if before is not None and rate < before[1] * WORSE_RATE:
+        if before is not None and ratio >= JUDGE_FROM and rate < before[1] * WORSE_RATE:
             # The step up made every row dearer (over the target or not): back to the size
             # before, which was under it, and stay there a while.
             self.ceiling, self._ceiling_left = before[0], CEILING_BATCHES

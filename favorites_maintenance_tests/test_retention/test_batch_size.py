@@ -160,6 +160,13 @@ def test_a_step_up_that_lowers_the_rate_goes_back_and_holds_there_a_while():
     assert sizes.after_batch(2000, 0.020) == 4000 and sizes.ceiling is None
 
 
+def test_a_fast_batch_is_not_judged_on_its_rate():
+    sizes = BatchSizeController(1000, 10_000, TARGET)
+    sizes.after_batch(1000, 0.002)
+    # A third of the rate, but 12 ms of a 200 ms target: noise at that scale, not a plan.
+    assert sizes.after_batch(2000, 0.012) == 4000 and sizes.ceiling is None
+
+
 def test_a_step_up_at_the_same_rate_is_no_step_too_far():
     sizes = BatchSizeController(1000, 10_000, TARGET)
     sizes.after_batch(1000, 0.010)
