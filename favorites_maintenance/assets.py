@@ -83,7 +83,10 @@ def compute_cutoff(context: dg.OpExecutionContext, retention: GuestRetention) ->
     cutoff = cutoff_for(now, retention.retention_days, window_end)
     context.log.info(f"run started: run_id={context.run_id} cutoff={cutoff.isoformat()} "
                      f"retention_days={retention.retention_days} "
-                     f"batch_size={retention.batch_size}")
+                     f"batch_size={retention.batch_size}"
+                     + (f" (adaptive up to {retention.batch_size_max}, target "
+                        f"{retention.target_batch_duration_seconds * 1000:g} ms)"
+                        if retention.target_batch_duration_seconds else ""))
     return cutoff
 
 
@@ -150,6 +153,9 @@ def purge(context: dg.OpExecutionContext, config: PurgeConfig, database: Favorit
                 max_run_duration=retention.max_run_duration,
                 should_stop=stop_requests.requested,
                 on_batch=on_batch,
+                batch_size_max=retention.batch_size_max,
+                target_batch_duration=retention.target_batch_duration,
+                health=retention.health,
             )
         except Exception as exc:
             failed_report = getattr(exc, "report", None) if isinstance(exc, PurgeError) else None
@@ -365,6 +371,12 @@ def report_metadata(report: PurgeReport, retention: GuestRetention) -> dict[str,
         "skippedRows": report.skipped_rows,
         "skippedCauses": "; ".join(report.skipped_causes) or "none",
         "isolationBatches": report.isolation_batches,
+        # Sharing the database: the adaptive batch size and the pauses on an unhealthy one.
+        "batchSizeFirst": report.batch_size_first,
+        "batchSizeMax": report.batch_size_max,
+        "pausedMs": report.paused_ms,
+        "throttledBy": report.throttled_by or "none",
+        "healthUnreadable": "; ".join(report.health_unreadable) or "none",
     }
 
 

@@ -58,8 +58,10 @@ from sqlalchemy.engine import URL
 from favorites_maintenance.retention.rule import compute_cutoff, delete_prunable
 from favorites_maintenance.settings import (
     DEFAULT_BATCH_SIZE,
+    DEFAULT_BATCH_SIZE_MAX,
     DEFAULT_MAX_RUN_DURATION,
     DEFAULT_RETENTION_DAYS,
+    DEFAULT_TARGET_BATCH_DURATION,
 )
 
 UTC = dt.timezone.utc
@@ -67,11 +69,13 @@ UTC = dt.timezone.utc
 #: The data set's "now": fixed, so the same seed gives the same rows whenever the bench runs.
 BENCH_NOW = dt.datetime(2026, 1, 1, tzinfo=UTC)
 STRATEGIES = ("A", "B", "C", "D", "A2", "A4", "J")
-#: Not run by default, to measure what a choice of A's gives: A with ``synchronous_commit`` on,
-#: and A locking every batch's rows before deleting them (no optimistic batches).
-EXTRA_STRATEGIES = ("A_durable", "A_lock_first")
+#: Not run by default, to measure what a choice of A's gives: A with ``synchronous_commit`` on;
+#: A at a fixed batch size (no target time per batch); A locking every batch's rows before
+#: deleting them (no optimistic batches).
+EXTRA_STRATEGIES = ("A_durable", "A_fixed", "A_lock_first")
 #: Workers of each strategy (A2 and A4 run A in that many processes at once).
-WORKERS = {"A": 1, "B": 1, "C": 1, "D": 1, "A2": 2, "A4": 4, "A_durable": 1, "A_lock_first": 1,
+WORKERS = {"A": 1, "B": 1, "C": 1, "D": 1, "A2": 2, "A4": 4, "A_durable": 1, "A_fixed": 1,
+           "A_lock_first": 1,
            "J": 1}
 #: Share of the rows, the oldest, that are all account rows; guests make 40% overall.
 ACCOUNT_HEAD_SHARE = 0.25
@@ -210,15 +214,24 @@ def _run_worker(strategy, url, cutoff, batch_size, max_run_s, start, pipe) -> di
         deleted, stop_reason = job["deleted"], job["stop_reason"]
         extra = {"purge_seconds": job["purge_seconds"], "run_seconds": job["run_seconds"],
                  "job_batches": job["batches"], "job_batch_max_ms": job["batch_max_ms"]}
-    elif strategy in ("A", "A_durable", "A_lock_first"):
+    elif strategy in ("A", "A_durable", "A_fixed", "A_lock_first"):
+        from favorites_maintenance.retention.health import HealthLimits
+
+        # As the job calls it at the default settings; A_fixed as it does with
+        # FAVORITES_GUEST_RETENTION_TARGET_BATCH_DURATION=PT0S (every batch 1000 rows).
+        adaptive = {"health": HealthLimits()} if strategy == "A_fixed" else {
+            "batch_size_max": DEFAULT_BATCH_SIZE_MAX,
+            "target_batch_duration": DEFAULT_TARGET_BATCH_DURATION, "health": HealthLimits()}
         report = purge(engine, cutoff, batch_size=batch_size,
                        max_run_duration=dt.timedelta(seconds=max_run_s),
                        should_stop=lambda: False,
                        on_batch=lambda b: durations.append(b.duration_s),
                        **({"synchronous_commit": True} if strategy == "A_durable" else {}),
-                       **({"optimistic": False} if strategy == "A_lock_first" else {}))
+                       **({"optimistic": False} if strategy == "A_lock_first" else {}),
+                       **adaptive)
         deleted = report.deleted_total
         stop_reason = report.stop_reason.value
+        extra = {"batch_size_max": report.batch_size_max, "paused_ms": report.paused_ms}
     elif strategy == "B":
         with engine.begin() as conn:
             deleted = conn.execute(delete_prunable(cutoff)).rowcount
@@ -541,6 +554,10 @@ def _run_strategy(ctx, srv: _Server, cfg: BenchConfig, strategy: str, template: 
         "rss_after_start_mb": max(r["rss_before_mb"] for r in results),
         "stop_reasons": sorted({r["stop_reason"] for r in results}),
         "deciles": deciles(durations),
+        # The largest batch of A (adaptive), and how long it paused on database health.
+        "batch_size_max": max((r.get("batch_size_max") or 0 for r in results), default=0)
+        or None,
+        "paused_ms": sum(r.get("paused_ms") or 0 for r in results),
     }
     if job is not None:
         # The job's purge runs in a step process: rate it by its own durationMs, and the run
@@ -648,6 +665,8 @@ def run_bench(server, cfg: BenchConfig) -> dict:
                      + (f"batch p99 {res['batch_p99_ms']} ms, "
                         if res['batch_p99_ms'] is not None else "")
                      + f"user p99 {res['user_p99_ms_idle']} -> {res['user_p99_ms']} ms"
+                     + (f", largest batch {res['batch_size_max']:,}"
+                        if res.get("batch_size_max") else "")
                      + ("" if res["correct"] else "  WRONG ROW COUNTS"))
         results: dict[str, dict] = {}
         for strategy, done in runs.items():
@@ -692,6 +711,8 @@ def run_bench(server, cfg: BenchConfig) -> dict:
         "seed": cfg.seed,
         "retention_days": cfg.retention_days,
         "batch_size": cfg.batch_size,
+        "batch_size_max": DEFAULT_BATCH_SIZE_MAX,
+        "target_batch_ms": DEFAULT_TARGET_BATCH_DURATION.total_seconds() * 1000,
         "user_ops_per_second": cfg.user_ops_per_second,
         "repeat": cfg.repeat,
         "user_p50_ms_idle": _ms(percentile(idle_all, 50)),
@@ -738,6 +759,13 @@ def format_table(report: dict) -> str:
                      f"({j['purge_duration_s']:.2f} s), run start to end "
                      f"{j['run_rows_per_second']:,.0f} rows/s ({j['run_duration_s']:.2f} s); "
                      f"per-batch overhead over A: {report.get('overhead_ms_per_batch')} ms")
+    target = report.get("target_batch_ms")
+    for name, r in report["strategies"].items():
+        if r.get("batch_size_max") and target:
+            p99 = r["batch_p99_ms"] or 0
+            lines.append(f"{name}: largest batch {r['batch_size_max']:,} rows; batch p99 "
+                         f"{p99:.1f} ms = {p99 / target:.2f} x the {target:g} ms target; "
+                         f"paused {r['paused_ms']:,} ms")
     for name, r in report["strategies"].items():
         if r.get("deciles"):
             lines.append(f"batch p50 per decile, {name:>2} (ms): "

@@ -135,10 +135,15 @@ def _run_demo(env, *, rows: int, pretend: bool, retention_days: int) -> None:
     _echo("")
     _echo(f"run {result.run_id} succeeded")
     _echo(f"  rows deleted      {meta['deletedTotal']:>12,}")
-    _echo(f"  batches           {meta['batches']:>12,}  (batch size {meta['batchSize']:,})")
+    largest = meta.get("batchSizeMax", meta["batchSize"])
+    _echo(f"  batches           {meta['batches']:>12,}  (batch size {meta['batchSize']:,}"
+          + (f", up to {largest:,})" if largest != meta["batchSize"] else ")"))
     _echo(f"  duration          {meta['durationMs']:>12,} ms")
     _echo(f"  backlog remaining {meta['backlogRemaining']:>12,}  (stop reason: "
           f"{meta['stopReason']})")
+    if meta.get("throttledBy", "none") != "none":
+        # db_unhealthy is a success: the backlog waits for the next run.
+        _echo(f"  paused            {meta['pausedMs']:>12,} ms  ({meta['throttledBy']})")
     _echo(f"  guest rows        {before.guest_rows:>12,} -> {after.guest_rows:,}")
     _echo(f"  account rows      {before.account_rows:>12,} -> {after.account_rows:,}"
           + ("  (unchanged)" if before.account_rows == after.account_rows else "  (CHANGED!)"))
@@ -254,8 +259,9 @@ def dev(port: int, rows: int, reseed: bool, debug: bool) -> None:
               help="Size of the seeded data set (the memory check also runs at 10% of it).")
 @click.option("--strategies", default="A,B,C,D,A2,A4", show_default=True,
               help="Comma-separated subset of A, B, C, D, A2, A4, J (the job through "
-                   "Dagster), A_durable (A with synchronous_commit on) and A_lock_first (A "
-                   "locking every batch's rows before deleting them), run in that order.")
+                   "Dagster), A_durable (A with synchronous_commit on), A_fixed (A at a fixed "
+                   "batch size) and A_lock_first (A locking every batch's rows before deleting "
+                   "them), run in that order.")
 @click.option("--idle-seconds", default=5.0, show_default=True, type=click.FloatRange(min=0.5),
               help="Idle window of the user workload before each purge.")
 @click.option("--repeat", default=1, show_default=True, type=click.IntRange(min=1),

@@ -52,6 +52,11 @@ def build_defs(settings: Settings) -> dg.Definitions:
                 retention_days=settings.retention_days,
                 batch_size=settings.batch_size,
                 max_run_duration_seconds=settings.max_run_duration.total_seconds(),
+                batch_size_max=settings.batch_size_max,
+                target_batch_duration_seconds=settings.target_batch_duration.total_seconds(),
+                max_replication_lag_bytes=settings.max_replication_lag_bytes,
+                max_wal_bytes_per_second=settings.max_wal_bytes_per_second,
+                max_pause_seconds=settings.max_pause.total_seconds(),
             )),
             # The webhook URL holds a token: pass it by reference, only when it is set.
             "alerts": AlertSink(webhook_url=dg.EnvVar(ALERT_WEBHOOK_URL_VAR)

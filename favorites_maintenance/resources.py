@@ -24,9 +24,14 @@ import sqlalchemy as sa
 from pydantic import Field, PrivateAttr
 
 from favorites_maintenance.retention.database import create_engine
+from favorites_maintenance.retention.health import HealthLimits
 from favorites_maintenance.settings import (
     BATCH_SIZE_VAR,
     DATABASE_URL_VAR,
+    DEFAULT_BATCH_SIZE_MAX,
+    DEFAULT_MAX_PAUSE,
+    DEFAULT_MAX_REPLICATION_LAG_BYTES,
+    DEFAULT_TARGET_BATCH_DURATION,
     MAX_BATCH_SIZE,
     MAX_RUN_DURATION_LIMIT,
     MAX_RUN_DURATION_VAR,
@@ -89,16 +94,49 @@ class GuestRetention(dg.ConfigurableResource):
         batch_size: rows per batch transaction (> 0); ``FAVORITES_GUEST_RETENTION_BATCH_SIZE``.
         max_run_duration_seconds: time budget of one purge, in seconds (> 0);
             ``FAVORITES_GUEST_RETENTION_MAX_RUN_DURATION``.
+        batch_size_max: the largest the adaptive batch size may grow, rows;
+            ``FAVORITES_GUEST_RETENTION_BATCH_SIZE_MAX``.
+        target_batch_duration_seconds: wall time a batch aims at, in seconds; 0 keeps every
+            batch at ``batch_size``; ``FAVORITES_GUEST_RETENTION_TARGET_BATCH_DURATION``.
+        max_replication_lag_bytes: replication lag above which the purge pauses, bytes;
+            ``FAVORITES_GUEST_RETENTION_MAX_REPLICATION_LAG_BYTES``.
+        max_wal_bytes_per_second: WAL rate above which the purge pauses (``None``: not
+            watched); ``FAVORITES_GUEST_RETENTION_MAX_WAL_BYTES_PER_SECOND``.
+        max_pause_seconds: the longest pause before the run ends ``db_unhealthy``, seconds;
+            ``FAVORITES_GUEST_RETENTION_MAX_PAUSE``.
     """
 
     retention_days: int = Field(gt=0, description="Guest rows idle longer are prunable.")
-    batch_size: int = Field(gt=0, description="Rows per batch transaction.")
+    batch_size: int = Field(gt=0, description="Rows of the first batch transaction.")
     max_run_duration_seconds: float = Field(gt=0, description="Time budget of one purge.")
+    batch_size_max: int = Field(default=DEFAULT_BATCH_SIZE_MAX, gt=0,
+                                description="Largest adaptive batch size.")
+    target_batch_duration_seconds: float = Field(
+        default=DEFAULT_TARGET_BATCH_DURATION.total_seconds(), ge=0,
+        description="Wall time a batch aims at; 0: fixed batch size.")
+    max_replication_lag_bytes: int = Field(default=DEFAULT_MAX_REPLICATION_LAG_BYTES, gt=0,
+                                           description="Pause above this replication lag.")
+    max_wal_bytes_per_second: int | None = Field(default=None, gt=0,
+                                                 description="Pause above this WAL rate.")
+    max_pause_seconds: float = Field(default=DEFAULT_MAX_PAUSE.total_seconds(), gt=0,
+                                     description="Longest pause before the run ends.")
 
     @property
     def max_run_duration(self) -> dt.timedelta:
         """:attr:`max_run_duration_seconds` as a timedelta."""
         return dt.timedelta(seconds=self.max_run_duration_seconds)
+
+    @property
+    def target_batch_duration(self) -> dt.timedelta:
+        """:attr:`target_batch_duration_seconds` as a timedelta."""
+        return dt.timedelta(seconds=self.target_batch_duration_seconds)
+
+    @property
+    def health(self) -> HealthLimits:
+        """The thresholds of the database health indicators."""
+        return HealthLimits(max_replication_lag_bytes=self.max_replication_lag_bytes,
+                            max_wal_bytes_per_second=self.max_wal_bytes_per_second,
+                            max_pause=dt.timedelta(seconds=self.max_pause_seconds))
 
 
 #: The run limits a launch may set (run config ``resources.retention.config``), with their
@@ -109,6 +147,12 @@ LAUNCH_LIMITS: dict[str, tuple[str, float, float, type]] = {
     "max_run_duration_seconds": (MAX_RUN_DURATION_VAR, MIN_DURATION.total_seconds(),
                                  MAX_RUN_DURATION_LIMIT.total_seconds(), float),
 }
+
+
+#: Fields of :class:`GuestRetention` only the deployment sets (their variables), passed through
+#: unchanged by :func:`deployed_retention`.
+_DEPLOYMENT_ONLY = ("batch_size_max", "target_batch_duration_seconds",
+                    "max_replication_lag_bytes", "max_wal_bytes_per_second", "max_pause_seconds")
 
 
 def _refuse(message: str, config: Any) -> dg.DagsterInvalidConfigError:
@@ -140,6 +184,8 @@ def deployed_retention(deployed: GuestRetention) -> dg.ResourceDefinition:
     def at_launch(config: Mapping[str, Any]) -> dict[str, Any]:
         values = {"retention_days": days, "batch_size": deployed.batch_size,
                   "max_run_duration_seconds": deployed.max_run_duration_seconds}
+        # Sharing the database is the deployment's business, like the retention.
+        fixed = {name: getattr(deployed, name) for name in _DEPLOYMENT_ONLY}
         for key, value in config.items():
             if key == "retention_days":
                 if value is None or value == days:
@@ -162,7 +208,7 @@ def deployed_retention(deployed: GuestRetention) -> dg.ResourceDefinition:
                     f"{key}={shown!r} refused: it must be between {low:,g} and {high:,g}, "
                     f"the bounds of {variable}.", config)
             values[key] = kind(value)
-        return values
+        return {**values, **fixed}
 
     description = (
         f"Retention: guest rows idle longer than {days} days are prunable "

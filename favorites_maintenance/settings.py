@@ -26,6 +26,11 @@ BATCH_SIZE_VAR = "FAVORITES_GUEST_RETENTION_BATCH_SIZE"
 CRON_VAR = "FAVORITES_GUEST_RETENTION_CRON"
 MAX_RUN_DURATION_VAR = "FAVORITES_GUEST_RETENTION_MAX_RUN_DURATION"
 STALE_AFTER_VAR = "FAVORITES_GUEST_RETENTION_STALE_AFTER"
+BATCH_SIZE_MAX_VAR = "FAVORITES_GUEST_RETENTION_BATCH_SIZE_MAX"
+TARGET_BATCH_DURATION_VAR = "FAVORITES_GUEST_RETENTION_TARGET_BATCH_DURATION"
+MAX_REPLICATION_LAG_BYTES_VAR = "FAVORITES_GUEST_RETENTION_MAX_REPLICATION_LAG_BYTES"
+MAX_WAL_BYTES_PER_SECOND_VAR = "FAVORITES_GUEST_RETENTION_MAX_WAL_BYTES_PER_SECOND"
+MAX_PAUSE_VAR = "FAVORITES_GUEST_RETENTION_MAX_PAUSE"
 ALERT_WEBHOOK_URL_VAR = "FAVORITES_ALERT_WEBHOOK_URL"
 
 DEFAULT_RETENTION_DAYS = 365
@@ -33,6 +38,14 @@ DEFAULT_BATCH_SIZE = 1000
 DEFAULT_CRON = "0 3 * * *"
 DEFAULT_MAX_RUN_DURATION = dt.timedelta(minutes=10)
 DEFAULT_STALE_AFTER = dt.timedelta(hours=48)
+#: The largest batch the adaptive batch size may reach (never below the first batch's size).
+DEFAULT_BATCH_SIZE_MAX = 10_000
+#: Wall time one batch transaction aims at; 0 turns adaptation off (every batch the first size).
+DEFAULT_TARGET_BATCH_DURATION = dt.timedelta(milliseconds=200)
+#: Replication lag (bytes of WAL behind the primary) above which the purge pauses: 64 MiB.
+DEFAULT_MAX_REPLICATION_LAG_BYTES = 64 * 2**20
+#: How long the purge may stay paused on an unhealthy database before the run ends.
+DEFAULT_MAX_PAUSE = dt.timedelta(minutes=2)
 
 # Upper bounds keep every value inside what the arithmetic and the database can hold, and inside
 # what is sensible: a batch is one transaction holding row locks; a run is one daily tick.
@@ -43,6 +56,9 @@ MIN_DURATION = dt.timedelta(seconds=1)
 # would otherwise end a long purge as FAILURE instead of letting it stop on its own budget.
 MAX_RUN_DURATION_LIMIT = dt.timedelta(minutes=50)
 MAX_STALE_AFTER = dt.timedelta(days=30)
+# A batch aiming at more than this would sit near the batch's statement timeout (30 s).
+MAX_TARGET_BATCH_DURATION = dt.timedelta(seconds=10)
+MAX_LAG_BYTES = 2**40  # 1 TiB
 
 # The favorites database is served through psycopg 3 (``postgresql+psycopg://``).
 DRIVER = "postgresql+psycopg"
@@ -80,6 +96,14 @@ class Settings:
         max_run_duration: wall-clock budget of one purge (> 0); past it the run stops gracefully.
         stale_after: how long without a successful run before the sensor alerts (> 0).
         alert_webhook_url: optional Slack-compatible webhook for alerts.
+        batch_size_max: the largest batch the adaptive batch size may reach (>= batch_size).
+        target_batch_duration: wall time a batch transaction aims at; zero turns adaptation
+            off (every batch has ``batch_size`` rows).
+        max_replication_lag_bytes: replication lag, in bytes of WAL, of a standby or a
+            replication slot above which the purge pauses.
+        max_wal_bytes_per_second: WAL written per second (the whole server) above which the
+            purge pauses; ``None``: not watched.
+        max_pause: how long the purge may stay paused before the run ends (``db_unhealthy``).
     """
 
     database_url: URL | None = field(default=None, repr=False)
@@ -89,6 +113,16 @@ class Settings:
     max_run_duration: dt.timedelta = DEFAULT_MAX_RUN_DURATION
     stale_after: dt.timedelta = DEFAULT_STALE_AFTER
     alert_webhook_url: str | None = field(default=None, repr=False)
+    batch_size_max: int = DEFAULT_BATCH_SIZE_MAX
+    target_batch_duration: dt.timedelta = DEFAULT_TARGET_BATCH_DURATION
+    max_replication_lag_bytes: int = DEFAULT_MAX_REPLICATION_LAG_BYTES
+    max_wal_bytes_per_second: int | None = None
+    max_pause: dt.timedelta = DEFAULT_MAX_PAUSE
+
+    def __post_init__(self):
+        # Built directly (tests, scripts): a first batch above the default max raises the max.
+        if self.batch_size_max < self.batch_size:
+            object.__setattr__(self, "batch_size_max", self.batch_size)
 
     @property
     def database_url_safe(self) -> str | None:
@@ -116,12 +150,18 @@ def load_settings(environ: Mapping[str, str] | None = None) -> Settings:
         import os
 
         environ = os.environ
+    batch_size = _opt(environ, BATCH_SIZE_VAR, _int_between(1, MAX_BATCH_SIZE), DEFAULT_BATCH_SIZE)
+    batch_size_max = _opt(environ, BATCH_SIZE_MAX_VAR, _int_between(1, MAX_BATCH_SIZE))
+    if batch_size_max is None:
+        batch_size_max = max(DEFAULT_BATCH_SIZE_MAX, batch_size)
+    elif batch_size_max < batch_size:
+        raise SettingsError(BATCH_SIZE_MAX_VAR, f"'{batch_size_max}' is below {BATCH_SIZE_VAR} "
+                            f"({batch_size}), the first batch's size; the max must be at least that")
     return Settings(
         database_url=_opt(environ, DATABASE_URL_VAR, parse_database_url),
         retention_days=_opt(environ, RETENTION_DAYS_VAR, _int_between(1, MAX_RETENTION_DAYS),
                             DEFAULT_RETENTION_DAYS),
-        batch_size=_opt(environ, BATCH_SIZE_VAR, _int_between(1, MAX_BATCH_SIZE),
-                        DEFAULT_BATCH_SIZE),
+        batch_size=batch_size,
         cron=_opt(environ, CRON_VAR, validate_cron, DEFAULT_CRON),
         max_run_duration=_opt(environ, MAX_RUN_DURATION_VAR,
                               _duration_between(MIN_DURATION, MAX_RUN_DURATION_LIMIT),
@@ -129,6 +169,17 @@ def load_settings(environ: Mapping[str, str] | None = None) -> Settings:
         stale_after=_opt(environ, STALE_AFTER_VAR,
                          _duration_between(MIN_DURATION, MAX_STALE_AFTER), DEFAULT_STALE_AFTER),
         alert_webhook_url=_opt(environ, ALERT_WEBHOOK_URL_VAR, _http_url),
+        batch_size_max=batch_size_max,
+        target_batch_duration=_opt(environ, TARGET_BATCH_DURATION_VAR,
+                                   _duration_up_to(MAX_TARGET_BATCH_DURATION),
+                                   DEFAULT_TARGET_BATCH_DURATION),
+        max_replication_lag_bytes=_opt(environ, MAX_REPLICATION_LAG_BYTES_VAR,
+                                       _int_between(1, MAX_LAG_BYTES),
+                                       DEFAULT_MAX_REPLICATION_LAG_BYTES),
+        max_wal_bytes_per_second=_opt(environ, MAX_WAL_BYTES_PER_SECOND_VAR,
+                                      _int_between(1, MAX_LAG_BYTES)),
+        max_pause=_opt(environ, MAX_PAUSE_VAR,
+                       _duration_between(MIN_DURATION, MAX_RUN_DURATION_LIMIT), DEFAULT_MAX_PAUSE),
     )
 
 
@@ -167,6 +218,19 @@ def _duration_between(low: dt.timedelta, high: dt.timedelta):
         value = parse_duration(raw)
         if value < low:
             raise ValueError(f"{raw!r} must be at least {low}")
+        if value > high:
+            raise ValueError(f"{raw!r} must be at most {high}")
+        return value
+
+    return parse
+
+
+def _duration_up_to(high: dt.timedelta):
+    """A duration from zero (``PT0S``, ``00:00:00``: the feature is off) to ``high``."""
+    def parse(raw: str) -> dt.timedelta:
+        value = _read_duration(raw)
+        if value < dt.timedelta(0):
+            raise ValueError(f"{raw!r} must not be negative (PT0S turns it off)")
         if value > high:
             raise ValueError(f"{raw!r} must be at most {high}")
         return value
@@ -214,6 +278,13 @@ def parse_duration(raw: str) -> dt.timedelta:
     Raises:
         ValueError: the text is neither form, or the duration is not greater than zero.
     """
+    value = _read_duration(raw)
+    if value <= dt.timedelta(0):
+        raise ValueError(f"{raw!r} must be a duration greater than 0")
+    return value
+
+
+def _read_duration(raw: str) -> dt.timedelta:
     match = _HMS.match(raw)
     if match:
         try:
@@ -227,8 +298,6 @@ def parse_duration(raw: str) -> dt.timedelta:
         except pydantic.ValidationError:
             raise ValueError(f"{raw!r} is not a duration; write HH:MM:SS (e.g. 00:10:00) "
                              "or ISO 8601 (e.g. PT10M)") from None
-    if value <= dt.timedelta(0):
-        raise ValueError(f"{raw!r} must be a duration greater than 0")
     return value
 
 

@@ -180,3 +180,22 @@ def test_a_run_publishes_nothing_and_writes_no_other_table(defs, rows, engine):
                                              before["favorites.favorites"]))
     assert (ins, upd, dels) == (0, 0, 120)
     assert {e.asset_key for e in asset_events} == {ASSET_KEY}
+
+
+def test_the_batch_size_adapts_and_the_metadata_says_how_far_and_how_long_it_paused(
+        db_url, rows, monkeypatch):
+    monkeypatch.setenv(DATABASE_URL_VAR, db_url.render_as_string(hide_password=False))
+    # A generous target: every batch is well under it, so each doubles the next.
+    defs = build_defs(Settings(retention_days=365, batch_size=100, batch_size_max=400,
+                               target_batch_duration=dt.timedelta(seconds=5)))
+    rows.add_many(1000, updated_at=CUTOFF - dt.timedelta(days=3))
+    with dg.instance_for_test() as instance:
+        result = run_partition(defs, instance)
+        assert result.success
+        meta = materialization_metadata(result)
+    assert rows.count() == 0
+    # 100 + 200 + 400, then 300 of a 400-row batch.
+    assert (meta["deletedTotal"], meta["batches"]) == (1000, 4)
+    assert (meta["batchSize"], meta["batchSizeFirst"], meta["batchSizeMax"]) == (100, 100, 400)
+    assert meta["stopReason"] == "exhausted"
+    assert (meta["pausedMs"], meta["throttledBy"], meta["healthUnreadable"]) == (0, "none", "none")

@@ -41,4 +41,18 @@ def test_a_small_bench_writes_every_strategy_and_deletes_exactly_the_prunable_ro
     assert job["batches"] >= 1 and job["purge_duration_s"] > 0 and job["run_duration_s"] > 0
     assert job["run_rows_per_second"] < job["rows_per_second"]
     assert isinstance(report["overhead_ms_per_batch"], float)
-    assert len(report["strategies"]["A"]["deciles"]) == 10
+    # Deciles need 10 batches: D's stay at 200 rows (A's grow, and may be fewer).
+    assert len(report["strategies"]["D"]["deciles"]) == 10
+
+
+def test_a_fixed_keeps_every_batch_at_the_first_size_beside_the_adaptive_a(pg_server, tmp_path):
+    out = tmp_path / "purge.json"
+    report = run_bench(pg_server, BenchConfig(
+        rows=20_000, idle_seconds=0.5, out=out, batch_size=200, strategies=("A", "A_fixed", "B"),
+        db_prefix=f"benchfixed{os.getpid()}", echo=lambda line: None))
+    fixed, adaptive = report["strategies"]["A_fixed"], report["strategies"]["A"]
+    assert fixed["correct"] and adaptive["correct"]
+    assert fixed["batch_size_max"] == 200
+    assert fixed["batches"] == report["prunable_rows"] // 200 + 1
+    assert adaptive["batch_size_max"] >= 200 and report["target_batch_ms"] == 200
+    assert "A_fixed: largest batch 200 rows" in format_table(report)

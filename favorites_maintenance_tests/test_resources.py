@@ -25,7 +25,9 @@ CUTOFF = dt.datetime(2026, 6, 16, tzinfo=UTC) - dt.timedelta(days=365)
 @pytest.fixture
 def job(db_url, monkeypatch):
     monkeypatch.setenv(DATABASE_URL_VAR, db_url.render_as_string(hide_password=False))
-    return build_defs(Settings(retention_days=365)).resolve_job_def("guest_favorites_cleanup_job")
+    # Fixed batches (no target time), so that a launch's batch size shows in the batch count.
+    settings = Settings(retention_days=365, target_batch_duration=dt.timedelta(0))
+    return build_defs(settings).resolve_job_def("guest_favorites_cleanup_job")
 
 
 @pytest.fixture

@@ -25,6 +25,9 @@ def test_defaults_when_nothing_is_set():
     assert s.max_run_duration == dt.timedelta(minutes=10)
     assert s.stale_after == dt.timedelta(hours=48)
     assert s.alert_webhook_url is None
+    assert (s.batch_size_max, s.target_batch_duration) == (10_000, dt.timedelta(seconds=0.2))
+    assert (s.max_replication_lag_bytes, s.max_wal_bytes_per_second) == (64 * 2**20, None)
+    assert s.max_pause == dt.timedelta(minutes=2)
 
 
 def test_values_are_read_from_the_variables():
@@ -74,6 +77,17 @@ def test_values_are_read_from_the_variables():
     ("FAVORITES_GUEST_RETENTION_STALE_AFTER", "PT0S"),
     ("FAVORITES_GUEST_RETENTION_STALE_AFTER", "48h"),
     ("FAVORITES_GUEST_RETENTION_STALE_AFTER", "P1000Y"),
+    ("FAVORITES_GUEST_RETENTION_BATCH_SIZE_MAX", "0"),
+    ("FAVORITES_GUEST_RETENTION_BATCH_SIZE_MAX", "200000"),
+    ("FAVORITES_GUEST_RETENTION_BATCH_SIZE_MAX", "500"),  # below the first size, 1000
+    ("FAVORITES_GUEST_RETENTION_TARGET_BATCH_DURATION", "-PT1S"),
+    ("FAVORITES_GUEST_RETENTION_TARGET_BATCH_DURATION", "200ms"),
+    ("FAVORITES_GUEST_RETENTION_TARGET_BATCH_DURATION", "PT11S"),
+    ("FAVORITES_GUEST_RETENTION_MAX_REPLICATION_LAG_BYTES", "64MB"),
+    ("FAVORITES_GUEST_RETENTION_MAX_REPLICATION_LAG_BYTES", "0"),
+    ("FAVORITES_GUEST_RETENTION_MAX_WAL_BYTES_PER_SECOND", "-1"),
+    ("FAVORITES_GUEST_RETENTION_MAX_PAUSE", "PT0S"),
+    ("FAVORITES_GUEST_RETENTION_MAX_PAUSE", "PT2H"),
     ("FAVORITES_ALERT_WEBHOOK_URL", "hooks.example.test/x"),
     ("FAVORITES_DATABASE_URL", "mysql://u:p@h/db"),
     ("FAVORITES_DATABASE_URL", "postgresql+psycopg://u:p@h/"),
@@ -178,3 +192,32 @@ def test_driver_options_reach_psycopg_with_the_types_it_expects():
     assert connect_options("postgresql+psycopg://app@h/db")[1] == {"prepare_threshold": None}
     assert connect_options("postgresql+psycopg://app@h/db?prepare_threshold=None")[1] == {
         "prepare_threshold": None}
+
+
+def test_the_settings_of_sharing_the_database_are_read():
+    s = load_settings({
+        "FAVORITES_GUEST_RETENTION_BATCH_SIZE": "500",
+        "FAVORITES_GUEST_RETENTION_BATCH_SIZE_MAX": "2000",
+        "FAVORITES_GUEST_RETENTION_TARGET_BATCH_DURATION": "PT0.5S",
+        "FAVORITES_GUEST_RETENTION_MAX_REPLICATION_LAG_BYTES": "1048576",
+        "FAVORITES_GUEST_RETENTION_MAX_WAL_BYTES_PER_SECOND": "50000000",
+        "FAVORITES_GUEST_RETENTION_MAX_PAUSE": "PT30S",
+    })
+    assert (s.batch_size, s.batch_size_max) == (500, 2000)
+    assert s.target_batch_duration == dt.timedelta(milliseconds=500)
+    assert (s.max_replication_lag_bytes, s.max_wal_bytes_per_second) == (1048576, 50_000_000)
+    assert s.max_pause == dt.timedelta(seconds=30)
+
+
+def test_a_zero_target_turns_adaptation_off():
+    for zero in ("PT0S", "00:00:00"):
+        s = load_settings({"FAVORITES_GUEST_RETENTION_TARGET_BATCH_DURATION": zero})
+        assert s.target_batch_duration == dt.timedelta(0)
+
+
+def test_an_unset_max_is_never_below_the_first_batch():
+    s = load_settings({"FAVORITES_GUEST_RETENTION_BATCH_SIZE": "20000"})
+    assert (s.batch_size, s.batch_size_max) == (20_000, 20_000)
+    with pytest.raises(SettingsError, match="is below FAVORITES_GUEST_RETENTION_BATCH_SIZE"):
+        load_settings({"FAVORITES_GUEST_RETENTION_BATCH_SIZE": "2000",
+                       "FAVORITES_GUEST_RETENTION_BATCH_SIZE_MAX": "1000"})

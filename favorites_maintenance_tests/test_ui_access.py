@@ -25,6 +25,7 @@ from favorites_maintenance.settings import (
     ALERT_WEBHOOK_URL_VAR,
     DATABASE_URL_VAR,
     RETENTION_DAYS_VAR,
+    TARGET_BATCH_DURATION_VAR,
 )
 from favorites_maintenance_tests.conftest import Rows
 from favorites_maintenance_tests.dev_stack import (
@@ -141,6 +142,8 @@ def deployment(pg_server, tmp_path_factory):
         .render_as_string(hide_password=False),
         DATABASE_URL_VAR: url,
         ALERT_WEBHOOK_URL_VAR: f"{hook.url}/{TOKEN}",
+        # Fixed batches, so that a launch's batch size shows in the batch count.
+        TARGET_BATCH_DURATION_VAR: "PT0S",
     })
     services = []
     try:

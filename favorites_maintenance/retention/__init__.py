@@ -1,6 +1,8 @@
 """The retention core: the rule, the batched purge and the backlog. No Dagster import here."""
 
 from favorites_maintenance.retention.backlog import Backlog, measure_backlog
+from favorites_maintenance.retention.batch_size import BatchSizeController
+from favorites_maintenance.retention.health import HealthLimits, HealthMonitor, Indicator
 from favorites_maintenance.retention.purge import (
     BatchError,
     BatchResult,
@@ -21,7 +23,11 @@ __all__ = [
     "Backlog",
     "BatchError",
     "BatchResult",
+    "BatchSizeController",
     "ConnectError",
+    "HealthLimits",
+    "HealthMonitor",
+    "Indicator",
     "NoProgressError",
     "PurgeError",
     "PurgeReport",

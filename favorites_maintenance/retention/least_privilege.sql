@@ -25,6 +25,14 @@
 -- With row-level security enabled on the table, the role also needs the policies of
 -- row_level_security.sql (next to this file): without an UPDATE policy FOR UPDATE locks nothing.
 --
+-- Optional, for the purge's health indicators (README, "Sharing the database"): reading the
+-- replay position of other sessions' standbys (pg_stat_replication) and an autovacuum's
+-- progress on the table (pg_stat_progress_vacuum) needs the privileges of pg_read_all_stats,
+-- part of pg_monitor. Without them the purge logs once that it skips those two indicators and
+-- goes on (replication slots and the WAL rate stay readable). The role is NOINHERIT, so the
+-- grant has to carry INHERIT itself; it needs a superuser (or ADMIN OPTION on pg_monitor):
+-- GRANT pg_monitor TO :"role" WITH INHERIT TRUE;
+--
 -- Not granted: any other column (anonymous_id and note are private and never read), INSERT,
 -- TRUNCATE, REFERENCES, TRIGGER, CREATE on the schema, and anything on any other table.
 

@@ -64,6 +64,13 @@ idempotent, so a commit lost to a server crash only returns its rows to the back
 (``favorites-maintenance bench`` measures what it saves). The loop repeats while batches come
 back full, and stops between batches on the run's time budget or on a stop request; an error
 rolls back only the open batch.
+
+The batch size adapts to a target time per batch when one is given
+(:mod:`~favorites_maintenance.retention.batch_size`): it grows while batches stay well under
+the target, shrinks at once when one goes over or when another session waited on a lock the
+batch held. Before batches, at a bounded rate, the database's health is read
+(:mod:`~favorites_maintenance.retention.health`: replication lag, a VACUUM on the table, WAL
+rate); while an indicator is over its threshold the purge pauses with no transaction open.
 """
 
 from __future__ import annotations
@@ -78,12 +85,14 @@ from dataclasses import dataclass
 import sqlalchemy as sa
 from sqlalchemy.dialects.postgresql import TIMESTAMP
 
+from favorites_maintenance.retention.batch_size import BatchSizeController
 from favorites_maintenance.retention.database import (
     DEFAULT_LOCK_TIMEOUT,
     DEFAULT_STATEMENT_TIMEOUT,
     limit_transaction,
 )
 from favorites_maintenance.retention.errors import ErrorDescription, describe
+from favorites_maintenance.retention.health import HealthLimits, HealthMonitor, LockWatch, Outcome
 from favorites_maintenance.retention.rule import delete_prunable, favorites, prunable
 from favorites_maintenance.retention.table_check import check_table
 from favorites_maintenance.settings import DATABASE_URL_VAR
@@ -100,6 +109,10 @@ class StopReason(str, enum.Enum):
     """The run's time budget ran out; the backlog is left for the next run."""
     STOP_REQUESTED = "stop_requested"
     """A stop was requested (run termination, SIGTERM); honoured between batches."""
+    DB_UNHEALTHY = "db_unhealthy"
+    """The database stayed unhealthy (replication lag, a VACUUM on the table, WAL rate) longer
+    than the longest pause, or past the time budget while paused: a success; the backlog is
+    left for the next run (see :mod:`~favorites_maintenance.retention.health`)."""
 
 
 @dataclass(frozen=True)
@@ -111,12 +124,15 @@ class BatchResult:
         deleted: rows the batch deleted (0..batch_size).
         duration_s: wall time of the transaction, BEGIN to COMMIT, in seconds.
         deleted_total: rows deleted by the run so far, this batch included.
+        batch_size: the batch's size limit, rows (the adaptive size, or a piece of it while a
+            failed batch is split).
     """
 
     batch_no: int
     deleted: int
     duration_s: float
     deleted_total: int
+    batch_size: int = 0
 
 
 @dataclass(frozen=True)
@@ -138,6 +154,16 @@ class PurgeReport:
         isolation_batches: transactions spent splitting failed batches to isolate those rows.
         retried_batches: batches run again at once after a stale prepared statement or cached
             plan (a schema change during the run).
+        batch_size_first: the first batch's size, rows.
+        batch_size_max: the largest size a batch ran with, rows (0 when none ran).
+        paused_s: time spent paused on an unhealthy database, in seconds.
+        pauses: how many pauses began.
+        throttled_by: the latest indicator reading that paused the purge, e.g.
+            ``replication_lag 70,254,592 bytes > 67,108,864 (standby 'replica1')``; ``None``
+            when it never paused.
+        health_unreadable: health indicators this role may not read and that were skipped,
+            each with the grant that enables it.
+        lock_waits: batches found holding a lock another session waited on.
     """
 
     cutoff: dt.datetime
@@ -150,11 +176,23 @@ class PurgeReport:
     skipped_causes: tuple[str, ...] = ()
     isolation_batches: int = 0
     retried_batches: int = 0
+    batch_size_first: int = 0
+    batch_size_max: int = 0
+    paused_s: float = 0.0
+    pauses: int = 0
+    throttled_by: str | None = None
+    health_unreadable: tuple[str, ...] = ()
+    lock_waits: int = 0
 
     @property
     def duration_ms(self) -> int:
         """:attr:`duration_s` in whole milliseconds."""
         return round(self.duration_s * 1000)
+
+    @property
+    def paused_ms(self) -> int:
+        """:attr:`paused_s` in whole milliseconds."""
+        return round(self.paused_s * 1000)
 
 
 class PurgeError(RuntimeError):
@@ -398,6 +436,9 @@ def purge(
     synchronous_commit: bool = False,
     max_skipped_rows: int = DEFAULT_MAX_SKIPPED_ROWS,
     optimistic: bool = True,
+    batch_size_max: int | None = None,
+    target_batch_duration: dt.timedelta = dt.timedelta(0),
+    health: HealthLimits | None = None,
 ) -> PurgeReport:
     """Delete every prunable row older than ``cutoff``, one batch transaction at a time.
 
@@ -433,6 +474,17 @@ def purge(
             :class:`SkippedRowsError`.
         optimistic: run batches after the first in the optimistic form (see the module's
             docstring); ``False`` locks every batch's rows before deleting them.
+        batch_size_max: the largest size the adaptive batch size may reach, rows (``None`` or
+            below ``batch_size``: ``batch_size``).
+        target_batch_duration: wall time each batch transaction aims at; after every full
+            batch the next size moves toward it (see :class:`~favorites_maintenance.retention.
+            batch_size.BatchSizeController`), and it halves when another session waited on a
+            lock the batch held. Zero (the default): every batch has ``batch_size`` rows.
+        health: thresholds of the database health indicators read before batches (see
+            :mod:`~favorites_maintenance.retention.health`): while one is over, the purge
+            pauses with no transaction open, honouring ``should_stop`` and the time budget, and
+            ends with ``stop_reason=db_unhealthy`` when the pause lasts too long. ``None`` (the
+            default): not read.
 
     Returns:
         The :class:`PurgeReport`.
@@ -469,14 +521,21 @@ def purge(
     skipped = isolation_batches = retried_batches = stale_retries = failed_in_a_row = 0
     causes: dict[str, int] = {}
     after: dict | None = None
-    size = batch_size  # below batch_size while failed batches are split
+    sizes = BatchSizeController(batch_size, batch_size_max or batch_size, target_batch_duration)
+    size = sizes.size  # below sizes.size while failed batches are split
+    size_max = lock_waits = 0
+    # Asked just before a batch's commit: always when the batch is slow, else at a bounded rate.
+    lock_watch = LockWatch(slow_after=sizes.target_s / 2) if sizes.adaptive else None
+    monitor = HealthMonitor(health) if health is not None else None
 
     def report(reason: StopReason) -> PurgeReport:
         return PurgeReport(cutoff=cutoff, deleted_total=deleted_total, batches=batches,
                            duration_s=time.monotonic() - started, stop_reason=reason,
                            batch_max_s=batch_max_s, skipped_rows=skipped,
                            skipped_causes=tuple(causes), isolation_batches=isolation_batches,
-                           retried_batches=retried_batches)
+                           retried_batches=retried_batches, batch_size_first=batch_size,
+                           batch_size_max=size_max, lock_waits=lock_waits,
+                           **(_health_report(monitor) if monitor is not None else {}))
 
     def skip(count: int, cause: str, key=None) -> None:
         nonlocal skipped, failed_in_a_row
@@ -535,16 +594,25 @@ def purge(
             # The first batch always runs, so every run makes progress however small its budget.
             if batch_no and time.monotonic() >= deadline:
                 return report(StopReason.MAX_RUN_DURATION)
+            if monitor is not None:
+                # No transaction is open here: a pause holds no lock and no snapshot.
+                outcome = monitor.wait(conn, should_stop=should_stop, deadline=deadline)
+                if outcome is Outcome.STOP_REQUESTED:
+                    return report(StopReason.STOP_REQUESTED)
+                if outcome is Outcome.UNHEALTHY:
+                    return report(StopReason.DB_UNHEALTHY)
             if not (stale_retries or again):
                 batch_no += 1
             again = False
             limit = size
+            size_max = max(size_max, limit)
             key = None
             # The first batch always locks first: it proves the role may lock what the rule
             # matches (the form every later batch falls back to), so row-level security
             # without an UPDATE policy fails the run at once rather than under contention.
-            fast = (optimistic and after is not None and limit > 1 and size == batch_size
+            fast = (optimistic and after is not None and limit > 1 and size == sizes.size
                     and not locking_left)
+            waiters = 0
             t0 = time.monotonic()
             try:
                 with conn.begin() as tx:
@@ -564,6 +632,9 @@ def purge(
                             tx.rollback()  # a row moved or was held: the locking form decides
                     else:
                         row = conn.execute(first if after is None else following, params).one()
+                    if tx.is_active and lock_watch is not None and lock_watch.due(
+                            time.monotonic() - t0):
+                        waiters = lock_watch.waiters(conn)
             except sa.exc.DBAPIError as exc:
                 error = describe(exc)
                 if fast and error.kind == "lock_not_available":
@@ -582,7 +653,7 @@ def purge(
                     continue
                 stale_retries = 0
                 if error.row_level:
-                    if size < batch_size:
+                    if size < sizes.size:
                         isolation_batches += 1
                     if limit > 1:
                         # Split: the same keyset position, half the rows, own transaction.
@@ -601,24 +672,33 @@ def purge(
             if fast and row.deleted < row.selected:
                 locking_left, again = _LOCKING_AFTER_CONFLICT, True
                 continue
-            if locking_left and size == batch_size:
+            if locking_left and size == sizes.size:
                 locking_left -= 1
             elapsed = time.monotonic() - t0
             batch_max_s = max(batch_max_s, elapsed)
             deleted_total += row.deleted
             selected_total += row.selected
-            if size < batch_size:
+            if size < sizes.size:
                 isolation_batches += 1
-                # A piece went through: grow back toward the full batch size.
-                size = min(batch_size, size * 2)
+                # A piece went through: grow back toward the adaptive size (which does not
+                # change while a failed batch is split).
+                size = min(sizes.size, size * 2)
+            elif row.selected >= limit and not waiters:
+                size = sizes.after_batch(row.selected, elapsed)
+            elif row.selected >= limit:
+                # Someone waited on this batch's locks: whatever its time, the next is smaller.
+                lock_waits += 1
+                size = sizes.lock_waiters(waiters)
+                log.info("batch %d held a lock %d other sessions waited on; next batch %d rows",
+                         batch_no, waiters, size)
             if row.deleted:
                 batches += 1
                 failed_in_a_row = 0
             if row.selected:
-                log.debug("batch %d deleted %d rows in %.1f ms", batch_no, row.deleted,
-                          elapsed * 1000)
+                log.debug("batch %d deleted %d rows of at most %d in %.1f ms; next batch %d rows",
+                          batch_no, row.deleted, limit, elapsed * 1000, size)
             if on_batch is not None:
-                on_batch(BatchResult(batch_no, row.deleted, elapsed, deleted_total))
+                on_batch(BatchResult(batch_no, row.deleted, elapsed, deleted_total, limit))
             if row.deleted < row.selected:
                 skip(row.selected - row.deleted, _SWALLOWED)
                 # Judged once enough rows were selected, or at the end of the run.
@@ -637,6 +717,13 @@ def purge(
         return final
     finally:
         conn.close()
+
+
+def _health_report(monitor: HealthMonitor) -> dict:
+    return {"paused_s": monitor.paused_s, "pauses": monitor.pauses,
+            "throttled_by": str(monitor.throttled_by) if monitor.throttled_by else None,
+            "health_unreadable": tuple(f"{name}: {why}"
+                                       for name, why in monitor.unreadable.items())}
 
 
 def _causes_text(causes: dict[str, int]) -> str:

@@ -36,7 +36,10 @@ def run_job(db_url, instance, *, partition: str = PARTITION, monkeypatch=None,
 
     ``retries`` sets the purge op's retries on transient errors (without delay); 0 by default,
     so that a transient failure fails the run here; ``None`` keeps the job's own defaults.
+    Batches keep ``batch_size`` (no target time per batch) unless ``settings`` give a
+    ``target_batch_duration``: these tests count batches and stop the job at one.
     """
+    settings.setdefault("target_batch_duration", dt.timedelta(0))
     mp = monkeypatch or pytest.MonkeyPatch()
     mp.setenv(DATABASE_URL_VAR, sa.make_url(db_url).render_as_string(hide_password=False))
     defs = build_defs(Settings(**settings))
