@@ -227,7 +227,9 @@ _SET_LIMITS = sa.text("""
       FROM (VALUES ('lock_timeout', CAST(:lock_timeout AS text), true),
                    ('statement_timeout', CAST(:statement_timeout AS text), true),
                    ('synchronous_commit', CAST(:synchronous_commit AS text), false),
-                   ('enable_incremental_sort', CAST(:incremental_sort AS text), false))
+                   ('enable_incremental_sort', CAST(:incremental_sort AS text), false),
+                   ('enable_hashjoin', CAST(:other_joins AS text), false),
+                   ('enable_mergejoin', CAST(:other_joins AS text), false))
            AS limits(name, ours, is_limit)
      WHERE is_limit OR ours IS NOT NULL
 """)
@@ -237,7 +239,8 @@ def limit_transaction(conn: sa.Connection, *,
                       lock_timeout: dt.timedelta = DEFAULT_LOCK_TIMEOUT,
                       statement_timeout: dt.timedelta = DEFAULT_STATEMENT_TIMEOUT,
                       synchronous_commit: bool | None = None,
-                      incremental_sort: bool | None = None) -> None:
+                      incremental_sort: bool | None = None,
+                      nested_loop_joins_only: bool = False) -> None:
     """Bound how long the open transaction of ``conn`` may wait for a lock or run a statement.
 
     ``SET LOCAL`` semantics: the limits end with the transaction. A shorter limit already in
@@ -251,13 +254,16 @@ def limit_transaction(conn: sa.Connection, *,
             transaction, in the same statement; ``None`` or ``True`` leaves the session's value.
         incremental_sort: ``False`` sets ``enable_incremental_sort = off`` for the
             transaction; ``None`` or ``True`` leaves the session's value.
+        nested_loop_joins_only: ``True`` sets ``enable_hashjoin`` and ``enable_mergejoin``
+            off for the transaction.
     """
     conn.execute(_SET_LIMITS, {"lock_timeout": _ms(lock_timeout),
                                "statement_timeout": _ms(statement_timeout),
                                "synchronous_commit": "off" if synchronous_commit is False
                                else None,
                                "incremental_sort": "off" if incremental_sort is False
-                               else None})
+                               else None,
+                               "other_joins": "off" if nested_loop_joins_only else None})
 
 
 def _ms(value: dt.timedelta) -> str:

@@ -293,7 +293,8 @@ def test_each_batch_runs_under_its_limits_and_commit_mode_and_leaves_the_session
             "CREATE FUNCTION favorites.note_settings() RETURNS trigger LANGUAGE plpgsql AS $$ "
             "BEGIN INSERT INTO favorites.seen VALUES (concat_ws(' ', "
             "current_setting('lock_timeout'), current_setting('statement_timeout'), "
-            "current_setting('synchronous_commit'), current_setting('enable_incremental_sort'))); "
+            "current_setting('synchronous_commit'), current_setting('enable_incremental_sort'), "
+            "current_setting('enable_hashjoin'), current_setting('enable_mergejoin'))); "
             "RETURN NULL; END $$"))
         conn.execute(sa.text(
             "CREATE TRIGGER note_settings AFTER DELETE ON favorites.favorites "
@@ -309,8 +310,9 @@ def test_each_batch_runs_under_its_limits_and_commit_mode_and_leaves_the_session
     commit = "on" if synchronous_commit else "off"
     # The first batch locks its rows first; optimistic ones after it wait 5 ms for a lock.
     # enable_incremental_sort off: the partial index hands the batch its rows in keyset order.
-    assert seen[0] == f"1500ms 20s {commit} off"
-    assert set(seen[1:]) == {f"{'5ms' if optimistic else '1500ms'} 20s {commit} off"}
+    # Hash and merge joins off: the DELETE reaches the batch's rows by their address.
+    assert seen[0] == f"1500ms 20s {commit} off off off"
+    assert set(seen[1:]) == {f"{'5ms' if optimistic else '1500ms'} 20s {commit} off off off"}
     assert len(seen) == 4  # three full batches and the empty one that ends the run
     assert after == "0 on"  # SET LOCAL: the pooled session keeps its own values
 
