@@ -194,20 +194,25 @@ def test_the_wal_rate_is_not_watched_by_default(engine, rows):
     assert report.pauses == 0 and report.throttled_by is None and not report.health_unreadable
 
 
-def test_an_indicator_the_role_cannot_read_is_reported_once_and_skipped(
-        engine, rows, roles, slow_vacuum, caplog):
-    caplog.set_level(logging.INFO, logger="favorites_maintenance")
-    url = roles.create("cleanup", least_privilege=True)
+def purge_during_a_vacuum(url, rows, slow_vacuum, *, max_pause_s: float):
+    """300 prunable rows purged as the role of ``url`` while a VACUUM runs on the table."""
     rows.add_many(300, updated_at=OLD)
     start_vacuum, end_vacuum = slow_vacuum
     start_vacuum()
     as_role = create_engine(url)
     try:
-        report = purge(as_role, CUTOFF, batch_size=100, max_run_duration=dt.timedelta(minutes=1),
-                       health=HealthLimits(max_pause=dt.timedelta(seconds=30), **QUICK))
+        return purge(as_role, CUTOFF, batch_size=100, max_run_duration=dt.timedelta(minutes=1),
+                     health=HealthLimits(max_pause=dt.timedelta(seconds=max_pause_s), **QUICK))
     finally:
         as_role.dispose()
         end_vacuum()
+
+
+def test_an_indicator_the_role_cannot_read_is_reported_once_and_skipped(
+        engine, rows, roles, slow_vacuum, caplog):
+    caplog.set_level(logging.INFO, logger="favorites_maintenance")
+    url = roles.create("cleanup", least_privilege=True)
+    report = purge_during_a_vacuum(url, rows, slow_vacuum, max_pause_s=30)
     # The role cannot see the VACUUM: no pause, no failure, and it says what it skipped.
     assert report.stop_reason is StopReason.EXHAUSTED and guests(rows) == 0
     assert report.pauses == 0
@@ -226,16 +231,7 @@ def test_the_grant_least_privilege_sql_names_lets_the_role_see_a_vacuum(
                if line.startswith("-- GRANT pg_monitor")]
     with engine.begin() as conn:
         conn.exec_driver_sql(grant)
-    rows.add_many(300, updated_at=OLD)
-    start_vacuum, end_vacuum = slow_vacuum
-    start_vacuum()
-    as_role = create_engine(url)
-    try:
-        report = purge(as_role, CUTOFF, batch_size=100, max_run_duration=dt.timedelta(minutes=1),
-                       health=HealthLimits(max_pause=dt.timedelta(seconds=1), **QUICK))
-    finally:
-        as_role.dispose()
-        end_vacuum()
+    report = purge_during_a_vacuum(url, rows, slow_vacuum, max_pause_s=1)
     assert report.stop_reason is StopReason.DB_UNHEALTHY and guests(rows) == 300
     assert report.throttled_by.startswith("vacuum") and not report.health_unreadable
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import datetime as dt
 import threading
 import time
@@ -130,22 +131,29 @@ def test_two_workers_at_once_delete_every_row_exactly_once(db_url, rows):
     assert rows.ids() == accounts | fresh
 
 
-def test_a_row_locked_by_a_user_is_skipped_not_waited_on(engine, rows):
-    locked = rows.add(updated_at=OLD)
-    others = rows.add_many(50, updated_at=OLD + dt.timedelta(seconds=5))
+@contextlib.contextmanager
+def held_by_a_user(engine, row_id: int):
+    """A user transaction holding ``row_id`` (``FOR UPDATE``) until the block ends."""
     user = engine.connect()
     try:
         user.begin()
-        user.execute(sa.select(dev_favorites.c.id).where(dev_favorites.c.id == locked)
+        user.execute(sa.select(dev_favorites.c.id).where(dev_favorites.c.id == row_id)
                      .with_for_update())
+        yield
+    finally:
+        user.rollback()
+        user.close()
+
+
+def test_a_row_locked_by_a_user_is_skipped_not_waited_on(engine, rows):
+    locked = rows.add(updated_at=OLD)
+    others = rows.add_many(50, updated_at=OLD + dt.timedelta(seconds=5))
+    with held_by_a_user(engine, locked):
         t0 = time.monotonic()
         report = run(engine, batch_size=10, lock_timeout=dt.timedelta(seconds=5))
         assert time.monotonic() - t0 < 4  # never waited for the user's lock
         assert report.deleted_total == len(others)
         assert measure_backlog(engine, CUTOFF).remaining == 1
-    finally:
-        user.rollback()
-        user.close()
     assert rows.ids() == {locked}
 
 
@@ -321,19 +329,12 @@ def test_an_optimistic_batch_that_meets_a_held_row_is_taken_again_with_skip_lock
                                                                                     rows):
     ids = rows.add_many(50, updated_at=OLD)
     held = ids[25]  # in the third batch: the first batch always locks first
-    user = engine.connect()
-    try:
-        user.begin()
-        user.execute(sa.select(dev_favorites.c.id).where(dev_favorites.c.id == held)
-                     .with_for_update())
+    with held_by_a_user(engine, held):
         t0 = time.monotonic()
         report = run(engine, batch_size=10, lock_timeout=dt.timedelta(seconds=5))
         assert time.monotonic() - t0 < 4  # waited 5 ms for the user's lock, not 5 s
         assert report.deleted_total == 49
         assert report.skipped_rows == 0  # a held row is backlog, not a skipped row
-    finally:
-        user.rollback()
-        user.close()
     assert rows.ids() == {held}
 
 
