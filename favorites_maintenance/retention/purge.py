@@ -322,6 +322,10 @@ OPTIMISTIC_LOCK_TIMEOUT = dt.timedelta(milliseconds=5)
 #: Batches run in the locking form after an optimistic batch met a held or moved row.
 _LOCKING_AFTER_CONFLICT = 16
 
+#: Runs of the same batch, in the locking form, after rows moved across partitions under it
+#: (SQLSTATE 40001) before the error is raised.
+_MOVED_ROW_RETRIES = 5
+
 #: Runs of the same batch after a stale statement before the error is raised.
 _STALE_RETRIES = 3
 
@@ -589,6 +593,7 @@ def purge(
                                           lock_first=False)
         fast_lock_timeout = min(lock_timeout, OPTIMISTIC_LOCK_TIMEOUT)
         locking_left = 0  # batches to run in the locking form after a conflict
+        moved_retries = 0  # runs of this batch that met a row moved across partitions
         again = False  # the same batch runs again: its number stays
         while True:
             if should_stop():
@@ -640,10 +645,20 @@ def purge(
                         waiters = lock_watch.waiters(conn)
             except sa.exc.DBAPIError as exc:
                 error = describe(exc)
-                if fast and error.kind == "lock_not_available":
-                    # Another session holds a row of the batch: take the batch again with
-                    # SKIP LOCKED, and keep to that form for a while.
+                if fast and error.kind in ("lock_not_available", "serialization_failure"):
+                    # Another session holds a row of the batch, or moved it to another
+                    # partition meanwhile: take the batch again with SKIP LOCKED, and keep to
+                    # that form for a while.
                     locking_left, again = _LOCKING_AFTER_CONFLICT, True
+                    continue
+                if (error.kind == "serialization_failure"
+                        and moved_retries < _MOVED_ROW_RETRIES):
+                    # A row of the batch moved to another partition as it was locked (an
+                    # update of its partition key): a new transaction reads where it went.
+                    moved_retries += 1
+                    again = True
+                    log.info("batch %d met a row moved by a concurrent update (%s); taking it "
+                             "again", batch_no, error)
                     continue
                 if error.kind == "stale_statement" and stale_retries < _STALE_RETRIES:
                     # A prepared statement or cached plan outlived a schema change: a new
@@ -671,7 +686,7 @@ def purge(
                         continue
                 log.error("batch %d failed and was rolled back: %s", batch_no, error)
                 raise BatchError(batch_no, report(StopReason.EXHAUSTED), error) from None
-            stale_retries = 0
+            stale_retries = moved_retries = 0
             if fast and row.deleted < row.selected:
                 locking_left, again = _LOCKING_AFTER_CONFLICT, True
                 continue
@@ -704,10 +719,13 @@ def purge(
                 on_batch(BatchResult(batch_no, row.deleted, elapsed, deleted_total, limit))
             if row.deleted < row.selected:
                 skip(row.selected - row.deleted, _SWALLOWED)
-                # Judged once enough rows were selected, or at the end of the run.
-                if (deleted_total * 2 < selected_total
-                        and selected_total >= max(batch_size, NO_PROGRESS_SAMPLE)):
-                    raise _no_progress(conn, report(StopReason.EXHAUSTED), selected_total)
+                if deleted_total * 2 < selected_total:
+                    # Mostly swallowed: judged as no progress (which names the mechanisms)
+                    # once enough rows were selected, or at the end of the run.
+                    if selected_total >= max(batch_size, NO_PROGRESS_SAMPLE):
+                        raise _no_progress(conn, report(StopReason.EXHAUSTED), selected_total)
+                else:
+                    check_skipped()
             if row.selected < limit:
                 break
             after = {"after_updated_at": row.last_updated_at, "after_id": row.last_id}

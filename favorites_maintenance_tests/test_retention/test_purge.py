@@ -228,8 +228,9 @@ def test_invalid_arguments_are_refused_before_any_delete(engine, rows, kwargs):
     assert rows.count() == 1
 
 
-def test_a_partitioned_table_is_purged_by_primary_key(engine, rows):
-    # Row addresses repeat across partitions, so the purge must not match rows by ctid there.
+def partition_by_updated_at(engine, boundary: str) -> None:
+    """Make favorites.favorites a table partitioned by ``updated_at``: before and from
+    ``boundary`` (an ISO date), keyed by ``(id, updated_at)``."""
     with engine.begin() as conn:
         conn.execute(sa.text("DROP TABLE favorites.favorites"))
         conn.execute(sa.text(
@@ -240,12 +241,17 @@ def test_a_partitioned_table_is_purged_by_primary_key(engine, rows):
             "PARTITION BY RANGE (updated_at)"))
         conn.execute(sa.text(
             "CREATE TABLE favorites.favorites_old PARTITION OF favorites.favorites "
-            "FOR VALUES FROM (MINVALUE) TO ('2025-01-01')"))
+            f"FOR VALUES FROM (MINVALUE) TO ('{boundary}')"))
         conn.execute(sa.text(
             "CREATE TABLE favorites.favorites_new PARTITION OF favorites.favorites "
-            "FOR VALUES FROM ('2025-01-01') TO (MAXVALUE)"))
+            f"FOR VALUES FROM ('{boundary}') TO (MAXVALUE)"))
         conn.execute(sa.text(
             "CREATE INDEX ON favorites.favorites (updated_at, id) WHERE user_id IS NULL"))
+
+
+def test_a_partitioned_table_is_purged_by_primary_key(engine, rows):
+    # Row addresses repeat across partitions, so the purge must not match rows by ctid there.
+    partition_by_updated_at(engine, "2025-01-01")
     # Prunable rows at the same row addresses in both partitions, account rows after them.
     older_guests = set(rows.add_many(300, updated_at=dt.datetime(2024, 1, 1, tzinfo=UTC)))
     old_guests = set(rows.add_many(300, updated_at=OLD))
@@ -338,6 +344,20 @@ def test_an_optimistic_batch_that_meets_a_held_row_is_taken_again_with_skip_lock
     assert rows.ids() == {held}
 
 
+def wait_until_the_purge_waits_on_a_lock(engine) -> None:
+    """Return once the purge's batch statement waits on a row lock (fail after 20 s)."""
+    deadline = time.monotonic() + 20
+    while time.monotonic() < deadline:
+        with engine.connect() as conn:
+            if conn.execute(sa.text(
+                    "SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock' "
+                    "AND application_name = 'favorites-maintenance' "
+                    "AND query LIKE 'WITH batch%'")).scalar_one():
+                return
+        time.sleep(0.02)
+    raise AssertionError("the batch statement never waited on a lock")
+
+
 def test_a_row_claimed_while_an_optimistic_delete_waits_for_it_is_not_deleted(
         engine, rows, monkeypatch):
     """The DELETE re-checks the guard on the row's newest version: a guest row that became an
@@ -356,16 +376,7 @@ def test_a_row_claimed_while_an_optimistic_delete_waits_for_it_is_not_deleted(
         worker = threading.Thread(target=lambda: result.update(
             report=run(engine, batch_size=10, lock_timeout=dt.timedelta(seconds=30))))
         worker.start()
-        deadline = time.monotonic() + 20
-        waiting = 0
-        while not waiting and time.monotonic() < deadline:
-            with engine.connect() as conn:
-                waiting = conn.execute(sa.text(
-                    "SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock' "
-                    "AND application_name = 'favorites-maintenance' "
-                    "AND query LIKE 'WITH batch%'")).scalar_one()
-            time.sleep(0.02)
-        assert waiting, "the optimistic DELETE never waited for the claimed row"
+        wait_until_the_purge_waits_on_a_lock(engine)
         user.commit()
         worker.join(30)
     finally:
@@ -395,3 +406,50 @@ def test_without_the_keyset_index_the_planner_keeps_its_incremental_sort(engine,
     with engine.connect() as conn:
         # Without that index a full sort of the whole range could cost far more.
         assert set(conn.execute(sa.text("SELECT setting FROM favorites.seen")).scalars()) == {"on"}
+
+
+def test_a_row_moved_to_another_partition_while_an_optimistic_delete_waits_is_left_alone(
+        engine, rows, monkeypatch):
+    """PostgreSQL fails a statement that meets a row an update moved to another partition
+    (SQLSTATE 40001): the batch is taken again, locking first, and the run goes on."""
+    purge_module = __import__("favorites_maintenance.retention.purge", fromlist=["purge"])
+    # Long enough to commit the move while the DELETE waits, in a test.
+    monkeypatch.setattr(purge_module, "OPTIMISTIC_LOCK_TIMEOUT", dt.timedelta(seconds=20))
+    partition_by_updated_at(engine, "2025-06-01")  # between OLD and the day after CUTOFF
+    ids = rows.add_many(50, updated_at=OLD)
+    moved = ids[25]
+    user = engine.connect()
+    result = {}
+    try:
+        user.begin()
+        user.execute(sa.update(dev_favorites).where(dev_favorites.c.id == moved)
+                     .values(updated_at=CUTOFF + dt.timedelta(days=1)))
+        worker = threading.Thread(target=lambda: result.update(
+            report=run(engine, batch_size=10, lock_timeout=dt.timedelta(seconds=30))))
+        worker.start()
+        wait_until_the_purge_waits_on_a_lock(engine)
+        user.commit()
+        worker.join(30)
+    finally:
+        user.close()
+    assert result["report"].deleted_total == 49
+    assert rows.ids() == {moved}
+
+
+def test_rows_a_trigger_swallows_count_against_the_rows_a_run_may_skip(engine, rows):
+    from favorites_maintenance.retention.purge import SkippedRowsError
+
+    rows.add_many(1000, updated_at=OLD)
+    with engine.begin() as conn:
+        # One row in ten is never deleted: a trigger returns NULL for it.
+        conn.execute(sa.text(
+            "CREATE FUNCTION favorites.keep_some() RETURNS trigger LANGUAGE plpgsql AS $$ "
+            "BEGIN IF OLD.item_id % 10 = 0 THEN RETURN NULL; END IF; RETURN OLD; END $$"))
+        conn.execute(sa.text(
+            "CREATE TRIGGER keep_some BEFORE DELETE ON favorites.favorites "
+            "FOR EACH ROW EXECUTE FUNCTION favorites.keep_some()"))
+    with pytest.raises(SkippedRowsError, match="more than 50 prunable rows could not be deleted"
+                       ) as caught:
+        run(engine, batch_size=100, max_skipped_rows=50)
+    assert caught.value.report.skipped_rows > 50
+    assert rows.count() == 1000 - caught.value.report.deleted_total
