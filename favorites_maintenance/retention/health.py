@@ -242,7 +242,7 @@ class HealthMonitor:
                     self._sleep(min(STOP_POLL_S, until - now))
                 if should_stop():
                     return Outcome.STOP_REQUESTED
-                again = self.read(conn)
+                again = self.read(conn, on_error=reading)
                 paused = self._clock() - started
                 if again is None:
                     log.warning("purge resumed after %.1f s paused: %s cleared", paused,
@@ -265,12 +265,15 @@ class HealthMonitor:
     # ---------------------------------------------------------------------------------------
     # reading
 
-    def read(self, conn: sa.Connection) -> Reading | None:
+    def read(self, conn: sa.Connection, *, on_error: Reading | None = None) -> Reading | None:
         """Read every readable indicator once; return the first over its threshold, or
         ``None`` when all are under. Leaves no transaction open.
 
-        A database error other than a missing privilege while reading is logged and read as
-        healthy: the batch that follows meets the same error and handles it as batches do.
+        A database error other than a missing privilege while reading is logged and answered
+        with ``on_error``: before a batch (``None``) it reads as healthy, and the batch that
+        follows meets the same error and handles it as batches do; while paused, the reading
+        that paused the purge, so a failed read (a killed session, a timeout) never ends a
+        pause by itself.
         """
         self._last_check = self._clock()
         try:
@@ -287,9 +290,13 @@ class HealthMonitor:
             return None
         except sa.exc.DBAPIError as exc:
             _rollback(conn)
-            log.warning("could not read the database's health (the purge goes on): %s",
-                        describe(exc))
-            return None
+            if on_error is None:
+                log.warning("could not read the database's health (the purge goes on): %s",
+                            describe(exc))
+            else:
+                log.warning("could not read the database's health while paused (still paused: "
+                            "%s): %s", on_error, describe(exc))
+            return on_error
 
     def _replication_lag(self, conn: sa.Connection) -> Reading | None:
         limit = self.limits.max_replication_lag_bytes

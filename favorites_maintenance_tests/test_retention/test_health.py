@@ -127,6 +127,34 @@ def test_a_vacuum_on_the_table_pauses_the_purge_until_it_ends(engine, rows, slow
     assert "purge resumed after" in text and "vacuum cleared" in text
 
 
+def test_a_session_killed_while_paused_does_not_end_the_pause(engine, rows, slow_vacuum,
+                                                            caplog):
+    caplog.set_level(logging.INFO, logger="favorites_maintenance")
+    rows.add_many(300, updated_at=OLD)
+    start_vacuum, end_vacuum = slow_vacuum
+    start_vacuum()
+    vacuum_at_batch = []
+    thread, out = in_thread(
+        purge, engine, CUTOFF, batch_size=100, max_run_duration=dt.timedelta(minutes=1),
+        health=HealthLimits(max_pause=dt.timedelta(seconds=30), **QUICK),
+        on_batch=lambda b: vacuum_at_batch.append(vacuum_running(engine)))
+    time.sleep(1.0)
+    with engine.connect() as conn:
+        killed = conn.execute(sa.text(
+            "SELECT pg_terminate_backend(pid) FROM pg_stat_activity "
+            "WHERE application_name = 'favorites-maintenance' AND pid <> pg_backend_pid() "
+            "AND pid NOT IN (SELECT pid FROM pg_stat_progress_vacuum)")).scalars().all()
+    assert killed == [True]
+    time.sleep(1.0)
+    assert thread.is_alive() and guests(rows) == 300  # still paused: nothing deleted
+    end_vacuum()
+    thread.join(30)
+    [report] = out
+    assert report.stop_reason is StopReason.EXHAUSTED and guests(rows) == 0
+    assert vacuum_at_batch and not any(vacuum_at_batch)  # no batch ran beside the VACUUM
+    assert "could not read the database's health while paused (still paused: vacuum" in caplog.text
+
+
 def test_a_pause_longer_than_the_max_ends_the_run_db_unhealthy(engine, rows, slow_vacuum,
                                                                caplog):
     caplog.set_level(logging.INFO, logger="favorites_maintenance")
