@@ -137,7 +137,7 @@ def _run_demo(env, *, rows: int, pretend: bool, retention_days: int) -> None:
     _echo(f"  rows deleted      {meta['deletedTotal']:>12,}")
     largest = meta.get("batchSizeMax", meta["batchSize"])
     _echo(f"  batches           {meta['batches']:>12,}  (batch size {meta['batchSize']:,}"
-          + (f", up to {largest:,})" if largest != meta["batchSize"] else ")"))
+          + (f" first, {largest:,} largest)" if largest != meta["batchSize"] else ")"))
     _echo(f"  duration          {meta['durationMs']:>12,} ms")
     _echo(f"  backlog remaining {meta['backlogRemaining']:>12,}  (stop reason: "
           f"{meta['stopReason']})")

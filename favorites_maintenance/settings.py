@@ -188,7 +188,8 @@ def _opt(environ, variable, parse, default=None):
     if raw is None:
         return default
     if not raw.strip():
-        raise SettingsError(variable, "is set but empty; unset it to use the default")
+        raise SettingsError(variable, "is set but empty; unset it to use the default"
+                            if default is not None else "is set but empty")
     try:
         return parse(raw.strip())
     except SettingsError:
@@ -199,10 +200,10 @@ def _opt(environ, variable, parse, default=None):
 
 def _int_between(low: int, high: int):
     def parse(raw: str) -> int:
-        try:
-            value = int(raw)
-        except ValueError:
-            raise ValueError(f"{raw!r} is not a whole number") from None
+        # ASCII digits only: int() would also take "1_000" and other scripts' digits.
+        if not re.fullmatch(r"[+-]?[0-9]+", raw):
+            raise ValueError(f"{raw!r} is not a whole number")
+        value = int(raw)
         if value < low:
             raise ValueError(f"{raw!r} must be greater than 0" if low == 1
                              else f"{raw!r} must be at least {low}")
@@ -217,22 +218,25 @@ def _duration_between(low: dt.timedelta, high: dt.timedelta):
     def parse(raw: str) -> dt.timedelta:
         value = parse_duration(raw)
         if value < low:
-            raise ValueError(f"{raw!r} must be at least {low}")
+            raise ValueError(f"{raw!r} must be at least {_iso(low)}")
         if value > high:
-            raise ValueError(f"{raw!r} must be at most {high}")
+            raise ValueError(f"{raw!r} must be at most {_iso(high)}")
         return value
 
     return parse
 
 
-def _duration_up_to(high: dt.timedelta):
-    """A duration from zero (``PT0S``, ``00:00:00``: the feature is off) to ``high``."""
+def _duration_up_to(high: dt.timedelta, low: dt.timedelta = dt.timedelta(milliseconds=10)):
+    """A duration of zero (``PT0S``, ``00:00:00``: the feature is off), or from ``low`` to
+    ``high``: a shorter one is more likely a typo than a wish."""
     def parse(raw: str) -> dt.timedelta:
         value = _read_duration(raw)
-        if value < dt.timedelta(0):
+        if value < dt.timedelta(0) or raw.lstrip().startswith("-"):
             raise ValueError(f"{raw!r} must not be negative (PT0S turns it off)")
+        if dt.timedelta(0) < value < low:
+            raise ValueError(f"{raw!r} must be PT0S (off) or at least {_iso(low)}")
         if value > high:
-            raise ValueError(f"{raw!r} must be at most {high}")
+            raise ValueError(f"{raw!r} must be at most {_iso(high)}")
         return value
 
     return parse
@@ -296,9 +300,18 @@ def _read_duration(raw: str) -> dt.timedelta:
         try:
             value = _DURATION.validate_python(raw)
         except pydantic.ValidationError:
-            raise ValueError(f"{raw!r} is not a duration; write HH:MM:SS (e.g. 00:10:00) "
-                             "or ISO 8601 (e.g. PT10M)") from None
+            raise ValueError(f"{raw!r} is not a duration; write HH:MM:SS (e.g. 00:10:00 or "
+                             "00:00:00.2) or ISO 8601 (e.g. PT10M or PT0.2S)") from None
     return value
+
+
+def _iso(value: dt.timedelta) -> str:
+    """``value`` in ISO 8601, as the settings are written: ``PT50M``, ``PT0.01S``."""
+    seconds = value.total_seconds()
+    hours, rest = divmod(seconds, 3600)
+    minutes, secs = divmod(rest, 60)
+    text = "PT" + (f"{hours:g}H" if hours else "") + (f"{minutes:g}M" if minutes else "")
+    return text + (f"{secs:g}S" if secs or text == "PT" else "")
 
 
 def parse_database_url(raw: str) -> URL:
