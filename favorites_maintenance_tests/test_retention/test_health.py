@@ -101,9 +101,10 @@ def vacuum_running(engine) -> bool:
         return conn.execute(_PROGRESS).first() is not None
 
 
-def test_a_vacuum_on_the_table_pauses_the_purge_until_it_ends(engine, rows, slow_vacuum,
-                                                               caplog):
-    caplog.set_level(logging.INFO, logger="favorites_maintenance")
+def purge_paused_by_a_vacuum(engine, rows, slow_vacuum):
+    """300 prunable rows, a VACUUM running, and the purge started on a thread (pauses up to
+    30 s); after a second, return ``end_vacuum``, the thread, its output list and, per batch,
+    whether a VACUUM was running."""
     rows.add_many(300, updated_at=OLD)
     start_vacuum, end_vacuum = slow_vacuum
     start_vacuum()
@@ -113,6 +114,14 @@ def test_a_vacuum_on_the_table_pauses_the_purge_until_it_ends(engine, rows, slow
         health=HealthLimits(max_pause=dt.timedelta(seconds=30), **QUICK),
         on_batch=lambda b: vacuum_at_batch.append(vacuum_running(engine)))
     time.sleep(1.0)
+    return end_vacuum, thread, out, vacuum_at_batch
+
+
+def test_a_vacuum_on_the_table_pauses_the_purge_until_it_ends(engine, rows, slow_vacuum,
+                                                               caplog):
+    caplog.set_level(logging.INFO, logger="favorites_maintenance")
+    end_vacuum, thread, out, vacuum_at_batch = purge_paused_by_a_vacuum(engine, rows,
+                                                                        slow_vacuum)
     assert thread.is_alive() and guests(rows) == 300  # paused: nothing deleted
     end_vacuum()
     thread.join(30)
@@ -130,15 +139,8 @@ def test_a_vacuum_on_the_table_pauses_the_purge_until_it_ends(engine, rows, slow
 def test_a_session_killed_while_paused_does_not_end_the_pause(engine, rows, slow_vacuum,
                                                             caplog):
     caplog.set_level(logging.INFO, logger="favorites_maintenance")
-    rows.add_many(300, updated_at=OLD)
-    start_vacuum, end_vacuum = slow_vacuum
-    start_vacuum()
-    vacuum_at_batch = []
-    thread, out = in_thread(
-        purge, engine, CUTOFF, batch_size=100, max_run_duration=dt.timedelta(minutes=1),
-        health=HealthLimits(max_pause=dt.timedelta(seconds=30), **QUICK),
-        on_batch=lambda b: vacuum_at_batch.append(vacuum_running(engine)))
-    time.sleep(1.0)
+    end_vacuum, thread, out, vacuum_at_batch = purge_paused_by_a_vacuum(engine, rows,
+                                                                        slow_vacuum)
     with engine.connect() as conn:
         killed = conn.execute(sa.text(
             "SELECT pg_terminate_backend(pid) FROM pg_stat_activity "

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import datetime as dt
+import importlib
 import threading
 import time
 
@@ -24,6 +25,8 @@ CUTOFF = dt.datetime(2025, 6, 1, 12, 0, 0, tzinfo=UTC)
 OLD = CUTOFF - dt.timedelta(days=30)
 TEN_MIN = dt.timedelta(minutes=10)
 guest = dev_favorites.c.user_id.is_(None)
+# The module, not the function the package exports under the same name.
+purge_module = importlib.import_module("favorites_maintenance.retention.purge")
 
 
 def run(engine, **kwargs):
@@ -296,23 +299,28 @@ def test_every_run_deletes_at_least_one_batch_however_small_its_budget(engine, r
     assert (report.deleted_total, report.stop_reason) == (10, StopReason.MAX_RUN_DURATION)
 
 
+def note_settings_of_each_batch(engine, *names: str) -> None:
+    """Record, in ``favorites.seen.settings``, the values of ``names`` (space-separated) that
+    each DELETE statement runs under, from a statement trigger."""
+    values = ", ".join(f"current_setting('{name}')" for name in names)
+    with engine.begin() as conn:
+        conn.execute(sa.text("CREATE TABLE favorites.seen (settings text)"))
+        conn.execute(sa.text(
+            "CREATE FUNCTION favorites.note_settings() RETURNS trigger LANGUAGE plpgsql AS $$ "
+            f"BEGIN INSERT INTO favorites.seen VALUES (concat_ws(' ', {values})); "
+            "RETURN NULL; END $$"))
+        conn.execute(sa.text(
+            "CREATE TRIGGER note_settings AFTER DELETE ON favorites.favorites "
+            "FOR EACH STATEMENT EXECUTE FUNCTION favorites.note_settings()"))
+
+
 @pytest.mark.parametrize("synchronous_commit", [False, True])
 @pytest.mark.parametrize("optimistic", [False, True])
 def test_each_batch_runs_under_its_limits_and_commit_mode_and_leaves_the_session_as_it_was(
         engine, rows, synchronous_commit, optimistic):
     rows.add_many(30, updated_at=OLD)
-    with engine.begin() as conn:
-        conn.execute(sa.text("CREATE TABLE favorites.seen (settings text)"))
-        conn.execute(sa.text(
-            "CREATE FUNCTION favorites.note_settings() RETURNS trigger LANGUAGE plpgsql AS $$ "
-            "BEGIN INSERT INTO favorites.seen VALUES (concat_ws(' ', "
-            "current_setting('lock_timeout'), current_setting('statement_timeout'), "
-            "current_setting('synchronous_commit'), current_setting('enable_incremental_sort'), "
-            "current_setting('enable_hashjoin'), current_setting('enable_mergejoin'))); "
-            "RETURN NULL; END $$"))
-        conn.execute(sa.text(
-            "CREATE TRIGGER note_settings AFTER DELETE ON favorites.favorites "
-            "FOR EACH STATEMENT EXECUTE FUNCTION favorites.note_settings()"))
+    note_settings_of_each_batch(engine, "lock_timeout", "statement_timeout", "synchronous_commit",
+                                "enable_incremental_sort", "enable_hashjoin", "enable_mergejoin")
     report = run(engine, batch_size=10, lock_timeout=dt.timedelta(milliseconds=1500),
                  statement_timeout=dt.timedelta(seconds=20),
                  synchronous_commit=synchronous_commit, optimistic=optimistic)
@@ -358,21 +366,16 @@ def wait_until_the_purge_waits_on_a_lock(engine) -> None:
     raise AssertionError("the batch statement never waited on a lock")
 
 
-def test_a_row_claimed_while_an_optimistic_delete_waits_for_it_is_not_deleted(
-        engine, rows, monkeypatch):
-    """The DELETE re-checks the guard on the row's newest version: a guest row that became an
-    account row while the batch waited for it stays, and so does its new owner."""
-    purge_module = __import__("favorites_maintenance.retention.purge", fromlist=["purge"])
-    # Long enough to commit the claim while the DELETE waits, in a test.
+def purge_while_a_user_commits(engine, monkeypatch, change):
+    """Run the purge (batches of 10) while a user transaction holds ``change`` uncommitted;
+    commit it once an optimistic DELETE waits on it; return the purge's report."""
+    # Long enough to commit the change while the DELETE waits, in a test.
     monkeypatch.setattr(purge_module, "OPTIMISTIC_LOCK_TIMEOUT", dt.timedelta(seconds=20))
-    ids = rows.add_many(50, updated_at=OLD)
-    claimed = ids[25]
     user = engine.connect()
     result = {}
     try:
         user.begin()
-        user.execute(sa.update(dev_favorites).where(dev_favorites.c.id == claimed)
-                     .values(user_id=42))
+        user.execute(change)
         worker = threading.Thread(target=lambda: result.update(
             report=run(engine, batch_size=10, lock_timeout=dt.timedelta(seconds=30))))
         worker.start()
@@ -381,7 +384,18 @@ def test_a_row_claimed_while_an_optimistic_delete_waits_for_it_is_not_deleted(
         worker.join(30)
     finally:
         user.close()
-    assert result["report"].deleted_total == 49
+    return result["report"]
+
+
+def test_a_row_claimed_while_an_optimistic_delete_waits_for_it_is_not_deleted(
+        engine, rows, monkeypatch):
+    """The DELETE re-checks the guard on the row's newest version: a guest row that became an
+    account row while the batch waited for it stays, and so does its new owner."""
+    ids = rows.add_many(50, updated_at=OLD)
+    claimed = ids[25]
+    report = purge_while_a_user_commits(engine, monkeypatch, sa.update(dev_favorites).where(
+        dev_favorites.c.id == claimed).values(user_id=42))
+    assert report.deleted_total == 49
     assert rows.ids() == {claimed}
     with engine.connect() as conn:
         assert conn.execute(sa.select(dev_favorites.c.user_id)
@@ -394,45 +408,23 @@ def test_without_the_keyset_index_the_planner_keeps_its_incremental_sort(engine,
     rows.add_many(15, updated_at=OLD)
     with engine.begin() as conn:
         conn.execute(sa.text(f"DROP INDEX favorites.{RECOMMENDED_INDEX_NAME}"))
-        conn.execute(sa.text("CREATE TABLE favorites.seen (setting text)"))
-        conn.execute(sa.text(
-            "CREATE FUNCTION favorites.note_setting() RETURNS trigger LANGUAGE plpgsql AS $$ "
-            "BEGIN INSERT INTO favorites.seen VALUES "
-            "(current_setting('enable_incremental_sort')); RETURN NULL; END $$"))
-        conn.execute(sa.text(
-            "CREATE TRIGGER note_setting AFTER DELETE ON favorites.favorites "
-            "FOR EACH STATEMENT EXECUTE FUNCTION favorites.note_setting()"))
+    note_settings_of_each_batch(engine, "enable_incremental_sort")
     assert run(engine, batch_size=10).deleted_total == 15
     with engine.connect() as conn:
         # Without that index a full sort of the whole range could cost far more.
-        assert set(conn.execute(sa.text("SELECT setting FROM favorites.seen")).scalars()) == {"on"}
+        assert set(conn.execute(sa.text("SELECT settings FROM favorites.seen")).scalars()) == {"on"}
 
 
 def test_a_row_moved_to_another_partition_while_an_optimistic_delete_waits_is_left_alone(
         engine, rows, monkeypatch):
     """PostgreSQL fails a statement that meets a row an update moved to another partition
     (SQLSTATE 40001): the batch is taken again, locking first, and the run goes on."""
-    purge_module = __import__("favorites_maintenance.retention.purge", fromlist=["purge"])
-    # Long enough to commit the move while the DELETE waits, in a test.
-    monkeypatch.setattr(purge_module, "OPTIMISTIC_LOCK_TIMEOUT", dt.timedelta(seconds=20))
     partition_by_updated_at(engine, "2025-06-01")  # between OLD and the day after CUTOFF
     ids = rows.add_many(50, updated_at=OLD)
     moved = ids[25]
-    user = engine.connect()
-    result = {}
-    try:
-        user.begin()
-        user.execute(sa.update(dev_favorites).where(dev_favorites.c.id == moved)
-                     .values(updated_at=CUTOFF + dt.timedelta(days=1)))
-        worker = threading.Thread(target=lambda: result.update(
-            report=run(engine, batch_size=10, lock_timeout=dt.timedelta(seconds=30))))
-        worker.start()
-        wait_until_the_purge_waits_on_a_lock(engine)
-        user.commit()
-        worker.join(30)
-    finally:
-        user.close()
-    assert result["report"].deleted_total == 49
+    report = purge_while_a_user_commits(engine, monkeypatch, sa.update(dev_favorites).where(
+        dev_favorites.c.id == moved).values(updated_at=CUTOFF + dt.timedelta(days=1)))
+    assert report.deleted_total == 49
     assert rows.ids() == {moved}
 
 
