@@ -45,7 +45,12 @@ BUSY_LIMIT_S = 60.0
 def pooler(request, pg_server, db_url):
     """A PgBouncer (transaction mode) serving the test's database; stopped by its pid after."""
     binary = require_pgbouncer()
-    bouncer = PgBouncer(binary, pg_server, sa.make_url(db_url).database, **request.param)
+    # Idle server connections are handed out oldest first, not last released first: the job's
+    # consecutive transactions then change server connection even when the busy clients are
+    # starved of CPU and leave both idle (a last-released-first pool would hand the job the
+    # same one each time).
+    bouncer = PgBouncer(binary, pg_server, sa.make_url(db_url).database,
+                        settings={"server_round_robin": 1}, **request.param)
     with bouncer:
         yield bouncer
 
