@@ -13,7 +13,7 @@ import sqlalchemy as sa
 
 from favorites_maintenance.retention.database import limit_transaction
 from favorites_maintenance.retention.errors import ErrorDescription, describe
-from favorites_maintenance.retention.rule import favorites, prunable
+from favorites_maintenance.retention.rule import GUEST_FAVORITES, RetentionRule
 
 
 @dataclass(frozen=True)
@@ -23,7 +23,7 @@ class Backlog:
     Attributes:
         cutoff: the UTC instant the rows are older than.
         remaining: how many rows the rule matches (exact count).
-        oldest_updated_at: ``updated_at`` of the oldest of them, or ``None`` when there is none.
+        oldest_updated_at: the age column (``updated_at``) of the oldest of them, or ``None`` when there is none.
     """
 
     cutoff: dt.datetime
@@ -31,18 +31,19 @@ class Backlog:
     oldest_updated_at: dt.datetime | None
 
 
-def measure_backlog(engine: sa.Engine, cutoff: dt.datetime) -> Backlog:
+def measure_backlog(engine: sa.Engine, cutoff: dt.datetime,
+                    rule: RetentionRule = GUEST_FAVORITES) -> Backlog:
     """Count the prunable rows for ``cutoff`` in one read-only statement, bounded like a batch
     (``lock_timeout`` 2 s, ``statement_timeout`` 30 s, or the session's shorter limits).
 
-    Served by the partial index ``(updated_at, id) WHERE user_id IS NULL`` when it exists.
+    Served by the rule's partial index (``(updated_at, id) WHERE user_id IS NULL`` for the
+    guest-favorites rule) when it exists.
 
     Raises:
         BacklogError: the database failed (described without private data).
         ValueError: ``cutoff`` is naive.
     """
-    stmt = sa.select(sa.func.count(), sa.func.min(favorites.c.updated_at)).where(
-        prunable(cutoff))
+    stmt = sa.select(sa.func.count(), sa.func.min(rule.age)).where(rule.prunable(cutoff))
     try:
         with engine.begin() as conn:
             limit_transaction(conn)  # never queue without limit behind a migration's lock

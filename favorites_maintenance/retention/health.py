@@ -11,7 +11,7 @@ pages. :class:`HealthMonitor` reads these indicators between batches, at most ev
   ``catchup``), or the position any replication slot still holds
   (``pg_replication_slots``: ``confirmed_flush_lsn`` of a logical slot, ``restart_lsn`` of a
   physical one), whether a client is connected to it or not;
-- ``vacuum``: a VACUUM, manual or autovacuum, running on ``favorites.favorites``
+- ``vacuum``: a VACUUM, manual or autovacuum, running on the rule's table
   (``pg_stat_progress_vacuum``);
 - ``wal_rate``: bytes of WAL the whole server wrote per second since the previous reading
   (``pg_current_wal_insert_lsn()``), only when a threshold is set.
@@ -41,7 +41,7 @@ from dataclasses import dataclass
 import sqlalchemy as sa
 
 from favorites_maintenance.retention.errors import describe
-from favorites_maintenance.retention.rule import favorites
+from favorites_maintenance.retention.rule import GUEST_FAVORITES, RetentionRule
 from favorites_maintenance.settings import (
     DEFAULT_MAX_PAUSE,
     DEFAULT_MAX_REPLICATION_LAG_BYTES,
@@ -81,6 +81,8 @@ class Reading:
     value: int
     threshold: int | None
     source: str
+    #: The table a ``vacuum`` reading is about, ``schema.table``.
+    table: str = GUEST_FAVORITES.qualified_name
 
     def __str__(self) -> str:
         if self.indicator is Indicator.REPLICATION_LAG:
@@ -88,7 +90,7 @@ class Reading:
                     f"({self.source})")
         if self.indicator is Indicator.WAL_RATE:
             return f"wal_rate {self.value:,} bytes/s > {self.threshold:,} ({self.source})"
-        return f"vacuum running on {favorites.schema}.{favorites.name} ({self.source})"
+        return f"vacuum running on {self.table} ({self.source})"
 
 
 @dataclass(frozen=True)
@@ -180,6 +182,7 @@ class HealthMonitor:
         limits: thresholds and pacing.
         clock: monotonic clock in seconds (tests may pass their own).
         sleep: sleeps that many seconds.
+        rule: the rule being purged; a VACUUM on its table pauses the purge.
 
     Attributes:
         paused_s: time spent paused, all pauses together, in seconds.
@@ -189,8 +192,10 @@ class HealthMonitor:
     """
 
     def __init__(self, limits: HealthLimits, *, clock: Callable[[], float] = time.monotonic,
-                 sleep: Callable[[float], None] = time.sleep):
+                 sleep: Callable[[float], None] = time.sleep,
+                 rule: RetentionRule = GUEST_FAVORITES):
         self.limits = limits
+        self._table = rule.qualified_name
         self._clock = clock
         self._sleep = sleep
         self._last_check = -float("inf")
@@ -314,12 +319,13 @@ class HealthMonitor:
         if not (self.limits.watch_vacuum and self._stats_privilege):
             return None
         row = self._row(conn, _VACUUM, "vacuum",
-                        {"table": f"{favorites.schema}.{favorites.name}"})
+                        {"table": self._table})
         if row is None:
             return None
         pid, phase, auto = row
         return Reading(Indicator.VACUUM, int(pid), None,
-                       f"{'autovacuum' if auto else 'VACUUM'} pid {pid}, phase {phase}")
+                       f"{'autovacuum' if auto else 'VACUUM'} pid {pid}, phase {phase}",
+                       table=self._table)
 
     def _wal_rate(self, conn: sa.Connection) -> Reading | None:
         limit = self.limits.max_wal_bytes_per_second

@@ -1,12 +1,14 @@
-"""The batched purge of prunable guest favorites.
+"""The batched purge of the rows a retention rule finds prunable.
 
-One run is a loop of batch transactions on one connection. Each batch is one statement::
+One run is a loop of batch transactions on one connection. Each batch is one statement, shown
+here for the guest-favorites rule (another rule names its own table, key, age and guard
+columns)::
 
     WITH batch AS MATERIALIZED (
         SELECT ctid, id, updated_at FROM favorites.favorites
          WHERE user_id IS NULL AND updated_at < :cutoff
-           AND updated_at >= :after_updated_at                        -- keyset, after batch 1
-           AND (updated_at, id) > (:after_updated_at, :after_id)
+           AND updated_at >= :after_age                               -- keyset, after batch 1
+           AND (updated_at, id) > (:after_age, :after_key)
          ORDER BY updated_at, id LIMIT :batch_size
            FOR UPDATE SKIP LOCKED),
     deleted AS (
@@ -95,7 +97,7 @@ from favorites_maintenance.retention.database import (
 )
 from favorites_maintenance.retention.errors import ErrorDescription, describe
 from favorites_maintenance.retention.health import HealthLimits, HealthMonitor, LockWatch, Outcome
-from favorites_maintenance.retention.rule import delete_prunable, favorites, prunable
+from favorites_maintenance.retention.rule import GUEST_FAVORITES, RetentionRule
 from favorites_maintenance.retention.table_check import check_table
 from favorites_maintenance.settings import DATABASE_URL_VAR
 
@@ -266,8 +268,8 @@ class TableCheckError(_DatabaseError):
         error: the database error, described without private data.
     """
 
-    def __init__(self, error: ErrorDescription):
-        super().__init__(f"could not read the shape of {favorites.schema}.{favorites.name} "
+    def __init__(self, error: ErrorDescription, table: str = GUEST_FAVORITES.qualified_name):
+        super().__init__(f"could not read the shape of {table} "
                          f"before the first batch (nothing deleted): {error}", error)
 
 
@@ -333,20 +335,21 @@ _SWALLOWED = ("deleted no row although it was locked (a BEFORE DELETE trigger re
               "a row-level security DELETE policy narrower than the SELECT and UPDATE ones)")
 
 
-def _batch_statement(cutoff: dt.datetime, keyset: bool, by_ctid: bool = True,
-                     lock_first: bool = True) -> sa.Select:
+def _batch_statement(rule: RetentionRule, cutoff: dt.datetime, keyset: bool,
+                     by_ctid: bool = True, lock_first: bool = True) -> sa.Select:
     """The one statement of a batch; ``:batch_size`` (and the keyset position) are bound.
 
     ``lock_first=False`` gives the optimistic form: the candidates are read without
     ``FOR UPDATE SKIP LOCKED`` and the DELETE locks each row as it deletes it.
     """
-    where = [prunable(cutoff)]
+    t = rule.table
+    where = [rule.prunable(cutoff)]
     if keyset:
-        where += _after_position()
+        where += _after_position(rule)
     candidates = (
-        sa.select(*([favorites.c.ctid] if by_ctid else []), favorites.c.id, favorites.c.updated_at)
+        sa.select(*([t.c.ctid] if by_ctid else []), rule.key.label("key"), rule.age.label("age"))
         .where(*where)
-        .order_by(favorites.c.updated_at, favorites.c.id)
+        .order_by(rule.age, rule.key)
         # Rendered into the statement: as a server-side parameter the LIMIT is planned worse
         # (batch p50 6.4 -> 9-11 ms at 2 M rows in the bench).
         .limit(sa.bindparam("batch_size", type_=sa.Integer, literal_execute=True))
@@ -362,22 +365,21 @@ def _batch_statement(cutoff: dt.datetime, keyset: bool, by_ctid: bool = True,
         # and the guard is checked again on each. In the optimistic form a row updated since
         # it was read has moved: the DELETE re-checks the newest version, whose address no
         # longer matches, and leaves it (the batch then comes up short and is rolled back).
-        match = sa.and_(favorites.c.ctid == batch.c.ctid, favorites.c.id == batch.c.id)
+        match = sa.and_(t.c.ctid == batch.c.ctid, rule.key == batch.c.key)
     else:
         # A partitioned table repeats row addresses across partitions, and a role may lack
         # SELECT on ctid: match by key. The age column is matched too: a table partitioned by
         # it has its primary key on (id, updated_at).
-        match = sa.and_(favorites.c.id == batch.c.id,
-                        favorites.c.updated_at == batch.c.updated_at)
+        match = sa.and_(rule.key == batch.c.key, rule.age == batch.c.age)
     deleted = (
-        delete_prunable(cutoff, match)
+        rule.delete_prunable(cutoff, match)
         .returning(sa.literal_column("1"))
         .cte("deleted")
     )
     # The batch's last key and its size in one pass over it (a window count, then the top row).
     last = (
-        sa.select(batch.c.updated_at, batch.c.id, sa.func.count().over().label("selected"))
-        .order_by(batch.c.updated_at.desc(), batch.c.id.desc())
+        sa.select(batch.c.age, batch.c.key, sa.func.count().over().label("selected"))
+        .order_by(batch.c.age.desc(), batch.c.key.desc())
         .limit(1)
         .subquery("last")
     )
@@ -386,29 +388,28 @@ def _batch_statement(cutoff: dt.datetime, keyset: bool, by_ctid: bool = True,
     return sa.select(
         sa.func.coalesce(last.c.selected, 0).label("selected"),
         sa.select(sa.func.count()).select_from(deleted).scalar_subquery().label("deleted"),
-        last.c.updated_at.label("last_updated_at"),
-        last.c.id.label("last_id"),
+        last.c.age.label("last_age"),
+        last.c.key.label("last_key"),
     ).select_from(one.outerjoin(last, sa.true()))
 
 
-def _after_position() -> list[sa.ColumnElement[bool]]:
-    after_updated_at = sa.bindparam("after_updated_at", type_=TIMESTAMP(timezone=True))
+def _after_position(rule: RetentionRule) -> list[sa.ColumnElement[bool]]:
+    after_age = sa.bindparam("after_age", type_=TIMESTAMP(timezone=True))
     return [
         # Redundant with the row comparison, but it gives the planner the range on the
         # leading column, so it prefers the partial index to walking the plain updated_at
         # index through the account rows (and re-sorting them by id).
-        favorites.c.updated_at >= after_updated_at,
-        sa.tuple_(favorites.c.updated_at, favorites.c.id)
-        > sa.tuple_(after_updated_at, sa.bindparam("after_id")),
+        rule.age >= after_age,
+        sa.tuple_(rule.age, rule.key) > sa.tuple_(after_age, sa.bindparam("after_key")),
     ]
 
 
-def _next_key_statement(cutoff: dt.datetime, keyset: bool) -> sa.Select:
+def _next_key_statement(rule: RetentionRule, cutoff: dt.datetime, keyset: bool) -> sa.Select:
     """Lock and return the key of the next candidate: a one-row batch names its row before it
     tries to delete it, so the row can be skipped if the delete fails."""
-    where = [prunable(cutoff)] + (_after_position() if keyset else [])
-    return (sa.select(favorites.c.id, favorites.c.updated_at).where(*where)
-            .order_by(favorites.c.updated_at, favorites.c.id).limit(1)
+    where = [rule.prunable(cutoff)] + (_after_position(rule) if keyset else [])
+    return (sa.select(rule.key.label("key"), rule.age.label("age")).where(*where)
+            .order_by(rule.age, rule.key).limit(1)
             .with_for_update(skip_locked=True))
 
 
@@ -420,10 +421,10 @@ def assert_primary(conn: sa.Connection) -> None:
                            "primary")
 
 
-def _match_by_ctid(conn: sa.Connection) -> bool:
+def _match_by_ctid(conn: sa.Connection, rule: RetentionRule) -> bool:
     """Whether the DELETE may reach the batch's rows by ``ctid``: not on a partitioned table
     (addresses repeat across partitions), nor for a role that may not read the column."""
-    table = f"{favorites.schema}.{favorites.name}"
+    table = rule.qualified_name
     return conn.execute(sa.text(
         "SELECT relkind <> 'p' AND has_column_privilege(oid, 'ctid', 'SELECT') "
         "FROM pg_class WHERE oid = to_regclass(:table)"), {"table": table}).scalar() or False
@@ -445,6 +446,7 @@ def purge(
     batch_size_max: int | None = None,
     target_batch_duration: dt.timedelta = dt.timedelta(0),
     health: HealthLimits | None = None,
+    rule: RetentionRule = GUEST_FAVORITES,
 ) -> PurgeReport:
     """Delete every prunable row older than ``cutoff``, one batch transaction at a time.
 
@@ -491,6 +493,7 @@ def purge(
             pauses with no transaction open, honouring ``should_stop`` and the time budget, and
             ends with ``stop_reason=db_unhealthy`` when the pause lasts too long. ``None`` (the
             default): not read.
+        rule: the table and predicate to purge (default: the guest-favorites rule).
 
     Returns:
         The :class:`PurgeReport`.
@@ -517,8 +520,8 @@ def purge(
         raise ValueError(f"max_run_duration must be > 0, got {max_run_duration!r}")
     if max_skipped_rows < 0:
         raise ValueError(f"max_skipped_rows must be >= 0, got {max_skipped_rows!r}")
-    next_first = _next_key_statement(cutoff, keyset=False)
-    next_following = _next_key_statement(cutoff, keyset=True)
+    next_first = _next_key_statement(rule, cutoff, keyset=False)
+    next_following = _next_key_statement(rule, cutoff, keyset=True)
 
     started = time.monotonic()
     deadline = started + max_run_duration.total_seconds()
@@ -532,7 +535,7 @@ def purge(
     size_max = lock_waits = 0
     # Asked just before a batch's commit: always when the batch is slow, else at a bounded rate.
     lock_watch = LockWatch(slow_after=sizes.target_s / 2) if sizes.adaptive else None
-    monitor = HealthMonitor(health) if health is not None else None
+    monitor = HealthMonitor(health, rule=rule) if health is not None else None
 
     def report(reason: StopReason) -> PurgeReport:
         return PurgeReport(cutoff=cutoff, deleted_total=deleted_total, batches=batches,
@@ -578,18 +581,19 @@ def purge(
                 # Reading the catalogs locks the table like a batch does: bounded the same way.
                 limit_transaction(conn, lock_timeout=lock_timeout,
                                   statement_timeout=statement_timeout)
-                findings = check_table(conn)
-                by_ctid = _match_by_ctid(conn)
+                findings = check_table(conn, rule)
+                by_ctid = _match_by_ctid(conn, rule)
         except sa.exc.DBAPIError as exc:
             error = describe(exc)
             log.error("could not check the table before the first batch: %s", error)
-            raise TableCheckError(error) from None
+            raise TableCheckError(error, rule.qualified_name) from None
         for warning in findings.warnings:
             log.warning("%s", warning)
-        first = _batch_statement(cutoff, keyset=False, by_ctid=by_ctid)
-        following = _batch_statement(cutoff, keyset=True, by_ctid=by_ctid)
-        first_fast = _batch_statement(cutoff, keyset=False, by_ctid=by_ctid, lock_first=False)
-        following_fast = _batch_statement(cutoff, keyset=True, by_ctid=by_ctid,
+        first = _batch_statement(rule, cutoff, keyset=False, by_ctid=by_ctid)
+        following = _batch_statement(rule, cutoff, keyset=True, by_ctid=by_ctid)
+        first_fast = _batch_statement(rule, cutoff, keyset=False, by_ctid=by_ctid,
+                                      lock_first=False)
+        following_fast = _batch_statement(rule, cutoff, keyset=True, by_ctid=by_ctid,
                                           lock_first=False)
         fast_lock_timeout = min(lock_timeout, OPTIMISTIC_LOCK_TIMEOUT)
         locking_left = 0  # batches to run in the locking form after a conflict
@@ -680,9 +684,9 @@ def purge(
                                  "batches of %d rows", batch_no, error.cause, size)
                         continue
                     if key is not None:
-                        skip(1, error.cause, key.id)
+                        skip(1, error.cause, key.key)
                         check_skipped()
-                        after = {"after_updated_at": key.updated_at, "after_id": key.id}
+                        after = {"after_age": key.age, "after_key": key.key}
                         continue
                 log.error("batch %d failed and was rolled back: %s", batch_no, error)
                 raise BatchError(batch_no, report(StopReason.EXHAUSTED), error) from None
@@ -723,18 +727,18 @@ def purge(
                     # Mostly swallowed: judged as no progress (which names the mechanisms)
                     # once enough rows were selected, or at the end of the run.
                     if selected_total >= max(batch_size, NO_PROGRESS_SAMPLE):
-                        raise _no_progress(conn, report(StopReason.EXHAUSTED), selected_total)
+                        raise _no_progress(conn, rule, report(StopReason.EXHAUSTED), selected_total)
                 else:
                     check_skipped()
             if row.selected < limit:
                 break
-            after = {"after_updated_at": row.last_updated_at, "after_id": row.last_id}
+            after = {"after_age": row.last_age, "after_key": row.last_key}
 
         final = report(StopReason.EXHAUSTED)
         if deleted_total * 2 < selected_total:
-            raise _no_progress(conn, final, selected_total)
+            raise _no_progress(conn, rule, final, selected_total)
         if not selected_total:
-            _check_zero_progress(conn, cutoff, final, batch_size)
+            _check_zero_progress(conn, rule, cutoff, final, batch_size)
         return final
     finally:
         conn.close()
@@ -764,8 +768,8 @@ def _reconnect(engine: sa.Engine, conn: sa.Connection) -> sa.Connection:
     return _connect(engine)
 
 
-def _check_zero_progress(conn: sa.Connection, cutoff: dt.datetime, report: PurgeReport,
-                         sample: int) -> None:
+def _check_zero_progress(conn: sa.Connection, rule: RetentionRule, cutoff: dt.datetime,
+                         report: PurgeReport, sample: int) -> None:
     """The purge locked no row: tell "every candidate is held by another session" (a backlog
     for the next run) from "the rule matches rows this role cannot lock" (a failure).
 
@@ -776,8 +780,8 @@ def _check_zero_progress(conn: sa.Connection, cutoff: dt.datetime, report: Purge
     no conflict: something filters them from ``FOR UPDATE`` (row-level security without an
     UPDATE policy): fail.
     """
-    ids = (sa.select(favorites.c.id).where(prunable(cutoff))
-           .order_by(favorites.c.updated_at, favorites.c.id).limit(sample))
+    ids = (sa.select(rule.key).where(rule.prunable(cutoff))
+           .order_by(rule.age, rule.key).limit(sample))
     try:
         tx = conn.begin()
         try:
@@ -800,13 +804,14 @@ def _check_zero_progress(conn: sa.Connection, cutoff: dt.datetime, report: Purge
         return
     if locked:
         return  # released since the batch ran: the next run takes them
-    raise _no_progress(conn, report, visible, locked_none=True, at_least=visible >= sample)
+    raise _no_progress(conn, rule, report, visible, locked_none=True,
+                       at_least=visible >= sample)
 
 
-def _no_progress(conn: sa.Connection, report: PurgeReport, matched: int, *,
-                 locked_none: bool = False, at_least: bool = False) -> NoProgressError:
-    causes = _swallowing_mechanisms(conn)
-    table = f"{favorites.schema}.{favorites.name}"
+def _no_progress(conn: sa.Connection, rule: RetentionRule, report: PurgeReport, matched: int,
+                 *, locked_none: bool = False, at_least: bool = False) -> NoProgressError:
+    table = rule.qualified_name
+    causes = _swallowing_mechanisms(conn, table)
     if locked_none:
         what = (f"the rule matches {'at least ' if at_least else ''}{matched} rows of {table} "
                 f"that no other session holds, yet the purge could lock none of them")
@@ -823,9 +828,9 @@ def _no_progress(conn: sa.Connection, report: PurgeReport, matched: int, *,
     return NoProgressError(message, report, tuple(causes))
 
 
-def _swallowing_mechanisms(conn: sa.Connection) -> list[str]:
-    """Row-level security, BEFORE DELETE row triggers and DELETE rules on the table, named."""
-    table = f"{favorites.schema}.{favorites.name}"
+def _swallowing_mechanisms(conn: sa.Connection, table: str) -> list[str]:
+    """Row-level security, BEFORE DELETE row triggers and DELETE rules on ``table``
+    (``schema.table``), named."""
     try:
         with conn.begin():
             rls = conn.execute(sa.text(

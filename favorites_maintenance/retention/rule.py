@@ -1,18 +1,18 @@
-"""The retention rule: which guest favorites are prunable, and the cutoff.
+"""Retention rules: which rows of a table are prunable, and the cutoff.
 
-This is the one place the rule lives (the rule is declared with the data it governs;
-the schedule only says *when* it runs). A row is prunable iff::
+This is the one place a rule's predicate is built. A policy (``defs/<policy>/defs.yaml``)
+names its table and columns; :class:`RetentionRule` turns them into SQLAlchemy objects. The
+guest-favorites rule, :data:`GUEST_FAVORITES`, prunes a row iff::
 
     user_id IS NULL AND updated_at < :cutoff
-
-``user_id IS NULL`` is rendered literally, never as a bound parameter, so the planner can prove
-the partial index ``(updated_at, id) WHERE user_id IS NULL`` serves the query. Every DELETE the
-project issues is built by :func:`delete_prunable`, which always carries this predicate.
 """
 
 from __future__ import annotations
 
 import datetime as dt
+import re
+from collections.abc import Sequence
+from dataclasses import dataclass
 
 import sqlalchemy as sa
 from sqlalchemy.dialects.postgresql import TIMESTAMP
@@ -20,46 +20,150 @@ from sqlalchemy.dialects.postgresql import TIMESTAMP
 SCHEMA = "favorites"
 TABLE = "favorites"
 
-#: The favorites table as the job sees it: only the three columns it may read. The id
-#: type is left open (bigint or uuid): values are only ever read back and rebound.
-favorites = sa.Table(
-    TABLE,
-    sa.MetaData(schema=SCHEMA),
-    sa.Column("id", sa.types.NullType(), primary_key=True),
-    sa.Column("user_id", sa.types.NullType(), nullable=True),
-    sa.Column("updated_at", TIMESTAMP(timezone=True), nullable=False),
-    # PostgreSQL's row address: the purge reaches rows it has locked by it (never read before
-    # they are locked, never kept across transactions).
-    sa.Column("ctid", sa.types.NullType(), system=True),
-)
-
 _UTC = dt.timezone.utc
+#: A lower-case SQL identifier, as a policy's YAML may name a schema, table or column. Anything
+#: else (quotes, dots, spaces, upper case) is refused rather than quoted into a surprise.
+_IDENTIFIER = re.compile(r"[a-z_][a-z0-9_$]{0,62}")
+
+
+class RuleError(ValueError):
+    """A retention rule is malformed (an identifier that is not one, no guard column)."""
+
+
+@dataclass(frozen=True)
+class RetentionRule:
+    """Which rows of one table are prunable: every guard column NULL and the age column older
+    than the cutoff::
+
+        <guard_1> IS NULL AND ... AND <age> < :cutoff
+
+    The guard is rendered literally, never as a bound parameter, so the planner can prove that
+    a partial index ``(<age>, <key>) WHERE <guard> IS NULL`` serves the query. Every DELETE the
+    project issues is built by :meth:`delete_prunable`, which always carries this predicate. A
+    rule without a guard column is refused: a delete without its predicate would empty the
+    table.
+
+    Attributes:
+        table: the table as the job sees it: only the key, the guards, the age and ``ctid``.
+        key: the unique key the batches are ordered and matched by (type left open: bigint,
+            uuid, text; values are only ever read back and rebound).
+        age: the ``timestamptz`` column compared with the cutoff.
+        guards: the columns that must be NULL (one at least).
+    """
+
+    table: sa.Table
+    key: sa.Column
+    age: sa.Column
+    guards: tuple[sa.Column, ...]
+
+    @classmethod
+    def define(cls, table: str, *, key_column: str, age_column: str,
+               null_columns: Sequence[str]) -> "RetentionRule":
+        """Build the rule of ``table`` (``schema.table``) from column names.
+
+        The names become SQLAlchemy ``Table``/``Column`` objects, quoted by the dialect
+        wherever they reach SQL; none is ever formatted into a statement's text.
+
+        Raises:
+            RuleError: ``table`` is not ``schema.table``, a name is not a lower-case SQL
+                identifier, a column is named twice, or ``null_columns`` is empty.
+        """
+        schema, dot, name = table.partition(".")
+        if not dot or not schema or not name:
+            raise RuleError(f"table {table!r} must be written schema.table")
+        for what, value in (("schema", schema), ("table", name), ("key_column", key_column),
+                            ("age_column", age_column), *(("null_columns", c)
+                                                           for c in null_columns)):
+            if not isinstance(value, str) or not _IDENTIFIER.fullmatch(value):
+                raise RuleError(f"{what} {value!r} is not a lower-case SQL identifier "
+                                "(letters, digits, _; at most 63 characters)")
+        if not null_columns:
+            raise RuleError("null_columns is empty: a rule needs at least one column that must "
+                            "be NULL, or its DELETE would match every old row")
+        names = [key_column, age_column, *null_columns]
+        if len(set(names)) != len(names) or "ctid" in names:
+            raise RuleError(f"columns {names!r} must be distinct, and none may be ctid")
+        t = sa.Table(
+            name, sa.MetaData(schema=schema),
+            sa.Column(key_column, sa.types.NullType(), primary_key=True),
+            *(sa.Column(c, sa.types.NullType(), nullable=True) for c in null_columns),
+            sa.Column(age_column, TIMESTAMP(timezone=True), nullable=False),
+            # PostgreSQL's row address: the purge reaches rows it has locked by it (never read
+            # before they are locked, never kept across transactions).
+            sa.Column("ctid", sa.types.NullType(), system=True),
+        )
+        return cls(table=t, key=t.c[key_column], age=t.c[age_column],
+                   guards=tuple(t.c[c] for c in null_columns))
+
+    @property
+    def qualified_name(self) -> str:
+        """``schema.table``, for messages (never for SQL)."""
+        return f"{self.table.schema}.{self.table.name}"
+
+    @property
+    def index_name(self) -> str:
+        """The name :attr:`recommended_index_sql` gives the partial index (at most 63
+        characters); the job recognises the index by its columns and predicate, whatever its
+        name."""
+        return f"{self.table.name}_{self.age.name}_{self.key.name}_prunable_idx"[:63]
+
+    @property
+    def recommended_index_sql(self) -> str:
+        """The partial index each batch is written for, to run outside a transaction (it does
+        not block writes): ``(<age>, <key>) WHERE <guard>``, the keyset order of the batches
+        under the rule's literal guard."""
+        return (f"CREATE INDEX CONCURRENTLY IF NOT EXISTS {self.index_name} ON "
+                f"{self.qualified_name} ({self.age.name}, {self.key.name}) "
+                f"WHERE {self.guard_sql}")
+
+    @property
+    def guard_sql(self) -> str:
+        """The guard as SQL text, for messages and index definitions: ``user_id IS NULL``."""
+        return " AND ".join(f"{c.name} IS NULL" for c in self.guards)
+
+    def prunable(self, cutoff: dt.datetime) -> sa.ColumnElement[bool]:
+        """The prunable predicate ``<guards> IS NULL AND <age> < :cutoff``.
+
+        Args:
+            cutoff: timezone-aware instant; rows aged strictly before it are prunable.
+
+        Raises:
+            ValueError: ``cutoff`` is naive.
+        """
+        _require_aware(cutoff, "cutoff")
+        return sa.and_(
+            *(c.is_(None) for c in self.guards),
+            self.age < sa.bindparam("cutoff", cutoff, type_=TIMESTAMP(timezone=True)),
+        )
+
+    def delete_prunable(self, cutoff: dt.datetime, *where: sa.ColumnElement[bool]) -> sa.Delete:
+        """``DELETE FROM <table> WHERE <prunable(cutoff)> AND <where...>``.
+
+        The only DELETE constructor of the project: callers narrow it (to a batch's keys) but
+        cannot drop the guard, which is repeated here as defence in depth even when the rows
+        were selected with the same predicate.
+        """
+        return sa.delete(self.table).where(self.prunable(cutoff), *where)
+
+
+#: The guest-favorites rule: ``user_id IS NULL AND updated_at < :cutoff`` on
+#: ``favorites.favorites``, keyed by ``id``.
+GUEST_FAVORITES = RetentionRule.define(f"{SCHEMA}.{TABLE}", key_column="id",
+                                       age_column="updated_at", null_columns=["user_id"])
+
+#: The favorites table as the guest-favorites rule sees it.
+favorites = GUEST_FAVORITES.table
 
 
 def prunable(cutoff: dt.datetime) -> sa.ColumnElement[bool]:
-    """The prunable predicate ``user_id IS NULL AND updated_at < :cutoff``.
-
-    Args:
-        cutoff: timezone-aware instant; rows with ``updated_at`` strictly before it are prunable.
-
-    Raises:
-        ValueError: ``cutoff`` is naive.
-    """
-    _require_aware(cutoff, "cutoff")
-    return sa.and_(
-        favorites.c.user_id.is_(None),
-        favorites.c.updated_at < sa.bindparam("cutoff", cutoff, type_=TIMESTAMP(timezone=True)),
-    )
+    """The guest-favorites predicate ``user_id IS NULL AND updated_at < :cutoff`` (see
+    :meth:`RetentionRule.prunable`)."""
+    return GUEST_FAVORITES.prunable(cutoff)
 
 
 def delete_prunable(cutoff: dt.datetime, *where: sa.ColumnElement[bool]) -> sa.Delete:
-    """``DELETE FROM favorites.favorites WHERE <prunable(cutoff)> AND <where...>``.
-
-    The only DELETE constructor of the project: callers narrow it (to a batch's ids) but cannot
-    drop the guard, which is repeated here as defence in depth even when the rows were selected
-    with the same predicate.
-    """
-    return sa.delete(favorites).where(prunable(cutoff), *where)
+    """The guest-favorites DELETE (see :meth:`RetentionRule.delete_prunable`)."""
+    return GUEST_FAVORITES.delete_prunable(cutoff, *where)
 
 
 def compute_cutoff(now: dt.datetime, retention_days: int,

@@ -9,16 +9,13 @@ from __future__ import annotations
 import sqlalchemy as sa
 from sqlalchemy.dialects.postgresql import TIMESTAMP, UUID
 
-from favorites_maintenance.retention.rule import SCHEMA, TABLE
+from favorites_maintenance.retention.rule import GUEST_FAVORITES, SCHEMA, TABLE
 
 #: The index the job's batch query is written for: its predicate matches the rule's literal
 #: ``user_id IS NULL``, and ``(updated_at, id)`` is the keyset order of the batches.
-RECOMMENDED_INDEX_NAME = "favorites_guest_updated_at_id_idx"
+RECOMMENDED_INDEX_NAME = GUEST_FAVORITES.index_name
 #: What to run on production (outside a transaction, so it does not block writes).
-RECOMMENDED_INDEX_SQL = (
-    f"CREATE INDEX CONCURRENTLY IF NOT EXISTS {RECOMMENDED_INDEX_NAME} "
-    f"ON {SCHEMA}.{TABLE} (updated_at, id) WHERE user_id IS NULL"
-)
+RECOMMENDED_INDEX_SQL = GUEST_FAVORITES.recommended_index_sql
 
 dev_metadata = sa.MetaData(schema=SCHEMA)
 
