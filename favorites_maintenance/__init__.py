@@ -1,1 +1,15 @@
-"""favorites-maintenance: daily retention cleanup of stale guest favorites (Dagster + PostgreSQL)."""
+"""favorites-maintenance: daily retention cleanup of PostgreSQL tables (Dagster + PostgreSQL),
+one retention policy per table; the first prunes stale guest favorites.
+
+:class:`RetentionPolicy` is the component a policy's ``defs.yaml`` names
+(``type: favorites_maintenance.RetentionPolicy``).
+"""
+
+
+def __getattr__(name: str):
+    # Imported on first use: the command line and the retention core need no Dagster import.
+    if name == "RetentionPolicy":
+        from favorites_maintenance.retention_policy import RetentionPolicy
+
+        return RetentionPolicy
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

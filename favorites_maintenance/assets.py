@@ -1,8 +1,15 @@
-"""The cleanup as an op graph ``compute_cutoff -> purge -> measure_backlog``.
+"""A policy's cleanup as an op graph ``compute_cutoff -> purge -> measure_backlog``.
 
-The graph is exposed as a daily-partitioned graph-backed asset so runs can be launched and
-backfilled from the UI. Dagster puts only the terminal op's output metadata on the asset
-materialization, so the purge report travels to ``measure_backlog``, which records it.
+:func:`build_cleanup_asset` exposes the graph as a daily-partitioned graph-backed asset, one per
+policy, so runs can be launched and backfilled from the UI. Dagster puts only the terminal op's
+output metadata on the asset materialization, so the purge report travels to
+``measure_backlog``, which records it.
+
+Each policy has its own op definitions (``<name>_purge``, ...: Dagster refuses two definitions
+of one name in a code location, and the purge's concurrency pool is the policy's), used under
+the same node names in every graph: ``compute_cutoff``, ``purge``, ``measure_backlog``. Run
+config and step keys read the same for every policy, e.g.
+``ops.favorites__guest_favorites_cleanup.ops.purge.config``.
 """
 
 import contextlib
@@ -24,7 +31,8 @@ from dagster._utils.interrupts import capture_interrupts, check_captured_interru
 from pydantic import Field
 
 from favorites_maintenance.partitions import daily_partitions
-from favorites_maintenance.resources import FavoritesDatabase, GuestRetention
+from favorites_maintenance.policy import GUEST_POLICY, Policy
+from favorites_maintenance.resources import FavoritesDatabase, RunLimits, health_limits
 from favorites_maintenance.retention.backlog import BacklogError
 from favorites_maintenance.retention.backlog import measure_backlog as count_backlog
 from favorites_maintenance.retention.database import (
@@ -42,11 +50,13 @@ from favorites_maintenance.retention.purge import (
 from favorites_maintenance.retention.purge import purge as run_purge
 from favorites_maintenance.retention.rule import compute_cutoff as cutoff_for
 
-ASSET_KEY = dg.AssetKey(["favorites", "guest_favorites_cleanup"])
+#: The guest-favorites cleanup asset's key.
+ASSET_KEY = dg.AssetKey(list(GUEST_POLICY.asset_key_path))
 
-#: Concurrency pool of the purge op: with run granularity and limit 1 in ``dagster.yaml``, at
-#: most one cleanup run is in progress, whoever launched it (Laravel's ``withoutOverlapping``).
-POOL = "guest_favorites_cleanup"
+#: Concurrency pool of the guest-favorites purge op (each policy has its own, ``<name>_cleanup``):
+#: with run granularity and limit 1 in ``dagster.yaml``, at most one cleanup run of a policy is
+#: in progress, whoever launched it (Laravel's ``withoutOverlapping``).
+POOL = GUEST_POLICY.pool
 
 #: Warn when the asset has not been materialized for 26 h, fail after 48 h (the alert threshold).
 FRESHNESS_POLICY = dg.FreshnessPolicy.time_window(fail_window=dt.timedelta(hours=48),
@@ -69,29 +79,8 @@ CORE_LOGGER = "favorites_maintenance.retention"
 _log = logging.getLogger(__name__)
 
 
-@dg.op(description="The cutoff instant: min(now, end of the partition window) - retention days.")
-def compute_cutoff(context: dg.OpExecutionContext, retention: GuestRetention) -> dt.datetime:
-    """Return the run's cutoff, a timezone-aware UTC datetime.
-
-    For a partitioned run (one day or a range) the anchor is ``min(now, window end)``; a run
-    without a partition uses ``now``.
-    """
-    now = dt.datetime.now(dt.timezone.utc)
-    window_end = None
-    if context.has_partition_key or context.has_partition_key_range:
-        window_end = context.partition_time_window.end
-    cutoff = cutoff_for(now, retention.retention_days, window_end)
-    context.log.info(f"run started: run_id={context.run_id} cutoff={cutoff.isoformat()} "
-                     f"retention_days={retention.retention_days} "
-                     f"batch_size={retention.batch_size}"
-                     + (f" (adaptive up to {retention.batch_size_max}, target "
-                        f"{retention.target_batch_duration_seconds * 1000:g} ms)"
-                        if retention.target_batch_duration_seconds else ""))
-    return cutoff
-
-
 class PurgeConfig(dg.Config):
-    """Run config of the purge op (``ops.favorites__guest_favorites_cleanup.ops.purge.config``).
+    """Run config of the purge op (``ops.<schema>__<name>_cleanup.ops.purge.config``).
 
     Attributes:
         max_retries: retries of the op after a transient database error (connection lost,
@@ -103,10 +92,110 @@ class PurgeConfig(dg.Config):
     retry_delay_seconds: float = Field(default=5.0, ge=0)
 
 
-@dg.op(pool=POOL, description="Delete prunable guest rows in SKIP LOCKED batch transactions.")
-def purge(context: dg.OpExecutionContext, config: PurgeConfig, database: FavoritesDatabase,
-          retention: GuestRetention, cutoff: dt.datetime) -> dict[str, Any]:
-    """Run the batched purge and return its report as a small dict for ``measure_backlog``.
+def build_cleanup_asset(policy: Policy) -> dg.AssetsDefinition:
+    """The cleanup asset of ``policy``: key ``<schema>/<name>_cleanup``, daily partitions, the
+    graph ``compute_cutoff -> purge -> measure_backlog``, and a freshness policy (warn after
+    26 h, fail after 48 h without a materialization).
+
+    The ops read the ``database`` resource (:class:`~favorites_maintenance.resources.
+    FavoritesDatabase`) and the ``retention`` resource (:class:`~favorites_maintenance.
+    resources.RunLimits`: what a launch changed of the policy's batch size and time budget).
+    """
+    rule = policy.rule
+    asset_key = dg.AssetKey(list(policy.asset_key_path))
+
+    def settings_of(limits: RunLimits):
+        return limits.apply(policy.settings)
+
+    @dg.op(name=f"{policy.name}_compute_cutoff",
+           description="The cutoff instant: min(now, end of the partition window) - retention "
+                       "days.")
+    def compute_cutoff(context: dg.OpExecutionContext, retention: RunLimits) -> dt.datetime:
+        """Return the run's cutoff, a timezone-aware UTC datetime (see :func:`run_cutoff`)."""
+        settings = settings_of(retention)
+        cutoff = run_cutoff(context, settings.retention_days)
+        context.log.info(f"run started: run_id={context.run_id} policy={policy.name} "
+                         f"table={rule.qualified_name} cutoff={cutoff.isoformat()} "
+                         f"retention_days={settings.retention_days} "
+                         f"batch_size={settings.batch_size}"
+                         + (f" (adaptive up to {settings.batch_size_max}, target "
+                            f"{settings.target_batch_duration.total_seconds() * 1000:g} ms)"
+                            if settings.target_batch_duration else ""))
+        return cutoff
+
+    @dg.op(name=f"{policy.name}_purge", pool=policy.pool,
+           description=f"Delete prunable rows of {rule.qualified_name} ({rule.guard_sql}) in "
+                       "SKIP LOCKED batch transactions.")
+    def purge(context: dg.OpExecutionContext, config: PurgeConfig, database: FavoritesDatabase,
+              retention: RunLimits, cutoff: dt.datetime) -> dict[str, Any]:
+        """Run the batched purge and return its report as a small dict for
+        ``measure_backlog`` (see :func:`run_purge_op`)."""
+        return run_purge_op(context, config, database, policy, settings_of(retention),
+                            asset_key, cutoff)
+
+    @dg.op(name=f"{policy.name}_measure_backlog", out=dg.Out(dg.Nothing),
+           description="Count what the rule still matches and record the run's metadata.")
+    def measure_backlog(context: dg.OpExecutionContext, database: FavoritesDatabase,
+                        cutoff: dt.datetime, report: dict[str, Any]) -> None:
+        """Measure the backlog for the run's cutoff and attach the run metadata to the
+        asset materialization."""
+        try:
+            backlog = count_backlog(database.engine, cutoff, rule)
+        except BacklogError as exc:
+            context.log.error(f"run failed: run_id={context.run_id} after deleting "
+                              f"{report['deletedTotal']} rows: {exc}")
+            # The purge's deletions are committed: report them even though the run fails.
+            context.log_event(dg.AssetObservation(asset_key=asset_key, metadata=report))
+            raise
+        oldest = backlog.oldest_updated_at
+        context.log.info(f"run completed: deleted_total={report['deletedTotal']} "
+                         f"batches={report['batches']} duration_ms={report['durationMs']} "
+                         f"backlog={backlog.remaining}")
+        context.add_output_metadata({
+            **report,
+            "backlogRemaining": backlog.remaining,
+            "backlogOldestUpdatedAt": oldest.isoformat() if oldest else "none",
+        })
+
+    @dg.graph_asset(
+        key=asset_key,
+        partitions_def=daily_partitions,
+        group_name="maintenance",
+        kinds={"postgres"},
+        description=(
+            f"Stale rows removed from {rule.qualified_name} by retention policy "
+            f"{policy.name}: rows with {rule.guard_sql} idle ({rule.age.name}) longer than "
+            f"{policy.settings.retention_days} days, deleted in SKIP LOCKED batches. A "
+            "partition is one daily run; its metadata says what was deleted and what is left."
+        ),
+    )
+    def cleanup():
+        cutoff = compute_cutoff.alias("compute_cutoff")()
+        return measure_backlog.alias("measure_backlog")(cutoff,
+                                                        purge.alias("purge")(cutoff))
+
+    # @graph_asset takes no freshness policy: attach it to the spec.
+    return cleanup.map_asset_specs(
+        lambda spec: spec.replace_attributes(freshness_policy=FRESHNESS_POLICY))
+
+
+def run_cutoff(context: dg.OpExecutionContext | dg.AssetCheckExecutionContext,
+               retention_days: int) -> dt.datetime:
+    """The cutoff of the run of ``context``: ``min(now, end of its partition window) -
+    retention_days`` in UTC; a run without a partition uses ``now`` (see
+    :func:`~favorites_maintenance.retention.rule.compute_cutoff`)."""
+    now = dt.datetime.now(dt.timezone.utc)
+    window_end = None
+    if context.has_partition_key or getattr(context, "has_partition_key_range", False):
+        window_end = context.partition_time_window.end
+    return cutoff_for(now, retention_days, window_end)
+
+
+def run_purge_op(context: dg.OpExecutionContext, config: PurgeConfig,
+                 database: FavoritesDatabase, policy: Policy, settings, asset_key: dg.AssetKey,
+                 cutoff: dt.datetime) -> dict[str, Any]:
+    """The body of a policy's purge op: the batched purge, its progress in the run's log, its
+    retries and its stop requests; returns the report as a small dict for ``measure_backlog``.
 
     A transient database error (see :func:`~favorites_maintenance.retention.database.
     transient_error_kind`) retries the op with exponential backoff; batches committed before it
@@ -118,8 +207,8 @@ def purge(context: dg.OpExecutionContext, config: PurgeConfig, database: Favorit
     A termination request (UI "Terminate", SIGTERM) is captured, never raised mid-batch, and
     checked before each batch, with the run's CANCELING status (see :class:`_StopRequests`):
     the open batch commits, no batch starts after the request, and the op then raises
-    Dagster's interruption so the run ends CANCELED rather than SUCCESS. What was deleted before the stop is recorded as
-    an asset observation.
+    Dagster's interruption so the run ends CANCELED rather than SUCCESS. What was deleted
+    before the stop is recorded as an asset observation.
 
     Raises:
         BatchError: a batch failed and was rolled back (not transient, or out of retries).
@@ -133,8 +222,8 @@ def purge(context: dg.OpExecutionContext, config: PurgeConfig, database: Favorit
         if batch.deleted == 0:  # not a batch in the run's metadata (`batches` counts none)
             if batch.batch_no == 1:
                 _to_run_log(context, logging.INFO,
-                            f"nothing to delete: no guest row older than {cutoff.isoformat()} "
-                            "that no other session holds")
+                            f"nothing to delete: no guest row older than "
+                            f"{cutoff.isoformat()} that no other session holds")
             return
         now = time.monotonic()
         line = (f"batch {batch.batch_no} deleted {batch.deleted} rows "
@@ -149,24 +238,25 @@ def purge(context: dg.OpExecutionContext, config: PurgeConfig, database: Favorit
         try:
             report = run_purge(
                 database.engine, cutoff,
-                batch_size=retention.batch_size,
-                max_run_duration=retention.max_run_duration,
+                batch_size=settings.batch_size,
+                max_run_duration=settings.max_run_duration,
                 should_stop=stop_requests.requested,
                 on_batch=on_batch,
-                batch_size_max=retention.batch_size_max,
-                target_batch_duration=retention.target_batch_duration,
-                health=retention.health,
+                batch_size_max=settings.batch_size_max,
+                target_batch_duration=settings.target_batch_duration,
+                health=health_limits(settings),
+                rule=policy.rule,
             )
         except Exception as exc:
             failed_report = getattr(exc, "report", None) if isinstance(exc, PurgeError) else None
             batch_no = exc.batch_no if isinstance(exc, BatchError) else 0
             deleted_before = failed_report.deleted_total if failed_report else 0
-            context.log.error(f"run failed: run_id={context.run_id} batch_no={batch_no} "
-                              f"deleted_before={deleted_before} "
+            context.log.error(f"run failed: run_id={context.run_id} policy={policy.name} "
+                              f"batch_no={batch_no} deleted_before={deleted_before} "
                               f"database={_failed_database(exc)} error={error_summary(exc)}")
             if deleted_before or (failed_report and failed_report.skipped_rows):
                 # Those rows stay deleted: say so, and let a retry of this op count them.
-                context.log_event(dg.AssetObservation(asset_key=ASSET_KEY, metadata={
+                context.log_event(dg.AssetObservation(asset_key=asset_key, metadata={
                     "deletedTotal": deleted_before, "batches": failed_report.batches,
                     "skippedRows": failed_report.skipped_rows,
                     "isolationBatches": failed_report.isolation_batches,
@@ -184,7 +274,7 @@ def purge(context: dg.OpExecutionContext, config: PurgeConfig, database: Favorit
         if (report.stop_reason is not StopReason.STOP_REQUESTED
                 and stop_requests.requested(read_now=True)):
             report = dataclasses.replace(report, stop_reason=StopReason.STOP_REQUESTED)
-        summary = report_metadata(report, retention)
+        summary = report_metadata(report, settings)
         earlier_deleted, earlier_batches = _committed_by_earlier_attempts(context)
         summary["deletedTotal"] += earlier_deleted
         summary["batches"] += earlier_batches
@@ -194,34 +284,9 @@ def purge(context: dg.OpExecutionContext, config: PurgeConfig, database: Favorit
                        f"{report.deleted_total} rows deleted and committed; the run ends CANCELED")
             context.log.warning(f"run {stopped} (Dagster shows this step as interrupted and the "
                                 "steps after it as not executed)")
-            context.log_event(dg.AssetObservation(asset_key=ASSET_KEY, metadata=summary))
+            context.log_event(dg.AssetObservation(asset_key=asset_key, metadata=summary))
             raise DagsterExecutionInterruptedError(stopped)
     return summary
-
-
-@dg.op(out=dg.Out(dg.Nothing),
-       description="Count what the rule still matches and record the run's metadata.")
-def measure_backlog(context: dg.OpExecutionContext, database: FavoritesDatabase,
-                    cutoff: dt.datetime, report: dict[str, Any]) -> None:
-    """Measure the backlog for the run's cutoff and attach the run metadata to the
-    asset materialization."""
-    try:
-        backlog = count_backlog(database.engine, cutoff)
-    except BacklogError as exc:
-        context.log.error(f"run failed: run_id={context.run_id} after deleting "
-                          f"{report['deletedTotal']} rows: {exc}")
-        # The purge's deletions are committed: report them even though the run fails.
-        context.log_event(dg.AssetObservation(asset_key=ASSET_KEY, metadata=report))
-        raise
-    oldest = backlog.oldest_updated_at
-    context.log.info(f"run completed: deleted_total={report['deletedTotal']} "
-                     f"batches={report['batches']} duration_ms={report['durationMs']} "
-                     f"backlog={backlog.remaining}")
-    context.add_output_metadata({
-        **report,
-        "backlogRemaining": backlog.remaining,
-        "backlogOldestUpdatedAt": oldest.isoformat() if oldest else "none",
-    })
 
 
 def _committed_by_earlier_attempts(context: dg.OpExecutionContext) -> tuple[int, int]:
@@ -357,7 +422,7 @@ class _StopRequests:
                                                   dg.DagsterRunStatus.CANCELED)
 
 
-def report_metadata(report: PurgeReport, retention: GuestRetention) -> dict[str, Any]:
+def report_metadata(report: PurgeReport, settings) -> dict[str, Any]:
     """The run metadata of a purge report: numbers stay numbers so the UI can plot them."""
     return {
         "deletedTotal": report.deleted_total,
@@ -365,8 +430,8 @@ def report_metadata(report: PurgeReport, retention: GuestRetention) -> dict[str,
         "durationMs": report.duration_ms,
         "batchMaxMs": round(report.batch_max_s * 1000, 1),
         "cutoff": report.cutoff.isoformat(),
-        "retentionDays": retention.retention_days,
-        "batchSize": retention.batch_size,
+        "retentionDays": settings.retention_days,
+        "batchSize": settings.batch_size,
         "stopReason": report.stop_reason.value,
         "skippedRows": report.skipped_rows,
         "skippedCauses": "; ".join(report.skipped_causes) or "none",
@@ -380,22 +445,6 @@ def report_metadata(report: PurgeReport, retention: GuestRetention) -> dict[str,
     }
 
 
-@dg.graph_asset(
-    key=ASSET_KEY,
-    partitions_def=daily_partitions,
-    group_name="maintenance",
-    kinds={"postgres"},
-    description=(
-        "Stale guest favorites removed from favorites.favorites: rows with user_id IS NULL "
-        "idle longer than the retention period, deleted in SKIP LOCKED batches. A partition is "
-        "one daily run; its metadata says what was deleted and what is left."
-    ),
-)
-def guest_favorites_cleanup():
-    cutoff = compute_cutoff()
-    return measure_backlog(cutoff, purge(cutoff))
-
-
-# @graph_asset takes no freshness policy: attach it to the spec.
-guest_favorites_cleanup = guest_favorites_cleanup.map_asset_specs(
-    lambda spec: spec.replace_attributes(freshness_policy=FRESHNESS_POLICY))
+#: The guest-favorites cleanup asset with default settings (the code location builds its own
+#: from the policy's ``defs.yaml``).
+guest_favorites_cleanup = build_cleanup_asset(GUEST_POLICY)

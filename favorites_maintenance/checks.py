@@ -1,4 +1,7 @@
-"""Asset checks for the SLOs of the table and of the runs; they run in every run of the job.
+"""Asset checks of a policy's cleanup asset, for the SLOs of the table and of the runs; they run
+in every run of the job. :func:`build_asset_checks` builds them for one policy; the names are the
+same for every policy (checks are named per asset). Below, a *guest row* is a row whose guard
+columns are all NULL (``user_id IS NULL`` for guest favorites).
 
 The checks are partitioned like the asset, so each run records exactly one result per check,
 for its own day. (An unpartitioned check on this partitioned asset gets two rows in Dagster's
@@ -26,13 +29,12 @@ import statistics
 import warnings
 
 import dagster as dg
-import sqlalchemy as sa
 
-from favorites_maintenance.assets import ASSET_KEY
+from favorites_maintenance.assets import run_cutoff
 from favorites_maintenance.partitions import daily_partitions, is_current
-from favorites_maintenance.resources import FavoritesDatabase, GuestRetention
-from favorites_maintenance.retention.database import limit_transaction
-from favorites_maintenance.retention.rule import compute_cutoff, favorites
+from favorites_maintenance.policy import GUEST_POLICY, Policy
+from favorites_maintenance.resources import FavoritesDatabase
+from favorites_maintenance.retention.backlog import measure_backlog
 
 # Partitioned checks are a preview feature of Dagster 1.13: say it once, here, not at every load.
 warnings.filterwarnings("ignore", message="Specifying a partitions_def on an AssetCheckSpec",
@@ -48,82 +50,113 @@ _PAGE = 50
 _MAX_PAGES = 4
 
 
-@dg.asset_check(
-    asset=ASSET_KEY,
-    partitions_def=daily_partitions,
-    name="no_guest_row_older_than_retention_plus_one_day",
-    description=("SLO: after a day's run, no guest row idle longer than the retention period "
-                 "plus one day, measured from that run's cutoff."),
-)
-def no_guest_row_older_than_retention_plus_one_day(
-        context: dg.AssetCheckExecutionContext, database: FavoritesDatabase,
-        retention: GuestRetention) -> dg.AssetCheckResult:
-    """Count guest rows with ``updated_at < cutoff - 1 day``, where ``cutoff`` is the run's own
-    (``min(now, end of its day) - Days``, UTC); any such row fails (ERROR)."""
-    now = dt.datetime.now(dt.timezone.utc)
-    window_end = context.partition_time_window.end if context.has_partition_key else None
-    cutoff = compute_cutoff(now, retention.retention_days, window_end)
-    limit = cutoff - dt.timedelta(days=1)
-    t = favorites
-    stmt = sa.select(sa.func.count(), sa.func.min(t.c.updated_at)).where(
-        t.c.user_id.is_(None), t.c.updated_at < limit)
-    with database.engine.begin() as conn:
-        limit_transaction(conn)  # never queue without limit behind a migration's lock
-        overdue, oldest = conn.execute(stmt).one()
-    return dg.AssetCheckResult(
-        passed=overdue == 0,
-        severity=dg.AssetCheckSeverity.ERROR,
-        metadata={
-            "overdueGuestRows": overdue,
-            "oldestOverdueUpdatedAt": oldest.isoformat() if oldest else "none",
-            "cutoff": cutoff.isoformat(),
-            "limit": limit.isoformat(),
-        },
-        description=(f"{overdue} guest rows are older than this run's cutoff minus one day "
-                     f"({limit.isoformat()})" if overdue else None),
+def build_asset_checks(policy: Policy) -> list[dg.AssetChecksDefinition]:
+    """The three asset checks of ``policy``'s cleanup asset (see the module docstring)."""
+    asset_key = dg.AssetKey(list(policy.asset_key_path))
+    rule = policy.rule
+
+    @dg.asset_check(
+        asset=asset_key,
+        partitions_def=daily_partitions,
+        name="no_guest_row_older_than_retention_plus_one_day",
+        description=(f"SLO: after a day's run, no row with {rule.guard_sql} idle longer than "
+                     "the retention period plus one day, measured from that run's cutoff."),
     )
-
-
-@dg.asset_check(
-    asset=ASSET_KEY,
-    partitions_def=daily_partitions,
-    name="deleted_total_spike",
-    description=(f"WARN when deletedTotal exceeds {SPIKE_FACTOR:g}x the median of the last "
-                 f"{SPIKE_HISTORY} current-day runs and that median + {SPIKE_MIN_ROWS:,} rows."),
-)
-def deleted_total_spike(context: dg.AssetCheckExecutionContext) -> dg.AssetCheckResult:
-    """Compare this run's ``deletedTotal`` with the median of earlier current-day runs."""
-    current, history = _deleted_totals(context.instance, context.run.run_id)
-    if current is None:
-        return dg.AssetCheckResult(passed=True, severity=dg.AssetCheckSeverity.WARN,
-                                   description="no materialization in this run to check")
-    if len(history) < SPIKE_MIN_HISTORY:
+    def no_guest_row_older_than_retention_plus_one_day(
+            context: dg.AssetCheckExecutionContext,
+            database: FavoritesDatabase) -> dg.AssetCheckResult:
+        """Count guest rows older than ``cutoff - 1 day``, where ``cutoff`` is the run's own
+        (``min(now, end of its day) - Days``, UTC), through the backlog measurement; any such
+        row fails (ERROR)."""
+        cutoff = run_cutoff(context, policy.settings.retention_days)
+        limit = cutoff - dt.timedelta(days=1)
+        overdue = measure_backlog(database.engine, limit, rule)
+        oldest = overdue.oldest_updated_at
         return dg.AssetCheckResult(
-            passed=True, severity=dg.AssetCheckSeverity.WARN,
-            metadata={"deletedTotal": current, "history": len(history)},
-            description=(f"only {len(history)} earlier current-day runs; a spike needs "
-                         f"{SPIKE_MIN_HISTORY}"))
-    median = statistics.median(history)
-    threshold = max(SPIKE_FACTOR * median, median + SPIKE_MIN_ROWS)
-    spike = current > threshold
-    return dg.AssetCheckResult(
-        passed=not spike,
-        severity=dg.AssetCheckSeverity.WARN,
-        metadata={"deletedTotal": current, "median": float(median),
-                  "threshold": float(threshold), "history": len(history)},
-        description=(f"deletedTotal {current:,} is above {threshold:,.0f} "
-                     f"({SPIKE_FACTOR:g}x / +{SPIKE_MIN_ROWS:,} the median {median:,.0f})"
-                     if spike else None),
+            passed=overdue.remaining == 0,
+            severity=dg.AssetCheckSeverity.ERROR,
+            metadata={
+                "overdueGuestRows": overdue.remaining,
+                "oldestOverdueUpdatedAt": oldest.isoformat() if oldest else "none",
+                "cutoff": cutoff.isoformat(),
+                "limit": limit.isoformat(),
+            },
+            description=(f"{overdue.remaining} guest rows are older than this run's cutoff "
+                         f"minus one day ({limit.isoformat()})" if overdue.remaining else None),
+        )
+
+    @dg.asset_check(
+        asset=asset_key,
+        partitions_def=daily_partitions,
+        name="deleted_total_spike",
+        description=(f"WARN when deletedTotal exceeds {SPIKE_FACTOR:g}x the median of the last "
+                     f"{SPIKE_HISTORY} current-day runs and that median + {SPIKE_MIN_ROWS:,} "
+                     "rows."),
     )
+    def deleted_total_spike(context: dg.AssetCheckExecutionContext) -> dg.AssetCheckResult:
+        """Compare this run's ``deletedTotal`` with the median of earlier current-day runs."""
+        current, history = _deleted_totals(context.instance, asset_key, context.run.run_id)
+        if current is None:
+            return dg.AssetCheckResult(passed=True, severity=dg.AssetCheckSeverity.WARN,
+                                       description="no materialization in this run to check")
+        if len(history) < SPIKE_MIN_HISTORY:
+            return dg.AssetCheckResult(
+                passed=True, severity=dg.AssetCheckSeverity.WARN,
+                metadata={"deletedTotal": current, "history": len(history)},
+                description=(f"only {len(history)} earlier current-day runs; a spike needs "
+                             f"{SPIKE_MIN_HISTORY}"))
+        median = statistics.median(history)
+        threshold = max(SPIKE_FACTOR * median, median + SPIKE_MIN_ROWS)
+        spike = current > threshold
+        return dg.AssetCheckResult(
+            passed=not spike,
+            severity=dg.AssetCheckSeverity.WARN,
+            metadata={"deletedTotal": current, "median": float(median),
+                      "threshold": float(threshold), "history": len(history)},
+            description=(f"deletedTotal {current:,} is above {threshold:,.0f} "
+                         f"({SPIKE_FACTOR:g}x / +{SPIKE_MIN_ROWS:,} the median {median:,.0f})"
+                         if spike else None),
+        )
+
+    @dg.asset_check(
+        asset=asset_key,
+        partitions_def=daily_partitions,
+        name="no_rows_skipped",
+        description="WARN when the run left prunable rows in place because deleting them "
+                    "failed (a foreign key, a trigger) or had no effect.",
+    )
+    def no_rows_skipped(context: dg.AssetCheckExecutionContext) -> dg.AssetCheckResult:
+        """Read this run's ``skippedRows`` and ``skippedCauses``; any skipped row fails (WARN).
+
+        Skipped rows are retried by every run; they stay until the reference or trigger that
+        blocks them is dealt with (README, runbook: "rows are skipped").
+        """
+        metadata = _this_runs_materialization(context, asset_key)
+        if metadata is None:
+            return dg.AssetCheckResult(passed=True, severity=dg.AssetCheckSeverity.WARN,
+                                       description="no materialization in this run to check")
+        skipped = metadata["skippedRows"].value if "skippedRows" in metadata else 0
+        causes = metadata["skippedCauses"].value if "skippedCauses" in metadata else "none"
+        return dg.AssetCheckResult(
+            passed=skipped == 0,
+            severity=dg.AssetCheckSeverity.WARN,
+            metadata={"skippedRows": skipped, "skippedCauses": causes},
+            description=(f"{skipped} prunable rows could not be deleted: {causes}"
+                         if skipped else None),
+        )
+
+    return [no_guest_row_older_than_retention_plus_one_day, deleted_total_spike,
+            no_rows_skipped]
 
 
-def _deleted_totals(instance: dg.DagsterInstance, run_id: str) -> tuple[int | None, list[int]]:
+def _deleted_totals(instance: dg.DagsterInstance, asset_key: dg.AssetKey,
+                    run_id: str) -> tuple[int | None, list[int]]:
     """This run's ``deletedTotal`` and those of up to :data:`SPIKE_HISTORY` earlier current-day
     materializations, newest first; at most ``_PAGE * _MAX_PAGES`` records are read."""
     current, history = None, []
     cursor = None
     for _ in range(_MAX_PAGES):
-        page = instance.fetch_materializations(ASSET_KEY, limit=_PAGE, cursor=cursor)
+        page = instance.fetch_materializations(asset_key, limit=_PAGE, cursor=cursor)
         for record in page.records:  # newest first
             mat = record.asset_materialization
             if mat is None or "deletedTotal" not in mat.metadata:
@@ -139,37 +172,9 @@ def _deleted_totals(instance: dg.DagsterInstance, run_id: str) -> tuple[int | No
     return current, history[:SPIKE_HISTORY]
 
 
-@dg.asset_check(
-    asset=ASSET_KEY,
-    partitions_def=daily_partitions,
-    name="no_rows_skipped",
-    description="WARN when the run left prunable rows in place because deleting them failed "
-                "(a foreign key, a trigger) or had no effect.",
-)
-def no_rows_skipped(context: dg.AssetCheckExecutionContext) -> dg.AssetCheckResult:
-    """Read this run's ``skippedRows`` and ``skippedCauses``; any skipped row fails (WARN).
-
-    Skipped rows are retried by every run; they stay until the reference or trigger that
-    blocks them is dealt with (README, runbook: "rows are skipped").
-    """
-    metadata = _this_runs_materialization(context)
-    if metadata is None:
-        return dg.AssetCheckResult(passed=True, severity=dg.AssetCheckSeverity.WARN,
-                                   description="no materialization in this run to check")
-    skipped = metadata["skippedRows"].value if "skippedRows" in metadata else 0
-    causes = metadata["skippedCauses"].value if "skippedCauses" in metadata else "none"
-    return dg.AssetCheckResult(
-        passed=skipped == 0,
-        severity=dg.AssetCheckSeverity.WARN,
-        metadata={"skippedRows": skipped, "skippedCauses": causes},
-        description=(f"{skipped} prunable rows could not be deleted: {causes}"
-                     if skipped else None),
-    )
-
-
-def _this_runs_materialization(context: dg.AssetCheckExecutionContext):
+def _this_runs_materialization(context: dg.AssetCheckExecutionContext, asset_key: dg.AssetKey):
     """Metadata of the asset's materialization in this run, or ``None``."""
-    records = context.instance.fetch_materializations(ASSET_KEY, limit=SPIKE_HISTORY + 1).records
+    records = context.instance.fetch_materializations(asset_key, limit=SPIKE_HISTORY + 1).records
     for record in records:
         mat = record.asset_materialization
         if mat is not None and record.run_id == context.run.run_id:
@@ -177,5 +182,6 @@ def _this_runs_materialization(context: dg.AssetCheckExecutionContext):
     return None
 
 
-asset_checks = [no_guest_row_older_than_retention_plus_one_day, deleted_total_spike,
-                no_rows_skipped]
+#: The guest-favorites asset's checks with default settings (the code location builds its own).
+asset_checks = build_asset_checks(GUEST_POLICY)
+no_guest_row_older_than_retention_plus_one_day, deleted_total_spike, no_rows_skipped = asset_checks

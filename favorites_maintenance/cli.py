@@ -2,7 +2,11 @@
 
 - ``demo``: the embedded PostgreSQL, a seeded dev table, one run of the job through Dagster on a
   persistent instance, and a summary of what happened.
-- ``dry-run``: how many rows the rule matches now, deleting nothing (Laravel's ``--pretend``).
+- ``dry-run``: how many rows a policy's rule matches now, deleting nothing (Laravel's
+  ``--pretend``).
+
+``demo`` and ``dry-run`` take ``--policy NAME`` (default ``guest_favorites``): one of the
+policies of ``favorites_maintenance/defs/``.
 - ``dev``: the Dagster UI and daemon (``dagster dev``) on the embedded PostgreSQL server, with a
   seeded dev table, until Ctrl-C.
 - ``bench``: the purge against the physical limit and the usual alternatives.
@@ -29,6 +33,44 @@ def _echo(message: str) -> None:
 def _fail(message: str) -> None:
     click.secho(f"error: {message}", fg="red", err=True)
     sys.exit(2)
+
+
+def _policy_option(command):
+    return click.option(
+        "--policy", "policy_name", default="guest_favorites", show_default=True,
+        metavar="NAME", help="The retention policy (a folder of favorites_maintenance/defs/).",
+    )(command)
+
+
+def _load_policy(name: str):
+    """The policy ``name`` of ``favorites_maintenance/defs/`` (its settings validated), or exit
+    with an error naming the known ones."""
+    from favorites_maintenance.definitions import load_policies
+    from favorites_maintenance.policy import PolicyError
+
+    try:
+        policies = {p.name: p for p in load_policies()}
+    except (PolicyError, SettingsError) as exc:
+        _fail(str(exc))
+    if name not in policies:
+        _fail(f"--policy {name!r}: no such policy; the policies are "
+              f"{', '.join(sorted(policies))} (favorites_maintenance/defs/<policy>/defs.yaml)")
+    return policies[name]
+
+
+def _partition_cutoff(partition: str | None, retention_days: int) -> dt.datetime:
+    """The cutoff a run of daily ``partition`` would use now (``None``: a run without a
+    partition), as the job's ``compute_cutoff`` op computes it."""
+    from favorites_maintenance.partitions import daily_partitions
+    from favorites_maintenance.retention.rule import compute_cutoff
+
+    window_end = None
+    if partition is not None:
+        if not daily_partitions.has_partition_key(partition):
+            _fail(f"--partition {partition!r} is not a daily partition key (YYYY-MM-DD, from "
+                  f"{daily_partitions.get_first_partition_key()} to yesterday)")
+        window_end = daily_partitions.time_window_for_partition_key(partition).end
+    return compute_cutoff(dt.datetime.now(UTC), retention_days, window_end)
 
 
 def _start_local_environment(command: str):
@@ -58,7 +100,8 @@ def main() -> None:
               help="Rows to seed into the dev table (guest and account rows over three years).")
 @click.option("--pretend", is_flag=True,
               help="Seed, then only report how many rows the rule matches; delete nothing.")
-def demo(rows: int, pretend: bool) -> None:
+@_policy_option
+def demo(rows: int, pretend: bool, policy_name: str) -> None:
     """Seed the embedded PostgreSQL and run the cleanup job once through Dagster.
 
     Starts the embedded PostgreSQL server of this checkout, DROPS AND RECREATES the dev table
@@ -68,62 +111,71 @@ def demo(rows: int, pretend: bool) -> None:
     Everything lives in .favorites-maintenance/ of the checkout (ignored by git): the server's
     data in pgdata/, the Dagster instance in dagster_home/ (the run stays in its history, as
     `dev` shows it). FAVORITES_DATABASE_URL is ignored: demo never touches another database.
+
+    With --policy, the policy's job runs instead; only guest_favorites has a dev table to seed,
+    so another policy's table must already exist in the embedded "favorites" database.
     """
     try:
-        settings = load_settings()
+        load_settings()
     except SettingsError as exc:
         _fail(str(exc))
+    policy = _load_policy(policy_name)
     env = _start_local_environment("demo")
     try:
-        _run_demo(env, rows=rows, pretend=pretend, retention_days=settings.retention_days)
+        _run_demo(env, rows=rows, pretend=pretend, policy=policy)
     finally:
         env.stop()
 
 
-def _run_demo(env, *, rows: int, pretend: bool, retention_days: int) -> None:
+def _run_demo(env, *, rows: int, pretend: bool, policy) -> None:
     import dagster as dg
 
     from favorites_maintenance.definitions import build_defs
     from favorites_maintenance.dev import seed_progress
     from favorites_maintenance.partitions import daily_partitions
+    from favorites_maintenance.policy import GUEST_POLICY
     from favorites_maintenance.retention.backlog import measure_backlog
     from favorites_maintenance.retention.database import create_engine
-    from favorites_maintenance.retention.rule import compute_cutoff
     from favorites_maintenance.retention.schema import create_dev_schema, drop_dev_schema
     from favorites_maintenance.seed import seed_favorites, summarize
 
     settings = load_settings()  # FAVORITES_DATABASE_URL now points at the embedded server
+    retention_days = policy.settings.retention_days
+    seeded = policy.rule == GUEST_POLICY.rule
     engine = create_engine(settings.require_database_url())
     try:
-        now = dt.datetime.now(UTC)
-        _echo(f"recreating favorites.favorites and seeding {rows:,} rows over three years ...")
-        t0 = time.monotonic()
-        drop_dev_schema(engine)
-        create_dev_schema(engine)
-        before = seed_favorites(engine, rows, now=now, on_progress=seed_progress(rows, _echo))
-        _echo(f"  seeded in {time.monotonic() - t0:.1f} s: {before.rows:,} rows, "
-              f"{before.guest_rows:,} guest, {before.account_rows:,} account")
+        if seeded:
+            _echo(f"recreating favorites.favorites and seeding {rows:,} rows over three years ...")
+            t0 = time.monotonic()
+            drop_dev_schema(engine)
+            create_dev_schema(engine)
+            before = seed_favorites(engine, rows, now=dt.datetime.now(UTC),
+                                    on_progress=seed_progress(rows, _echo))
+            _echo(f"  seeded in {time.monotonic() - t0:.1f} s: {before.rows:,} rows, "
+                  f"{before.guest_rows:,} guest, {before.account_rows:,} account")
+        else:
+            _echo(f"policy {policy.name}: {policy.rule.qualified_name} is used as it is "
+                  "(only favorites.favorites has a dev table to seed)")
 
         partition = daily_partitions.get_last_partition_key()
-        window_end = daily_partitions.time_window_for_partition_key(partition).end
-        cutoff = compute_cutoff(now, retention_days, window_end)
-        prunable = measure_backlog(engine, cutoff)
+        cutoff = _partition_cutoff(partition, retention_days)
+        prunable = measure_backlog(engine, cutoff, policy.rule)
         _echo(f"  partition {partition}: cutoff {cutoff.isoformat()} "
               f"(retention {retention_days} days); the rule matches {prunable.remaining:,} rows")
         if pretend:
             _echo("pretend: nothing deleted")
             return
 
-        _echo(f"running guest_favorites_cleanup_job for partition {partition} "
+        _echo(f"running {policy.job_name} for partition {partition} "
               f"(Dagster instance: {env.dagster_home}) ...")
-        defs = build_defs(settings)
-        job = defs.resolve_job_def("guest_favorites_cleanup_job")
+        defs = build_defs(settings, [policy])
+        job = defs.resolve_job_def(policy.job_name)
         with dg.DagsterInstance.get() as instance:
             result = job.execute_in_process(
                 partition_key=partition, instance=instance, raise_on_error=False,
                 run_config={"loggers": {"console": {"config": {"log_level": "INFO"}}}},
             )
-        after = summarize(engine)
+        after = summarize(engine) if seeded else None
     finally:
         engine.dispose()
 
@@ -144,6 +196,8 @@ def _run_demo(env, *, rows: int, pretend: bool, retention_days: int) -> None:
     if meta.get("throttledBy", "none") != "none":
         # db_unhealthy is a success: the backlog waits for the next run.
         _echo(f"  paused            {meta['pausedMs']:>12,} ms  ({meta['throttledBy']})")
+    if after is None:
+        return
     _echo(f"  guest rows        {before.guest_rows:>12,} -> {after.guest_rows:,}")
     _echo(f"  account rows      {before.account_rows:>12,} -> {after.account_rows:,}"
           + ("  (unchanged)" if before.account_rows == after.account_rows else "  (CHANGED!)"))
@@ -151,19 +205,18 @@ def _run_demo(env, *, rows: int, pretend: bool, retention_days: int) -> None:
         _fail("account rows changed")
 
 
-@main.command("dry-run", short_help="Count what the rule matches now; delete nothing.")
+@main.command("dry-run", short_help="Count what a policy's rule matches now; delete nothing.")
 @click.option("--partition", default=None, metavar="YYYY-MM-DD",
               help="Use the cutoff of this daily partition instead of now.")
-def dry_run(partition: str | None) -> None:
-    """Report how many rows the rule matches now, deleting nothing.
+@_policy_option
+def dry_run(partition: str | None, policy_name: str) -> None:
+    """Report how many rows the policy's rule matches now, deleting nothing.
 
-    Reads FAVORITES_DATABASE_URL (and the retention settings) like the job does.
+    Reads FAVORITES_DATABASE_URL and the policy's settings like the job does.
     """
-    from favorites_maintenance.partitions import daily_partitions
     from favorites_maintenance.retention.backlog import BacklogError, measure_backlog
     from favorites_maintenance.retention.database import create_engine
     from favorites_maintenance.retention.errors import describe
-    from favorites_maintenance.retention.rule import compute_cutoff
     from favorites_maintenance.retention.table_check import TableShapeError, check_table
 
     try:
@@ -171,24 +224,21 @@ def dry_run(partition: str | None) -> None:
         url = settings.require_database_url()
     except SettingsError as exc:
         _fail(str(exc))
-    window_end = None
-    if partition is not None:
-        if not daily_partitions.has_partition_key(partition):
-            _fail(f"--partition {partition!r} is not a daily partition key (YYYY-MM-DD, from "
-                  f"{daily_partitions.get_first_partition_key()} to yesterday)")
-        window_end = daily_partitions.time_window_for_partition_key(partition).end
-    cutoff = compute_cutoff(dt.datetime.now(UTC), settings.retention_days, window_end)
+    policy = _load_policy(policy_name)
+    rule = policy.rule
+    retention_days = policy.settings.retention_days
+    cutoff = _partition_cutoff(partition, retention_days)
     engine = create_engine(url)
     try:
         # The same check of the table the job makes before its first batch.
         with engine.connect() as conn:
-            findings = check_table(conn)
-        backlog = measure_backlog(engine, cutoff)
+            findings = check_table(conn, rule)
+        backlog = measure_backlog(engine, cutoff, rule)
     except TableShapeError as exc:
         _fail(str(exc))
     except (BacklogError, sa.exc.DBAPIError) as exc:
         reason = (exc if isinstance(exc, BacklogError)
-                  else f"could not read favorites.favorites: {describe(exc)}")
+                  else f"could not read {rule.qualified_name}: {describe(exc)}")
         _fail(f"{reason} (database {settings.database_url_safe}: check FAVORITES_DATABASE_URL, "
               "the server and the table)")
     finally:
@@ -197,8 +247,9 @@ def dry_run(partition: str | None) -> None:
         click.secho(f"warning: {warning}", fg="yellow", err=True)
     oldest = backlog.oldest_updated_at.isoformat() if backlog.oldest_updated_at else "none"
     _echo(f"database   {settings.database_url_safe}")
-    _echo(f"cutoff     {cutoff.isoformat()} (retention {settings.retention_days} days)")
-    _echo(f"prunable   {backlog.remaining:,} rows (oldest updated_at: {oldest})")
+    _echo(f"policy     {policy.name} ({rule.qualified_name}, {rule.guard_sql})")
+    _echo(f"cutoff     {cutoff.isoformat()} (retention {retention_days} days)")
+    _echo(f"prunable   {backlog.remaining:,} rows (oldest {rule.age.name}: {oldest})")
     _echo("nothing deleted (dry run)")
 
 

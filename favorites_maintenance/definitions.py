@@ -1,28 +1,28 @@
-"""The code location: ``defs`` wires the asset, job, schedule and resources together.
+"""The code location: every retention policy of ``favorites_maintenance/defs/``, and the
+resources they share.
 
-Settings are read and validated when this module is imported, i.e. when the code location
-loads: an invalid ``FAVORITES_*`` variable stops the load with a message naming it.
+Each policy is one folder, ``defs/<policy>/defs.yaml``, of component type
+``favorites_maintenance.RetentionPolicy`` (README, "Adding a retention policy"). Settings are
+read and validated when this module is imported, i.e. when the code location loads: an invalid
+``FAVORITES_*`` variable or policy field stops the load with a message naming it.
 """
 
 from __future__ import annotations
 
+import warnings
+from collections.abc import Sequence
+from pathlib import Path
+
 import dagster as dg
 
-from favorites_maintenance.assets import guest_favorites_cleanup
-from favorites_maintenance.checks import asset_checks
-from favorites_maintenance.jobs import guest_favorites_cleanup_job
+from favorites_maintenance import defs as defs_folder
+from favorites_maintenance.policy import GUEST_POLICY, Policy, PolicyError
 from favorites_maintenance.resources import (
     AlertSink,
-    GuestRetention,
     deployed_database,
     deployed_retention,
 )
-from favorites_maintenance.schedules import build_schedule
-from favorites_maintenance.sensors import (
-    build_stale_sensor,
-    guest_favorites_cleanup_failure_sensor,
-    guest_favorites_cleanup_tick_failure_sensor,
-)
+from favorites_maintenance.retention_policy import RetentionPolicy, build_policy_defs
 from favorites_maintenance.settings import (
     ALERT_WEBHOOK_URL_VAR,
     Settings,
@@ -30,39 +30,93 @@ from favorites_maintenance.settings import (
 )
 
 
-def build_defs(settings: Settings) -> dg.Definitions:
-    """Build the definitions for ``settings``.
+def build_resources(settings: Settings, policies: Sequence[Policy]) -> dict[str, object]:
+    """The resources every policy shares: ``database``, ``retention`` (the run limits a launch
+    may set) and ``alerts``.
 
     The database and webhook URLs are passed as ``dg.EnvVar`` so they are read at run time and
     never shown in the UI; ``settings`` only proves them valid (an absent database URL fails the
     run, naming the variable). A run's config may set the run limits and nothing else (see
     :func:`~favorites_maintenance.resources.deployed_retention`).
     """
-    return dg.Definitions(
-        assets=[guest_favorites_cleanup],
-        asset_checks=asset_checks,
-        jobs=[guest_favorites_cleanup_job],
-        schedules=[build_schedule(settings.cron)],
-        sensors=[build_stale_sensor(settings.stale_after), guest_favorites_cleanup_failure_sensor,
-                 guest_favorites_cleanup_tick_failure_sensor],
-        resources={
-            # What the job deletes is the deployment's: run config may set only run limits.
-            "database": deployed_database(),
-            "retention": deployed_retention(GuestRetention(
-                retention_days=settings.retention_days,
-                batch_size=settings.batch_size,
-                max_run_duration_seconds=settings.max_run_duration.total_seconds(),
-                batch_size_max=settings.batch_size_max,
-                target_batch_duration_seconds=settings.target_batch_duration.total_seconds(),
-                max_replication_lag_bytes=settings.max_replication_lag_bytes,
-                max_wal_bytes_per_second=settings.max_wal_bytes_per_second,
-                max_pause_seconds=settings.max_pause.total_seconds(),
-            )),
-            # The webhook URL holds a token: pass it by reference, only when it is set.
-            "alerts": AlertSink(webhook_url=dg.EnvVar(ALERT_WEBHOOK_URL_VAR)
-                                if settings.alert_webhook_url else None),
-        },
+    return {
+        # What the job deletes is the deployment's: run config may set only run limits.
+        "database": deployed_database(),
+        "retention": deployed_retention(policies),
+        # The webhook URL holds a token: pass it by reference, only when it is set.
+        "alerts": AlertSink(webhook_url=dg.EnvVar(ALERT_WEBHOOK_URL_VAR)
+                            if settings.alert_webhook_url else None),
+    }
+
+
+def build_defs(settings: Settings, policies: Sequence[Policy] | None = None) -> dg.Definitions:
+    """The definitions of ``policies`` with the shared resources.
+
+    Args:
+        settings: the deployment's settings; when ``policies`` is ``None`` they are also the
+            guest-favorites policy's, which is then the only policy (tests and the command
+            line use this form).
+        policies: the policies, names unique.
+
+    Raises:
+        PolicyError: two policies of one name.
+    """
+    if policies is None:
+        policies = [Policy(GUEST_POLICY.name, GUEST_POLICY.rule, settings.policy_settings(),
+                           labels=GUEST_POLICY.labels)]
+    _require_unique(policies)
+    return dg.Definitions.merge(
+        *(build_policy_defs(p) for p in policies),
+        dg.Definitions(resources=build_resources(settings, policies)),
     )
 
 
-defs = build_defs(load_settings())
+def _require_unique(policies: Sequence[Policy]) -> None:
+    names = [p.name for p in policies]
+    if len(set(names)) != len(names):
+        raise PolicyError(f"policy names must be unique, got {names!r}")
+
+
+def component_tree() -> dg.ComponentTree:
+    """The component tree of ``favorites_maintenance/defs/``."""
+    return dg.ComponentTree.from_module(defs_module=defs_folder,
+                                        project_root=Path(__file__).resolve().parent.parent)
+
+
+def load_policies(tree: dg.ComponentTree | None = None) -> list[Policy]:
+    """Every policy of ``defs/``, validated (see :class:`~favorites_maintenance.
+    retention_policy.RetentionPolicy`).
+
+    Raises:
+        favorites_maintenance.policy.PolicyError: a malformed policy, named.
+        favorites_maintenance.settings.SettingsError: an invalid setting, named.
+    """
+    tree = tree or component_tree()
+    return [component.policy for component in tree.get_all_components(RetentionPolicy)]
+
+
+def load_defs(settings: Settings | None = None,
+              tree: dg.ComponentTree | None = None) -> dg.Definitions:
+    """The code location's definitions: the components of ``tree`` (default: ``defs/``, one
+    per policy) and the shared resources, for ``settings`` (default: the environment's).
+
+    Raises:
+        PolicyError, SettingsError: a malformed policy or setting, named.
+    """
+    settings = settings or load_settings()
+    tree = tree or component_tree()
+    with warnings.catch_warnings():
+        # Components and code references are preview and beta in Dagster 1.13: said here
+        # once, not at every load of the code location.
+        warnings.simplefilter("ignore", dg.PreviewWarning)
+        warnings.simplefilter("ignore", dg.BetaWarning)
+        policies = load_policies(tree)
+        _require_unique(policies)
+        component_defs = tree.build_defs()
+    return dg.Definitions.merge(
+        component_defs,
+        dg.Definitions(resources=build_resources(settings, policies)),
+    )
+
+
+defs = load_defs()

@@ -1,14 +1,23 @@
-"""The job that materializes the cleanup asset, one daily partition per run.
+"""The job that materializes a policy's cleanup asset, one daily partition per run.
 
 Its partitioning is the asset's (:mod:`favorites_maintenance.partitions`).
 """
 
 import dagster as dg
 
-from favorites_maintenance.assets import guest_favorites_cleanup
+from favorites_maintenance.policy import GUEST_POLICY, Policy
 
-guest_favorites_cleanup_job = dg.define_asset_job(
-    "guest_favorites_cleanup_job",
-    selection=dg.AssetSelection.assets(guest_favorites_cleanup),
-    description="Delete stale guest favorites for one daily partition.",
-)
+
+def build_job(policy: Policy):
+    """``<name>_cleanup_job``: the cleanup asset of ``policy`` (and its checks), one daily
+    partition per run."""
+    return dg.define_asset_job(
+        policy.job_name,
+        selection=dg.AssetSelection.assets(dg.AssetKey(list(policy.asset_key_path))),
+        description=f"Delete stale rows of {policy.rule.qualified_name} "
+                    f"({policy.rule.guard_sql}) for one daily partition.",
+    )
+
+
+#: The guest-favorites job (the code location builds its own).
+guest_favorites_cleanup_job = build_job(GUEST_POLICY)

@@ -1,21 +1,22 @@
-"""Resources: the favorites database, the retention settings and the alert sink.
+"""Resources: the favorites database, the run limits and the alert sink.
 
-All three are built from the validated :class:`~favorites_maintenance.settings.Settings` in
-:mod:`favorites_maintenance.definitions`. The job deletes rows for good, so what it deletes is
-decided by the deployment alone: :func:`deployed_database` and :func:`deployed_retention` serve
-the database and the retention days as the code location's environment gives them, and a run's
-config (the launchpad, a re-execution, ``execute_in_process``) may set only the run limits, within
-the same bounds as the environment's values. Anything else is refused when the run is launched,
+All three are built in :mod:`favorites_maintenance.definitions`, from the validated settings and
+the policies. The job deletes rows for good, so what it deletes is decided by the deployment
+alone: :func:`deployed_database` serves the database as the code location's environment gives
+it, each policy's rule and retention days are its ``defs.yaml``, and a run's config (the
+launchpad, a re-execution, ``execute_in_process``) may set only the run limits
+(:func:`deployed_retention`), within the same bounds as the policy's own values. Anything else is refused when the run is launched,
 before a run exists, with a message naming the variable that configures it. The database URL
 reaches Dagster only as an ``EnvVar``, so the UI and the run config never show it.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import datetime as dt
 import logging
 import time
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import dagster as dg
@@ -25,18 +26,13 @@ from pydantic import Field, PrivateAttr
 
 from favorites_maintenance.retention.database import create_engine
 from favorites_maintenance.retention.health import HealthLimits
+from favorites_maintenance.policy import Policy
 from favorites_maintenance.settings import (
-    BATCH_SIZE_VAR,
     DATABASE_URL_VAR,
-    DEFAULT_BATCH_SIZE_MAX,
-    DEFAULT_MAX_PAUSE,
-    DEFAULT_MAX_REPLICATION_LAG_BYTES,
-    DEFAULT_TARGET_BATCH_DURATION,
     MAX_BATCH_SIZE,
     MAX_RUN_DURATION_LIMIT,
-    MAX_RUN_DURATION_VAR,
     MIN_DURATION,
-    RETENTION_DAYS_VAR,
+    PolicySettings,
     SettingsError,
     parse_database_url,
 )
@@ -81,153 +77,132 @@ class FavoritesDatabase(dg.ConfigurableResource):
         return self._engine
 
 
-class GuestRetention(dg.ConfigurableResource):
-    """The retention days and the run limits of the cleanup.
+class RunLimits(dg.ConfigurableResource):
+    """The run limits a launch set for one run (``resources.retention.config``); ``None`` keeps
+    the policy's own (its ``defs.yaml``, or its variables).
 
-    The code location builds it from the validated environment and serves it through
-    :func:`deployed_retention`, which lets a run's config set only the limits, within the
-    bounds of their variables. Built directly (tests, scripts), any positive values are taken.
+    Served by :func:`deployed_retention`, which checks a launch's values against the bounds of
+    the settings they stand in for.
 
     Attributes:
-        retention_days: guest rows idle longer than this many days are prunable (> 0);
-            ``FAVORITES_GUEST_RETENTION_DAYS``.
-        batch_size: rows per batch transaction (> 0); ``FAVORITES_GUEST_RETENTION_BATCH_SIZE``.
-        max_run_duration_seconds: time budget of one purge, in seconds (> 0);
-            ``FAVORITES_GUEST_RETENTION_MAX_RUN_DURATION``.
-        batch_size_max: the largest the adaptive batch size may grow, rows;
-            ``FAVORITES_GUEST_RETENTION_BATCH_SIZE_MAX``.
-        target_batch_duration_seconds: wall time a batch aims at, in seconds; 0 keeps every
-            batch at ``batch_size``; ``FAVORITES_GUEST_RETENTION_TARGET_BATCH_DURATION``.
-        max_replication_lag_bytes: replication lag above which the purge pauses, bytes;
-            ``FAVORITES_GUEST_RETENTION_MAX_REPLICATION_LAG_BYTES``.
-        max_wal_bytes_per_second: WAL rate above which the purge pauses (``None``: not
-            watched); ``FAVORITES_GUEST_RETENTION_MAX_WAL_BYTES_PER_SECOND``.
-        max_pause_seconds: the longest pause before the run ends ``db_unhealthy``, seconds;
-            ``FAVORITES_GUEST_RETENTION_MAX_PAUSE``.
+        batch_size: rows of the first batch transaction (1 to 100,000).
+        max_run_duration_seconds: time budget of the purge, in seconds (1 to 3,000).
     """
 
-    retention_days: int = Field(gt=0, description="Guest rows idle longer are prunable.")
-    batch_size: int = Field(gt=0, description="Rows of the first batch transaction.")
-    max_run_duration_seconds: float = Field(gt=0, description="Time budget of one purge.")
-    batch_size_max: int = Field(default=DEFAULT_BATCH_SIZE_MAX, gt=0,
-                                description="Largest adaptive batch size.")
-    target_batch_duration_seconds: float = Field(
-        default=DEFAULT_TARGET_BATCH_DURATION.total_seconds(), ge=0,
-        description="Wall time a batch aims at; 0: fixed batch size.")
-    max_replication_lag_bytes: int = Field(default=DEFAULT_MAX_REPLICATION_LAG_BYTES, gt=0,
-                                           description="Pause above this replication lag.")
-    max_wal_bytes_per_second: int | None = Field(default=None, gt=0,
-                                                 description="Pause above this WAL rate.")
-    max_pause_seconds: float = Field(default=DEFAULT_MAX_PAUSE.total_seconds(), gt=0,
-                                     description="Longest pause before the run ends.")
+    batch_size: int | None = Field(default=None, gt=0,
+                                   description="Rows of the first batch transaction.")
+    max_run_duration_seconds: float | None = Field(default=None, gt=0,
+                                                   description="Time budget of one purge.")
 
-    @property
-    def max_run_duration(self) -> dt.timedelta:
-        """:attr:`max_run_duration_seconds` as a timedelta."""
-        return dt.timedelta(seconds=self.max_run_duration_seconds)
-
-    @property
-    def target_batch_duration(self) -> dt.timedelta:
-        """:attr:`target_batch_duration_seconds` as a timedelta."""
-        return dt.timedelta(seconds=self.target_batch_duration_seconds)
-
-    @property
-    def health(self) -> HealthLimits:
-        """The thresholds of the database health indicators."""
-        return HealthLimits(max_replication_lag_bytes=self.max_replication_lag_bytes,
-                            max_wal_bytes_per_second=self.max_wal_bytes_per_second,
-                            max_pause=dt.timedelta(seconds=self.max_pause_seconds))
+    def apply(self, settings: PolicySettings) -> PolicySettings:
+        """``settings`` with the limits this launch set, the rest unchanged."""
+        changed = {}
+        if self.batch_size is not None:
+            changed["batch_size"] = self.batch_size
+            changed["batch_size_max"] = max(settings.batch_size_max, self.batch_size)
+        if self.max_run_duration_seconds is not None:
+            changed["max_run_duration"] = dt.timedelta(seconds=self.max_run_duration_seconds)
+        return dataclasses.replace(settings, **changed)
 
 
-#: The run limits a launch may set (run config ``resources.retention.config``), with their
-#: variable, bounds and type: a batch is one transaction holding row locks, and the time budget
-#: stays under the run ceiling of ``dagster.yaml``.
+def health_limits(settings: PolicySettings) -> HealthLimits:
+    """The thresholds of the database health indicators of a policy."""
+    return HealthLimits(max_replication_lag_bytes=settings.max_replication_lag_bytes,
+                        max_wal_bytes_per_second=settings.max_wal_bytes_per_second,
+                        max_pause=settings.max_pause)
+
+
+#: The run limits a launch may set (run config ``resources.retention.config``), with the
+#: setting they stand in for, their bounds and type: a batch is one transaction holding row
+#: locks, and the time budget stays under the run ceiling of ``dagster.yaml``.
 LAUNCH_LIMITS: dict[str, tuple[str, float, float, type]] = {
-    "batch_size": (BATCH_SIZE_VAR, 1, MAX_BATCH_SIZE, int),
-    "max_run_duration_seconds": (MAX_RUN_DURATION_VAR, MIN_DURATION.total_seconds(),
+    "batch_size": ("batch_size", 1, MAX_BATCH_SIZE, int),
+    "max_run_duration_seconds": ("max_run_duration", MIN_DURATION.total_seconds(),
                                  MAX_RUN_DURATION_LIMIT.total_seconds(), float),
 }
-
-
-#: Fields of :class:`GuestRetention` only the deployment sets (their variables), passed through
-#: unchanged by :func:`deployed_retention`.
-_DEPLOYMENT_ONLY = ("batch_size_max", "target_batch_duration_seconds",
-                    "max_replication_lag_bytes", "max_wal_bytes_per_second", "max_pause_seconds")
 
 
 def _refuse(message: str, config: Any) -> dg.DagsterInvalidConfigError:
     return dg.DagsterInvalidConfigError(message, [], config)
 
 
-def deployed_retention(deployed: GuestRetention) -> dg.ResourceDefinition:
-    """The ``retention`` resource of the code location: ``deployed`` (built from the
-    environment), with the run limits open to a run's config and nothing else.
+def _labels(policies: Sequence[Policy], setting: str) -> str:
+    return ", ".join(dict.fromkeys(p.label(setting) for p in policies))
+
+
+def deployed_retention(policies: Sequence[Policy]) -> dg.ResourceDefinition:
+    """The ``retention`` resource of the code location: the run limits a launch may set for
+    a run of any of ``policies``, and nothing else.
 
     Run config ``resources.retention.config`` may hold ``batch_size`` (rows, 1 to 100,000) and
-    ``max_run_duration_seconds`` (seconds, 1 to 3,000), the bounds of
-    ``FAVORITES_GUEST_RETENTION_BATCH_SIZE`` and ``FAVORITES_GUEST_RETENTION_MAX_RUN_DURATION``;
-    the launchpad offers the deployed values. The retention days are the deployment's: a
-    ``retention_days`` other than the deployed value (which changes nothing) is refused, and so
-    is any other key. The table, the guard and the age column are fixed in
-    :mod:`favorites_maintenance.retention.rule` and have no config at all.
+    ``max_run_duration_seconds`` (seconds, 1 to 3,000), the bounds of the policy settings they
+    stand in for (``FAVORITES_GUEST_RETENTION_BATCH_SIZE`` and
+    ``FAVORITES_GUEST_RETENTION_MAX_RUN_DURATION`` for the guest-favorites policy); left out,
+    each policy's own applies. The retention days are the deployment's: a ``retention_days``
+    other than the deployed value of every policy (which changes nothing) is refused, and so is
+    any other key. The table, the guard and the age column are the policy's ``defs.yaml`` and
+    have no run config at all.
 
     The check runs when Dagster resolves the run config: in the code server when a run is
     launched from the UI or GraphQL (the launch fails, no run is created) and before
     ``execute_in_process`` creates its run.
 
     Raises (at launch):
-        dagster.DagsterInvalidConfigError: naming the key, the value and the variable that
-            configures it.
+        dagster.DagsterInvalidConfigError: naming the key, the value and the setting (its
+            variable) that configures it.
     """
-    days = deployed.retention_days
+    if not policies:
+        raise ValueError("deployed_retention needs at least one policy")
+    days = {p.settings.retention_days for p in policies}
+    deployed = "; ".join(f"{p.label('retention_days')} ({p.settings.retention_days} days in "
+                         "this deployment" + (f", policy {p.name}" if len(policies) > 1 else "")
+                         + ")" for p in policies)
 
     def at_launch(config: Mapping[str, Any]) -> dict[str, Any]:
-        values = {"retention_days": days, "batch_size": deployed.batch_size,
-                  "max_run_duration_seconds": deployed.max_run_duration_seconds}
-        # Sharing the database is the deployment's business, like the retention.
-        fixed = {name: getattr(deployed, name) for name in _DEPLOYMENT_ONLY}
+        values: dict[str, Any] = {}
         for key, value in config.items():
             if key == "retention_days":
-                if value is None or value == days:
+                if value is None or {value} == days:
                     continue
                 raise _refuse(
                     f"retention_days={value!r} refused: the retention is not set at launch. It "
-                    f"is {RETENTION_DAYS_VAR} ({days} days in this deployment), read from "
-                    f"{_WHERE}; change it there, reviewed, and restart that process.", config)
+                    f"is {deployed}, read from {_WHERE}; change it there, "
+                    f"reviewed, and restart that process.", config)
             if key not in LAUNCH_LIMITS:
                 raise _refuse(
                     f"{key!r} refused: a launch may set only {', '.join(LAUNCH_LIMITS)}. The "
-                    f"rule (table, guard user_id IS NULL, age column updated_at, retention days) "
-                    f"is fixed by the deployment: {RETENTION_DAYS_VAR} in {_WHERE}.", config)
-            variable, low, high, kind = LAUNCH_LIMITS[key]
-            if value == values[key]:
-                continue  # the deployment's own value (the launchpad's default)
+                    f"rule (table, guard, age column, retention days) is fixed by the "
+                    f"deployment: the policy's defs.yaml and "
+                    f"{_labels(policies, 'retention_days')} in {_WHERE}.", config)
+            if value is None:
+                continue
+            setting, low, high, kind = LAUNCH_LIMITS[key]
             if not low <= value <= high:
                 shown = int(value) if float(value).is_integer() else value  # 0, not 0.0
                 raise _refuse(
                     f"{key}={shown!r} refused: it must be between {low:,g} and {high:,g}, "
-                    f"the bounds of {variable}.", config)
+                    f"the bounds of {_labels(policies, setting)}.", config)
             values[key] = kind(value)
-        return {**values, **fixed}
+        return values
 
+    own = "; ".join(f"{p.name}: {p.settings.batch_size} rows, "
+                    f"{p.settings.max_run_duration.total_seconds():g} s" for p in policies)
     description = (
-        f"Retention: guest rows idle longer than {days} days are prunable "
-        f"({RETENTION_DAYS_VAR}; fixed by the deployment, not settable at launch). Run limits: "
-        f"batch_size {deployed.batch_size} rows, max_run_duration_seconds "
-        f"{deployed.max_run_duration_seconds:g} s ({BATCH_SIZE_VAR}, {MAX_RUN_DURATION_VAR}); a "
-        f"launch may change them within the same bounds.")
+        f"Retention: {deployed}; fixed by the deployment, not settable at launch. Run limits "
+        f"a launch may set, within the bounds of their settings: batch_size and "
+        f"max_run_duration_seconds (left out, each policy's own: {own}).")
     schema = dg.Permissive({
-        "batch_size": dg.Field(int, default_value=deployed.batch_size,
-                               description=f"Rows per batch transaction, 1 to {MAX_BATCH_SIZE:,} "
-                               f"({BATCH_SIZE_VAR})."),
+        "batch_size": dg.Field(dg.Noneable(int), default_value=None, is_required=False,
+                               description=f"Rows of the first batch transaction, 1 to "
+                               f"{MAX_BATCH_SIZE:,} ({_labels(policies, 'batch_size')})."),
         "max_run_duration_seconds": dg.Field(
-            float, default_value=float(deployed.max_run_duration_seconds),
+            dg.Noneable(float), default_value=None, is_required=False,
             description=f"Time budget of the purge in seconds, "
             f"{MIN_DURATION.total_seconds():g} to {MAX_RUN_DURATION_LIMIT.total_seconds():g} "
-            f"({MAX_RUN_DURATION_VAR})."),
+            f"({_labels(policies, 'max_run_duration')})."),
     })
-    return deployed.get_resource_definition().configured(at_launch, config_schema=schema,
-                                                          description=description)
+    return RunLimits().get_resource_definition().configured(at_launch, config_schema=schema,
+                                                             description=description)
 
 
 def deployed_database() -> dg.ResourceDefinition:

@@ -8,33 +8,35 @@ from __future__ import annotations
 
 import dagster as dg
 
-from favorites_maintenance.jobs import guest_favorites_cleanup_job
 from favorites_maintenance.partitions import daily_partitions
+from favorites_maintenance.policy import GUEST_POLICY, Policy
 
-SCHEDULE_NAME = "guest_favorites_cleanup_schedule"
+#: The guest-favorites schedule's name (each policy's is ``<name>_cleanup_schedule``).
+SCHEDULE_NAME = GUEST_POLICY.schedule_name
 
 
-def build_schedule(cron: str) -> dg.ScheduleDefinition:
-    """The cleanup schedule on ``cron`` (validated by
-    :func:`favorites_maintenance.settings.validate_cron`), evaluated in UTC, running by default.
+def build_schedule(cron: str, policy: Policy = GUEST_POLICY) -> dg.ScheduleDefinition:
+    """The cleanup schedule of ``policy`` on ``cron`` (validated by
+    :func:`favorites_maintenance.settings.validate_cron`), evaluated in UTC, running by default;
+    it runs the policy's job, ``<name>_cleanup_job``.
 
     A tick at instant T requests the last daily partition that ended at or before T, e.g. the
     ``0 3 * * *`` tick of 2026-05-10 runs ``2026-05-09``.
     """
 
     @dg.schedule(
-        name=SCHEDULE_NAME,
+        name=policy.schedule_name,
         cron_schedule=cron,
         execution_timezone="UTC",
-        job=guest_favorites_cleanup_job,
+        job_name=policy.job_name,
         default_status=dg.DefaultScheduleStatus.RUNNING,
-        description="Runs the guest favorites cleanup for the latest complete UTC day.",
+        description=f"Runs the {policy.name} cleanup for the latest complete UTC day.",
     )
-    def guest_favorites_cleanup_schedule(context: dg.ScheduleEvaluationContext):
+    def cleanup_schedule(context: dg.ScheduleEvaluationContext):
         with dg.partition_loading_context(effective_dt=context.scheduled_execution_time):
             key = daily_partitions.get_last_partition_key()
         if key is None:
             return dg.SkipReason("no complete daily partition yet")
         return dg.RunRequest(run_key=key, partition_key=key)
 
-    return guest_favorites_cleanup_schedule
+    return cleanup_schedule

@@ -1,4 +1,6 @@
-"""Alerts: no successful cleanup for too long, a failed cleanup run, a failed schedule tick.
+"""Alerts of a policy: no successful cleanup for too long, a failed cleanup run, a failed
+schedule tick. Each policy has its three sensors, named after it (``<name>_cleanup_stale_sensor``,
+``<name>_cleanup_failure_sensor``, ``<name>_cleanup_tick_failure_sensor``).
 
 Both send through the ``alerts`` resource (:class:`~favorites_maintenance.resources.AlertSink`):
 the log always, a Slack-compatible webhook when ``FAVORITES_ALERT_WEBHOOK_URL`` is set.
@@ -20,14 +22,9 @@ from collections.abc import Callable
 import dagster as dg
 from dagster._core.scheduler.instigation import InstigatorType, TickStatus
 
-from favorites_maintenance.assets import ASSET_KEY
 from favorites_maintenance.partitions import CURRENT_PARTITION_LAG, daily_partitions, is_current
+from favorites_maintenance.policy import GUEST_POLICY, Policy
 from favorites_maintenance.resources import AlertSink
-from favorites_maintenance.schedules import SCHEDULE_NAME
-
-STALE_SENSOR_NAME = "guest_favorites_cleanup_stale_sensor"
-FAILURE_SENSOR_NAME = "guest_favorites_cleanup_failure_sensor"
-TICK_FAILURE_SENSOR_NAME = "guest_favorites_cleanup_tick_failure_sensor"
 
 #: Seconds between two evaluations of the tick-failure sensor: a failed tick is alerted at most
 #: this long (plus the daemon's own loop) after it.
@@ -58,7 +55,7 @@ def _partition_keys_between(after: float, before: float) -> list[str]:
     return [(oldest + dt.timedelta(days=i)).isoformat() for i in range((newest - oldest).days + 1)]
 
 
-def _current_success_between(instance: dg.DagsterInstance, after: float,
+def _current_success_between(instance: dg.DagsterInstance, asset_key: dg.AssetKey, after: float,
                              before: float) -> float | None:
     """Timestamp of the newest current-partition success materialized in ``(after, before]``
     (epoch seconds), or ``None``.
@@ -70,7 +67,7 @@ def _current_success_between(instance: dg.DagsterInstance, after: float,
     cursor = None
     while True:
         page = instance.fetch_materializations(
-            dg.AssetRecordsFilter(asset_key=ASSET_KEY, asset_partitions=keys,
+            dg.AssetRecordsFilter(asset_key=asset_key, asset_partitions=keys,
                                   after_timestamp=after, before_timestamp=before),
             limit=_RECORD_LIMIT, cursor=cursor)
         for record in page.records:  # newest first
@@ -85,14 +82,15 @@ def _current_success_between(instance: dg.DagsterInstance, after: float,
         cursor = page.cursor
 
 
-def last_current_success(instance: dg.DagsterInstance, now: float,
+def last_current_success(instance: dg.DagsterInstance, asset_key: dg.AssetKey, now: float,
                          stale_after: dt.timedelta) -> float | None:
-    """Timestamp (epoch seconds) of the newest current-partition success within
-    ``stale_after`` before ``now``, or ``None``: what every tick reads, one query."""
-    return _current_success_between(instance, now - stale_after.total_seconds(), now)
+    """Timestamp (epoch seconds) of the newest current-partition success of ``asset_key``
+    within ``stale_after`` before ``now``, or ``None``: what every tick reads, one query."""
+    return _current_success_between(instance, asset_key, now - stale_after.total_seconds(), now)
 
 
-def latest_current_success(instance: dg.DagsterInstance, now: float) -> float | None:
+def latest_current_success(instance: dg.DagsterInstance, asset_key: dg.AssetKey,
+                           now: float) -> float | None:
     """Timestamp (epoch seconds) of the newest current-partition success in the whole history
     before ``now``, however old, or ``None`` when there never was one.
 
@@ -105,16 +103,17 @@ def latest_current_success(instance: dg.DagsterInstance, now: float) -> float | 
     before = now
     while before > first:
         after = before - _WALK_WINDOW.total_seconds()
-        found = _current_success_between(instance, after, before)
+        found = _current_success_between(instance, asset_key, after, before)
         if found is not None:
             return found
         before = after
     return None
 
 
-def build_stale_sensor(stale_after: dt.timedelta,
-                       clock: Callable[[], float] = time.time) -> dg.SensorDefinition:
-    """The staleness sensor for a threshold of ``stale_after``.
+def build_stale_sensor(stale_after: dt.timedelta, clock: Callable[[], float] = time.time,
+                       policy: Policy = GUEST_POLICY) -> dg.SensorDefinition:
+    """The staleness sensor of ``policy`` (``<name>_cleanup_stale_sensor``) for a threshold of
+    ``stale_after``.
 
     Alerts once per episode when no current success happened for ``stale_after``, and sends a
     resolution message when one returns. The clock starts at the last current success in the
@@ -123,22 +122,25 @@ def build_stale_sensor(stale_after: dt.timedelta,
     the clock start at that tick, so a fresh deployment alerts only after ``stale_after``.
 
     Args:
-        stale_after: threshold (``FAVORITES_GUEST_RETENTION_STALE_AFTER``, default 48 h).
+        stale_after: threshold (the policy's ``stale_after``, default 48 h).
         clock: epoch seconds now; tests pass a fixed clock.
+        policy: whose cleanup asset is watched.
 
     The cursor is JSON ``{"since": epoch_s, "lastSuccess": epoch_s | null,
     "alertedAt": epoch_s | null}``: ``since`` is the instant staleness is measured from.
     """
 
+    asset_key = dg.AssetKey(list(policy.asset_key_path))
+    cleanup = policy.cleanup
+
     @dg.sensor(
-        name=STALE_SENSOR_NAME,
+        name=policy.stale_sensor_name,
         minimum_interval_seconds=300,
         default_status=dg.DefaultSensorStatus.RUNNING,
-        description=(f"Alerts when guest_favorites_cleanup has had no successful current run "
+        description=(f"Alerts when {cleanup} has had no successful current run "
                      f"for {_hours(stale_after)}."),
     )
-    def guest_favorites_cleanup_stale_sensor(context: dg.SensorEvaluationContext,
-                                             alerts: AlertSink):
+    def stale_sensor(context: dg.SensorEvaluationContext, alerts: AlertSink):
         now = clock()
         if context.cursor:
             state = json.loads(context.cursor)
@@ -146,10 +148,10 @@ def build_stale_sensor(stale_after: dt.timedelta,
             since = state.get("since", state.get("firstSeen", now))
             last = state.get("lastSuccess")
             alerted_at = state.get("alertedAt")
-            recent = last_current_success(context.instance, now, stale_after)
+            recent = last_current_success(context.instance, asset_key, now, stale_after)
         else:
             alerted_at = None
-            recent = latest_current_success(context.instance, now)
+            recent = latest_current_success(context.instance, asset_key, now)
             last = recent
             since = recent if recent is not None else now
         succeeded_again = recent is not None and (last is None or recent > last)
@@ -159,7 +161,7 @@ def build_stale_sensor(stale_after: dt.timedelta,
         if stale and alerted_at is None:
             seen = (f"last successful run at {_utc(last)}" if last is not None
                     else f"none since watching began at {_utc(since)}")
-            alerts.send(f"guest_favorites_cleanup: no successful run for more than "
+            alerts.send(f"{cleanup}: no successful run for more than "
                         f"{_hours(stale_after)} (checked at {_utc(now)}; {seen}). "
                         f"See the runbook in README.md.", log=context.log)
             alerted_at = now
@@ -168,7 +170,7 @@ def build_stale_sensor(stale_after: dt.timedelta,
             # No success but no longer stale: the threshold was raised since the alert.
             why = (f"a run succeeded at {_utc(last)}" if succeeded_again
                    else f"within the threshold of {_hours(stale_after)} again")
-            alerts.send(f"guest_favorites_cleanup: resolved, {why}.", log=context.log,
+            alerts.send(f"{cleanup}: resolved, {why}.", log=context.log,
                         level=20)
             alerted_at = None
             outcome = "resolved"
@@ -178,34 +180,45 @@ def build_stale_sensor(stale_after: dt.timedelta,
                                           "alertedAt": alerted_at}))
         return dg.SkipReason(outcome)
 
-    return guest_favorites_cleanup_stale_sensor
+    return stale_sensor
 
 
-# No monitored_jobs: the sensor then watches every job of this code location, which is what
-# catches backfills launched from the UI (they run as Dagster's implicit asset job, not as
-# guest_favorites_cleanup_job). The location holds nothing but the cleanup.
-@dg.run_failure_sensor(
-    name=FAILURE_SENSOR_NAME,
-    default_status=dg.DefaultSensorStatus.RUNNING,
-    description="Alerts when a cleanup run fails (scheduled, launched or backfilled).",
-)
-def guest_favorites_cleanup_failure_sensor(context: dg.RunFailureSensorContext,
-                                           alerts: AlertSink):
-    """Send the failed run's id, partition and error message through the alert sink."""
-    run = context.dagster_run
-    partition = run.tags.get("dagster/partition", "-")
-    message = context.failure_event.message or "no message"
-    alerts.send(f"{run.job_name} run {run.run_id} (partition {partition}) failed: {message}",
-                log=context.log)
+def build_failure_sensor(policy: Policy = GUEST_POLICY) -> dg.SensorDefinition:
+    """The run-failure sensor of ``policy`` (``<name>_cleanup_failure_sensor``): alerts when a
+    run that materializes the policy's cleanup asset fails, whatever launched it.
+
+    It watches every job of the code location and keeps the runs whose job is the policy's or
+    whose asset selection holds its asset: backfills launched from the UI run as Dagster's
+    implicit asset job, not as ``<name>_cleanup_job``.
+    """
+    asset_key = dg.AssetKey(list(policy.asset_key_path))
+
+    @dg.run_failure_sensor(
+        name=policy.failure_sensor_name,
+        default_status=dg.DefaultSensorStatus.RUNNING,
+        description=f"Alerts when a {policy.name} cleanup run fails (scheduled, launched or "
+                    "backfilled).",
+    )
+    def failure_sensor(context: dg.RunFailureSensorContext, alerts: AlertSink):
+        """Send the failed run's id, partition and error message through the alert sink."""
+        run = context.dagster_run
+        if run.job_name != policy.job_name and asset_key not in (run.asset_selection or ()):
+            return  # another policy's run
+        partition = run.tags.get("dagster/partition", "-")
+        message = context.failure_event.message or "no message"
+        alerts.send(f"{run.job_name} run {run.run_id} (partition {partition}) failed: {message}",
+                    log=context.log)
+
+    return failure_sensor
 
 
-def _schedule_state(context: dg.SensorEvaluationContext):
-    """The stored state of the cleanup schedule of this code location, or ``None`` before the
-    scheduler first saw it."""
+def _schedule_state(context: dg.SensorEvaluationContext, schedule_name: str):
+    """The stored state of schedule ``schedule_name`` of this code location, or ``None`` before
+    the scheduler first saw it."""
     location = context.code_location_origin.location_name if context.code_location_origin else None
     for state in context.instance.all_instigator_state(instigator_type=InstigatorType.SCHEDULE):
         origin = state.origin.repository_origin.code_location_origin
-        if state.instigator_name == SCHEDULE_NAME and location in (None, origin.location_name):
+        if state.instigator_name == schedule_name and location in (None, origin.location_name):
             return state
     return None
 
@@ -219,41 +232,52 @@ def _error_summary(tick) -> str:
     return text if len(text) <= _ERROR_CHARS else text[:_ERROR_CHARS - 3] + "..."
 
 
-@dg.sensor(
-    name=TICK_FAILURE_SENSOR_NAME,
-    minimum_interval_seconds=TICK_FAILURE_INTERVAL_S,
-    default_status=dg.DefaultSensorStatus.RUNNING,
-    description=("Alerts when a tick of guest_favorites_cleanup_schedule fails (no run is "
-                 "created, so the run-failure sensor never fires), and when ticks succeed again."),
-)
-def guest_favorites_cleanup_tick_failure_sensor(context: dg.SensorEvaluationContext,
-                                                alerts: AlertSink):
-    """Alert once per episode of failed schedule ticks, with a resolution message when a tick
-    succeeds (or skips) again.
+def build_tick_failure_sensor(policy: Policy = GUEST_POLICY) -> dg.SensorDefinition:
+    """The tick-failure sensor of ``policy`` (``<name>_cleanup_tick_failure_sensor``), which
+    watches the policy's schedule, ``<name>_cleanup_schedule``."""
+    schedule = policy.schedule_name
 
-    Reads the newest finished tick of the schedule from the instance: one indexed query, however
-    long the tick history. The cursor is JSON ``{"failingSince": epoch_s | null}``, the first
-    failed tick of the episode already alerted.
-    """
-    state = _schedule_state(context)
-    ticks = [] if state is None else context.instance.get_ticks(
-        state.instigator_origin_id, state.selector_id, limit=1,
-        statuses=[TickStatus.SUCCESS, TickStatus.SKIPPED, TickStatus.FAILURE])
-    if not ticks:
-        return dg.SkipReason(f"{SCHEDULE_NAME} has no finished tick yet")
-    [tick] = ticks
-    failing_since = json.loads(context.cursor).get("failingSince") if context.cursor else None
-    if tick.status == TickStatus.FAILURE and failing_since is None:
-        alerts.send(f"{SCHEDULE_NAME}: the tick at {_utc(tick.timestamp)} failed and started no "
-                    f"cleanup run: {_error_summary(tick)}", log=context.log)
-        failing_since, outcome = tick.timestamp, "alerted"
-    elif tick.status == TickStatus.FAILURE:
-        outcome = "failing, already alerted"
-    elif failing_since is not None:
-        alerts.send(f"{SCHEDULE_NAME}: resolved, the tick at {_utc(tick.timestamp)} succeeded "
-                    f"(ticks failed from {_utc(failing_since)}).", log=context.log, level=20)
-        failing_since, outcome = None, "resolved"
-    else:
-        outcome = "ticks succeed"
-    context.update_cursor(json.dumps({"failingSince": failing_since}))
-    return dg.SkipReason(outcome)
+    @dg.sensor(
+        name=policy.tick_failure_sensor_name,
+        minimum_interval_seconds=TICK_FAILURE_INTERVAL_S,
+        default_status=dg.DefaultSensorStatus.RUNNING,
+        description=(f"Alerts when a tick of {schedule} fails (no run is created, so the "
+                     "run-failure sensor never fires), and when ticks succeed again."),
+    )
+    def tick_failure_sensor(context: dg.SensorEvaluationContext, alerts: AlertSink):
+        """Alert once per episode of failed schedule ticks, with a resolution message when a tick
+        succeeds (or skips) again.
+
+        Reads the newest finished tick of the schedule from the instance: one indexed query, however
+        long the tick history. The cursor is JSON ``{"failingSince": epoch_s | null}``, the first
+        failed tick of the episode already alerted.
+        """
+        state = _schedule_state(context, schedule)
+        ticks = [] if state is None else context.instance.get_ticks(
+            state.instigator_origin_id, state.selector_id, limit=1,
+            statuses=[TickStatus.SUCCESS, TickStatus.SKIPPED, TickStatus.FAILURE])
+        if not ticks:
+            return dg.SkipReason(f"{schedule} has no finished tick yet")
+        [tick] = ticks
+        failing_since = json.loads(context.cursor).get("failingSince") if context.cursor else None
+        if tick.status == TickStatus.FAILURE and failing_since is None:
+            alerts.send(f"{schedule}: the tick at {_utc(tick.timestamp)} failed and started no "
+                        f"cleanup run: {_error_summary(tick)}", log=context.log)
+            failing_since, outcome = tick.timestamp, "alerted"
+        elif tick.status == TickStatus.FAILURE:
+            outcome = "failing, already alerted"
+        elif failing_since is not None:
+            alerts.send(f"{schedule}: resolved, the tick at {_utc(tick.timestamp)} succeeded "
+                        f"(ticks failed from {_utc(failing_since)}).", log=context.log, level=20)
+            failing_since, outcome = None, "resolved"
+        else:
+            outcome = "ticks succeed"
+        context.update_cursor(json.dumps({"failingSince": failing_since}))
+        return dg.SkipReason(outcome)
+
+    return tick_failure_sensor
+
+
+#: The guest-favorites sensors (the code location builds its own).
+guest_favorites_cleanup_failure_sensor = build_failure_sensor(GUEST_POLICY)
+guest_favorites_cleanup_tick_failure_sensor = build_tick_failure_sensor(GUEST_POLICY)

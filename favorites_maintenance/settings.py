@@ -1,6 +1,8 @@
-"""Environment -> validated settings.
+"""Environment and policy YAML -> validated settings.
 
-Every setting comes from one ``FAVORITES_*`` environment variable. :func:`load_settings` is
+Every deployment setting comes from one ``FAVORITES_*`` environment variable; a policy's
+settings come from its ``defs.yaml`` (which may read them from the environment). Both are
+validated by :func:`parse_policy_settings`, where the bounds live. :func:`load_settings` is
 called when the Dagster code location loads, so a bad value stops the load with a message that
 names the variable and the value at fault, and no connection is ever opened with it. The database
 password never appears in a message: URLs are shown with ``***`` in its place.
@@ -13,7 +15,7 @@ from __future__ import annotations
 import datetime as dt
 import re
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 
 import pydantic
 from croniter import CroniterBadDateError, croniter
@@ -70,7 +72,8 @@ _DURATION = pydantic.TypeAdapter(dt.timedelta)
 
 
 class SettingsError(ValueError):
-    """A setting is invalid. ``variable`` names the environment variable at fault.
+    """A setting is invalid. ``variable`` names the environment variable at fault (or, for a
+    policy's YAML, ``policy P, field F``).
 
     The message names the variable and the bad value, except for database URLs, which are shown
     with the password masked, and malformed URLs, which are not echoed at all.
@@ -82,20 +85,15 @@ class SettingsError(ValueError):
 
 
 @dataclass(frozen=True)
-class Settings:
-    """The validated configuration of the cleanup.
+class PolicySettings:
+    """The validated settings of one retention policy (every field has a default).
 
     Attributes:
-        database_url: SQLAlchemy URL of the favorites database, always with the
-            ``postgresql+psycopg`` driver, or ``None`` when ``FAVORITES_DATABASE_URL`` is unset
-            (the command line then starts the embedded server). Never log it: use
-            :attr:`database_url_safe`.
-        retention_days: retention period in days (> 0); a guest row idle longer is prunable.
-        batch_size: rows per batch transaction (> 0).
+        retention_days: retention period in days (> 0); a row idle longer is prunable.
+        batch_size: rows of the first batch transaction (> 0).
         cron: 5-field cron expression of the schedule, evaluated in UTC.
         max_run_duration: wall-clock budget of one purge (> 0); past it the run stops gracefully.
         stale_after: how long without a successful run before the sensor alerts (> 0).
-        alert_webhook_url: optional Slack-compatible webhook for alerts.
         batch_size_max: the largest batch the adaptive batch size may reach (>= batch_size).
         target_batch_duration: wall time a batch transaction aims at; zero turns adaptation
             off (every batch has ``batch_size`` rows).
@@ -106,13 +104,11 @@ class Settings:
         max_pause: how long the purge may stay paused before the run ends (``db_unhealthy``).
     """
 
-    database_url: URL | None = field(default=None, repr=False)
     retention_days: int = DEFAULT_RETENTION_DAYS
     batch_size: int = DEFAULT_BATCH_SIZE
     cron: str = DEFAULT_CRON
     max_run_duration: dt.timedelta = DEFAULT_MAX_RUN_DURATION
     stale_after: dt.timedelta = DEFAULT_STALE_AFTER
-    alert_webhook_url: str | None = field(default=None, repr=False)
     batch_size_max: int = DEFAULT_BATCH_SIZE_MAX
     target_batch_duration: dt.timedelta = DEFAULT_TARGET_BATCH_DURATION
     max_replication_lag_bytes: int = DEFAULT_MAX_REPLICATION_LAG_BYTES
@@ -123,6 +119,28 @@ class Settings:
         # Built directly (tests, scripts): a first batch above the default max raises the max.
         if self.batch_size_max < self.batch_size:
             object.__setattr__(self, "batch_size_max", self.batch_size)
+
+    def policy_settings(self) -> "PolicySettings":
+        """These settings as a plain :class:`PolicySettings` (without deployment fields)."""
+        return PolicySettings(**{f.name: getattr(self, f.name) for f in fields(PolicySettings)})
+
+
+@dataclass(frozen=True)
+class Settings(PolicySettings):
+    """The validated configuration of the deployment: the database, the alert webhook, and the
+    settings of the guest-favorites policy (see :class:`PolicySettings`), all from
+    ``FAVORITES_*`` variables.
+
+    Attributes:
+        database_url: SQLAlchemy URL of the favorites database, always with the
+            ``postgresql+psycopg`` driver, or ``None`` when ``FAVORITES_DATABASE_URL`` is unset
+            (the command line then starts the embedded server). Never log it: use
+            :attr:`database_url_safe`.
+        alert_webhook_url: optional Slack-compatible webhook for alerts.
+    """
+
+    database_url: URL | None = field(default=None, repr=False)
+    alert_webhook_url: str | None = field(default=None, repr=False)
 
     @property
     def database_url_safe(self) -> str | None:
@@ -135,6 +153,21 @@ class Settings:
             raise SettingsError(DATABASE_URL_VAR, "is not set; give the SQLAlchemy URL of the "
                                 "favorites database (postgresql+psycopg://user:password@host/db)")
         return self.database_url
+
+
+#: The guest-favorites policy's variable of each :class:`PolicySettings` field.
+GUEST_VARIABLES: dict[str, str] = {
+    "retention_days": RETENTION_DAYS_VAR,
+    "batch_size": BATCH_SIZE_VAR,
+    "cron": CRON_VAR,
+    "max_run_duration": MAX_RUN_DURATION_VAR,
+    "stale_after": STALE_AFTER_VAR,
+    "batch_size_max": BATCH_SIZE_MAX_VAR,
+    "target_batch_duration": TARGET_BATCH_DURATION_VAR,
+    "max_replication_lag_bytes": MAX_REPLICATION_LAG_BYTES_VAR,
+    "max_wal_bytes_per_second": MAX_WAL_BYTES_PER_SECOND_VAR,
+    "max_pause": MAX_PAUSE_VAR,
+}
 
 
 def load_settings(environ: Mapping[str, str] | None = None) -> Settings:
@@ -150,52 +183,86 @@ def load_settings(environ: Mapping[str, str] | None = None) -> Settings:
         import os
 
         environ = os.environ
-    batch_size = _opt(environ, BATCH_SIZE_VAR, _int_between(1, MAX_BATCH_SIZE), DEFAULT_BATCH_SIZE)
-    batch_size_max = _opt(environ, BATCH_SIZE_MAX_VAR, _int_between(1, MAX_BATCH_SIZE))
-    if batch_size_max is None:
-        batch_size_max = max(DEFAULT_BATCH_SIZE_MAX, batch_size)
-    elif batch_size_max < batch_size:
-        raise SettingsError(BATCH_SIZE_MAX_VAR, f"'{batch_size_max}' is below {BATCH_SIZE_VAR} "
-                            f"({batch_size}), the first batch's size; the max must be at least that")
+    policy = parse_policy_settings(
+        {name: environ.get(variable) for name, variable in GUEST_VARIABLES.items()},
+        GUEST_VARIABLES)
     return Settings(
+        **{f.name: getattr(policy, f.name) for f in fields(PolicySettings)},
         database_url=_opt(environ, DATABASE_URL_VAR, parse_database_url),
-        retention_days=_opt(environ, RETENTION_DAYS_VAR, _int_between(1, MAX_RETENTION_DAYS),
-                            DEFAULT_RETENTION_DAYS),
-        batch_size=batch_size,
-        cron=_opt(environ, CRON_VAR, validate_cron, DEFAULT_CRON),
-        max_run_duration=_opt(environ, MAX_RUN_DURATION_VAR,
-                              _duration_between(MIN_DURATION, MAX_RUN_DURATION_LIMIT),
-                              DEFAULT_MAX_RUN_DURATION),
-        stale_after=_opt(environ, STALE_AFTER_VAR,
-                         _duration_between(MIN_DURATION, MAX_STALE_AFTER), DEFAULT_STALE_AFTER),
         alert_webhook_url=_opt(environ, ALERT_WEBHOOK_URL_VAR, _http_url),
-        batch_size_max=batch_size_max,
-        target_batch_duration=_opt(environ, TARGET_BATCH_DURATION_VAR,
-                                   _duration_up_to(MAX_TARGET_BATCH_DURATION),
-                                   DEFAULT_TARGET_BATCH_DURATION),
-        max_replication_lag_bytes=_opt(environ, MAX_REPLICATION_LAG_BYTES_VAR,
-                                       _int_between(1, MAX_LAG_BYTES),
-                                       DEFAULT_MAX_REPLICATION_LAG_BYTES),
-        max_wal_bytes_per_second=_opt(environ, MAX_WAL_BYTES_PER_SECOND_VAR,
-                                      _int_between(1, MAX_LAG_BYTES)),
-        max_pause=_opt(environ, MAX_PAUSE_VAR,
-                       _duration_between(MIN_DURATION, MAX_RUN_DURATION_LIMIT), DEFAULT_MAX_PAUSE),
     )
 
 
-def _opt(environ, variable, parse, default=None):
-    raw = environ.get(variable)
+def parse_policy_settings(values: Mapping[str, str | int | None],
+                          labels: Mapping[str, str]) -> PolicySettings:
+    """Validate one policy's settings, given as text (or whole numbers) by field name.
+
+    This is where every bound lives: the environment (:func:`load_settings`) and a policy's
+    YAML (``defs/<policy>/defs.yaml``) both come through here. A missing or ``None`` value
+    takes the default; an empty or blank string is an error.
+
+    Args:
+        values: field name of :class:`PolicySettings` -> raw value.
+        labels: field name -> what an error calls it (a variable, or ``policy P, field F``).
+
+    Raises:
+        SettingsError: the first invalid value, its label named, with the value at fault.
+    """
+    raw = {name: (None if value is None else str(value)) for name, value in values.items()}
+    unknown = sorted(set(raw) - set(GUEST_VARIABLES))
+    if unknown:
+        raise ValueError(f"unknown policy settings {unknown!r}")
+
+    def opt(name, parse, default=None):
+        return _opt(raw, name, parse, default, label=labels.get(name, name))
+
+    batch_size = opt("batch_size", _int_between(1, MAX_BATCH_SIZE), DEFAULT_BATCH_SIZE)
+    batch_size_max = opt("batch_size_max", _int_between(1, MAX_BATCH_SIZE))
+    if batch_size_max is None:
+        batch_size_max = max(DEFAULT_BATCH_SIZE_MAX, batch_size)
+    elif batch_size_max < batch_size:
+        raise SettingsError(labels.get("batch_size_max", "batch_size_max"),
+                            f"'{batch_size_max}' is below {labels.get('batch_size', 'batch_size')} "
+                            f"({batch_size}), the first batch's size; the max must be at least that")
+    return PolicySettings(
+        retention_days=opt("retention_days", _int_between(1, MAX_RETENTION_DAYS),
+                           DEFAULT_RETENTION_DAYS),
+        batch_size=batch_size,
+        cron=opt("cron", validate_cron, DEFAULT_CRON),
+        max_run_duration=opt("max_run_duration",
+                             _duration_between(MIN_DURATION, MAX_RUN_DURATION_LIMIT),
+                             DEFAULT_MAX_RUN_DURATION),
+        stale_after=opt("stale_after", _duration_between(MIN_DURATION, MAX_STALE_AFTER),
+                        DEFAULT_STALE_AFTER),
+        batch_size_max=batch_size_max,
+        target_batch_duration=opt("target_batch_duration",
+                                  _duration_up_to(MAX_TARGET_BATCH_DURATION),
+                                  DEFAULT_TARGET_BATCH_DURATION),
+        max_replication_lag_bytes=opt("max_replication_lag_bytes",
+                                      _int_between(1, MAX_LAG_BYTES),
+                                      DEFAULT_MAX_REPLICATION_LAG_BYTES),
+        max_wal_bytes_per_second=opt("max_wal_bytes_per_second", _int_between(1, MAX_LAG_BYTES)),
+        max_pause=opt("max_pause", _duration_between(MIN_DURATION, MAX_RUN_DURATION_LIMIT),
+                      DEFAULT_MAX_PAUSE),
+    )
+
+
+def _opt(values, key, parse, default=None, *, label=None):
+    """Parse ``values[key]`` (``None``: ``default``); errors are raised under ``label``
+    (default ``key``)."""
+    label = label or key
+    raw = values.get(key)
     if raw is None:
         return default
     if not raw.strip():
-        raise SettingsError(variable, "is set but empty; unset it to use the default"
+        raise SettingsError(label, "is set but empty; unset it to use the default"
                             if default is not None else "is set but empty")
     try:
         return parse(raw.strip())
     except SettingsError:
         raise
     except ValueError as exc:
-        raise SettingsError(variable, str(exc)) from None
+        raise SettingsError(label, str(exc)) from None
 
 
 def _int_between(low: int, high: int):

@@ -1,0 +1,2 @@
+"""The retention policies, one folder each: ``<policy>/defs.yaml`` (README, "Adding a retention
+policy")."""
