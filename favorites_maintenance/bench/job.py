@@ -3,8 +3,8 @@
 ``guest_favorites_cleanup_job`` runs through Dagster with its default (multiprocess) executor on
 an instance whose storage is a PostgreSQL database of the bench's own server, against the same
 restored data set as the other strategies. The partition and the retention days are chosen so
-that the job's cutoff is the bench's cutoff. Kept apart from :mod:`favorites_maintenance.bench`,
-which imports no Dagster.
+that the job's cutoff is the bench's cutoff. Imported only by its own purge process: the rest of
+:mod:`favorites_maintenance.bench` imports no Dagster.
 """
 
 from __future__ import annotations

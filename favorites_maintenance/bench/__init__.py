@@ -14,7 +14,8 @@ settings (retention 365 days, batch size 1000):
   WHERE id = ANY(...)`` per transaction, no keyset, while batches come back full;
 - ``A2``, ``A4``: 2 and 4 processes running ``A`` at once on the same table;
 - ``J``: ``guest_favorites_cleanup_job`` run through Dagster as users run it (the default
-  multiprocess executor, a PostgreSQL-backed instance; see :mod:`favorites_maintenance.bench_job`),
+  multiprocess executor, a PostgreSQL-backed instance; see
+  :mod:`favorites_maintenance.bench.job`),
   rated by its purge's ``durationMs`` and, apart, by the run's start to end.
 
 Each strategy's batch times are also reported per decile of the run (the p50 of the first 10 %
@@ -208,7 +209,7 @@ def _run_worker(strategy, url, cutoff, batch_size, max_run_s, start, pipe) -> di
     t0 = time.monotonic()
     extra: dict[str, Any] = {}
     if strategy == "J":
-        from favorites_maintenance.bench_job import run_job
+        from favorites_maintenance.bench.job import run_job
 
         job = run_job(sa.make_url(url), cutoff, batch_size, max_run_s)
         deleted, stop_reason = job["deleted"], job["stop_reason"]
