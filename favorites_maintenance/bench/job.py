@@ -3,8 +3,8 @@
 ``guest_favorites_cleanup_job`` runs through Dagster with its default (multiprocess) executor on
 an instance whose storage is a PostgreSQL database of the bench's own server, against the same
 restored data set as the other strategies. The partition and the retention days are chosen so
-that the job's cutoff is the bench's cutoff. Kept apart from :mod:`favorites_maintenance.bench`,
-which imports no Dagster.
+that the job's cutoff is the bench's cutoff. Imported only by its own purge process: the rest of
+:mod:`favorites_maintenance.bench` imports no Dagster.
 """
 
 from __future__ import annotations
@@ -20,6 +20,7 @@ import dagster as dg
 import sqlalchemy as sa
 from sqlalchemy.engine import URL
 
+from favorites_maintenance.bench.server import drop_database
 from favorites_maintenance.partitions import daily_partitions
 from favorites_maintenance.settings import (
     BATCH_SIZE_VAR,
@@ -68,7 +69,7 @@ def run_job(url: URL, cutoff: dt.datetime, batch_size: int, max_run_s: float) ->
     home = Path(tempfile.mkdtemp(prefix="favorites-bench-dagster-"))
     try:
         with admin.connect() as conn:
-            conn.exec_driver_sql(f'DROP DATABASE IF EXISTS "{storage_db}" WITH (FORCE)')
+            drop_database(conn, storage_db)
             conn.exec_driver_sql(f'CREATE DATABASE "{storage_db}"')
         storage = url.set(drivername="postgresql+psycopg2", database=storage_db)
         (home / "dagster.yaml").write_text(
@@ -107,6 +108,6 @@ def run_job(url: URL, cutoff: dt.datetime, batch_size: int, max_run_s: float) ->
         }
     finally:
         with admin.connect() as conn:
-            conn.exec_driver_sql(f'DROP DATABASE IF EXISTS "{storage_db}" WITH (FORCE)')
+            drop_database(conn, storage_db)
         admin.dispose()
         shutil.rmtree(home, ignore_errors=True)

@@ -1,0 +1,187 @@
+"""The bench's strategies, each deleting every prunable row its own way, and the purging child
+process that runs one worker of a strategy and reports what it did (rows, batch times, WAL,
+peak RSS)."""
+
+from __future__ import annotations
+
+import datetime as dt
+import resource
+import time
+from collections.abc import Callable
+from typing import Any
+
+import sqlalchemy as sa
+
+from favorites_maintenance.bench.server import engine_on
+from favorites_maintenance.retention.rule import delete_prunable
+from favorites_maintenance.settings import DEFAULT_BATCH_SIZE_MAX, DEFAULT_TARGET_BATCH_DURATION
+
+STRATEGIES = ("A", "B", "C", "D", "A2", "A4", "J")
+#: Not run by default, to measure what a choice of A's gives: A with ``synchronous_commit`` on;
+#: A at a fixed batch size (no target time per batch); A locking every batch's rows before
+#: deleting them (no optimistic batches).
+EXTRA_STRATEGIES = ("A_durable", "A_fixed", "A_lock_first")
+#: Workers of each strategy (A2 and A4 run A in that many processes at once).
+WORKERS = {"A": 1, "B": 1, "C": 1, "D": 1, "A2": 2, "A4": 4, "A_durable": 1, "A_fixed": 1,
+           "A_lock_first": 1,
+           "J": 1}
+
+_GUARD = "user_id IS NULL AND updated_at < %(cutoff)s"
+C_DELETE = ("DELETE FROM favorites.favorites WHERE ctid IN (SELECT favorites.ctid FROM "
+            f"favorites.favorites WHERE {_GUARD} LIMIT %(limit)s)")
+D_SELECT = (f"SELECT id FROM favorites.favorites WHERE {_GUARD} ORDER BY updated_at "
+            "LIMIT %(limit)s FOR UPDATE SKIP LOCKED")
+D_DELETE = f"DELETE FROM favorites.favorites WHERE id = ANY(%(ids)s) AND {_GUARD}"
+
+#: What a strategy's worker did: rows deleted, why it stopped, figures of its own.
+_Outcome = tuple[int, str, dict[str, Any]]
+
+
+def worker_kind(strategy: str) -> str:
+    """The strategy each worker of ``strategy`` runs (A2 and A4 run A)."""
+    return "A" if strategy in ("A2", "A4") else strategy
+
+
+def _purge_a(strategy: str, engine: sa.Engine, url: str, cutoff: dt.datetime, batch_size: int,
+             max_run_s: float, durations: list[float]) -> _Outcome:
+    from favorites_maintenance.retention.health import HealthLimits
+    from favorites_maintenance.retention.purge import purge
+
+    # As the job calls it at the default settings; A_fixed as it does with
+    # FAVORITES_GUEST_RETENTION_TARGET_BATCH_DURATION=PT0S (every batch 1000 rows).
+    adaptive = {"health": HealthLimits()} if strategy == "A_fixed" else {
+        "batch_size_max": DEFAULT_BATCH_SIZE_MAX,
+        "target_batch_duration": DEFAULT_TARGET_BATCH_DURATION, "health": HealthLimits()}
+    report = purge(engine, cutoff, batch_size=batch_size,
+                   max_run_duration=dt.timedelta(seconds=max_run_s),
+                   should_stop=lambda: False,
+                   on_batch=lambda b: durations.append(b.duration_s),
+                   **({"synchronous_commit": True} if strategy == "A_durable" else {}),
+                   **({"optimistic": False} if strategy == "A_lock_first" else {}),
+                   **adaptive)
+    return (report.deleted_total, report.stop_reason.value,
+            {"batch_size_max": report.batch_size_max, "paused_ms": report.paused_ms})
+
+
+def _one_delete_b(strategy, engine, url, cutoff, batch_size, max_run_s, durations) -> _Outcome:
+    t = time.monotonic()
+    with engine.begin() as conn:
+        deleted = conn.execute(delete_prunable(cutoff)).rowcount
+    durations.append(time.monotonic() - t)
+    return deleted, "done", {}
+
+
+def _ctid_loop_c(strategy, engine, url, cutoff, batch_size, max_run_s, durations) -> _Outcome:
+    deleted = 0
+    with engine.connect().execution_options(isolation_level="AUTOCOMMIT") as conn:
+        raw = conn.connection.driver_connection
+        while True:
+            t = time.monotonic()
+            n = raw.execute(C_DELETE, {"cutoff": cutoff, "limit": batch_size}).rowcount
+            durations.append(time.monotonic() - t)
+            deleted += n
+            if n == 0:
+                break
+    return deleted, "deleted nothing", {}
+
+
+def _skip_locked_d(strategy, engine, url, cutoff, batch_size, max_run_s, durations) -> _Outcome:
+    deleted = 0
+    with engine.connect() as conn:
+        raw = conn.connection.driver_connection
+        raw.autocommit = True  # transaction() below then issues BEGIN ... COMMIT
+        while True:
+            t = time.monotonic()
+            with raw.transaction():
+                ids = [r[0] for r in raw.execute(D_SELECT,
+                                                 {"cutoff": cutoff, "limit": batch_size})]
+                n = raw.execute(D_DELETE, {"ids": ids, "cutoff": cutoff}).rowcount if ids \
+                    else 0
+            durations.append(time.monotonic() - t)
+            deleted += n
+            if len(ids) < batch_size:
+                break
+    return deleted, "batch not full", {}
+
+
+def _job_j(strategy, engine, url, cutoff, batch_size, max_run_s, durations) -> _Outcome:
+    from favorites_maintenance.bench.job import run_job
+
+    job = run_job(sa.make_url(url), cutoff, batch_size, max_run_s)
+    return job["deleted"], job["stop_reason"], {
+        "purge_seconds": job["purge_seconds"], "run_seconds": job["run_seconds"],
+        "job_batches": job["batches"], "job_batch_max_ms": job["batch_max_ms"]}
+
+
+_WORKER: dict[str, Callable[..., _Outcome]] = {
+    "A": _purge_a, "A_durable": _purge_a, "A_fixed": _purge_a, "A_lock_first": _purge_a,
+    "B": _one_delete_b, "C": _ctid_loop_c, "D": _skip_locked_d, "J": _job_j,
+}
+
+
+def _rss_mb() -> float:
+    return round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, 1)  # KiB on Linux
+
+
+_BACKEND_WAL = sa.text("SELECT pg_backend_pid(), wal_bytes::bigint "
+                       "FROM pg_stat_get_backend_wal(pg_backend_pid())")
+
+
+def _backend_wal(conn: sa.Connection) -> tuple[int, int | None]:
+    """(pid, WAL bytes this backend generated so far), flushing its pending statistics first."""
+    try:
+        conn.execute(sa.text("SELECT pg_stat_force_next_flush()"))
+        conn.commit()  # the flush happens when the backend goes idle
+        conn.execute(sa.text("SELECT 1"))
+        conn.commit()
+        pid, wal = conn.execute(_BACKEND_WAL).one()
+        conn.commit()
+        return pid, wal
+    except sa.exc.DBAPIError:  # PostgreSQL before 18
+        conn.rollback()
+        pid = conn.execute(sa.text("SELECT pg_backend_pid()")).scalar_one()
+        conn.commit()
+        return pid, None
+
+
+def purge_child(strategy: str, url: str, cutoff: dt.datetime, batch_size: int,
+                max_run_s: float, start, pipe) -> None:
+    """Run one purge worker; send back what it did. Runs in a spawned process.
+
+    Sends ``"ready"`` once connected, waits for ``start``, then sends ``deleted``, ``durations``
+    (each batch, s), ``t0``/``t1`` (monotonic), ``stop_reason``, ``rss_mb``/``rss_before_mb``,
+    ``wal_bytes`` (the worker's own, ``None`` where the server cannot tell) and the strategy's
+    own figures; or ``{"error": ...}``.
+    """
+    try:
+        result = _run_worker(strategy, url, cutoff, batch_size, max_run_s, start, pipe)
+    except BaseException as exc:  # report, never hang the parent
+        result = {"error": f"{type(exc).__name__}: {exc}"}
+    pipe.send(result)
+    pipe.close()
+
+
+def _run_worker(strategy, url, cutoff, batch_size, max_run_s, start, pipe) -> dict:
+    if strategy not in _WORKER:
+        raise ValueError(f"unknown strategy {strategy!r}")
+    durations: list[float] = []
+    rss_before = _rss_mb()
+    with engine_on(url) as engine:
+        with engine.connect() as conn:  # the connection the purge then takes from the pool
+            pid0, wal0 = _backend_wal(conn)
+        pipe.send("ready")
+        start.wait()
+        t0 = time.monotonic()
+        deleted, stop_reason, extra = _WORKER[strategy](strategy, engine, url, cutoff,
+                                                        batch_size, max_run_s, durations)
+        t1 = time.monotonic()
+        with engine.connect() as conn:
+            pid1, wal1 = _backend_wal(conn)
+    return {
+        "deleted": deleted, "durations": durations, "t0": t0, "t1": t1,
+        "stop_reason": stop_reason, "rss_mb": _rss_mb(), "rss_before_mb": rss_before,
+        # J's purge runs in a step process of its own: only the server's total tells its WAL.
+        "wal_bytes": (wal1 - wal0) if (wal0 is not None and wal1 is not None and pid0 == pid1
+                                       and strategy != "J") else None,
+        **extra,
+    }
