@@ -66,8 +66,6 @@ MAX_LAG_BYTES = 2**40  # 1 TiB
 DRIVER = "postgresql+psycopg"
 _ACCEPTED_DRIVERS = {"postgresql", "postgres", "postgresql+psycopg"}
 
-# HH:MM:SS with hours unbounded ("48:00:00"), as the design writes durations.
-_HMS = re.compile(r"^(?P<h>\d+):(?P<m>[0-5]?\d):(?P<s>[0-5]?\d(?:\.\d+)?)$")
 _DURATION = pydantic.TypeAdapter(dt.timedelta)
 
 
@@ -356,20 +354,12 @@ def parse_duration(raw: str) -> dt.timedelta:
 
 
 def _read_duration(raw: str) -> dt.timedelta:
-    match = _HMS.match(raw)
-    if match:
-        try:
-            value = dt.timedelta(hours=int(match["h"]), minutes=int(match["m"]),
-                                 seconds=float(match["s"]))
-        except OverflowError:
-            raise ValueError(f"{raw!r} is too long a duration") from None
-    else:
-        try:
-            value = _DURATION.validate_python(raw)
-        except pydantic.ValidationError:
-            raise ValueError(f"{raw!r} is not a duration; write HH:MM:SS (e.g. 00:10:00 or "
-                             "00:00:00.2) or ISO 8601 (e.g. PT10M or PT0.2S)") from None
-    return value
+    # pydantic reads both forms: HH:MM:SS with hours unbounded ("48:00:00") and ISO 8601.
+    try:
+        return _DURATION.validate_python(raw)
+    except pydantic.ValidationError:
+        raise ValueError(f"{raw!r} is not a duration; write HH:MM:SS (e.g. 00:10:00 or "
+                         "00:00:00.2) or ISO 8601 (e.g. PT10M or PT0.2S)") from None
 
 
 def _iso(value: dt.timedelta) -> str:
