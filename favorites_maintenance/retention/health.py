@@ -42,7 +42,7 @@ import sqlalchemy as sa
 
 from favorites_maintenance.retention.errors import describe
 from favorites_maintenance.retention.rule import favorites
-from favorites_maintenance.settings import (
+from favorites_maintenance.retention.defaults import (
     DEFAULT_MAX_PAUSE,
     DEFAULT_MAX_REPLICATION_LAG_BYTES,
 )

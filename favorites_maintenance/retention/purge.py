@@ -93,11 +93,11 @@ from favorites_maintenance.retention.database import (
     DEFAULT_STATEMENT_TIMEOUT,
     limit_transaction,
 )
+from favorites_maintenance.retention.defaults import DATABASE_URL_VAR
 from favorites_maintenance.retention.errors import ErrorDescription, describe
 from favorites_maintenance.retention.health import HealthLimits, HealthMonitor, LockWatch, Outcome
 from favorites_maintenance.retention.rule import delete_prunable, favorites, prunable
 from favorites_maintenance.retention.table_check import check_table
-from favorites_maintenance.settings import DATABASE_URL_VAR
 
 log = logging.getLogger(__name__)
 
