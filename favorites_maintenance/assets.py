@@ -25,20 +25,14 @@ from pydantic import Field
 
 from favorites_maintenance.partitions import daily_partitions
 from favorites_maintenance.resources import FavoritesDatabase, GuestRetention
-from favorites_maintenance.retention.backlog import BacklogError
 from favorites_maintenance.retention.backlog import measure_backlog as count_backlog
 from favorites_maintenance.retention.database import (
     error_summary,
     is_database_error,
     transient_error_kind,
 )
-from favorites_maintenance.retention.purge import (
-    BatchError,
-    BatchResult,
-    PurgeError,
-    PurgeReport,
-    StopReason,
-)
+from favorites_maintenance.retention.errors import BacklogError, BatchError, PurgeError
+from favorites_maintenance.retention.purge import BatchResult, PurgeReport, StopReason
 from favorites_maintenance.retention.purge import purge as run_purge
 from favorites_maintenance.retention.rule import compute_cutoff as cutoff_for
 

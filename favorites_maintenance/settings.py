@@ -345,7 +345,8 @@ def parse_database_url(raw: str) -> URL:
     if not url.database:
         raise SettingsError(DATABASE_URL_VAR, f"{safe_url(url)!r} names no database")
     # Driver options in the query are checked now, not when the first run connects.
-    from favorites_maintenance.retention.database import ConnectOptionError, connect_options
+    from favorites_maintenance.retention.database import connect_options
+    from favorites_maintenance.retention.errors import ConnectOptionError
 
     try:
         connect_options(url)

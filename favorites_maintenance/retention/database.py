@@ -17,7 +17,7 @@ import sqlalchemy as sa
 from psycopg.types.datetime import DatetimeDumper, TimestamptzLoader
 from sqlalchemy.engine import URL, make_url
 
-from favorites_maintenance.retention.errors import ErrorDescription, describe
+from favorites_maintenance.retention.errors import ConnectOptionError, ErrorDescription, describe
 
 APPLICATION_NAME = "favorites-maintenance"
 
@@ -105,18 +105,6 @@ _CHOICES = {
                              "prefer-standby"},
     "gssencmode": {"disable", "prefer", "require"},
 }
-
-
-class ConnectOptionError(ValueError):
-    """An option in a database URL's query that the driver cannot take.
-
-    Attributes:
-        option: the query key at fault, e.g. ``prepare_threshold``.
-    """
-
-    def __init__(self, option: str, message: str):
-        super().__init__(f"option {option!r} {message}")
-        self.option = option
 
 
 def connect_options(url: URL | str) -> tuple[URL, dict[str, Any]]:
