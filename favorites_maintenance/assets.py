@@ -31,7 +31,12 @@ from favorites_maintenance.retention.database import (
     is_database_error,
     transient_error_kind,
 )
-from favorites_maintenance.retention.errors import BacklogError, BatchError, PurgeError
+from favorites_maintenance.retention.errors import (
+    BacklogError,
+    BatchError,
+    PurgeError,
+    RetentionError,
+)
 from favorites_maintenance.retention.purge import BatchResult, PurgeReport, StopReason
 from favorites_maintenance.retention.purge import purge as run_purge
 from favorites_maintenance.retention.rule import compute_cutoff as cutoff_for
@@ -270,7 +275,7 @@ def _core_logs_in_run_log(context: dg.OpExecutionContext):
 def _failed_database(exc: BaseException) -> str:
     """Which database an error came from, for the log: the core wraps every error of the
     favorites database in its own exceptions, so a bare driver error here is Dagster's."""
-    if not isinstance(exc, PurgeError) and is_database_error(exc):
+    if not isinstance(exc, RetentionError) and is_database_error(exc):
         return "dagster_storage"
     return "favorites"
 
