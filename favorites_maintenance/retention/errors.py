@@ -1,8 +1,8 @@
 """The errors the retention core raises, and database errors told without private data.
 
-Every exception the core raises is a :class:`RetentionError`. Its :attr:`~RetentionError.transient`
-says whether the same work may succeed if run again a little later; only a
-:class:`DatabaseError` (a database error the core caught and described) can be transient.
+Every exception the core raises is a :class:`RetentionError`. Its ``transient`` says whether
+the same work may succeed if run again a little later; only a :class:`DatabaseError` (a
+database error the core caught and described) can be transient.
 
 PostgreSQL error text is not safe to log as it comes: ``DETAIL`` and ``CONTEXT`` lines may quote
 row values (``Key (...)=(...)``, ``Failing row contains (...)``, a trigger's ``RAISE`` of
@@ -360,9 +360,9 @@ class TableCheckError(PurgeError, DatabaseError):
 
 class SkippedRowsError(PurgeError):
     """Rows the rule matches could not be deleted, and not just a few:
-    :data:`~favorites_maintenance.retention.purge.BLOCKED_AFTER` candidates in a row failed with nothing deleted between them (a whole table blocked by a
-    constraint or a trigger), or more rows failed than a run may skip. What was deleted before
-    stays deleted.
+    :data:`~favorites_maintenance.retention.purge.BLOCKED_AFTER` candidates in a row failed
+    with nothing deleted between them (a whole table blocked by a constraint or a trigger), or
+    more rows failed than a run may skip. What was deleted before stays deleted.
 
     Attributes:
         report: what the run did, ``skipped_rows`` and ``skipped_causes`` included.
