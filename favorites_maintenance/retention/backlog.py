@@ -39,7 +39,7 @@ def measure_backlog(engine: sa.Engine, cutoff: dt.datetime) -> Backlog:
 
     Raises:
         BacklogError: the database failed (described without private data).
-        ValueError: ``cutoff`` is naive.
+        InvalidArgumentError: ``cutoff`` is naive.
     """
     stmt = sa.select(sa.func.count(), sa.func.min(favorites.c.updated_at)).where(
         prunable(cutoff))

@@ -96,6 +96,7 @@ from favorites_maintenance.retention.database import (
 from favorites_maintenance.retention.errors import (
     BatchError,
     ConnectError,
+    InvalidArgumentError,
     NoProgressError,
     SkippedRowsError,
     StandbyError,
@@ -409,15 +410,15 @@ def purge(
             or more than ``max_skipped_rows`` did.
         NoProgressError: the rule matches rows no other session holds, yet the batches deleted
             none of them or far fewer than they selected.
-        ValueError: ``batch_size``, ``max_run_duration`` or ``max_skipped_rows`` out of range,
-            or a naive ``cutoff``.
+        InvalidArgumentError: ``batch_size``, ``max_run_duration`` or ``max_skipped_rows`` out
+            of range, or a naive ``cutoff``.
     """
     if batch_size <= 0:
-        raise ValueError(f"batch_size must be > 0, got {batch_size!r}")
+        raise InvalidArgumentError(f"batch_size must be > 0, got {batch_size!r}")
     if max_run_duration <= dt.timedelta(0):
-        raise ValueError(f"max_run_duration must be > 0, got {max_run_duration!r}")
+        raise InvalidArgumentError(f"max_run_duration must be > 0, got {max_run_duration!r}")
     if max_skipped_rows < 0:
-        raise ValueError(f"max_skipped_rows must be >= 0, got {max_skipped_rows!r}")
+        raise InvalidArgumentError(f"max_skipped_rows must be >= 0, got {max_skipped_rows!r}")
     next_first = _next_key_statement(cutoff, keyset=False)
     next_following = _next_key_statement(cutoff, keyset=True)
 
