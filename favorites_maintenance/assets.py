@@ -33,20 +33,19 @@ from pydantic import Field
 from favorites_maintenance.partitions import daily_partitions
 from favorites_maintenance.policy import GUEST_POLICY, Policy
 from favorites_maintenance.resources import FavoritesDatabase, RunLimits, health_limits
-from favorites_maintenance.retention.backlog import BacklogError
 from favorites_maintenance.retention.backlog import measure_backlog as count_backlog
 from favorites_maintenance.retention.database import (
     error_summary,
     is_database_error,
     transient_error_kind,
 )
-from favorites_maintenance.retention.purge import (
+from favorites_maintenance.retention.errors import (
+    BacklogError,
     BatchError,
-    BatchResult,
     PurgeError,
-    PurgeReport,
-    StopReason,
+    RetentionError,
 )
+from favorites_maintenance.retention.purge import BatchResult, PurgeReport, StopReason
 from favorites_maintenance.retention.purge import purge as run_purge
 from favorites_maintenance.retention.rule import compute_cutoff as cutoff_for
 
@@ -341,7 +340,7 @@ def _core_logs_in_run_log(context: dg.OpExecutionContext):
 def _failed_database(exc: BaseException) -> str:
     """Which database an error came from, for the log: the core wraps every error of the
     favorites database in its own exceptions, so a bare driver error here is Dagster's."""
-    if not isinstance(exc, PurgeError) and is_database_error(exc):
+    if not isinstance(exc, RetentionError) and is_database_error(exc):
         return "dagster_storage"
     return "favorites"
 

@@ -214,10 +214,10 @@ def dry_run(partition: str | None, policy_name: str) -> None:
 
     Reads FAVORITES_DATABASE_URL and the policy's settings like the job does.
     """
-    from favorites_maintenance.retention.backlog import BacklogError, measure_backlog
+    from favorites_maintenance.retention.backlog import measure_backlog
     from favorites_maintenance.retention.database import create_engine
-    from favorites_maintenance.retention.errors import describe
-    from favorites_maintenance.retention.table_check import TableShapeError, check_table
+    from favorites_maintenance.retention.errors import BacklogError, TableShapeError, describe
+    from favorites_maintenance.retention.table_check import check_table
 
     try:
         settings = load_settings()

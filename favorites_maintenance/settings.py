@@ -7,7 +7,8 @@ called when the Dagster code location loads, so a bad value stops the load with 
 names the variable and the value at fault, and no connection is ever opened with it. The database
 password never appears in a message: URLs are shown with ``***`` in its place.
 
-This module imports no Dagster: the retention core and the command line use it too.
+This module imports no Dagster: the command line uses it too. The retention core does not: the
+defaults it owns are read from :mod:`favorites_maintenance.retention.defaults`.
 """
 
 from __future__ import annotations
@@ -22,7 +23,12 @@ from croniter import CroniterBadDateError, croniter
 from sqlalchemy.engine import URL, make_url
 from sqlalchemy.exc import ArgumentError
 
-DATABASE_URL_VAR = "FAVORITES_DATABASE_URL"
+from favorites_maintenance.retention.defaults import (
+    DATABASE_URL_VAR,
+    DEFAULT_MAX_PAUSE,
+    DEFAULT_MAX_REPLICATION_LAG_BYTES,
+)
+
 RETENTION_DAYS_VAR = "FAVORITES_GUEST_RETENTION_DAYS"
 BATCH_SIZE_VAR = "FAVORITES_GUEST_RETENTION_BATCH_SIZE"
 CRON_VAR = "FAVORITES_GUEST_RETENTION_CRON"
@@ -44,10 +50,6 @@ DEFAULT_STALE_AFTER = dt.timedelta(hours=48)
 DEFAULT_BATCH_SIZE_MAX = 10_000
 #: Wall time one batch transaction aims at; 0 turns adaptation off (every batch the first size).
 DEFAULT_TARGET_BATCH_DURATION = dt.timedelta(milliseconds=200)
-#: Replication lag (bytes of WAL behind the primary) above which the purge pauses: 64 MiB.
-DEFAULT_MAX_REPLICATION_LAG_BYTES = 64 * 2**20
-#: How long the purge may stay paused on an unhealthy database before the run ends.
-DEFAULT_MAX_PAUSE = dt.timedelta(minutes=2)
 
 # Upper bounds keep every value inside what the arithmetic and the database can hold, and inside
 # what is sensible: a batch is one transaction holding row locks; a run is one daily tick.
@@ -400,7 +402,8 @@ def parse_database_url(raw: str) -> URL:
     if not url.database:
         raise SettingsError(DATABASE_URL_VAR, f"{safe_url(url)!r} names no database")
     # Driver options in the query are checked now, not when the first run connects.
-    from favorites_maintenance.retention.database import ConnectOptionError, connect_options
+    from favorites_maintenance.retention.database import connect_options
+    from favorites_maintenance.retention.errors import ConnectOptionError
 
     try:
         connect_options(url)

@@ -2,35 +2,43 @@
 
 from favorites_maintenance.retention.backlog import Backlog, measure_backlog
 from favorites_maintenance.retention.batch_size import BatchSizeController
-from favorites_maintenance.retention.health import HealthLimits, HealthMonitor, Indicator
-from favorites_maintenance.retention.purge import (
+from favorites_maintenance.retention.errors import (
+    BacklogError,
     BatchError,
-    BatchResult,
     ConnectError,
+    ConnectOptionError,
+    DatabaseError,
+    InvalidArgumentError,
     NoProgressError,
     PurgeError,
-    PurgeReport,
+    RetentionError,
     SkippedRowsError,
     StandbyError,
-    StopReason,
     TableCheckError,
-    purge,
+    TableShapeError,
 )
+from favorites_maintenance.retention.health import HealthLimits, HealthMonitor, Indicator
+from favorites_maintenance.retention.purge import BatchResult, PurgeReport, StopReason, purge
 from favorites_maintenance.retention.rule import compute_cutoff, delete_prunable, prunable
-from favorites_maintenance.retention.table_check import TableShapeError, check_table
+from favorites_maintenance.retention.table_check import check_table
 
 __all__ = [
     "Backlog",
+    "BacklogError",
     "BatchError",
     "BatchResult",
     "BatchSizeController",
     "ConnectError",
+    "ConnectOptionError",
+    "DatabaseError",
     "HealthLimits",
     "HealthMonitor",
     "Indicator",
+    "InvalidArgumentError",
     "NoProgressError",
     "PurgeError",
     "PurgeReport",
+    "RetentionError",
     "SkippedRowsError",
     "StandbyError",
     "StopReason",

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 import sqlalchemy as sa
 
 from favorites_maintenance.retention.database import limit_transaction
-from favorites_maintenance.retention.errors import ErrorDescription, describe
+from favorites_maintenance.retention.errors import BacklogError, describe
 from favorites_maintenance.retention.rule import GUEST_FAVORITES, RetentionRule
 
 
@@ -41,7 +41,7 @@ def measure_backlog(engine: sa.Engine, cutoff: dt.datetime,
 
     Raises:
         BacklogError: the database failed (described without private data).
-        ValueError: ``cutoff`` is naive.
+        InvalidArgumentError: ``cutoff`` is naive.
     """
     stmt = sa.select(sa.func.count(), sa.func.min(rule.age)).where(rule.prunable(cutoff))
     try:
@@ -52,16 +52,3 @@ def measure_backlog(engine: sa.Engine, cutoff: dt.datetime,
         raise BacklogError(describe(exc)) from None
     return Backlog(cutoff=cutoff, remaining=remaining, oldest_updated_at=oldest)
 
-
-class BacklogError(RuntimeError):
-    """The backlog could not be measured. ``error`` describes the database error without
-    private data (the driver's exception is not chained, see
-    :mod:`favorites_maintenance.retention.errors`)."""
-
-    def __init__(self, error: ErrorDescription):
-        super().__init__(f"could not measure the backlog: {error}")
-        self.error = error
-
-    @property
-    def kind(self) -> str:
-        return self.error.kind

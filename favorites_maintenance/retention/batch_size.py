@@ -32,6 +32,8 @@ from __future__ import annotations
 import datetime as dt
 import math
 
+from favorites_maintenance.retention.errors import InvalidArgumentError
+
 #: The size a change aims at, as a share of the target: below it, so that the next batch, a
 #: little slower than the last, still fits.
 AIM = 0.8
@@ -63,7 +65,7 @@ class BatchSizeController:
             (default :data:`FLOOR`).
 
     Raises:
-        ValueError: ``first`` or ``floor`` not positive.
+        InvalidArgumentError: ``first`` or ``floor`` not positive.
 
     Attributes:
         size: the next batch's size, rows.
@@ -73,9 +75,9 @@ class BatchSizeController:
 
     def __init__(self, first: int, maximum: int, target: dt.timedelta, *, floor: int = FLOOR):
         if first <= 0:
-            raise ValueError(f"first must be > 0, got {first!r}")
+            raise InvalidArgumentError(f"first must be > 0, got {first!r}")
         if floor <= 0:
-            raise ValueError(f"floor must be > 0, got {floor!r}")
+            raise InvalidArgumentError(f"floor must be > 0, got {floor!r}")
         self.first = first
         self.maximum = max(maximum, first)
         self.floor = min(floor, first)

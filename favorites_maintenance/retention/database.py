@@ -17,7 +17,7 @@ import sqlalchemy as sa
 from psycopg.types.datetime import DatetimeDumper, TimestamptzLoader
 from sqlalchemy.engine import URL, make_url
 
-from favorites_maintenance.retention.errors import ErrorDescription, describe
+from favorites_maintenance.retention.errors import ConnectOptionError, DatabaseError, describe
 
 APPLICATION_NAME = "favorites-maintenance"
 
@@ -105,18 +105,6 @@ _CHOICES = {
                              "prefer-standby"},
     "gssencmode": {"disable", "prefer", "require"},
 }
-
-
-class ConnectOptionError(ValueError):
-    """An option in a database URL's query that the driver cannot take.
-
-    Attributes:
-        option: the query key at fault, e.g. ``prepare_threshold``.
-    """
-
-    def __init__(self, option: str, message: str):
-        super().__init__(f"option {option!r} {message}")
-        self.option = option
 
 
 def connect_options(url: URL | str) -> tuple[URL, dict[str, Any]]:
@@ -276,17 +264,18 @@ def transient_error_kind(exc: BaseException) -> str | None:
     Transient (:data:`~favorites_maintenance.retention.errors.TRANSIENT_KINDS`): a lost or
     refused connection, a serialization failure, a deadlock, a lock timeout, too many
     connections. Not transient: ``statement_timeout``, a missing table or privilege, bad SQL:
-    retrying would fail the same way. The core's errors (``BatchError``, ``ConnectError``,
-    ``BacklogError``) carry their description in ``error``; raw SQLAlchemy and driver errors
-    are described on the spot.
+    retrying would fail the same way. The core's database errors
+    (:class:`~favorites_maintenance.retention.errors.DatabaseError`: ``BatchError``,
+    ``ConnectError``, ``BacklogError``, ...) say so themselves (``transient``, ``kind``); raw
+    SQLAlchemy and driver errors are described on the spot.
     """
     seen = set()
     while exc is not None and id(exc) not in seen:
         seen.add(id(exc))
-        error = getattr(exc, "error", None)
-        if not isinstance(error, ErrorDescription) and is_database_error(exc):
+        if isinstance(exc, DatabaseError):
+            return exc.kind if exc.transient else None
+        if is_database_error(exc):
             error = describe(exc)
-        if isinstance(error, ErrorDescription):
             return error.kind if error.transient else None
         exc = exc.__cause__ or exc.__context__
     return None

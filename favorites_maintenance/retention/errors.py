@@ -1,4 +1,8 @@
-"""Database errors told without private data.
+"""The errors the retention core raises, and database errors told without private data.
+
+Every exception the core raises is a :class:`RetentionError`. Its ``transient`` says whether
+the same work may succeed if run again a little later; only a :class:`DatabaseError` (a
+database error the core caught and described) can be transient.
 
 PostgreSQL error text is not safe to log as it comes: ``DETAIL`` and ``CONTEXT`` lines may quote
 row values (``Key (...)=(...)``, ``Failing row contains (...)``, a trigger's ``RAISE`` of
@@ -17,8 +21,14 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import sqlalchemy as sa
+
+from favorites_maintenance.retention.defaults import DATABASE_URL_VAR
+
+if TYPE_CHECKING:
+    from favorites_maintenance.retention.purge import PurgeReport
 
 #: SQLSTATE (or class prefix) -> kind. The server writes these messages from fixed templates
 #: that name objects (a table, a role) but never row values.
@@ -221,3 +231,160 @@ def _is_disconnect(exc: BaseException, orig: BaseException) -> bool:
 def _first_line(exc: BaseException) -> str | None:
     text = str(exc).strip()
     return text.splitlines()[0].strip() if text else None
+
+
+class RetentionError(Exception):
+    """Base of every exception the retention core raises.
+
+    Attributes:
+        transient: whether running the same work again a little later may succeed; ``False``
+            unless the error is a :class:`DatabaseError` of a transient kind.
+    """
+
+    transient: bool = False
+
+
+class InvalidArgumentError(RetentionError, ValueError):
+    """An argument out of range or of the wrong kind (e.g. ``batch_size <= 0``, a naive
+    datetime). Still a ``ValueError``, as callers validating input expect."""
+
+
+class ConnectOptionError(InvalidArgumentError):
+    """An option in a database URL's query that the driver cannot take.
+
+    Attributes:
+        option: the query key at fault, e.g. ``prepare_threshold``.
+    """
+
+    def __init__(self, option: str, message: str):
+        super().__init__(f"option {option!r} {message}")
+        self.option = option
+
+
+class DatabaseError(RetentionError):
+    """A database error the core caught, described without private data.
+
+    The driver's exception is not chained: its text may quote row values (``DETAIL``,
+    ``CONTEXT``), and whatever records this error (Dagster's event log, a traceback) would
+    record them too.
+
+    Attributes:
+        error: the description (:class:`ErrorDescription`).
+    """
+
+    def __init__(self, message: str, error: ErrorDescription):
+        super().__init__(message)
+        self.error = error
+
+    @property
+    def kind(self) -> str:
+        """The error kind, e.g. ``statement_timeout`` or ``connection_lost``."""
+        return self.error.kind
+
+    @property
+    def transient(self) -> bool:
+        """Whether the same statement may succeed if run again a little later (the kind is
+        one of :data:`TRANSIENT_KINDS`)."""
+        return self.error.transient
+
+
+class TableShapeError(RetentionError):
+    """The table does not have the shape the rule needs; nothing was deleted.
+
+    Attributes:
+        column: the column at fault (``None`` when the table itself is missing).
+    """
+
+    def __init__(self, message: str, column: str | None = None):
+        super().__init__(message)
+        self.column = column
+
+
+class BacklogError(DatabaseError):
+    """The backlog could not be measured. ``error`` describes the database error."""
+
+    def __init__(self, error: ErrorDescription):
+        super().__init__(f"could not measure the backlog: {error}", error)
+
+
+class PurgeError(RetentionError):
+    """A purge could not start or could not finish."""
+
+
+class StandbyError(PurgeError):
+    """The connection reached a hot standby (``pg_is_in_recovery()``); nothing was deleted."""
+
+
+class BatchError(PurgeError, DatabaseError):
+    """A batch transaction failed and was rolled back whole; earlier batches stay committed.
+
+    Attributes:
+        batch_no: the batch that failed (1-based).
+        report: what the run had committed before it (``stop_reason`` is that of an interrupted
+            run and meaningless here; read ``deleted_total`` and ``batches``).
+        error: the database error, described without private data.
+    """
+
+    def __init__(self, batch_no: int, report: PurgeReport, error: ErrorDescription):
+        super().__init__(f"batch {batch_no} failed and was rolled back "
+                         f"({report.deleted_total} rows in {report.batches} earlier batches stay "
+                         f"deleted): {error}", error)
+        self.batch_no = batch_no
+        self.report = report
+
+
+class ConnectError(PurgeError, DatabaseError):
+    """No usable connection to the favorites database; nothing was deleted.
+
+    Attributes:
+        error: the database error, described without private data.
+    """
+
+    def __init__(self, error: ErrorDescription):
+        super().__init__(f"could not open a session on the favorites database (check "
+                         f"{DATABASE_URL_VAR} and the server): {error}", error)
+
+
+class TableCheckError(PurgeError, DatabaseError):
+    """The table's shape could not be read before the first batch (a migration's lock held
+    past ``lock_timeout``, a lost connection); nothing was deleted.
+
+    Attributes:
+        error: the database error, described without private data.
+    """
+
+    def __init__(self, error: ErrorDescription, table: str):
+        super().__init__(f"could not read the shape of {table} before the first batch "
+                         f"(nothing deleted): {error}", error)
+
+
+class SkippedRowsError(PurgeError):
+    """Rows the rule matches could not be deleted, and not just a few:
+    :data:`~favorites_maintenance.retention.purge.BLOCKED_AFTER` candidates in a row failed
+    with nothing deleted between them (a whole table blocked by a constraint or a trigger), or
+    more rows failed than a run may skip. What was deleted before stays deleted.
+
+    Attributes:
+        report: what the run did, ``skipped_rows`` and ``skipped_causes`` included.
+    """
+
+    def __init__(self, message: str, report: PurgeReport):
+        super().__init__(message)
+        self.report = report
+
+
+class NoProgressError(PurgeError):
+    """The rule matches rows that no other session holds, yet the batches deleted none of them
+    (or far fewer than they selected): something swallows the deletes. What was deleted before
+    stays deleted.
+
+    Attributes:
+        report: what the run did.
+        causes: the mechanisms found on the table that can swallow deletes (row-level
+            security, ``BEFORE DELETE`` triggers, rules), named; empty when none is visible.
+    """
+
+    def __init__(self, message: str, report: PurgeReport, causes: tuple[str, ...]):
+        super().__init__(message)
+        self.report = report
+        self.causes = causes

@@ -40,12 +40,12 @@ from dataclasses import dataclass
 
 import sqlalchemy as sa
 
-from favorites_maintenance.retention.errors import describe
-from favorites_maintenance.retention.rule import GUEST_FAVORITES, RetentionRule
-from favorites_maintenance.settings import (
+from favorites_maintenance.retention.defaults import (
     DEFAULT_MAX_PAUSE,
     DEFAULT_MAX_REPLICATION_LAG_BYTES,
 )
+from favorites_maintenance.retention.errors import InvalidArgumentError, describe
+from favorites_maintenance.retention.rule import GUEST_FAVORITES, RetentionRule
 
 log = logging.getLogger(__name__)
 
@@ -119,13 +119,13 @@ class HealthLimits:
 
     def __post_init__(self):
         if self.max_replication_lag_bytes <= 0:
-            raise ValueError("max_replication_lag_bytes must be > 0, "
-                             f"got {self.max_replication_lag_bytes!r}")
+            raise InvalidArgumentError("max_replication_lag_bytes must be > 0, "
+                                       f"got {self.max_replication_lag_bytes!r}")
         if self.max_wal_bytes_per_second is not None and self.max_wal_bytes_per_second <= 0:
-            raise ValueError("max_wal_bytes_per_second must be > 0 or None, "
-                             f"got {self.max_wal_bytes_per_second!r}")
+            raise InvalidArgumentError("max_wal_bytes_per_second must be > 0 or None, "
+                                       f"got {self.max_wal_bytes_per_second!r}")
         if self.max_pause <= dt.timedelta(0):
-            raise ValueError(f"max_pause must be > 0, got {self.max_pause!r}")
+            raise InvalidArgumentError(f"max_pause must be > 0, got {self.max_pause!r}")
 
 
 class Outcome(enum.Enum):

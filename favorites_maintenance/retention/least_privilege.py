@@ -15,6 +15,8 @@ from importlib.resources import files
 
 import sqlalchemy as sa
 
+from favorites_maintenance.retention.errors import InvalidArgumentError
+
 SQL_RESOURCE = "least_privilege.sql"
 RLS_RESOURCE = "row_level_security.sql"
 _PLACEHOLDER = ':"role"'
@@ -24,7 +26,7 @@ def least_privilege_sql(role: str, resource: str = SQL_RESOURCE) -> str:
     """A shipped SQL file (``least_privilege.sql`` by default) with ``:"role"`` replaced by
     ``role`` quoted as an identifier."""
     if not role or "\x00" in role:
-        raise ValueError("role must be a non-empty name")
+        raise InvalidArgumentError("role must be a non-empty name")
     quoted = '"' + role.replace('"', '""') + '"'
     text = files("favorites_maintenance.retention").joinpath(resource).read_text("utf-8")
     return text.replace(_PLACEHOLDER, quoted)

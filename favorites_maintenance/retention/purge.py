@@ -95,11 +95,19 @@ from favorites_maintenance.retention.database import (
     DEFAULT_STATEMENT_TIMEOUT,
     limit_transaction,
 )
-from favorites_maintenance.retention.errors import ErrorDescription, describe
+from favorites_maintenance.retention.errors import (
+    BatchError,
+    ConnectError,
+    InvalidArgumentError,
+    NoProgressError,
+    SkippedRowsError,
+    StandbyError,
+    TableCheckError,
+    describe,
+)
 from favorites_maintenance.retention.health import HealthLimits, HealthMonitor, LockWatch, Outcome
 from favorites_maintenance.retention.rule import GUEST_FAVORITES, RetentionRule
 from favorites_maintenance.retention.table_check import check_table
-from favorites_maintenance.settings import DATABASE_URL_VAR
 
 log = logging.getLogger(__name__)
 
@@ -197,112 +205,6 @@ class PurgeReport:
     def paused_ms(self) -> int:
         """:attr:`paused_s` in whole milliseconds."""
         return round(self.paused_s * 1000)
-
-
-class PurgeError(RuntimeError):
-    """A purge could not start or could not finish."""
-
-
-class _DatabaseError(PurgeError):
-    """A purge error caused by the database, described without private data."""
-
-    def __init__(self, message: str, error: ErrorDescription):
-        super().__init__(message)
-        self.error = error
-
-    @property
-    def kind(self) -> str:
-        """The error kind, e.g. ``statement_timeout`` or ``connection_lost``."""
-        return self.error.kind
-
-    @property
-    def transient(self) -> bool:
-        """Whether the same statement may succeed if run again a little later."""
-        return self.error.transient
-
-
-class StandbyError(PurgeError):
-    """The connection reached a hot standby (``pg_is_in_recovery()``); nothing was deleted."""
-
-
-class BatchError(_DatabaseError):
-    """A batch transaction failed and was rolled back whole; earlier batches stay committed.
-
-    Attributes:
-        batch_no: the batch that failed (1-based).
-        report: what the run had committed before it (``stop_reason`` is that of an interrupted
-            run and meaningless here; read ``deleted_total`` and ``batches``).
-        error: the database error, described without private data
-            (:class:`~favorites_maintenance.retention.errors.ErrorDescription`).
-
-    The driver's exception is not chained: its text may quote row values (``DETAIL``,
-    ``CONTEXT``), and whatever records this error (Dagster's event log, a traceback) would
-    record them too.
-    """
-
-    def __init__(self, batch_no: int, report: PurgeReport, error: ErrorDescription):
-        super().__init__(f"batch {batch_no} failed and was rolled back "
-                         f"({report.deleted_total} rows in {report.batches} earlier batches stay "
-                         f"deleted): {error}", error)
-        self.batch_no = batch_no
-        self.report = report
-
-
-class ConnectError(_DatabaseError):
-    """No usable connection to the favorites database; nothing was deleted.
-
-    Attributes:
-        error: the database error, described without private data.
-    """
-
-    def __init__(self, error: ErrorDescription):
-        super().__init__(f"could not open a session on the favorites database (check "
-                         f"{DATABASE_URL_VAR} and the server): {error}", error)
-
-
-class TableCheckError(_DatabaseError):
-    """The table's shape could not be read before the first batch (a migration's lock held
-    past ``lock_timeout``, a lost connection); nothing was deleted.
-
-    Attributes:
-        error: the database error, described without private data.
-    """
-
-    def __init__(self, error: ErrorDescription, table: str = GUEST_FAVORITES.qualified_name):
-        super().__init__(f"could not read the shape of {table} "
-                         f"before the first batch (nothing deleted): {error}", error)
-
-
-class SkippedRowsError(PurgeError):
-    """Rows the rule matches could not be deleted, and not just a few: :data:`BLOCKED_AFTER`
-    candidates in a row failed with nothing deleted between them (a whole table blocked by a
-    constraint or a trigger), or more rows failed than a run may skip. What was deleted before
-    stays deleted.
-
-    Attributes:
-        report: what the run did, ``skipped_rows`` and ``skipped_causes`` included.
-    """
-
-    def __init__(self, message: str, report: PurgeReport):
-        super().__init__(message)
-        self.report = report
-
-
-class NoProgressError(PurgeError):
-    """The rule matches rows that no other session holds, yet the batches deleted none of them
-    (or far fewer than they selected): something swallows the deletes. What was deleted before
-    stays deleted.
-
-    Attributes:
-        report: what the run did.
-        causes: the mechanisms found on the table that can swallow deletes (row-level
-            security, ``BEFORE DELETE`` triggers, rules), named; empty when none is visible.
-    """
-
-    def __init__(self, message: str, report: PurgeReport, causes: tuple[str, ...]):
-        super().__init__(message)
-        self.report = report
-        self.causes = causes
 
 
 #: How many rows one run may skip before it fails instead.
@@ -511,15 +413,15 @@ def purge(
             or more than ``max_skipped_rows`` did.
         NoProgressError: the rule matches rows no other session holds, yet the batches deleted
             none of them or far fewer than they selected.
-        ValueError: ``batch_size``, ``max_run_duration`` or ``max_skipped_rows`` out of range,
-            or a naive ``cutoff``.
+        InvalidArgumentError: ``batch_size``, ``max_run_duration`` or ``max_skipped_rows`` out
+            of range, or a naive ``cutoff``.
     """
     if batch_size <= 0:
-        raise ValueError(f"batch_size must be > 0, got {batch_size!r}")
+        raise InvalidArgumentError(f"batch_size must be > 0, got {batch_size!r}")
     if max_run_duration <= dt.timedelta(0):
-        raise ValueError(f"max_run_duration must be > 0, got {max_run_duration!r}")
+        raise InvalidArgumentError(f"max_run_duration must be > 0, got {max_run_duration!r}")
     if max_skipped_rows < 0:
-        raise ValueError(f"max_skipped_rows must be >= 0, got {max_skipped_rows!r}")
+        raise InvalidArgumentError(f"max_skipped_rows must be >= 0, got {max_skipped_rows!r}")
     next_first = _next_key_statement(rule, cutoff, keyset=False)
     next_following = _next_key_statement(rule, cutoff, keyset=True)
 

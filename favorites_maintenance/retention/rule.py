@@ -17,6 +17,8 @@ from dataclasses import dataclass
 import sqlalchemy as sa
 from sqlalchemy.dialects.postgresql import TIMESTAMP
 
+from favorites_maintenance.retention.errors import InvalidArgumentError
+
 SCHEMA = "favorites"
 TABLE = "favorites"
 
@@ -26,7 +28,7 @@ _UTC = dt.timezone.utc
 _IDENTIFIER = re.compile(r"[a-z_][a-z0-9_$]{0,62}")
 
 
-class RuleError(ValueError):
+class RuleError(InvalidArgumentError):
     """A retention rule is malformed (an identifier that is not one, no guard column)."""
 
 
@@ -128,7 +130,7 @@ class RetentionRule:
             cutoff: timezone-aware instant; rows aged strictly before it are prunable.
 
         Raises:
-            ValueError: ``cutoff`` is naive.
+            InvalidArgumentError: ``cutoff`` is naive.
         """
         _require_aware(cutoff, "cutoff")
         return sa.and_(
@@ -184,11 +186,11 @@ def compute_cutoff(now: dt.datetime, retention_days: int,
         A timezone-aware UTC datetime.
 
     Raises:
-        ValueError: a naive datetime, or ``retention_days`` not > 0.
+        InvalidArgumentError: a naive datetime, or ``retention_days`` not > 0.
     """
     _require_aware(now, "now")
     if retention_days <= 0:
-        raise ValueError(f"retention_days must be > 0, got {retention_days!r}")
+        raise InvalidArgumentError(f"retention_days must be > 0, got {retention_days!r}")
     anchor = now
     if window_end is not None:
         _require_aware(window_end, "window_end")
@@ -198,4 +200,4 @@ def compute_cutoff(now: dt.datetime, retention_days: int,
 
 def _require_aware(value: dt.datetime, name: str) -> None:
     if value.tzinfo is None or value.utcoffset() is None:
-        raise ValueError(f"{name} must be a timezone-aware datetime, got naive {value!r}")
+        raise InvalidArgumentError(f"{name} must be a timezone-aware datetime, got naive {value!r}")

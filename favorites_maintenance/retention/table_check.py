@@ -26,19 +26,8 @@ from dataclasses import dataclass
 import sqlalchemy as sa
 from sqlalchemy.dialects.postgresql import DOMAIN, TIMESTAMP
 
+from favorites_maintenance.retention.errors import TableShapeError
 from favorites_maintenance.retention.rule import GUEST_FAVORITES, RetentionRule
-
-
-class TableShapeError(RuntimeError):
-    """The table does not have the shape the rule needs; nothing was deleted.
-
-    Attributes:
-        column: the column at fault (``None`` when the table itself is missing).
-    """
-
-    def __init__(self, message: str, column: str | None = None):
-        super().__init__(message)
-        self.column = column
 
 
 @dataclass(frozen=True)

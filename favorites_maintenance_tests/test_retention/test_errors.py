@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import datetime as dt
+
 import pytest
 import sqlalchemy as sa
 
@@ -10,7 +12,13 @@ from favorites_maintenance.retention.database import (
     error_summary,
     transient_error_kind,
 )
-from favorites_maintenance.retention.errors import describe
+from favorites_maintenance.retention import measure_backlog, purge
+from favorites_maintenance.retention.errors import (
+    BacklogError,
+    ConnectError,
+    RetentionError,
+    describe,
+)
 
 
 def failing(engine, sql: str) -> sa.exc.DBAPIError:
@@ -60,6 +68,25 @@ def test_an_unreachable_server_is_a_transient_connection_loss(db_url):
     with pytest.raises(sa.exc.OperationalError) as refused:
         unreachable.connect()
     assert transient_error_kind(refused.value) == "connection_lost"
+
+
+def test_the_cores_own_errors_say_whether_a_retry_may_help(db_url, engine):
+    unreachable = create_engine(db_url.set(query={"host": "/nonexistent-socket-dir"}))
+    cutoff = dt.datetime(2025, 6, 1, tzinfo=dt.timezone.utc)
+    with pytest.raises(ConnectError) as no_session:
+        purge(unreachable, cutoff, batch_size=100, max_run_duration=dt.timedelta(minutes=1))
+    with pytest.raises(BacklogError) as no_backlog:
+        measure_backlog(unreachable, cutoff)
+    for raised in (no_session.value, no_backlog.value):
+        assert isinstance(raised, RetentionError) and raised.transient
+        assert transient_error_kind(raised) == "connection_lost"
+    # A failure that would repeat on retry: the table is gone (the database is this test's).
+    with engine.begin() as conn:
+        conn.execute(sa.text("DROP TABLE favorites.favorites"))
+    with pytest.raises(BacklogError) as missing:
+        measure_backlog(engine, cutoff)
+    assert missing.value.kind == "undefined_table" and not missing.value.transient
+    assert transient_error_kind(missing.value) is None
 
 
 def test_the_engines_hide_bound_parameters_in_errors(engine):

@@ -429,7 +429,7 @@ def test_a_row_moved_to_another_partition_while_an_optimistic_delete_waits_is_le
 
 
 def test_rows_a_trigger_swallows_count_against_the_rows_a_run_may_skip(engine, rows):
-    from favorites_maintenance.retention.purge import SkippedRowsError
+    from favorites_maintenance.retention.errors import SkippedRowsError
 
     rows.add_many(1000, updated_at=OLD)
     with engine.begin() as conn:

@@ -8,6 +8,7 @@ from zoneinfo import ZoneInfo
 import pytest
 from sqlalchemy.dialects import postgresql
 
+from favorites_maintenance.retention.errors import RetentionError
 from favorites_maintenance.retention.rule import compute_cutoff, delete_prunable, prunable
 
 UTC = dt.timezone.utc
@@ -69,5 +70,7 @@ def test_days_are_24_hour_periods_across_a_leap_day():
     lambda: prunable(dt.datetime(2026, 1, 1)),
 ])
 def test_naive_datetimes_and_non_positive_days_are_refused(call):
-    with pytest.raises(ValueError):
+    # A ValueError, as argument checks are, and one of the core's errors.
+    with pytest.raises(ValueError) as raised:
         call()
+    assert isinstance(raised.value, RetentionError) and not raised.value.transient

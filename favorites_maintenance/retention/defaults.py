@@ -1,0 +1,18 @@
+"""Values the core owns and the settings layer reads from it.
+
+The core imports nothing from :mod:`favorites_maintenance.settings`: the settings take their
+defaults for the core's limits, and the name of the variable the core tells an operator to
+check, from here.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+
+#: The environment variable holding the favorites database's URL (named in error messages).
+DATABASE_URL_VAR = "FAVORITES_DATABASE_URL"
+
+#: Replication lag (bytes of WAL behind the primary) above which the purge pauses: 64 MiB.
+DEFAULT_MAX_REPLICATION_LAG_BYTES = 64 * 2**20
+#: How long the purge may stay paused on an unhealthy database before the run ends.
+DEFAULT_MAX_PAUSE = dt.timedelta(minutes=2)
