@@ -45,9 +45,11 @@ from favorites_maintenance.retention.errors import (
     PurgeError,
     RetentionError,
 )
-from favorites_maintenance.retention.purge import BatchResult, PurgeReport, StopReason
+from favorites_maintenance.retention.purge import BatchResult, StopReason
 from favorites_maintenance.retention.purge import purge as run_purge
 from favorites_maintenance.retention.rule import compute_cutoff as cutoff_for
+from favorites_maintenance.run_report import RunReport
+from favorites_maintenance.settings import PolicySettings
 
 #: The guest-favorites cleanup asset's key.
 ASSET_KEY = dg.AssetKey(list(GUEST_POLICY.asset_key_path))
@@ -126,35 +128,33 @@ def build_cleanup_asset(policy: Policy) -> dg.AssetsDefinition:
            description=f"Delete prunable rows of {rule.qualified_name} ({rule.guard_sql}) in "
                        "SKIP LOCKED batch transactions.")
     def purge(context: dg.OpExecutionContext, config: PurgeConfig, database: FavoritesDatabase,
-              retention: RunLimits, cutoff: dt.datetime) -> dict[str, Any]:
-        """Run the batched purge and return its report as a small dict for
-        ``measure_backlog`` (see :func:`run_purge_op`)."""
+              retention: RunLimits, cutoff: dt.datetime) -> RunReport:
+        """Run the batched purge and return its record for ``measure_backlog`` (see
+        :func:`run_purge_op`)."""
         return run_purge_op(context, config, database, policy, settings_of(retention),
                             asset_key, cutoff)
 
     @dg.op(name=f"{policy.name}_measure_backlog", out=dg.Out(dg.Nothing),
            description="Count what the rule still matches and record the run's metadata.")
     def measure_backlog(context: dg.OpExecutionContext, database: FavoritesDatabase,
-                        cutoff: dt.datetime, report: dict[str, Any]) -> None:
+                        cutoff: dt.datetime, report: RunReport) -> None:
         """Measure the backlog for the run's cutoff and attach the run metadata to the
         asset materialization."""
         try:
             backlog = count_backlog(database.engine, cutoff, rule)
         except BacklogError as exc:
             context.log.error(f"run failed: run_id={context.run_id} after deleting "
-                              f"{report['deletedTotal']} rows: {exc}")
+                              f"{report.deleted_total} rows: {exc}")
             # The purge's deletions are committed: report them even though the run fails.
-            context.log_event(dg.AssetObservation(asset_key=asset_key, metadata=report))
+            context.log_event(dg.AssetObservation(asset_key=asset_key,
+                                                  metadata=report.as_metadata()))
             raise
         oldest = backlog.oldest_updated_at
-        context.log.info(f"run completed: deleted_total={report['deletedTotal']} "
-                         f"batches={report['batches']} duration_ms={report['durationMs']} "
+        context.log.info(f"run completed: deleted_total={report.deleted_total} "
+                         f"batches={report.batches} duration_ms={report.duration_ms} "
                          f"backlog={backlog.remaining}")
-        context.add_output_metadata({
-            **report,
-            "backlogRemaining": backlog.remaining,
-            "backlogOldestUpdatedAt": oldest.isoformat() if oldest else "none",
-        })
+        context.add_output_metadata(report.with_backlog(
+            backlog.remaining, oldest.isoformat() if oldest else None).as_metadata())
 
     @dg.graph_asset(
         key=asset_key,
@@ -191,10 +191,11 @@ def run_cutoff(context: dg.OpExecutionContext | dg.AssetCheckExecutionContext,
 
 
 def run_purge_op(context: dg.OpExecutionContext, config: PurgeConfig,
-                 database: FavoritesDatabase, policy: Policy, settings, asset_key: dg.AssetKey,
-                 cutoff: dt.datetime) -> dict[str, Any]:
+                 database: FavoritesDatabase, policy: Policy, settings: PolicySettings,
+                 asset_key: dg.AssetKey,
+                 cutoff: dt.datetime) -> RunReport:
     """The body of a policy's purge op: the batched purge, its progress in the run's log, its
-    retries and its stop requests; returns the report as a small dict for ``measure_backlog``.
+    retries and its stop requests; returns the run's record for ``measure_backlog``.
 
     A transient database error (see :func:`~favorites_maintenance.retention.database.
     transient_error_kind`) retries the op with exponential backoff; batches committed before it
@@ -256,9 +257,7 @@ def run_purge_op(context: dg.OpExecutionContext, config: PurgeConfig,
             if deleted_before or (failed_report and failed_report.skipped_rows):
                 # Those rows stay deleted: say so, and let a retry of this op count them.
                 context.log_event(dg.AssetObservation(asset_key=asset_key, metadata={
-                    "deletedTotal": deleted_before, "batches": failed_report.batches,
-                    "skippedRows": failed_report.skipped_rows,
-                    "isolationBatches": failed_report.isolation_batches,
+                    **RunReport.of_purge(failed_report, settings).as_metadata(),
                     "failedBatch": batch_no, "attempt": context.retry_number + 1}))
             kind = transient_error_kind(exc)
             if kind is not None and context.retry_number < config.max_retries:
@@ -273,38 +272,38 @@ def run_purge_op(context: dg.OpExecutionContext, config: PurgeConfig,
         if (report.stop_reason is not StopReason.STOP_REQUESTED
                 and stop_requests.requested(read_now=True)):
             report = dataclasses.replace(report, stop_reason=StopReason.STOP_REQUESTED)
-        summary = report_metadata(report, settings)
-        earlier_deleted, earlier_batches = _committed_by_earlier_attempts(context)
-        summary["deletedTotal"] += earlier_deleted
-        summary["batches"] += earlier_batches
+        summary = RunReport.of_purge(report, settings).after(
+            _committed_by_earlier_attempts(context))
         if report.stop_reason is StopReason.STOP_REQUESTED:
             # Still inside capture_interrupts: a signal arriving now cannot cut this record short.
             stopped = (f"stopped on request after {report.batches} batches: "
                        f"{report.deleted_total} rows deleted and committed; the run ends CANCELED")
             context.log.warning(f"run {stopped} (Dagster shows this step as interrupted and the "
                                 "steps after it as not executed)")
-            context.log_event(dg.AssetObservation(asset_key=asset_key, metadata=summary))
+            context.log_event(dg.AssetObservation(asset_key=asset_key,
+                                                  metadata=summary.as_metadata()))
             raise DagsterExecutionInterruptedError(stopped)
     return summary
 
 
-def _committed_by_earlier_attempts(context: dg.OpExecutionContext) -> tuple[int, int]:
-    """Rows and batches that failed attempts of this op committed in this run (op retries).
+def _committed_by_earlier_attempts(context: dg.OpExecutionContext) -> RunReport | None:
+    """Rows and batches that failed attempts of this op committed in this run (op retries),
+    or ``None`` on the first attempt.
 
-    Each failed attempt records them as an observation with ``failedBatch``; the run's
-    ``deletedTotal`` and ``batches`` are the sum over its attempts, not the last one alone.
+    Each failed attempt records its :class:`~favorites_maintenance.run_report.RunReport` as an
+    observation with ``failedBatch``; the run's ``deletedTotal`` and ``batches`` are the sum
+    over its attempts, not the last one alone.
     """
     if context.retry_number == 0:
-        return 0, 0
-    deleted = batches = 0
+        return None
+    total = RunReport(deleted_total=0, batches=0)
     for entry in context.instance.all_logs(context.run_id,
                                            of_type=dg.DagsterEventType.ASSET_OBSERVATION):
         observation = entry.asset_observation
         if observation is None or "failedBatch" not in observation.metadata:
             continue
-        deleted += observation.metadata["deletedTotal"].value
-        batches += observation.metadata["batches"].value
-    return deleted, batches
+        total = RunReport.from_metadata(observation.metadata).after(total)
+    return total
 
 
 def _to_run_log(context: dg.OpExecutionContext, level: int, message: str) -> None:
@@ -419,29 +418,6 @@ class _StopRequests:
         self._read_failed = False
         return run is not None and run.status in (dg.DagsterRunStatus.CANCELING,
                                                   dg.DagsterRunStatus.CANCELED)
-
-
-def report_metadata(report: PurgeReport, settings) -> dict[str, Any]:
-    """The run metadata of a purge report: numbers stay numbers so the UI can plot them."""
-    return {
-        "deletedTotal": report.deleted_total,
-        "batches": report.batches,
-        "durationMs": report.duration_ms,
-        "batchMaxMs": round(report.batch_max_s * 1000, 1),
-        "cutoff": report.cutoff.isoformat(),
-        "retentionDays": settings.retention_days,
-        "batchSize": settings.batch_size,
-        "stopReason": report.stop_reason.value,
-        "skippedRows": report.skipped_rows,
-        "skippedCauses": "; ".join(report.skipped_causes) or "none",
-        "isolationBatches": report.isolation_batches,
-        # Sharing the database: the adaptive batch size and the pauses on an unhealthy one.
-        "batchSizeFirst": report.batch_size_first,
-        "batchSizeMax": report.batch_size_max,
-        "pausedMs": report.paused_ms,
-        "throttledBy": report.throttled_by or "none",
-        "healthUnreadable": "; ".join(report.health_unreadable) or "none",
-    }
 
 
 #: The guest-favorites cleanup asset with default settings (the code location builds its own

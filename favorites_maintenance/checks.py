@@ -35,6 +35,7 @@ from favorites_maintenance.partitions import daily_partitions, is_current
 from favorites_maintenance.policy import GUEST_POLICY, Policy
 from favorites_maintenance.resources import FavoritesDatabase
 from favorites_maintenance.retention.backlog import measure_backlog
+from favorites_maintenance.run_report import RunReport
 
 # Partitioned checks are a preview feature of Dagster 1.13: say it once, here, not at every load.
 warnings.filterwarnings("ignore", message="Specifying a partitions_def on an AssetCheckSpec",
@@ -135,8 +136,8 @@ def build_asset_checks(policy: Policy) -> list[dg.AssetChecksDefinition]:
         if metadata is None:
             return dg.AssetCheckResult(passed=True, severity=dg.AssetCheckSeverity.WARN,
                                        description="no materialization in this run to check")
-        skipped = metadata["skippedRows"].value if "skippedRows" in metadata else 0
-        causes = metadata["skippedCauses"].value if "skippedCauses" in metadata else "none"
+        run = RunReport.from_metadata(metadata)
+        skipped, causes = run.skipped_rows, run.skipped_causes
         return dg.AssetCheckResult(
             passed=skipped == 0,
             severity=dg.AssetCheckSeverity.WARN,
@@ -161,7 +162,7 @@ def _deleted_totals(instance: dg.DagsterInstance, asset_key: dg.AssetKey,
             mat = record.asset_materialization
             if mat is None or "deletedTotal" not in mat.metadata:
                 continue
-            value = mat.metadata["deletedTotal"].value
+            value = RunReport.from_metadata(mat.metadata).deleted_total
             if record.run_id == run_id:
                 current = value if current is None else current
             elif is_current(record.partition_key, record.timestamp):

@@ -137,6 +137,7 @@ def _run_demo(env, *, rows: int, pretend: bool, policy) -> None:
     from favorites_maintenance.retention.backlog import measure_backlog
     from favorites_maintenance.retention.database import create_engine
     from favorites_maintenance.retention.schema import create_dev_schema, drop_dev_schema
+    from favorites_maintenance.run_report import RunReport
     from favorites_maintenance.seed import seed_favorites, summarize
 
     settings = load_settings()  # FAVORITES_DATABASE_URL now points at the embedded server
@@ -183,19 +184,19 @@ def _run_demo(env, *, rows: int, pretend: bool, policy) -> None:
         _fail(f"run {result.run_id} failed; see the run in the Dagster UI "
               "(favorites-maintenance dev) or the log above")
     [materialization] = result.get_asset_materialization_events()
-    meta = {k: v.value for k, v in materialization.materialization.metadata.items()}
+    run = RunReport.from_metadata(materialization.materialization.metadata)
     _echo("")
     _echo(f"run {result.run_id} succeeded")
-    _echo(f"  rows deleted      {meta['deletedTotal']:>12,}")
-    largest = meta.get("batchSizeMax", meta["batchSize"])
-    _echo(f"  batches           {meta['batches']:>12,}  (batch size {meta['batchSize']:,}"
-          + (f" first, {largest:,} largest)" if largest != meta["batchSize"] else ")"))
-    _echo(f"  duration          {meta['durationMs']:>12,} ms")
-    _echo(f"  backlog remaining {meta['backlogRemaining']:>12,}  (stop reason: "
-          f"{meta['stopReason']})")
-    if meta.get("throttledBy", "none") != "none":
+    _echo(f"  rows deleted      {run.deleted_total:>12,}")
+    largest = run.batch_size_max or run.batch_size
+    _echo(f"  batches           {run.batches:>12,}  (batch size {run.batch_size:,}"
+          + (f" first, {largest:,} largest)" if largest != run.batch_size else ")"))
+    _echo(f"  duration          {run.duration_ms:>12,} ms")
+    _echo(f"  backlog remaining {run.backlog_remaining:>12,}  (stop reason: "
+          f"{run.stop_reason})")
+    if run.throttled_by != "none":
         # db_unhealthy is a success: the backlog waits for the next run.
-        _echo(f"  paused            {meta['pausedMs']:>12,} ms  ({meta['throttledBy']})")
+        _echo(f"  paused            {run.paused_ms:>12,} ms  ({run.throttled_by})")
     if after is None:
         return
     _echo(f"  guest rows        {before.guest_rows:>12,} -> {after.guest_rows:,}")
