@@ -19,7 +19,6 @@ import logging
 import math
 import threading
 import time
-from typing import Any
 
 import dagster as dg
 from dagster._core.errors import DagsterExecutionInterruptedError
