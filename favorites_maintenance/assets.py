@@ -262,7 +262,8 @@ def run_purge_op(context: dg.OpExecutionContext, config: PurgeConfig,
             if kind is not None and context.retry_number < config.max_retries:
                 wait = config.retry_delay_seconds * 2 ** context.retry_number
                 context.log.warning(f"transient database error ({kind}); retry "
-                                    f"{context.retry_number + 1}/{config.max_retries} in {wait:g} s")
+                                    f"{context.retry_number + 1}/{config.max_retries} "
+                                    f"in {wait:g} s")
                 raise dg.RetryRequested(max_retries=config.max_retries,
                                         seconds_to_wait=wait) from exc
             raise

@@ -5,9 +5,10 @@ the policies. The job deletes rows for good, so what it deletes is decided by th
 alone: :func:`deployed_database` serves the database as the code location's environment gives
 it, each policy's rule and retention days are its ``defs.yaml``, and a run's config (the
 launchpad, a re-execution, ``execute_in_process``) may set only the run limits
-(:func:`deployed_retention`), within the same bounds as the policy's own values. Anything else is refused when the run is launched,
-before a run exists, with a message naming the variable that configures it. The database URL
-reaches Dagster only as an ``EnvVar``, so the UI and the run config never show it.
+(:func:`deployed_retention`), within the same bounds as the policy's own values. Anything else
+is refused when the run is launched, before a run exists, with a message naming the variable
+that configures it. The database URL reaches Dagster only as an ``EnvVar``, so the UI and the
+run config never show it.
 """
 
 from __future__ import annotations

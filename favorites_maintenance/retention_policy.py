@@ -12,10 +12,11 @@ One folder per policy, ``favorites_maintenance/defs/<policy>/defs.yaml``::
       retention_days: 30                # optional, like every field below
       cron: "{{ env.CARTS_CLEANUP_CRON }}"
 
-The component builds everything the policy runs (:func:`build_policy_defs`). Each optional field defaults as the guest-favorites policy does; a value may
-come from the environment through the component's templating (``"{{ env.X }}"``: an unset
-variable is the default, an empty one an error naming the variable). Identifiers reach SQL only
-as SQLAlchemy ``Table``/``Column`` objects, never formatted into a statement.
+The component builds everything the policy runs (:func:`build_policy_defs`). Each optional field
+defaults as the guest-favorites policy does; a value may come from the environment through the
+component's templating (``"{{ env.X }}"``: an unset variable is the default, an empty one an
+error naming the variable). Identifiers reach SQL only as SQLAlchemy ``Table``/``Column``
+objects, never formatted into a statement.
 
 Errors, at load (the code location does not load):
 

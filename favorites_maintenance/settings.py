@@ -223,7 +223,8 @@ def parse_policy_settings(values: Mapping[str, str | int | None],
     elif batch_size_max < batch_size:
         raise SettingsError(labels.get("batch_size_max", "batch_size_max"),
                             f"'{batch_size_max}' is below {labels.get('batch_size', 'batch_size')} "
-                            f"({batch_size}), the first batch's size; the max must be at least that")
+                            f"({batch_size}), the first batch's size; the max must be at least "
+                            "that")
     return PolicySettings(
         retention_days=opt("retention_days", _int_between(1, MAX_RETENTION_DAYS),
                            DEFAULT_RETENTION_DAYS),

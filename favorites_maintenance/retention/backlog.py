@@ -23,7 +23,8 @@ class Backlog:
     Attributes:
         cutoff: the UTC instant the rows are older than.
         remaining: how many rows the rule matches (exact count).
-        oldest_updated_at: the age column (``updated_at``) of the oldest of them, or ``None`` when there is none.
+        oldest_updated_at: the age column (``updated_at``) of the oldest of them, or ``None``
+            when there is none.
     """
 
     cutoff: dt.datetime

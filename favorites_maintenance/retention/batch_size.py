@@ -12,8 +12,9 @@ moves the size toward a target wall time per batch, after every batch:
   page run) cannot jump the size to the max;
 - in between, the size stays: a band, so the size does not oscillate around the target;
 - a batch that grew, took a good part of the target (:data:`JUDGE_FROM`) and deleted at a
-  clearly lower rate than the batch before it (below :data:`WORSE_RATE` of it) goes back to the size before (or smaller, if it was over the target
-  and the rule above asks for less), which becomes a ceiling for the next
+  clearly lower rate than the batch before it (below :data:`WORSE_RATE` of it) goes back to
+  the size before (or smaller, if it was over the target and the rule above asks for less),
+  which becomes a ceiling for the next
   :data:`CEILING_BATCHES` batches: past some size the planner may reach the batch's rows by
   scanning every prunable row instead of by address, and a larger batch, though still under
   the target, then deletes fewer rows a second;
