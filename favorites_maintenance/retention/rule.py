@@ -32,7 +32,7 @@ class RuleError(InvalidArgumentError):
     """A retention rule is malformed (an identifier that is not one, no guard column)."""
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, eq=False)
 class RetentionRule:
     """Which rows of one table are prunable: every guard column NULL and the age column older
     than the cutoff::
@@ -96,6 +96,18 @@ class RetentionRule:
         )
         return cls(table=t, key=t.c[key_column], age=t.c[age_column],
                    guards=tuple(t.c[c] for c in null_columns))
+
+    def _names(self) -> tuple:
+        return (self.table.schema, self.table.name, self.key.name, self.age.name,
+                tuple(c.name for c in self.guards))
+
+    def __eq__(self, other: object) -> bool:
+        # Two rules built from the same names are the same rule (Table objects compare by
+        # identity).
+        return isinstance(other, RetentionRule) and self._names() == other._names()
+
+    def __hash__(self) -> int:
+        return hash(self._names())
 
     @property
     def qualified_name(self) -> str:
