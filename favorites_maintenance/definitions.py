@@ -9,6 +9,7 @@ read and validated when this module is imported, i.e. when the code location loa
 
 from __future__ import annotations
 
+import dataclasses
 import warnings
 from collections.abc import Sequence
 from pathlib import Path
@@ -62,8 +63,7 @@ def build_defs(settings: Settings, policies: Sequence[Policy] | None = None) -> 
         PolicyError: two policies of one name.
     """
     if policies is None:
-        policies = [Policy(GUEST_POLICY.name, GUEST_POLICY.rule, settings.policy_settings(),
-                           labels=GUEST_POLICY.labels)]
+        policies = [dataclasses.replace(GUEST_POLICY, settings=settings.policy_settings())]
     _require_unique(policies)
     return dg.Definitions.merge(
         *(build_policy_defs(p) for p in policies),
