@@ -451,6 +451,9 @@ def parse_pushgateway_url(raw: str) -> str:
         parts.port  # a port that is not a number raises ValueError
     except ValueError:
         raise refuse("is not a valid URL; expected http(s)://host:9091") from None
+    if not parts.netloc:
+        # "user:password@host:9091" parses as a scheme and a path: echo nothing of it.
+        raise refuse("is not an http(s) URL with a host; expected http(s)://host:9091")
     if parts.scheme not in ("http", "https") or not parts.hostname:
         raise refuse(f"{safe_http_url(raw)!r} is not an http(s) URL with a host; expected "
                      "http(s)://host:9091")
@@ -463,12 +466,14 @@ def parse_pushgateway_url(raw: str) -> str:
 
 def safe_http_url(raw: str) -> str:
     """``raw`` (an http(s) URL) without its user, password, query and fragment: fit for logs and
-    messages. Text that is not a URL comes back as ``<unparseable URL>``."""
+    messages. Text that is not a URL with a host comes back as ``<unparseable URL>``."""
     try:
         parts = urlsplit(raw)
         host = parts.hostname or ""
         port = parts.port
     except ValueError:
+        return "<unparseable URL>"
+    if not parts.netloc:
         return "<unparseable URL>"
     if ":" in host:  # an IPv6 address
         host = f"[{host}]"
