@@ -12,7 +12,6 @@ from __future__ import annotations
 import os
 import pwd
 import shutil
-import signal
 import subprocess
 import tempfile
 import time
@@ -22,7 +21,7 @@ import psycopg
 import sqlalchemy as sa
 
 from favorites_maintenance_tests.dev_stack import free_port
-from favorites_maintenance_tests.system_packages import missing
+from favorites_maintenance_tests.system_packages import missing, stop_process
 
 INSTALL_HINT = "apt-get install -y pgbouncer"
 
@@ -127,13 +126,7 @@ class PgBouncer:
         remove its folder; idempotent."""
         proc, self._proc = self._proc, None
         if proc is not None:
-            if proc.poll() is None:
-                os.kill(proc.pid, signal.SIGTERM)
-                try:
-                    proc.wait(timeout)
-                except subprocess.TimeoutExpired:
-                    os.kill(proc.pid, signal.SIGKILL)
-                    proc.wait(timeout)
+            stop_process(proc, timeout)
         if self._log is not None:
             self._log.close()
             self._log = None
