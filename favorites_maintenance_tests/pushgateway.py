@@ -7,17 +7,12 @@ by its pid.
 
 from __future__ import annotations
 
-import shutil
-import subprocess
-import tempfile
 import time
-from pathlib import Path
 
 import requests
 from prometheus_client.parser import text_string_to_metric_families
 
-from favorites_maintenance_tests.dev_stack import free_port
-from favorites_maintenance_tests.system_packages import require_program, stop_process
+from favorites_maintenance_tests.system_packages import ServerProcess, require_program
 
 INSTALL_HINT = "apt-get install -y prometheus-pushgateway"
 
@@ -28,77 +23,23 @@ def require_pushgateway() -> str:
     return require_program("prometheus-pushgateway", INSTALL_HINT)
 
 
-class Pushgateway:
-    """One Pushgateway process on 127.0.0.1.
+class Pushgateway(ServerProcess):
+    """One Pushgateway process on 127.0.0.1, keeping what is pushed in memory only.
 
     Args:
         binary: the ``prometheus-pushgateway`` executable (see :func:`require_pushgateway`).
     """
 
-    def __init__(self, binary: str):
-        self.binary = binary
-        self.port: int | None = None
-        self.folder: Path | None = None
-        self._proc: subprocess.Popen | None = None
-        self._log = None
+    name = "pushgateway"
 
     @property
     def url(self) -> str:
         """Base URL, ``http://127.0.0.1:PORT``."""
         return f"http://127.0.0.1:{self.port}"
 
-    def log_text(self) -> str:
-        if self.folder is None or not (self.folder / "pushgateway.log").exists():
-            return ""
-        return (self.folder / "pushgateway.log").read_text(errors="replace")
-
-    def start(self, timeout: float = 10.0) -> "Pushgateway":
-        """Start the gateway and wait until ``/-/ready`` answers.
-
-        Raises:
-            RuntimeError: it exited, or was not ready within ``timeout`` seconds; the message
-                ends with its log.
-        """
-        attempts = 3  # another process may take the free port before the gateway binds it
-        while True:
-            attempts -= 1
-            self.folder = Path(tempfile.mkdtemp(prefix="favorites-pushgateway-"))
-            self.port = free_port()
-            self._log = open(self.folder / "pushgateway.log", "ab")
-            self._proc = subprocess.Popen(
-                [self.binary, f"--web.listen-address=127.0.0.1:{self.port}",
-                 "--persistence.file=", "--log.level=warn"],
-                stdin=subprocess.DEVNULL, stdout=self._log, stderr=subprocess.STDOUT,
-                cwd=self.folder)
-            try:
-                self._wait_until_ready(timeout)
-                return self
-            except RuntimeError:
-                port_taken = "address already in use" in self.log_text().lower()
-                self.stop()
-                if not port_taken or not attempts:
-                    raise
-            except BaseException:
-                self.stop()
-                raise
-
-    def stop(self) -> None:
-        """Stop the gateway by its pid and remove its folder; idempotent."""
-        proc, self._proc = self._proc, None
-        if proc is not None:
-            stop_process(proc)
-        if self._log is not None:
-            self._log.close()
-            self._log = None
-        if self.folder is not None:
-            shutil.rmtree(self.folder, ignore_errors=True)
-            self.folder = None
-
-    def __enter__(self) -> "Pushgateway":
-        return self.start()
-
-    def __exit__(self, *exc) -> None:
-        self.stop()
+    def _command(self) -> list[str]:
+        return [self.binary, f"--web.listen-address=127.0.0.1:{self.port}",
+                "--persistence.file=", "--log.level=warn"]
 
     def series(self, job: str) -> dict[str, tuple[dict[str, str], float]]:
         """What ``/metrics`` serves for the group of ``job``: metric name -> (labels, value).
@@ -116,7 +57,7 @@ class Pushgateway:
                     found[sample.name] = (sample.labels, sample.value)
         return found
 
-    def _wait_until_ready(self, timeout: float) -> None:
+    def _wait_until_serving(self, timeout: float) -> None:
         deadline = time.monotonic() + timeout
         last: Exception | None = None
         while time.monotonic() < deadline:
