@@ -31,7 +31,12 @@ from pydantic import Field
 
 from favorites_maintenance.partitions import daily_partitions
 from favorites_maintenance.policy import GUEST_POLICY, Policy
-from favorites_maintenance.resources import FavoritesDatabase, RunLimits, health_limits
+from favorites_maintenance.resources import (
+    FavoritesDatabase,
+    MetricsPush,
+    RunLimits,
+    health_limits,
+)
 from favorites_maintenance.retention.backlog import measure_backlog as count_backlog
 from favorites_maintenance.retention.database import (
     error_summary,
@@ -127,18 +132,18 @@ def build_cleanup_asset(policy: Policy) -> dg.AssetsDefinition:
            description=f"Delete prunable rows of {rule.qualified_name} ({rule.guard_sql}) in "
                        "SKIP LOCKED batch transactions.")
     def purge(context: dg.OpExecutionContext, config: PurgeConfig, database: FavoritesDatabase,
-              retention: RunLimits, cutoff: dt.datetime) -> RunReport:
+              retention: RunLimits, metrics: MetricsPush, cutoff: dt.datetime) -> RunReport:
         """Run the batched purge and return its record for ``measure_backlog`` (see
         :func:`run_purge_op`)."""
         return run_purge_op(context, config, database, policy, settings_of(retention),
-                            asset_key, cutoff)
+                            asset_key, cutoff, metrics=metrics)
 
     @dg.op(name=f"{policy.name}_measure_backlog", out=dg.Out(dg.Nothing),
            description="Count what the rule still matches and record the run's metadata.")
     def measure_backlog(context: dg.OpExecutionContext, database: FavoritesDatabase,
-                        cutoff: dt.datetime, report: RunReport) -> None:
-        """Measure the backlog for the run's cutoff and attach the run metadata to the
-        asset materialization."""
+                        metrics: MetricsPush, cutoff: dt.datetime, report: RunReport) -> None:
+        """Measure the backlog for the run's cutoff, attach the run metadata to the asset
+        materialization and push the run's gauges (failed or not)."""
         try:
             backlog = count_backlog(database.engine, cutoff, rule)
         except BacklogError as exc:
@@ -147,13 +152,15 @@ def build_cleanup_asset(policy: Policy) -> dg.AssetsDefinition:
             # The purge's deletions are committed: report them even though the run fails.
             context.log_event(dg.AssetObservation(asset_key=asset_key,
                                                   metadata=report.as_metadata()))
+            metrics.push_run(context, policy, report, succeeded=False)
             raise
         oldest = backlog.oldest_updated_at
         context.log.info(f"run completed: deleted_total={report.deleted_total} "
                          f"batches={report.batches} duration_ms={report.duration_ms} "
                          f"backlog={backlog.remaining}")
-        context.add_output_metadata(report.with_backlog(
-            backlog.remaining, oldest.isoformat() if oldest else None).as_metadata())
+        report = report.with_backlog(backlog.remaining, oldest.isoformat() if oldest else None)
+        context.add_output_metadata(report.as_metadata())
+        metrics.push_run(context, policy, report, succeeded=True)
 
     @dg.graph_asset(
         key=asset_key,
@@ -192,7 +199,7 @@ def run_cutoff(context: dg.OpExecutionContext | dg.AssetCheckExecutionContext,
 def run_purge_op(context: dg.OpExecutionContext, config: PurgeConfig,
                  database: FavoritesDatabase, policy: Policy, settings: PolicySettings,
                  asset_key: dg.AssetKey,
-                 cutoff: dt.datetime) -> RunReport:
+                 cutoff: dt.datetime, metrics: MetricsPush | None = None) -> RunReport:
     """The body of a policy's purge op: the batched purge, its progress in the run's log, its
     retries and its stop requests; returns the run's record for ``measure_backlog``.
 
@@ -208,6 +215,9 @@ def run_purge_op(context: dg.OpExecutionContext, config: PurgeConfig,
     the open batch commits, no batch starts after the request, and the op then raises
     Dagster's interruption so the run ends CANCELED rather than SUCCESS. What was deleted
     before the stop is recorded as an asset observation.
+
+    A failure that ends the run (no retry left) and a stop push the run's gauges to
+    ``metrics``, if given, with ``last_run_success`` 0.
 
     Raises:
         BatchError: a batch failed and was rolled back (not transient, or out of retries).
@@ -250,6 +260,7 @@ def run_purge_op(context: dg.OpExecutionContext, config: PurgeConfig,
             failed_report = getattr(exc, "report", None) if isinstance(exc, PurgeError) else None
             batch_no = exc.batch_no if isinstance(exc, BatchError) else 0
             deleted_before = failed_report.deleted_total if failed_report else 0
+            earlier = _committed_by_earlier_attempts(context)  # before this attempt's record
             context.log.error(f"run failed: run_id={context.run_id} policy={policy.name} "
                               f"batch_no={batch_no} deleted_before={deleted_before} "
                               f"database={_failed_database(exc)} error={error_summary(exc)}")
@@ -266,6 +277,10 @@ def run_purge_op(context: dg.OpExecutionContext, config: PurgeConfig,
                                     f"in {wait:g} s")
                 raise dg.RetryRequested(max_retries=config.max_retries,
                                         seconds_to_wait=wait) from exc
+            if metrics is not None:
+                this = (RunReport.of_purge(failed_report, settings) if failed_report
+                        else RunReport(deleted_total=0, batches=0))
+                metrics.push_run(context, policy, this.after(earlier), succeeded=False)
             raise
         # A request that arrived during the last batch is still a request: the flag is only
         # visible inside capture_interrupts, which resets it on exit.
@@ -282,6 +297,8 @@ def run_purge_op(context: dg.OpExecutionContext, config: PurgeConfig,
                                 "steps after it as not executed)")
             context.log_event(dg.AssetObservation(asset_key=asset_key,
                                                   metadata=summary.as_metadata()))
+            if metrics is not None:
+                metrics.push_run(context, policy, summary, succeeded=False)
             raise DagsterExecutionInterruptedError(stopped)
     return summary
 

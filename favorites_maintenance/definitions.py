@@ -9,6 +9,7 @@ read and validated when this module is imported, i.e. when the code location loa
 
 from __future__ import annotations
 
+import dataclasses
 import warnings
 from collections.abc import Sequence
 from pathlib import Path
@@ -19,12 +20,14 @@ from favorites_maintenance import defs as defs_folder
 from favorites_maintenance.policy import GUEST_POLICY, Policy, PolicyError
 from favorites_maintenance.resources import (
     AlertSink,
+    MetricsPush,
     deployed_database,
     deployed_retention,
 )
 from favorites_maintenance.retention_policy import RetentionPolicy, build_policy_defs
 from favorites_maintenance.settings import (
     ALERT_WEBHOOK_URL_VAR,
+    METRICS_PUSHGATEWAY_URL_VAR,
     Settings,
     load_settings,
 )
@@ -32,9 +35,9 @@ from favorites_maintenance.settings import (
 
 def build_resources(settings: Settings, policies: Sequence[Policy]) -> dict[str, object]:
     """The resources every policy shares: ``database``, ``retention`` (the run limits a launch
-    may set) and ``alerts``.
+    may set), ``alerts`` and ``metrics`` (the Pushgateway each run pushes its gauges to).
 
-    The database and webhook URLs are passed as ``dg.EnvVar`` so they are read at run time and
+    The database, webhook and Pushgateway URLs are passed as ``dg.EnvVar`` so they are read at run time and
     never shown in the UI; ``settings`` only proves them valid (an absent database URL fails the
     run, naming the variable). A run's config may set the run limits and nothing else (see
     :func:`~favorites_maintenance.resources.deployed_retention`).
@@ -46,6 +49,9 @@ def build_resources(settings: Settings, policies: Sequence[Policy]) -> dict[str,
         # The webhook URL holds a token: pass it by reference, only when it is set.
         "alerts": AlertSink(webhook_url=dg.EnvVar(ALERT_WEBHOOK_URL_VAR)
                             if settings.alert_webhook_url else None),
+        # The gateway URL may hold a user and password: by reference too.
+        "metrics": MetricsPush(gateway_url=dg.EnvVar(METRICS_PUSHGATEWAY_URL_VAR)
+                               if settings.metrics_pushgateway_url else None),
     }
 
 
@@ -62,8 +68,7 @@ def build_defs(settings: Settings, policies: Sequence[Policy] | None = None) -> 
         PolicyError: two policies of one name.
     """
     if policies is None:
-        policies = [Policy(GUEST_POLICY.name, GUEST_POLICY.rule, settings.policy_settings(),
-                           labels=GUEST_POLICY.labels)]
+        policies = [dataclasses.replace(GUEST_POLICY, settings=settings.policy_settings())]
     _require_unique(policies)
     return dg.Definitions.merge(
         *(build_policy_defs(p) for p in policies),

@@ -13,6 +13,7 @@ staleness sensor                  ``<name>_cleanup_stale_sensor``
 run-failure sensor                ``<name>_cleanup_failure_sensor``
 tick-failure sensor               ``<name>_cleanup_tick_failure_sensor``
 concurrency pool                  ``<name>_cleanup``
+Prometheus metric names           ``<metrics_prefix>_*`` (default ``<name>_cleanup_*``)
 ================================  ============================================
 
 This module imports no Dagster: the command line uses it too.
@@ -46,21 +47,31 @@ class Policy:
         settings: retention days, batch size, schedule and limits.
         labels: field of :class:`~favorites_maintenance.settings.PolicySettings` -> what
             messages call it (the variable it was read from, or ``policy P, field F``).
+        metrics_prefix: what the names of the policy's Prometheus gauges start with
+            (``<metrics_prefix>_deleted_rows``, ...); ``None`` (the default) is ``<name>_cleanup``.
 
     Raises:
-        PolicyError: ``name`` is not snake_case or is too long.
+        PolicyError: ``name`` is not snake_case or is too long; ``metrics_prefix`` is not
+            snake_case.
     """
 
     name: str
     rule: RetentionRule
     settings: PolicySettings = field(default_factory=PolicySettings)
     labels: dict[str, str] = field(default_factory=dict, compare=False)
+    metrics_prefix: str | None = None
 
     def __post_init__(self):
         if not isinstance(self.name, str) or not _NAME.fullmatch(self.name) \
                 or len(self.name) > _MAX_NAME:
             raise PolicyError(f"policy {self.name!r}: name must be snake_case (a-z, 0-9, single "
                               f"underscores, a letter first), at most {_MAX_NAME} characters")
+        if self.metrics_prefix is None:
+            object.__setattr__(self, "metrics_prefix", self.cleanup)
+        elif not isinstance(self.metrics_prefix, str) or not _NAME.fullmatch(self.metrics_prefix):
+            # Snake case is a valid Prometheus metric name and the convention for one.
+            raise PolicyError(f"policy {self.name!r}: metrics_prefix {self.metrics_prefix!r} "
+                              "must be snake_case (a-z, 0-9, single underscores, a letter first)")
 
     def label(self, setting: str) -> str:
         """What a message calls ``setting``: its variable, or ``policy <name>, <setting>``."""
@@ -104,4 +115,5 @@ class Policy:
 
 #: The guest-favorites policy with default settings, as ``defs/guest_favorites/defs.yaml``
 #: declares it when no ``FAVORITES_GUEST_RETENTION_*`` variable is set.
-GUEST_POLICY = Policy("guest_favorites", GUEST_FAVORITES, labels=dict(GUEST_VARIABLES))
+GUEST_POLICY = Policy("guest_favorites", GUEST_FAVORITES, labels=dict(GUEST_VARIABLES),
+                      metrics_prefix="favorites_guest_cleanup")

@@ -1,6 +1,6 @@
-"""Resources: the favorites database, the run limits and the alert sink.
+"""Resources: the favorites database, the run limits, the alert sink and the metrics push.
 
-All three are built in :mod:`favorites_maintenance.definitions`, from the validated settings and
+All four are built in :mod:`favorites_maintenance.definitions`, from the validated settings and
 the policies. The job deletes rows for good, so what it deletes is decided by the deployment
 alone: :func:`deployed_database` serves the database as the code location's environment gives
 it, each policy's rule and retention days are its ``defs.yaml``, and a run's config (the
@@ -25,9 +25,11 @@ import requests
 import sqlalchemy as sa
 from pydantic import Field, PrivateAttr
 
+from favorites_maintenance import metrics
 from favorites_maintenance.retention.database import create_engine
 from favorites_maintenance.retention.health import HealthLimits
 from favorites_maintenance.policy import Policy
+from favorites_maintenance.run_report import RunReport
 from favorites_maintenance.settings import (
     DATABASE_URL_VAR,
     MAX_BATCH_SIZE,
@@ -269,3 +271,26 @@ class AlertSink(dg.ConfigurableResource):
             if attempt < self.attempts:
                 time.sleep(attempt)
         return False
+
+
+class MetricsPush(dg.ConfigurableResource):
+    """Where a cleanup run's gauges go when it ends: a Prometheus Pushgateway, when one is
+    configured (see :mod:`favorites_maintenance.metrics`); otherwise nowhere.
+
+    Attributes:
+        gateway_url: optional ``http(s)://[user:password@]host[:port]``; it may hold
+            credentials, so pass it as ``dg.EnvVar("FAVORITES_METRICS_PUSHGATEWAY_URL")``.
+            Never logged with them.
+        timeout_seconds: how long one push may take, in seconds.
+    """
+
+    gateway_url: str | None = None
+    timeout_seconds: float = metrics.PUSH_TIMEOUT_S
+
+    def push_run(self, context: dg.OpExecutionContext, policy: Policy, report: RunReport, *,
+                 succeeded: bool) -> None:
+        """Push the gauges of the run of ``context`` (``succeeded``: it ends SUCCESS). Never
+        raises: a failed push is a warning in the run's log, without the URL's credentials."""
+        if self.gateway_url:
+            metrics.push_run(self.gateway_url, policy, report, succeeded=succeeded,
+                             timeout=self.timeout_seconds, log=context.log)

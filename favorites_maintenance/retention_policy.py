@@ -83,6 +83,8 @@ class RetentionPolicy(dg.Component, dg.Resolvable, dg.Model):
         batch_size_max, target_batch_duration, max_replication_lag_bytes,
         max_wal_bytes_per_second, max_pause: how the purge shares the database (README,
             "Sharing the database"); defaults as the guest-favorites policy.
+        metrics_prefix: snake_case start of the names of the gauges each run pushes to a
+            Prometheus Pushgateway (README, "Metrics"); default ``<name>_cleanup``.
     """
 
     model_config = ConfigDict(extra="forbid")
@@ -102,6 +104,8 @@ class RetentionPolicy(dg.Component, dg.Resolvable, dg.Model):
     max_replication_lag_bytes: Value = None
     max_wal_bytes_per_second: Value = None
     max_pause: Value = None
+    metrics_prefix: str | None = Field(default=None, description="start of the Prometheus "
+                                       "gauges' names (default <name>_cleanup)")
     _variables: dict[str, str] = PrivateAttr(default_factory=dict)
 
     @classmethod
@@ -138,7 +142,8 @@ class RetentionPolicy(dg.Component, dg.Resolvable, dg.Model):
         settings = parse_policy_settings(
             {key: getattr(self, key) for key in GUEST_VARIABLES}, labels)
         return Policy(self.name, rule, settings, labels={k: v for k, v in labels.items()
-                                                         if k in variables})
+                                                         if k in variables},
+                      metrics_prefix=self.metrics_prefix)
 
     def build_defs(self, context: dg.ComponentLoadContext) -> dg.Definitions:
         """The policy's asset, checks, job, schedule and sensors (no resources: the code

@@ -17,6 +17,7 @@ import datetime as dt
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field, fields
+from urllib.parse import urlsplit, urlunsplit
 
 import pydantic
 from croniter import CroniterBadDateError, croniter
@@ -40,6 +41,7 @@ MAX_REPLICATION_LAG_BYTES_VAR = "FAVORITES_GUEST_RETENTION_MAX_REPLICATION_LAG_B
 MAX_WAL_BYTES_PER_SECOND_VAR = "FAVORITES_GUEST_RETENTION_MAX_WAL_BYTES_PER_SECOND"
 MAX_PAUSE_VAR = "FAVORITES_GUEST_RETENTION_MAX_PAUSE"
 ALERT_WEBHOOK_URL_VAR = "FAVORITES_ALERT_WEBHOOK_URL"
+METRICS_PUSHGATEWAY_URL_VAR = "FAVORITES_METRICS_PUSHGATEWAY_URL"
 
 DEFAULT_RETENTION_DAYS = 365
 DEFAULT_BATCH_SIZE = 1000
@@ -137,10 +139,14 @@ class Settings(PolicySettings):
             (the command line then starts the embedded server). Never log it: use
             :attr:`database_url_safe`.
         alert_webhook_url: optional Slack-compatible webhook for alerts.
+        metrics_pushgateway_url: optional Prometheus Pushgateway every run pushes its gauges
+            to (``http(s)://[user:password@]host[:port][/prefix]``); it may hold credentials,
+            so never log it: use :func:`safe_http_url`.
     """
 
     database_url: URL | None = field(default=None, repr=False)
     alert_webhook_url: str | None = field(default=None, repr=False)
+    metrics_pushgateway_url: str | None = field(default=None, repr=False)
 
     @property
     def database_url_safe(self) -> str | None:
@@ -190,6 +196,7 @@ def load_settings(environ: Mapping[str, str] | None = None) -> Settings:
         **{f.name: getattr(policy, f.name) for f in fields(PolicySettings)},
         database_url=_opt(environ, DATABASE_URL_VAR, parse_database_url),
         alert_webhook_url=_opt(environ, ALERT_WEBHOOK_URL_VAR, _http_url),
+        metrics_pushgateway_url=_opt(environ, METRICS_PUSHGATEWAY_URL_VAR, parse_pushgateway_url),
     )
 
 
@@ -426,3 +433,50 @@ def _http_url(raw: str) -> str:
     if not re.match(r"^https?://[^\s/]+", raw):
         raise ValueError("is not an http(s) URL")
     return raw
+
+
+def parse_pushgateway_url(raw: str) -> str:
+    """Check a Pushgateway URL, ``http(s)://[user:password@]host[:port][/path]``, and return it
+    as given (credentials in it are sent as HTTP basic auth, see
+    :mod:`favorites_maintenance.metrics`).
+
+    Raises:
+        SettingsError: under ``FAVORITES_METRICS_PUSHGATEWAY_URL``; the URL is shown without
+            its user and password (see :func:`safe_http_url`), a malformed one not at all.
+    """
+    def refuse(problem: str) -> SettingsError:
+        return SettingsError(METRICS_PUSHGATEWAY_URL_VAR, problem)
+
+    try:
+        parts = urlsplit(raw)
+        parts.port  # a port that is not a number raises ValueError
+    except ValueError:
+        raise refuse("is not a valid URL; expected http(s)://host:9091") from None
+    if not parts.netloc:
+        # "user:password@host:9091" parses as a scheme and a path: echo nothing of it.
+        raise refuse("is not an http(s) URL with a host; expected http(s)://host:9091")
+    if parts.scheme not in ("http", "https") or not parts.hostname:
+        raise refuse(f"{safe_http_url(raw)!r} is not an http(s) URL with a host; expected "
+                     "http(s)://host:9091")
+    if parts.query or parts.fragment:
+        # The client appends /metrics/job/... to the path: a query would end up mid-URL.
+        raise refuse(f"{safe_http_url(raw)!r} has a query or fragment; give the gateway's base "
+                     "URL only")
+    return raw
+
+
+def safe_http_url(raw: str) -> str:
+    """``raw`` (an http(s) URL) without its user, password, query and fragment: fit for logs and
+    messages. Text that is not a URL with a host comes back as ``<unparseable URL>``."""
+    try:
+        parts = urlsplit(raw)
+        host = parts.hostname or ""
+        port = parts.port
+    except ValueError:
+        return "<unparseable URL>"
+    if not parts.netloc:
+        return "<unparseable URL>"
+    if ":" in host:  # an IPv6 address
+        host = f"[{host}]"
+    netloc = host if port is None else f"{host}:{port}"
+    return urlunsplit((parts.scheme, netloc, parts.path, "", ""))

@@ -11,36 +11,23 @@ from __future__ import annotations
 
 import os
 import pwd
-import shutil
-import signal
-import subprocess
-import tempfile
 import time
 from pathlib import Path
 
 import psycopg
 import sqlalchemy as sa
 
-from favorites_maintenance_tests.dev_stack import free_port
-from favorites_maintenance_tests.system_packages import missing
+from favorites_maintenance_tests.system_packages import ServerProcess, require_program
 
 INSTALL_HINT = "apt-get install -y pgbouncer"
 
 
-def pgbouncer_binary() -> str | None:
-    """Path of the ``pgbouncer`` executable (``/usr/sbin`` is often not on a user's PATH)."""
-    return shutil.which("pgbouncer") or shutil.which("pgbouncer", path="/usr/sbin:/usr/bin")
-
-
 def require_pgbouncer() -> str:
     """The ``pgbouncer`` executable; without it skip the test, or fail it when ``CI=true``."""
-    binary = pgbouncer_binary()
-    if binary is None:
-        missing(f"pgbouncer is not installed ({INSTALL_HINT})")
-    return binary
+    return require_program("pgbouncer", INSTALL_HINT)
 
 
-class PgBouncer:
+class PgBouncer(ServerProcess):
     """One PgBouncer process serving ``database`` of ``pg_server``.
 
     Args:
@@ -56,22 +43,16 @@ class PgBouncer:
     file; no password is checked) to :attr:`url`.
     """
 
+    name = "pgbouncer"
+
     def __init__(self, binary: str, pg_server, database: str, *, pool_mode: str = "transaction",
                  pool_size: int = 4, settings: dict[str, object] | None = None):
-        self.binary = binary
+        super().__init__(binary)
         self.pg_server = pg_server
         self.database = database
         self.pool_mode = pool_mode
         self.pool_size = pool_size
         self.settings = dict(settings or {})
-        self.port: int | None = None
-        self.folder: Path | None = None
-        self._proc: subprocess.Popen | None = None
-        self._log = None
-
-    @property
-    def pid(self) -> int | None:
-        return None if self._proc is None else self._proc.pid
 
     @property
     def url(self) -> sa.URL:
@@ -84,68 +65,12 @@ class PgBouncer:
         return psycopg.conninfo.make_conninfo(host="127.0.0.1", port=self.port,
                                               dbname=self.database, user="postgres", **params)
 
-    def log_text(self) -> str:
-        """What PgBouncer has logged so far (its stderr)."""
-        if self.folder is None or not (self.folder / "pgbouncer.log").exists():
-            return ""
-        return (self.folder / "pgbouncer.log").read_text(errors="replace")
-
-    def start(self, timeout: float = 10.0) -> "PgBouncer":
-        """Write the configuration, start PgBouncer, wait until it serves the database.
-
-        Raises:
-            RuntimeError: PgBouncer exited, or did not accept a connection within ``timeout``
-                seconds; the message ends with its log.
-        """
+    def _command(self) -> list[str]:
         owner = self._server_os_user()
-        attempts = 3  # another process may take the free port before PgBouncer binds it
-        while True:
-            attempts -= 1
-            self.folder = Path(tempfile.mkdtemp(prefix="favorites-pgbouncer-"))
-            self.port = free_port()
-            try:
-                ini = self._write_config(owner)
-                args = [self.binary, str(ini)]
-                if os.geteuid() == 0:
-                    args[1:1] = ["-u", owner.pw_name]
-                self._log = open(self.folder / "pgbouncer.log", "ab")
-                self._proc = subprocess.Popen(args, stdin=subprocess.DEVNULL, stdout=self._log,
-                                              stderr=subprocess.STDOUT, cwd=self.folder)
-                self._wait_until_serving(timeout)
-                return self
-            except RuntimeError:
-                port_taken = "Address already in use" in self.log_text()
-                self.stop()
-                if not port_taken or not attempts:
-                    raise
-            except BaseException:
-                self.stop()
-                raise
-
-    def stop(self, timeout: float = 10.0) -> None:
-        """Stop PgBouncer by its pid (SIGTERM, then SIGKILL after ``timeout`` seconds) and
-        remove its folder; idempotent."""
-        proc, self._proc = self._proc, None
-        if proc is not None:
-            if proc.poll() is None:
-                os.kill(proc.pid, signal.SIGTERM)
-                try:
-                    proc.wait(timeout)
-                except subprocess.TimeoutExpired:
-                    os.kill(proc.pid, signal.SIGKILL)
-                    proc.wait(timeout)
-        if self._log is not None:
-            self._log.close()
-            self._log = None
-        if self.folder is not None:
-            shutil.rmtree(self.folder, ignore_errors=True)
-            self.folder = None
-
-    def __enter__(self) -> "PgBouncer":
-        return self.start()
-
-    def __exit__(self, *exc) -> None:
-        self.stop()
+        args = [self.binary, str(self._write_config(owner))]
+        if os.geteuid() == 0:
+            args[1:1] = ["-u", owner.pw_name]
+        return args
 
     def _server_os_user(self) -> pwd.struct_passwd:
         # The embedded server runs as the owner of its data folder (another user than root).

@@ -93,6 +93,11 @@ def test_values_are_read_from_the_variables():
     ("FAVORITES_GUEST_RETENTION_MAX_PAUSE", "PT0S"),
     ("FAVORITES_GUEST_RETENTION_MAX_PAUSE", "PT2H"),
     ("FAVORITES_ALERT_WEBHOOK_URL", "hooks.example.test/x"),
+    ("FAVORITES_METRICS_PUSHGATEWAY_URL", "pushgateway:9091"),
+    ("FAVORITES_METRICS_PUSHGATEWAY_URL", "ftp://pushgateway:9091"),
+    ("FAVORITES_METRICS_PUSHGATEWAY_URL", "http://pushgateway:port"),
+    ("FAVORITES_METRICS_PUSHGATEWAY_URL", "http://pushgateway:9091/?job=x"),
+    ("FAVORITES_METRICS_PUSHGATEWAY_URL", ""),
     ("FAVORITES_DATABASE_URL", "mysql://u:p@h/db"),
     ("FAVORITES_DATABASE_URL", "postgresql+psycopg://u:p@h/"),
     ("FAVORITES_DATABASE_URL", "not a url"),
@@ -103,7 +108,8 @@ def test_an_invalid_value_names_the_variable_and_the_value(variable, value):
     message = str(raised.value)
     assert raised.value.variable == variable
     assert message.startswith(variable + ":")
-    if value.strip() and variable not in ("FAVORITES_DATABASE_URL", "FAVORITES_ALERT_WEBHOOK_URL"):
+    if value.strip() and variable not in ("FAVORITES_DATABASE_URL", "FAVORITES_ALERT_WEBHOOK_URL",
+                                          "FAVORITES_METRICS_PUSHGATEWAY_URL"):
         assert repr(value) in message
 
 
@@ -119,6 +125,27 @@ def test_a_bad_database_url_never_shows_its_password(url):
         load_settings({"FAVORITES_DATABASE_URL": url})
     assert PASSWORD not in str(raised.value)
     assert "FAVORITES_DATABASE_URL" in str(raised.value)
+
+
+@pytest.mark.parametrize("url", [
+    f"ftp://pusher:{PASSWORD}@pushgateway:9091",
+    f"http://pusher:{PASSWORD}@pushgateway:notaport",
+    f"https://pusher:{PASSWORD}@pushgateway:9091/?token={PASSWORD}",
+    f"pusher:{PASSWORD}@pushgateway:9091",
+])
+def test_a_bad_pushgateway_url_never_shows_its_credentials(url):
+    with pytest.raises(SettingsError) as raised:
+        load_settings({"FAVORITES_METRICS_PUSHGATEWAY_URL": url})
+    assert raised.value.variable == "FAVORITES_METRICS_PUSHGATEWAY_URL"
+    assert PASSWORD not in str(raised.value) and "pusher" not in str(raised.value)
+
+
+def test_a_pushgateway_url_with_credentials_is_taken_and_never_shown():
+    url = f"https://pusher:{PASSWORD}@pushgateway.internal:9091/prefix"
+    s = load_settings({"FAVORITES_METRICS_PUSHGATEWAY_URL": url})
+    assert s.metrics_pushgateway_url == url
+    assert PASSWORD not in repr(s)
+    assert load_settings({}).metrics_pushgateway_url is None
 
 
 @pytest.mark.parametrize("expr", [
