@@ -11,6 +11,7 @@ import pytest
 from favorites_maintenance.assets import ASSET_KEY
 from favorites_maintenance.definitions import build_defs
 from favorites_maintenance.settings import DATABASE_URL_VAR, Settings
+from favorites_maintenance_tests.support import materialization, run_partition
 
 UTC = dt.timezone.utc
 PARTITION = "2026-06-15"
@@ -27,16 +28,6 @@ def defs(db_url, monkeypatch):
     return build_defs(Settings(retention_days=365, batch_size=1000))
 
 
-def run_partition(defs, instance, partition=PARTITION):
-    job = defs.resolve_job_def("guest_favorites_cleanup_job")
-    return job.execute_in_process(partition_key=partition, instance=instance)
-
-
-def materialization_metadata(result) -> dict:
-    [mat] = [m for m in result.get_asset_materialization_events()]
-    return {k: v.value for k, v in mat.materialization.metadata.items()}
-
-
 def test_a_run_deletes_the_prunable_rows_and_records_what_it_did(defs, rows):
     old_guests = rows.add_many(1500, updated_at=CUTOFF - dt.timedelta(days=40))
     just_older = rows.add(updated_at=CUTOFF - MICRO, note=SENTINEL_NOTE,
@@ -46,9 +37,9 @@ def test_a_run_deletes_the_prunable_rows_and_records_what_it_did(defs, rows):
     fresh = set(rows.add_many(100, updated_at=CUTOFF + dt.timedelta(days=200)))
 
     with dg.instance_for_test() as instance:
-        result = run_partition(defs, instance)
+        result = run_partition(defs, instance, PARTITION)
         assert result.success
-        meta = materialization_metadata(result)
+        meta = materialization(result)
         logs = "\n".join(str(e.user_message) + repr(e.dagster_event)
                          for e in instance.all_logs(result.run_id))
 
@@ -73,17 +64,17 @@ def test_an_old_partition_deletes_a_subset_of_what_a_newer_one_would(defs, rows)
 
     with dg.instance_for_test() as instance:
         old_run = run_partition(defs, instance, "2026-03-01")
-        assert materialization_metadata(old_run)["deletedTotal"] == 1
+        assert materialization(old_run)["deletedTotal"] == 1
         assert rows.ids() == {between}
         new_run = run_partition(defs, instance, PARTITION)
-        assert materialization_metadata(new_run)["deletedTotal"] == 1
+        assert materialization(new_run)["deletedTotal"] == 1
     assert before_old not in rows.ids() and rows.ids() == set()
 
 
 def test_an_empty_table_records_a_successful_empty_run(defs):
     with dg.instance_for_test() as instance:
-        result = run_partition(defs, instance)
-        meta = materialization_metadata(result)
+        result = run_partition(defs, instance, PARTITION)
+        meta = materialization(result)
         messages = [e.user_message for e in instance.all_logs(result.run_id)
                     if not e.dagster_event]
     assert result.success
@@ -99,8 +90,8 @@ def test_max_run_duration_leaves_a_backlog_and_still_succeeds(db_url, monkeypatc
     defs = build_defs(Settings(batch_size=10, max_run_duration=dt.timedelta(microseconds=1)))
     rows.add_many(50, updated_at=CUTOFF - dt.timedelta(days=1))
     with dg.instance_for_test() as instance:
-        result = run_partition(defs, instance)
-        meta = materialization_metadata(result)
+        result = run_partition(defs, instance, PARTITION)
+        meta = materialization(result)
     assert result.success
     assert meta["stopReason"] == "max_run_duration"
     assert meta["backlogRemaining"] == 50 - meta["deletedTotal"] > 0
@@ -169,7 +160,7 @@ def test_a_run_publishes_nothing_and_writes_no_other_table(defs, rows, engine):
     engine.dispose()  # ended sessions flush their statistics
     before = wait_for(engine, lambda w: w["favorites.favorites"][0] == 150)
     with dg.instance_for_test() as instance:
-        result = run_partition(defs, instance)
+        result = run_partition(defs, instance, PARTITION)
         asset_events = [e.dagster_event for e in instance.all_logs(result.run_id)
                         if e.dagster_event and e.dagster_event.asset_key is not None]
     # The purge's sessions have ended with the run: their statistics are flushed.
@@ -190,9 +181,9 @@ def test_the_batch_size_adapts_and_the_metadata_says_how_far_and_how_long_it_pau
                                target_batch_duration=dt.timedelta(seconds=5)))
     rows.add_many(1000, updated_at=CUTOFF - dt.timedelta(days=3))
     with dg.instance_for_test() as instance:
-        result = run_partition(defs, instance)
+        result = run_partition(defs, instance, PARTITION)
         assert result.success
-        meta = materialization_metadata(result)
+        meta = materialization(result)
     assert rows.count() == 0
     # 100 + 200 + 400, then 300 of a 400-row batch.
     assert (meta["deletedTotal"], meta["batches"]) == (1000, 4)

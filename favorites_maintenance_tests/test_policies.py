@@ -25,6 +25,7 @@ from favorites_maintenance.partitions import daily_partitions
 from favorites_maintenance.policy import PolicyError
 from favorites_maintenance.resources import AlertSink
 from favorites_maintenance.settings import DATABASE_URL_VAR, Settings, SettingsError
+from favorites_maintenance_tests.support import failure_text, run_report
 
 UTC = dt.timezone.utc
 PARTITION = "2026-06-15"
@@ -98,21 +99,6 @@ def carts_left(engine) -> dict[str, int]:
     return dict(rows)
 
 
-def step_failure(result) -> str:
-    """The failed step's error message and those of its causes."""
-    failure = next(e for e in result.all_events if e.event_type_value == "STEP_FAILURE")
-    error, messages = failure.event_specific_data.error, []
-    while error is not None:
-        messages.append(error.message)
-        error = error.cause
-    return "\n".join(messages)
-
-
-def meta_of(result) -> dict:
-    [mat] = result.get_asset_materialization_events()
-    return {k: v.value for k, v in mat.materialization.metadata.items()}
-
-
 def test_a_second_policy_from_yaml_alone_gets_the_whole_surface_under_its_own_names(
         sandbox, carts, rows, engine, db_url, monkeypatch):
     monkeypatch.setenv(DATABASE_URL_VAR, db_url.render_as_string(hide_password=False))
@@ -149,10 +135,10 @@ def test_a_second_policy_from_yaml_alone_gets_the_whole_surface_under_its_own_na
     with dg.instance_for_test() as instance:
         result = carts_job.execute_in_process(partition_key=PARTITION, instance=instance)
         assert result.success
-        meta = meta_of(result)
-        assert (meta["deletedTotal"], meta["batches"], meta["backlogRemaining"]) == (250, 3, 0)
-        assert (meta["retentionDays"], meta["batchSize"]) == (30, 100)
-        assert meta["cutoff"] == (ANCHOR - dt.timedelta(days=30)).isoformat()
+        run = run_report(result, asset_key=carts_key)
+        assert (run.deleted_total, run.batches, run.backlog_remaining) == (250, 3, 0)
+        assert (run.retention_days, run.batch_size) == (30, 100)
+        assert run.cutoff == (ANCHOR - dt.timedelta(days=30)).isoformat()
         checks = result.get_asset_check_evaluations()
         assert {c.asset_key for c in checks} == {carts_key}
         assert len(checks) == 3 and all(c.passed for c in checks), checks
@@ -163,7 +149,7 @@ def test_a_second_policy_from_yaml_alone_gets_the_whole_surface_under_its_own_na
 
         guest = defs.resolve_job_def("guest_favorites_cleanup_job").execute_in_process(
             partition_key=PARTITION, instance=instance)
-        assert guest.success and meta_of(guest)["deletedTotal"] == 40
+        assert guest.success and run_report(guest).deleted_total == 40
         assert rows.ids() == accounts
         assert carts_left(engine) == {"cust-7:old": 50, "guest:recent": 30}
 
@@ -194,7 +180,7 @@ def test_a_second_policy_from_yaml_alone_gets_the_whole_surface_under_its_own_na
         failed = carts_job.execute_in_process(partition_key=PARTITION, instance=instance,
                                               raise_on_error=False)
         assert not failed.success
-        assert "carts.guest_carts has no column 'touched_at'" in step_failure(failed)
+        assert "carts.guest_carts has no column 'touched_at'" in failure_text(failed)
         run = instance.get_run_by_id(failed.run_id)
         [run_failure] = [e.dagster_event for e in instance.all_logs(failed.run_id)
                          if e.dagster_event
@@ -272,5 +258,5 @@ def test_an_age_column_that_is_not_timestamptz_fails_the_first_run_naming_it(
         result = defs.resolve_job_def("guest_carts_cleanup_job").execute_in_process(
             partition_key=PARTITION, instance=instance, raise_on_error=False)
     assert not result.success
-    assert "carts.guest_carts.items is INTEGER" in step_failure(result)
+    assert "carts.guest_carts.items is INTEGER" in failure_text(result)
     assert carts_left(engine)["guest:old"] == 250

@@ -16,6 +16,7 @@ from favorites_maintenance.settings import (
     RETENTION_DAYS_VAR,
     Settings,
 )
+from favorites_maintenance_tests.support import run_report
 
 UTC = dt.timezone.utc
 PARTITION = "2026-06-15"
@@ -110,8 +111,7 @@ def test_limits_within_the_bounds_apply_and_the_deployed_retention_may_be_restat
         result = launch(job, instance, {"retention": {"config": {
             "retention_days": 365, "batch_size": 7, "max_run_duration_seconds": 120}}})
         assert result.success
-        [mat] = result.get_asset_materialization_events()
-    meta = {k: v.value for k, v in mat.materialization.metadata.items()}
-    assert (meta["retentionDays"], meta["batchSize"]) == (365, 7)
-    assert (meta["deletedTotal"], meta["batches"]) == (30, 5)
+    run = run_report(result)
+    assert (run.retention_days, run.batch_size) == (365, 7)
+    assert (run.deleted_total, run.batches) == (30, 5)
     assert rows.ids() == recent | accounts

@@ -8,15 +8,16 @@ import logging
 import threading
 import time
 
-import dagster as dg
 import pytest
 import sqlalchemy as sa
 
-from favorites_maintenance.assets import ASSET_KEY
-from favorites_maintenance.definitions import build_defs
 from favorites_maintenance.retention.database import APPLICATION_NAME
 from favorites_maintenance.retention.schema import dev_favorites
-from favorites_maintenance.settings import DATABASE_URL_VAR, Settings
+from favorites_maintenance_tests import support
+from favorites_maintenance_tests.support import error_text, materialization, step_failure
+
+# Re-exported: the reliability tests import them from here.
+__all__ = ["error_text", "materialization", "step_failure"]
 
 UTC = dt.timezone.utc
 PARTITION = "2026-06-15"
@@ -29,54 +30,9 @@ SENTINEL_ANON = "5e171ae1-dead-4bee-8000-5e171ae15e17"
 SENTINEL_NOTE = "SENTINEL-NOTE-do-not-log-7c1a"
 
 
-def run_job(db_url, instance, *, partition: str = PARTITION, monkeypatch=None,
-            retries: int | None = 0, **settings) -> dg.ExecuteInProcessResult:
-    """One real run of ``guest_favorites_cleanup_job`` against ``db_url`` (a failure is returned,
-    not raised).
-
-    ``retries`` sets the purge op's retries on transient errors (without delay); 0 by default,
-    so that a transient failure fails the run here; ``None`` keeps the job's own defaults.
-    Batches keep ``batch_size`` (no target time per batch) unless ``settings`` give a
-    ``target_batch_duration``: these tests count batches and stop the job at one.
-    """
-    settings.setdefault("target_batch_duration", dt.timedelta(0))
-    mp = monkeypatch or pytest.MonkeyPatch()
-    mp.setenv(DATABASE_URL_VAR, sa.make_url(db_url).render_as_string(hide_password=False))
-    defs = build_defs(Settings(**settings))
-    job = defs.resolve_job_def("guest_favorites_cleanup_job")
-    run_config = None
-    if retries is not None:
-        run_config = {"ops": {"favorites__guest_favorites_cleanup": {"ops": {"purge": {
-            "config": {"max_retries": retries, "retry_delay_seconds": 0.0}}}}}}
-    return job.execute_in_process(partition_key=partition, instance=instance,
-                                  run_config=run_config, raise_on_error=False)
-
-
-def materialization(result) -> dict | None:
-    mats = result.get_asset_materialization_events()
-    if not mats:
-        return None
-    [mat] = mats
-    assert mat.asset_key == ASSET_KEY
-    return {k: v.value for k, v in mat.materialization.metadata.items()}
-
-
-def step_failure(result):
-    """The one STEP_FAILURE of a failed run: (step key, error info)."""
-    [failure] = [e for e in result.all_events if e.event_type_value == "STEP_FAILURE"]
-    return failure.step_key, failure.event_specific_data.error
-
-
-def error_text(error_info) -> str:
-    """Every message of a serialized error and of its causes and contexts."""
-    parts = []
-    while error_info is not None:
-        parts.append(error_info.message)
-        parts.extend(error_info.stack)
-        if error_info.context is not None:
-            parts.append(error_text(error_info.context))
-        error_info = error_info.cause
-    return "\n".join(parts)
+def run_job(db_url, instance, *, partition: str = PARTITION, **kwargs):
+    """:func:`favorites_maintenance_tests.support.run_job` on :data:`PARTITION` by default."""
+    return support.run_job(db_url, instance, partition=partition, **kwargs)
 
 
 def everything_dagster_recorded(instance, run_id: str) -> str:

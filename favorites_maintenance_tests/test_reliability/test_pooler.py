@@ -24,6 +24,7 @@ from favorites_maintenance.cli import main
 from favorites_maintenance.definitions import build_defs
 from favorites_maintenance.settings import DATABASE_URL_VAR, Settings
 from favorites_maintenance_tests.pgbouncer import PgBouncer, require_pgbouncer
+from favorites_maintenance_tests.support import failure_text
 from favorites_maintenance_tests.test_reliability.conftest import (
     OLD, PARTITION, materialization, run_job)
 
@@ -130,18 +131,6 @@ def dry_run(url: sa.URL) -> str:
     return result.output
 
 
-def run_failure(result) -> str:
-    """The messages (no stack traces) of each failed step's error and of its causes."""
-    messages = []
-    for event in result.all_events:
-        if event.event_type_value == "STEP_FAILURE":
-            error = event.event_specific_data.error
-            while error is not None:
-                messages.append(error.message.strip())
-                error = error.cause
-    return "\n".join(messages)
-
-
 def test_the_job_deletes_every_prunable_row_through_a_busy_transaction_pooler(
         pooler, busy_clients, engine, rows, monkeypatch):
     rows.add_many(PRUNABLE, updated_at=OLD)
@@ -156,7 +145,7 @@ def test_the_job_deletes_every_prunable_row_through_a_busy_transaction_pooler(
         result = run_job(pooler.url, instance, monkeypatch=monkeypatch, batch_size=BATCH_SIZE)
     busy_clients.stop()
 
-    assert result.success, run_failure(result)
+    assert result.success, failure_text(result)
     assert rows.ids() == accounts | recent
     meta = materialization(result)
     assert meta["deletedTotal"] == PRUNABLE

@@ -36,6 +36,7 @@ from favorites_maintenance.retention.schema import create_dev_schema
 from favorites_maintenance.settings import DATABASE_URL_VAR, Settings
 from favorites_maintenance_tests.conftest import Rows
 from favorites_maintenance_tests.dev_stack import alive, free_port, wait_for
+from favorites_maintenance_tests.support import purge_retries, run_partition
 from favorites_maintenance_tests.system_packages import missing
 from favorites_maintenance_tests.test_reliability.conftest import (
     CUTOFF,
@@ -191,12 +192,9 @@ def rows(tls_server):
 
 def run_job(url: str, monkeypatch) -> dg.ExecuteInProcessResult:
     monkeypatch.setenv(DATABASE_URL_VAR, url)
-    job = build_defs(Settings()).resolve_job_def("guest_favorites_cleanup_job")
     with dg.instance_for_test() as instance:
-        return job.execute_in_process(
-            partition_key=PARTITION, instance=instance, raise_on_error=False,
-            run_config={"ops": {"favorites__guest_favorites_cleanup": {"ops": {"purge": {
-                "config": {"max_retries": 0}}}}}})
+        return run_partition(build_defs(Settings()), instance, PARTITION,
+                             run_config=purge_retries(0), raise_on_error=False)
 
 
 def test_the_job_runs_over_verified_tls(tls_server, rows, monkeypatch):
