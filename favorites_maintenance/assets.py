@@ -210,6 +210,9 @@ def run_purge_op(context: dg.OpExecutionContext, config: PurgeConfig,
     Dagster's interruption so the run ends CANCELED rather than SUCCESS. What was deleted
     before the stop is recorded as an asset observation.
 
+    The purge is the span ``<policy>.cleanup``, parent of the batch spans, exported only when
+    an OTLP endpoint is configured (:mod:`favorites_maintenance.tracing`).
+
     Raises:
         BatchError: a batch failed and was rolled back (not transient, or out of retries).
         RetryRequested: a transient database error, retries left.
