@@ -4,7 +4,6 @@ process), and the OTLP export wired by the standard ``OTEL_*`` variables alone."
 
 from __future__ import annotations
 
-import datetime as dt
 import http.server
 import os
 import subprocess
