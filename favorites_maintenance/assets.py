@@ -29,6 +29,7 @@ from dagster._core.storage.event_log import (
 from dagster._utils.interrupts import capture_interrupts, check_captured_interrupt
 from pydantic import Field
 
+from favorites_maintenance import tracing
 from favorites_maintenance.partitions import daily_partitions
 from favorites_maintenance.policy import GUEST_POLICY, Policy
 from favorites_maintenance.resources import (
@@ -219,6 +220,9 @@ def run_purge_op(context: dg.OpExecutionContext, config: PurgeConfig,
     A failure that ends the run (no retry left) and a stop push the run's gauges to
     ``metrics``, if given, with ``last_run_success`` 0.
 
+    The purge is the span ``<policy>.cleanup``, parent of the batch spans, exported only when
+    an OTLP endpoint is configured (:mod:`favorites_maintenance.tracing`).
+
     Raises:
         BatchError: a batch failed and was rolled back (not transient, or out of retries).
         RetryRequested: a transient database error, retries left.
@@ -241,9 +245,15 @@ def run_purge_op(context: dg.OpExecutionContext, config: PurgeConfig,
             last_progress = now
             _to_run_log(context, logging.INFO, line)
 
+    tracing.setup()  # idempotent: the first purge of the process installs the exporter
     # capture_interrupts only works on the main thread; elsewhere nothing captures the signal.
     with capture_interrupts(), _core_logs_in_run_log(context), \
-            _StopRequests(context) as stop_requests:
+            _StopRequests(context) as stop_requests, tracing.run_span(
+                policy.name, database.engine, policy.rule, run_id=context.run_id,
+                partition=context.partition_key if context.has_partition_key else None,
+                retry_number=context.retry_number, cutoff=cutoff,
+                retention_days=settings.retention_days,
+                batch_size=settings.batch_size) as span:
         try:
             report = run_purge(
                 database.engine, cutoff,
@@ -257,6 +267,7 @@ def run_purge_op(context: dg.OpExecutionContext, config: PurgeConfig,
                 rule=policy.rule,
             )
         except Exception as exc:
+            tracing.run_failed(span, exc)
             failed_report = getattr(exc, "report", None) if isinstance(exc, PurgeError) else None
             batch_no = exc.batch_no if isinstance(exc, BatchError) else 0
             deleted_before = failed_report.deleted_total if failed_report else 0
@@ -287,6 +298,7 @@ def run_purge_op(context: dg.OpExecutionContext, config: PurgeConfig,
         if (report.stop_reason is not StopReason.STOP_REQUESTED
                 and stop_requests.requested(read_now=True)):
             report = dataclasses.replace(report, stop_reason=StopReason.STOP_REQUESTED)
+        tracing.run_done(span, report)
         summary = RunReport.of_purge(report, settings).after(
             _committed_by_earlier_attempts(context))
         if report.stop_reason is StopReason.STOP_REQUESTED:

@@ -107,6 +107,7 @@ from favorites_maintenance.retention.errors import (
 )
 from favorites_maintenance.retention.health import HealthLimits, HealthMonitor, LockWatch, Outcome
 from favorites_maintenance.retention.rule import GUEST_FAVORITES, RetentionRule
+from favorites_maintenance.retention.spans import BatchSpans
 from favorites_maintenance.retention.table_check import check_table
 
 log = logging.getLogger(__name__)
@@ -498,6 +499,7 @@ def purge(
         following_fast = _batch_statement(rule, cutoff, keyset=True, by_ctid=by_ctid,
                                           lock_first=False)
         fast_lock_timeout = min(lock_timeout, OPTIMISTIC_LOCK_TIMEOUT)
+        spans = BatchSpans(engine, rule)
         locking_left = 0  # batches to run in the locking form after a conflict
         moved_retries = 0  # runs of this batch that met a row moved across partitions
         again = False  # the same batch runs again: its number stays
@@ -525,7 +527,12 @@ def purge(
             # without an UPDATE policy fails the run at once rather than under contention.
             fast = (optimistic and after is not None and limit > 1 and size == sizes.size
                     and not locking_left)
+            if fast:
+                statement = first_fast if after is None else following_fast
+            else:
+                statement = first if after is None else following
             waiters = 0
+            span = spans.start(batch_no, limit, fast, statement)
             t0 = time.monotonic()
             try:
                 with conn.begin() as tx:
@@ -538,19 +545,17 @@ def purge(
                     if limit == 1:
                         key = conn.execute(next_first if after is None else next_following,
                                            after or {}).first()
-                    params = {**(after or {}), "batch_size": limit}
-                    if fast:
-                        row = conn.execute(first_fast if after is None else following_fast,
-                                           params).one()
-                        if row.deleted < row.selected:
-                            tx.rollback()  # a row moved or was held: the locking form decides
-                    else:
-                        row = conn.execute(first if after is None else following, params).one()
+                    row = conn.execute(statement, {**(after or {}), "batch_size": limit}).one()
+                    if fast and row.deleted < row.selected:
+                        tx.rollback()  # a row moved or was held: the locking form decides
                     if tx.is_active and lock_watch is not None and lock_watch.due(
                             time.monotonic() - t0):
                         waiters = lock_watch.waiters(conn)
+                span.committed(row.selected, row.deleted,
+                               rolled_back=fast and row.deleted < row.selected)
             except sa.exc.DBAPIError as exc:
                 error = describe(exc)
+                span.failed(error)
                 if fast and error.kind in ("lock_not_available", "serialization_failure"):
                     # Another session holds a row of the batch, or moved it to another
                     # partition meanwhile: take the batch again with SKIP LOCKED, and keep to
@@ -592,6 +597,8 @@ def purge(
                         continue
                 log.error("batch %d failed and was rolled back: %s", batch_no, error)
                 raise BatchError(batch_no, report(StopReason.EXHAUSTED), error) from None
+            finally:
+                span.end()  # any other exception: the span still ends
             stale_retries = moved_retries = 0
             if fast and row.deleted < row.selected:
                 locking_left, again = _LOCKING_AFTER_CONFLICT, True
