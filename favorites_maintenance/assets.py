@@ -30,7 +30,7 @@ from dagster._utils.interrupts import capture_interrupts, check_captured_interru
 from pydantic import Field
 
 from favorites_maintenance import tracing
-from favorites_maintenance.partitions import daily_partitions
+from favorites_maintenance.partitions import daily_partitions, partition_cutoff
 from favorites_maintenance.policy import GUEST_POLICY, Policy
 from favorites_maintenance.resources import (
     FavoritesDatabase,
@@ -52,7 +52,6 @@ from favorites_maintenance.retention.errors import (
 )
 from favorites_maintenance.retention.purge import BatchResult, StopReason
 from favorites_maintenance.retention.purge import purge as run_purge
-from favorites_maintenance.retention.rule import compute_cutoff as cutoff_for
 from favorites_maintenance.run_report import RunReport
 from favorites_maintenance.settings import PolicySettings
 
@@ -187,14 +186,14 @@ def build_cleanup_asset(policy: Policy) -> dg.AssetsDefinition:
 
 def run_cutoff(context: dg.OpExecutionContext | dg.AssetCheckExecutionContext,
                retention_days: int) -> dt.datetime:
-    """The cutoff of the run of ``context``: ``min(now, end of its partition window) -
-    retention_days`` in UTC; a run without a partition uses ``now`` (see
-    :func:`~favorites_maintenance.retention.rule.compute_cutoff`)."""
-    now = dt.datetime.now(dt.timezone.utc)
-    window_end = None
-    if context.has_partition_key or getattr(context, "has_partition_key_range", False):
-        window_end = context.partition_time_window.end
-    return cutoff_for(now, retention_days, window_end)
+    """The cutoff of the run of ``context`` (see :func:`~favorites_maintenance.partitions.
+    partition_cutoff`); a run of a range of days (a single-run backfill) uses its last day."""
+    key = None
+    if context.has_partition_key:
+        key = context.partition_key
+    elif getattr(context, "has_partition_key_range", False):
+        key = context.partition_key_range.end
+    return partition_cutoff(key, retention_days)
 
 
 def run_purge_op(context: dg.OpExecutionContext, config: PurgeConfig,

@@ -60,17 +60,13 @@ def _load_policy(name: str):
 
 def _partition_cutoff(partition: str | None, retention_days: int) -> dt.datetime:
     """The cutoff a run of daily ``partition`` would use now (``None``: a run without a
-    partition), as the job's ``compute_cutoff`` op computes it."""
-    from favorites_maintenance.partitions import daily_partitions
-    from favorites_maintenance.retention.rule import compute_cutoff
+    partition), as the job computes it; exits naming ``--partition`` when it is no key."""
+    from favorites_maintenance.partitions import partition_cutoff
 
-    window_end = None
-    if partition is not None:
-        if not daily_partitions.has_partition_key(partition):
-            _fail(f"--partition {partition!r} is not a daily partition key (YYYY-MM-DD, from "
-                  f"{daily_partitions.get_first_partition_key()} to yesterday)")
-        window_end = daily_partitions.time_window_for_partition_key(partition).end
-    return compute_cutoff(dt.datetime.now(UTC), retention_days, window_end)
+    try:
+        return partition_cutoff(partition, retention_days)
+    except ValueError as exc:
+        _fail(f"--partition {exc}")
 
 
 def _start_local_environment(command: str):
