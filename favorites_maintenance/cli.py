@@ -45,12 +45,11 @@ def _policy_option(command):
 def _load_policy(name: str):
     """The policy ``name`` of ``favorites_maintenance/defs/`` (its settings validated), or exit
     with an error naming the known ones."""
-    from favorites_maintenance.definitions import load_policies
-    from favorites_maintenance.policy import PolicyError
+    from favorites_maintenance.retention_policy import PolicyLoadError, load_policies
 
     try:
         policies = {p.name: p for p in load_policies()}
-    except (PolicyError, SettingsError) as exc:
+    except PolicyLoadError as exc:
         _fail(str(exc))
     if name not in policies:
         _fail(f"--policy {name!r}: no such policy; the policies are "
@@ -82,13 +81,17 @@ def _start_local_environment(command: str):
     if env.replaced_database_url:
         click.secho(f"note: FAVORITES_DATABASE_URL is ignored by {command}, which only ever "
                     "touches its embedded database", fg="yellow", err=True)
+    if env.ignored_variables:
+        click.secho(f"note: {', '.join(env.ignored_variables)} ignored by {command}: a local "
+                    "run pushes no metrics and exports no traces", fg="yellow", err=True)
     return env
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
 @click.version_option(package_name="favorites-maintenance", prog_name="favorites-maintenance")
 def main() -> None:
-    """Daily retention cleanup of stale guest favorites (Dagster + PostgreSQL)."""
+    """Daily retention cleanup of PostgreSQL tables, one policy per table (Dagster +
+    PostgreSQL); the first policy prunes stale guest favorites."""
 
 
 @main.command(short_help="Seed a local database, run the cleanup once, print what it did.")
@@ -270,8 +273,7 @@ def dev(port: int, rows: int, reseed: bool, debug: bool) -> None:
     The terminal gets INFO and above (--debug: everything), without colour when it is not a
     terminal.
     """
-    from favorites_maintenance.assets import POOL
-    from favorites_maintenance.dev import (asset_page, dagster_dev_command, ensure_pool_limit,
+    from favorites_maintenance.dev import (asset_page, dagster_dev_command, ensure_pool_limits,
                                            port_is_free, prepare_dev_table, run_dagster_dev,
                                            ui_address)
     from favorites_maintenance.retention.database import create_engine
@@ -289,8 +291,10 @@ def dev(port: int, rows: int, reseed: bool, debug: bool) -> None:
             prepare_dev_table(engine, rows, _echo, reseed=reseed)
         finally:
             engine.dispose()
-        _echo(f"Dagster instance: {env.dagster_home} (pool {POOL}: "
-              f"{ensure_pool_limit()} run at a time)")
+        limits = ensure_pool_limits()
+        _echo(f"Dagster instance: {env.dagster_home} (pools "
+              + ", ".join(f"{pool}: {limit}" for pool, limit in limits.items())
+              + " run at a time)")
         _echo(f"Dagster UI: {ui_address(port)}  (asset page: {asset_page(port)})")
         _echo("press Ctrl-C to stop the UI, the daemon and the database server")
         code = run_dagster_dev(dagster_dev_command(env.root / "workspace.yaml", port),

@@ -12,11 +12,9 @@ from __future__ import annotations
 import dataclasses
 import warnings
 from collections.abc import Sequence
-from pathlib import Path
 
 import dagster as dg
 
-from favorites_maintenance import defs as defs_folder
 from favorites_maintenance.policy import GUEST_POLICY, Policy, PolicyError
 from favorites_maintenance.resources import (
     AlertSink,
@@ -24,7 +22,11 @@ from favorites_maintenance.resources import (
     deployed_database,
     deployed_retention,
 )
-from favorites_maintenance.retention_policy import RetentionPolicy, build_policy_defs
+from favorites_maintenance.retention_policy import (
+    build_policy_defs,
+    component_tree,
+    load_policies,
+)
 from favorites_maintenance.settings import (
     ALERT_WEBHOOK_URL_VAR,
     METRICS_PUSHGATEWAY_URL_VAR,
@@ -69,35 +71,13 @@ def build_defs(settings: Settings, policies: Sequence[Policy] | None = None) -> 
     """
     if policies is None:
         policies = [dataclasses.replace(GUEST_POLICY, settings=settings.policy_settings())]
-    _require_unique(policies)
+    names = [p.name for p in policies]
+    if len(set(names)) != len(names):
+        raise PolicyError(f"policy names must be unique, got {sorted(names)!r}")
     return dg.Definitions.merge(
         *(build_policy_defs(p) for p in policies),
         dg.Definitions(resources=build_resources(settings, policies)),
     )
-
-
-def _require_unique(policies: Sequence[Policy]) -> None:
-    names = [p.name for p in policies]
-    if len(set(names)) != len(names):
-        raise PolicyError(f"policy names must be unique, got {names!r}")
-
-
-def component_tree() -> dg.ComponentTree:
-    """The component tree of ``favorites_maintenance/defs/``."""
-    return dg.ComponentTree.from_module(defs_module=defs_folder,
-                                        project_root=Path(__file__).resolve().parent.parent)
-
-
-def load_policies(tree: dg.ComponentTree | None = None) -> list[Policy]:
-    """Every policy of ``defs/``, validated (see :class:`~favorites_maintenance.
-    retention_policy.RetentionPolicy`).
-
-    Raises:
-        favorites_maintenance.policy.PolicyError: a malformed policy, named.
-        favorites_maintenance.settings.SettingsError: an invalid setting, named.
-    """
-    tree = tree or component_tree()
-    return [component.policy for component in tree.get_all_components(RetentionPolicy)]
 
 
 def load_defs(settings: Settings | None = None,
@@ -106,7 +86,8 @@ def load_defs(settings: Settings | None = None,
     per policy) and the shared resources, for ``settings`` (default: the environment's).
 
     Raises:
-        PolicyError, SettingsError: a malformed policy or setting, named.
+        favorites_maintenance.retention_policy.PolicyLoadError: a malformed policy or setting,
+            named.
     """
     settings = settings or load_settings()
     tree = tree or component_tree()
@@ -116,7 +97,6 @@ def load_defs(settings: Settings | None = None,
         warnings.simplefilter("ignore", dg.PreviewWarning)
         warnings.simplefilter("ignore", dg.BetaWarning)
         policies = load_policies(tree)
-        _require_unique(policies)
         component_defs = tree.build_defs()
     return dg.Definitions.merge(
         component_defs,

@@ -24,7 +24,7 @@ from pathlib import Path
 
 import sqlalchemy as sa
 
-from favorites_maintenance.assets import ASSET_KEY, POOL
+from favorites_maintenance.assets import ASSET_KEY
 
 HOST = "127.0.0.1"
 #: How long ``dagster dev`` gets to stop its webserver, daemon and code server after an interrupt.
@@ -80,24 +80,31 @@ def seed_progress(rows: int, echo: Callable[[str], None]) -> Callable[[int], Non
     return progress
 
 
-def ensure_pool_limit() -> int:
-    """Write the purge pool's limit into the instance (``DAGSTER_HOME``) unless it is there.
+def ensure_pool_limits() -> dict[str, int]:
+    """Write each policy's purge pool limit into the instance (``DAGSTER_HOME``) unless it is
+    there.
 
     Dagster writes a pool's ``default_limit`` into its storage only while dequeuing the first
     run that uses the pool, after it has read the limits for that pass: on a fresh instance the
-    runs queued at that moment (a backfill, a tick) all start together. Writing the limit before
-    the daemon starts closes that window. A limit already set, e.g. from the UI, is kept.
+    runs queued at that moment (a backfill, a tick) all start together. Writing the limits
+    before the daemon starts closes that window. A limit already set, e.g. from the UI, is kept.
 
     Returns:
-        The pool's limit.
+        Pool name -> its limit, one per policy of ``favorites_maintenance/defs/``.
     """
     import dagster as dg
 
+    from favorites_maintenance.retention_policy import load_policies
+
+    pools = [p.pool for p in load_policies()]
     with dg.DagsterInstance.get() as instance:
         storage = instance.event_log_storage
-        if POOL not in storage.get_concurrency_keys():
-            storage.set_concurrency_slots(POOL, instance.global_op_concurrency_default_limit or 1)
-        return storage.get_concurrency_info(POOL).slot_count
+        known = storage.get_concurrency_keys()
+        for pool in pools:
+            if pool not in known:
+                storage.set_concurrency_slots(pool,
+                                              instance.global_op_concurrency_default_limit or 1)
+        return {pool: storage.get_concurrency_info(pool).slot_count for pool in pools}
 
 
 def dagster_dev_command(workspace: Path, port: int) -> list[str]:

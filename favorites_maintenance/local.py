@@ -13,7 +13,11 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from favorites_maintenance.embedded import DAGSTER_DATABASE, FAVORITES_DATABASE, EmbeddedPostgres
-from favorites_maintenance.settings import DATABASE_URL_VAR
+from favorites_maintenance.settings import DATABASE_URL_VAR, METRICS_PUSHGATEWAY_URL_VAR
+
+#: The deployment's monitoring, which the local commands never feed.
+MONITORING_VARIABLES = (METRICS_PUSHGATEWAY_URL_VAR, "OTEL_EXPORTER_OTLP_ENDPOINT",
+                        "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT")
 
 STATE_DIR = ".favorites-maintenance"
 DAGSTER_STORAGE_URL_VAR = "DAGSTER_POSTGRES_URL"
@@ -41,6 +45,8 @@ class LocalEnvironment:
     root: Path
     server: EmbeddedPostgres | None = None
     replaced_database_url: bool = False
+    #: Variables of the deployment's monitoring that were set and are ignored here.
+    ignored_variables: tuple[str, ...] = ()
 
     @property
     def state_dir(self) -> Path:
@@ -57,7 +63,9 @@ class LocalEnvironment:
 
         An exported ``FAVORITES_DATABASE_URL`` is replaced (in this process only) by the embedded
         database, and :attr:`replaced_database_url` says so: the local commands recreate and seed
-        the dev table, which must never touch another database.
+        the dev table, which must never touch another database. The Pushgateway URL and the
+        OTLP endpoints are removed the same way (:attr:`ignored_variables`): a local run must
+        not overwrite the deployment's gauges nor send spans to its collector.
         """
         self.state_dir.mkdir(parents=True, exist_ok=True)
         # The server process runs as an unprivileged user when we are root: it must reach pgdata.
@@ -72,6 +80,10 @@ class LocalEnvironment:
         # happen to a database named by an exported FAVORITES_DATABASE_URL.
         self.replaced_database_url = DATABASE_URL_VAR in os.environ
         os.environ[DATABASE_URL_VAR] = favorites_url.render_as_string(False)
+        # Nor may a local run overwrite the deployment's gauges or join its traces.
+        self.ignored_variables = tuple(v for v in MONITORING_VARIABLES if v in os.environ)
+        for variable in self.ignored_variables:
+            del os.environ[variable]
         os.environ[DAGSTER_STORAGE_URL_VAR] = storage_url.render_as_string(False)
         os.environ["DAGSTER_HOME"] = str(self.dagster_home)
         return self

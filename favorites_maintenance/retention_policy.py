@@ -5,12 +5,12 @@ One folder per policy, ``favorites_maintenance/defs/<policy>/defs.yaml``::
     type: favorites_maintenance.RetentionPolicy
     attributes:
       name: guest_carts                 # snake_case; every Dagster name derives from it
-      table: carts.carts                # schema.table
+      table: carts.guest_carts          # schema.table
       key_column: cart_uuid             # unique key (bigint, uuid, text, ...)
       age_column: touched_at            # timestamptz
       null_columns: [customer_ref]      # the guard: rows with all of them NULL are guest rows
       retention_days: 30                # optional, like every field below
-      cron: "{{ env.CARTS_CLEANUP_CRON }}"
+      cron: "{{ env.GUEST_CARTS_CLEANUP_CRON }}"
 
 The component builds everything the policy runs (:func:`build_policy_defs`). Each optional field
 defaults as the guest-favorites policy does; a value may come from the environment through the
@@ -35,8 +35,10 @@ from __future__ import annotations
 
 import re
 from functools import cached_property
+from pathlib import Path
 
 import dagster as dg
+from dagster.components.core.component_tree import ComponentTreeException
 from pydantic import BaseModel, ConfigDict, Field, PrivateAttr
 
 from favorites_maintenance.assets import build_cleanup_asset
@@ -50,7 +52,7 @@ from favorites_maintenance.sensors import (
     build_stale_sensor,
     build_tick_failure_sensor,
 )
-from favorites_maintenance.settings import GUEST_VARIABLES, parse_policy_settings
+from favorites_maintenance.settings import GUEST_VARIABLES, SettingsError, parse_policy_settings
 
 #: A whole field written as ``{{ env.NAME }}``: messages then name the variable.
 _ENV_TEMPLATE = re.compile(r"^\s*\{\{\s*env\.([A-Za-z_][A-Za-z0-9_]*)\s*\}\}\s*$")
@@ -163,3 +165,45 @@ def build_policy_defs(policy: Policy) -> dg.Definitions:
         sensors=[build_stale_sensor(policy.settings.stale_after, policy=policy),
                  build_failure_sensor(policy), build_tick_failure_sensor(policy)],
     )
+
+
+class PolicyLoadError(Exception):
+    """The policies of ``defs/`` could not be loaded: a YAML file that does not fit the
+    component's schema (a misspelled or missing field), a malformed policy, a setting out of
+    bounds, or two policies of one name. The message is the cause's, without Dagster's tree."""
+
+
+def component_tree() -> dg.ComponentTree:
+    """The component tree of ``favorites_maintenance/defs/``."""
+    from favorites_maintenance import defs as defs_folder
+
+    return dg.ComponentTree.from_module(defs_module=defs_folder,
+                                        project_root=Path(__file__).resolve().parent.parent)
+
+
+def load_policies(tree: dg.ComponentTree | None = None) -> list[Policy]:
+    """Every policy of ``tree`` (default: ``defs/``), validated, names unique.
+
+    Raises:
+        PolicyLoadError: see the class; a :class:`~favorites_maintenance.policy.PolicyError` or
+            :class:`~favorites_maintenance.settings.SettingsError` is its ``__cause__``.
+    """
+    try:
+        components = (tree or component_tree()).get_all_components(RetentionPolicy)
+        policies = [component.policy for component in components]
+    except (PolicyError, SettingsError) as exc:
+        raise PolicyLoadError(str(exc)) from exc
+    except ComponentTreeException as exc:
+        raise PolicyLoadError(_root_cause(exc)) from exc
+    names = [p.name for p in policies]
+    if len(set(names)) != len(names):
+        raise PolicyLoadError(f"policy names must be unique, got {sorted(names)!r}")
+    return policies
+
+
+def _root_cause(exc: BaseException) -> str:
+    """The innermost cause's message: pydantic's, naming the file, line and field."""
+    while exc.__cause__ is not None:
+        exc = exc.__cause__
+    text = str(exc)
+    return "\n".join(line for line in text.splitlines() if "errors.pydantic.dev" not in line)

@@ -1,5 +1,6 @@
 """Dagster's project command line, ``dg``, on this repository: the policies' YAML validates
-against the component's schema and ``dg list defs`` loads the code location."""
+against the component's schema, the definitions load, and ``dg list defs`` shows each policy
+under its names."""
 
 from __future__ import annotations
 
@@ -10,6 +11,8 @@ import sys
 from pathlib import Path
 
 import pytest
+
+from favorites_maintenance.retention_policy import load_policies
 
 ROOT = Path(__file__).parents[1]
 DG = Path(sys.executable).parent / "dg"
@@ -29,20 +32,28 @@ def dg(tmp_path: Path, *args: str) -> subprocess.CompletedProcess:
                           timeout=300)
 
 
-def test_dg_check_yaml_validates_every_policy(tmp_path):
-    result = dg(tmp_path, "check", "yaml")
-    assert result.returncode == 0, result.stdout + result.stderr
-    assert "All component YAML validated successfully" in result.stdout + result.stderr
+def test_dg_check_yaml_and_defs_validate_every_policy(tmp_path):
+    for check in ("yaml", "defs"):
+        result = dg(tmp_path, "check", check)
+        assert result.returncode == 0, result.stdout + result.stderr
+    assert "All definitions loaded successfully" in result.stdout + result.stderr
 
 
-def test_dg_list_defs_shows_the_guest_favorites_policy_under_its_names(tmp_path):
+def test_dg_list_defs_shows_each_policy_under_its_names(tmp_path):
     result = dg(tmp_path, "list", "defs", "--json")
     assert result.returncode == 0, result.stderr
     listed = json.loads(result.stdout)
-    assert [a["asset_key"] for a in listed["assets"]] == ["favorites/guest_favorites_cleanup"]
-    assert [j["name"] for j in listed["jobs"]] == ["guest_favorites_cleanup_job"]
+    policies = load_policies()
+    assert "guest_favorites" in {p.name for p in policies}
+    assert {a["asset_key"] for a in listed["assets"]} == {
+        "/".join(p.asset_key_path) for p in policies}
+    assert {j["name"] for j in listed["jobs"]} == {p.job_name for p in policies}
     assert {s["name"] for s in listed["sensors"]} == {
-        "guest_favorites_cleanup_stale_sensor", "guest_favorites_cleanup_failure_sensor",
-        "guest_favorites_cleanup_tick_failure_sensor"}
-    assert [(s["name"], s["cron_schedule"]) for s in listed["schedules"]] == [
-        ("guest_favorites_cleanup_schedule", "0 3 * * *")]
+        name for p in policies for name in (p.stale_sensor_name, p.failure_sensor_name,
+                                            p.tick_failure_sensor_name)}
+    assert {(s["name"], s["cron_schedule"]) for s in listed["schedules"]} == {
+        (p.schedule_name, p.settings.cron) for p in policies}
+    # The guest-favorites names are a contract.
+    assert ("guest_favorites_cleanup_schedule", "0 3 * * *") in {
+        (s["name"], s["cron_schedule"]) for s in listed["schedules"]}
+    assert "favorites/guest_favorites_cleanup" in {a["asset_key"] for a in listed["assets"]}

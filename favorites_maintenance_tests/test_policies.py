@@ -20,11 +20,11 @@ import sqlalchemy as sa
 import yaml
 from dagster.components.testing import create_defs_folder_sandbox
 
-from favorites_maintenance.definitions import load_defs, load_policies
+from favorites_maintenance.definitions import load_defs
 from favorites_maintenance.partitions import daily_partitions
-from favorites_maintenance.policy import PolicyError
+from favorites_maintenance.retention_policy import PolicyLoadError, load_policies
 from favorites_maintenance.resources import AlertSink
-from favorites_maintenance.settings import DATABASE_URL_VAR, Settings, SettingsError
+from favorites_maintenance.settings import DATABASE_URL_VAR, Settings
 from favorites_maintenance_tests.support import failure_text, run_report
 
 UTC = dt.timezone.utc
@@ -49,8 +49,8 @@ CARTS = {
 }
 
 
-def write_policy(defs_folder: Path, attributes: dict) -> None:
-    folder = defs_folder / attributes["name"]
+def write_policy(defs_folder: Path, attributes: dict, folder_name: str = "guest_carts") -> None:
+    folder = defs_folder / folder_name
     folder.mkdir()
     (folder / "defs.yaml").write_text(yaml.safe_dump(
         {"type": "favorites_maintenance.RetentionPolicy", "attributes": attributes}))
@@ -224,12 +224,16 @@ def test_the_command_line_dry_run_takes_the_policy_by_name(rows, db_url):
     ({"max_run_duration": "ten minutes"}, "policy guest_carts, max_run_duration: 'ten minutes' "
                                           "is not a duration"),
     ({"name": "Guest-Carts"}, "policy 'Guest-Carts': name must be snake_case"),
+    # Dagster's schema, through the component: the file, the line and the field.
+    ({"retention_dayz": 30}, "attributes.retention_dayz at "),
+    ({"name": "guest_favorites"}, "policy names must be unique, got ['guest_favorites', "
+                                  "'guest_favorites']"),
 ])
 def test_a_malformed_policy_stops_the_load_naming_the_policy_field_and_value(
         sandbox, change, message):
     write_policy(sandbox.defs_folder_path, {**CARTS, **change})
     with sandbox.build_component_tree() as tree:
-        with pytest.raises((PolicyError, SettingsError)) as refused:
+        with pytest.raises(PolicyLoadError) as refused:
             load_policies(tree)
     assert message in str(refused.value)
 
@@ -240,7 +244,7 @@ def test_a_policy_setting_read_from_the_environment_is_reported_under_its_variab
                  {**CARTS, "retention_days": "{{ env.CARTS_RETENTION_DAYS }}"})
     monkeypatch.setenv("CARTS_RETENTION_DAYS", "0")
     with sandbox.build_component_tree() as tree:
-        with pytest.raises(SettingsError, match="CARTS_RETENTION_DAYS: '0' must be greater"):
+        with pytest.raises(PolicyLoadError, match="CARTS_RETENTION_DAYS: '0' must be greater"):
             load_policies(tree)
     monkeypatch.delenv("CARTS_RETENTION_DAYS")
     with sandbox.build_component_tree() as tree:
