@@ -198,11 +198,11 @@ def test_raising_the_threshold_after_an_alert_resolves_it_without_a_success(webh
 def test_without_a_cursor_the_clock_is_the_last_success_in_the_history(job, webhook):
     """A new deployment, a reset or renamed sensor, a migrated instance: the first tick finds
     the last successful current run, however old, and alerts at once when it is stale."""
-    stale_after = dt.timedelta(seconds=6)
+    stale_after = dt.timedelta(seconds=2)
     with dg.instance_for_test() as instance:
         yesterday = (dt.datetime.now(UTC) - dt.timedelta(days=1)).date().isoformat()
         assert job.execute_in_process(partition_key=yesterday, instance=instance).success
-        time.sleep(8)
+        time.sleep(3)  # the run is now older than stale_after
         sensor = build_stale_sensor(stale_after)
         sink = AlertSink(webhook_url=webhook.url, attempts=1)
         ctx = dg.build_sensor_context(instance=instance, resources={"alerts": sink})
@@ -211,7 +211,7 @@ def test_without_a_cursor_the_clock_is_the_last_success_in_the_history(job, webh
                                         resources={"alerts": sink})
         assert sensor(again).skip_message == "stale, already alerted"
     [message] = webhook.messages
-    assert "no successful run for more than 0.00166667 h" in message
+    assert "no successful run for more than 0.000555556 h" in message
     assert "last successful run at" in message
 
 
