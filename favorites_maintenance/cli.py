@@ -135,7 +135,9 @@ def _run_demo(env, *, rows: int, pretend: bool, policy) -> None:
     from favorites_maintenance.policy import GUEST_POLICY
     from favorites_maintenance.retention.backlog import measure_backlog
     from favorites_maintenance.retention.database import create_engine
+    from favorites_maintenance.retention.errors import BacklogError, TableShapeError
     from favorites_maintenance.retention.schema import create_dev_schema, drop_dev_schema
+    from favorites_maintenance.retention.table_check import check_table
     from favorites_maintenance.run_report import RunReport
     from favorites_maintenance.seed import seed_favorites, summarize
 
@@ -159,7 +161,14 @@ def _run_demo(env, *, rows: int, pretend: bool, policy) -> None:
 
         partition = daily_partitions.get_last_partition_key()
         cutoff = _partition_cutoff(partition, retention_days)
-        prunable = measure_backlog(engine, cutoff, policy.rule)
+        try:
+            # The same check of the table the job makes before its first batch.
+            with engine.connect() as conn:
+                check_table(conn, policy.rule)
+            prunable = measure_backlog(engine, cutoff, policy.rule)
+        except (TableShapeError, BacklogError) as exc:
+            _fail(f"{exc}; demo --policy {policy.name} needs {policy.rule.qualified_name} in "
+                  "the embedded 'favorites' database (README, \"Adding a retention policy\")")
         _echo(f"  partition {partition}: cutoff {cutoff.isoformat()} "
               f"(retention {retention_days} days); the rule matches {prunable.remaining:,} rows")
         if pretend:

@@ -39,9 +39,9 @@ def build_resources(settings: Settings, policies: Sequence[Policy]) -> dict[str,
     """The resources every policy shares: ``database``, ``retention`` (the run limits a launch
     may set), ``alerts`` and ``metrics`` (the Pushgateway each run pushes its gauges to).
 
-    The database, webhook and Pushgateway URLs are passed as ``dg.EnvVar`` so they are read at run time and
-    never shown in the UI; ``settings`` only proves them valid (an absent database URL fails the
-    run, naming the variable). A run's config may set the run limits and nothing else (see
+    The database, webhook and Pushgateway URLs are passed as ``dg.EnvVar`` so they are read at
+    run time and never shown in the UI; ``settings`` only proves them valid (an absent database
+    URL fails the run, naming the variable). A run's config may set the run limits and nothing else (see
     :func:`~favorites_maintenance.resources.deployed_retention`).
     """
     return {

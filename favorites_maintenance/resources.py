@@ -130,7 +130,10 @@ def _refuse(message: str, config: Any) -> dg.DagsterInvalidConfigError:
 
 
 def _labels(policies: Sequence[Policy], setting: str) -> str:
-    return ", ".join(dict.fromkeys(p.label(setting) for p in policies))
+    """What configures ``setting``: its label, or, with several policies, each policy's."""
+    if len(policies) == 1:
+        return policies[0].label(setting)
+    return "; ".join(f"{p.name}: {p.label(setting)}" for p in policies)
 
 
 def deployed_retention(policies: Sequence[Policy]) -> dg.ResourceDefinition:
@@ -142,9 +145,9 @@ def deployed_retention(policies: Sequence[Policy]) -> dg.ResourceDefinition:
     stand in for (``FAVORITES_GUEST_RETENTION_BATCH_SIZE`` and
     ``FAVORITES_GUEST_RETENTION_MAX_RUN_DURATION`` for the guest-favorites policy); left out,
     each policy's own applies. The retention days are the deployment's: a ``retention_days``
-    other than the deployed value of every policy (which changes nothing) is refused, and so is
-    any other key. The table, the guard and the age column are the policy's ``defs.yaml`` and
-    have no run config at all.
+    other than a policy's deployed value is refused (a deployed value is accepted and changes
+    nothing: the retention is never taken from a launch), and so is any other key. The table,
+    the guard and the age column are the policy's ``defs.yaml`` and have no run config at all.
 
     The check runs when Dagster resolves the run config: in the code server when a run is
     launched from the UI or GraphQL (the launch fails, no run is created) and before
@@ -165,7 +168,9 @@ def deployed_retention(policies: Sequence[Policy]) -> dg.ResourceDefinition:
         values: dict[str, Any] = {}
         for key, value in config.items():
             if key == "retention_days":
-                if value is None or {value} == days:
+                # A deployed value changes nothing (the retention is never taken from a
+                # launch): the config of an older run can be re-executed.
+                if value is None or value in days:
                     continue
                 raise _refuse(
                     f"retention_days={value!r} refused: the retention is not set at launch. It "

@@ -38,6 +38,7 @@ from functools import cached_property
 from pathlib import Path
 
 import dagster as dg
+import yaml
 from dagster.components.core.component_tree import ComponentTreeException
 from pydantic import BaseModel, ConfigDict, Field, PrivateAttr
 
@@ -109,6 +110,7 @@ class RetentionPolicy(dg.Component, dg.Resolvable, dg.Model):
     metrics_prefix: str | None = Field(default=None, description="start of the Prometheus "
                                        "gauges' names (default <name>_cleanup)")
     _variables: dict[str, str] = PrivateAttr(default_factory=dict)
+    _source_text: dict[str, str] = PrivateAttr(default_factory=dict)
 
     @classmethod
     def load(cls, attributes: BaseModel | None, context: dg.ComponentLoadContext
@@ -121,6 +123,7 @@ class RetentionPolicy(dg.Component, dg.Resolvable, dg.Model):
             key: match.group(1) for key, value in raw.items()
             if key in GUEST_VARIABLES and isinstance(value, str)
             and (match := _ENV_TEMPLATE.match(value))}
+        component._source_text = _settings_as_written(context.path, component.name)
         return component
 
     @cached_property
@@ -141,8 +144,14 @@ class RetentionPolicy(dg.Component, dg.Resolvable, dg.Model):
             raise PolicyError(f"policy {self.name!r}: {exc}") from None
         labels = {key: variables.get(key, f"policy {self.name}, {key}")
                   for key in GUEST_VARIABLES}
-        settings = parse_policy_settings(
-            {key: getattr(self, key) for key in GUEST_VARIABLES}, labels)
+        # A setting as written in the file, not as YAML 1.1 reads it (030 is 24 to YAML, yes
+        # is 1): the same text a variable would hold, read by the same rules.
+        values = {key: self._source_text.get(key, getattr(self, key)) if key not in variables
+                  else getattr(self, key) for key in GUEST_VARIABLES}
+        for key, value in values.items():
+            if isinstance(value, bool):
+                raise SettingsError(labels[key], f"{value!r} is a YAML boolean, not a value")
+        settings = parse_policy_settings(values, labels)
         return Policy(self.name, rule, settings, labels={k: v for k, v in labels.items()
                                                          if k in variables},
                       metrics_prefix=self.metrics_prefix)
@@ -199,6 +208,25 @@ def load_policies(tree: dg.ComponentTree | None = None) -> list[Policy]:
     if len(set(names)) != len(names):
         raise PolicyLoadError(f"policy names must be unique, got {sorted(names)!r}")
     return policies
+
+
+def _settings_as_written(path: Path, name: str) -> dict[str, str]:
+    """The settings of policy ``name`` as their text in its YAML file (``path``: the file or
+    its folder's ``defs.yaml``), read without YAML 1.1's type rules; empty when the file cannot
+    be read (the values Dagster parsed are used then)."""
+    file = path / "defs.yaml" if path.is_dir() else path
+    try:
+        documents = list(yaml.load_all(file.read_text(), Loader=yaml.BaseLoader))
+    except (OSError, yaml.YAMLError):
+        return {}
+    for document in documents:
+        attributes = document.get("attributes") if isinstance(document, dict) else None
+        if isinstance(attributes, dict) and attributes.get("name") == name:
+            # A YAML null (or nothing) leaves the setting to its default.
+            return {key: value for key, value in attributes.items()
+                    if key in GUEST_VARIABLES and isinstance(value, str)
+                    and value not in ("", "~", "null", "Null", "NULL")}
+    return {}
 
 
 def _root_cause(exc: BaseException) -> str:

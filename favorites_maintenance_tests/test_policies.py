@@ -238,6 +238,28 @@ def test_a_malformed_policy_stops_the_load_naming_the_policy_field_and_value(
     assert message in str(refused.value)
 
 
+@pytest.mark.parametrize("written, days", [
+    # As written, by the rules a variable's text is read with, not by YAML 1.1's (which reads
+    # 030 as 24, 1:30 as 90, yes as 1 and 0x1e as 30).
+    ("030", 30), ("30", 30), ("yes", None), ("1:30", None), ("0x1e", None), ("30.0", None),
+])
+def test_a_setting_means_what_its_yaml_text_says(sandbox, written, days):
+    folder = sandbox.defs_folder_path / "guest_carts"
+    folder.mkdir()
+    text = yaml.safe_dump({"type": "favorites_maintenance.RetentionPolicy",
+                           "attributes": {**CARTS, "retention_days": 1}})
+    (folder / "defs.yaml").write_text(text.replace("retention_days: 1",
+                                                   f"retention_days: {written}"))
+    with sandbox.build_component_tree() as tree:
+        if days is None:
+            with pytest.raises(PolicyLoadError, match=f"policy guest_carts, retention_days: "
+                                                      f"'{written}' is not a whole number"):
+                load_policies(tree)
+        else:
+            carts = {p.name: p for p in load_policies(tree)}["guest_carts"]
+            assert carts.settings.retention_days == days
+
+
 def test_a_policy_setting_read_from_the_environment_is_reported_under_its_variable(
         sandbox, monkeypatch):
     write_policy(sandbox.defs_folder_path,

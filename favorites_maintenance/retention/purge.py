@@ -4,19 +4,20 @@ One run is a loop of batch transactions on one connection. Each batch is one sta
 here for the guest-favorites rule (another rule names its own table, key, age and guard
 columns)::
 
-    WITH batch AS MATERIALIZED (
+    WITH retention_batch AS MATERIALIZED (
         SELECT ctid, id, updated_at FROM favorites.favorites
          WHERE user_id IS NULL AND updated_at < :cutoff
            AND updated_at >= :after_age                               -- keyset, after batch 1
            AND (updated_at, id) > (:after_age, :after_key)
          ORDER BY updated_at, id LIMIT :batch_size
            FOR UPDATE SKIP LOCKED),
-    deleted AS (
-        DELETE FROM favorites.favorites USING batch
+    retention_deleted AS (
+        DELETE FROM favorites.favorites USING retention_batch
          WHERE user_id IS NULL AND updated_at < :cutoff
-           AND favorites.ctid = batch.ctid AND favorites.id = batch.id
+           AND favorites.ctid = retention_batch.ctid AND favorites.id = retention_batch.id
         RETURNING 1)
-    SELECT <rows in batch>, (SELECT count(*) FROM deleted), <last (updated_at, id) of batch>
+    SELECT <rows in batch>, (SELECT count(*) FROM retention_deleted),
+           <last (updated_at, id) of batch>
 
 - ``MATERIALIZED`` evaluates the candidate SELECT exactly once, so the DELETE cannot re-run a
   ``LIMIT`` subquery and take more than ``batch_size`` rows; the DELETE repeats the guard and the
@@ -259,7 +260,8 @@ def _batch_statement(rule: RetentionRule, cutoff: dt.datetime, keyset: bool,
     )
     if lock_first:
         candidates = candidates.with_for_update(skip_locked=True)
-    batch = candidates.cte("batch").prefix_with("MATERIALIZED")
+    # CTE names a table is unlikely to have: a policy's table may be called "batch".
+    batch = candidates.cte("retention_batch").prefix_with("MATERIALIZED")
     if by_ctid:
         # The batch's rows are locked by this transaction, so no one can update, delete or
         # move them before the DELETE: their ctid (row address) names exactly the locked row
@@ -277,7 +279,7 @@ def _batch_statement(rule: RetentionRule, cutoff: dt.datetime, keyset: bool,
     deleted = (
         rule.delete_prunable(cutoff, match)
         .returning(sa.literal_column("1"))
-        .cte("deleted")
+        .cte("retention_deleted")
     )
     # The batch's last key and its size in one pass over it (a window count, then the top row).
     last = (
@@ -360,9 +362,9 @@ def purge(
     A batch that fails on a row-level error (a foreign key ``RESTRICT``/``NO ACTION``, a
     trigger that raises, a violation raised by a cascade) is run again in halves, each in its
     own transaction, from the same keyset position, down to single rows; a single row that
-    still fails is skipped for this run (its key logged at WARNING, never another column) and
-    the purge goes on past it. Rows a batch locked but whose DELETE had no effect are skipped
-    the same way. A batch that fails because a schema change made a prepared statement or a
+    still fails is skipped for this run (its key logged at WARNING when it is a number, never
+    another column) and the purge goes on past it. Rows a batch locked but whose DELETE had no
+    effect are skipped the same way. A batch that fails because a schema change made a prepared statement or a
     cached plan stale is run again at once on a new connection.
 
     Args:
@@ -458,7 +460,10 @@ def purge(
             log.warning("rows skipped: %s", cause)
         causes[cause] = causes.get(cause, 0) + count
         if key is not None:
-            log.warning("skipped row id=%s (%s)", key, cause)
+            # Only a number (a surrogate key) is logged: another policy's key may be a uuid or
+            # text that identifies a person (an anonymous id), which is never logged.
+            shown = key if isinstance(key, int) and not isinstance(key, bool) else "(not shown)"
+            log.warning("skipped row %s=%s (%s)", rule.key.name, shown, cause)
 
     def check_skipped() -> None:
         if failed_in_a_row >= BLOCKED_AFTER:

@@ -360,7 +360,7 @@ def wait_until_the_purge_waits_on_a_lock(engine) -> None:
             if conn.execute(sa.text(
                     "SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock' "
                     "AND application_name = 'favorites-maintenance' "
-                    "AND query LIKE 'WITH batch%'")).scalar_one():
+                    "AND query LIKE 'WITH retention_batch%'")).scalar_one():
                 return
         time.sleep(0.02)
     raise AssertionError("the batch statement never waited on a lock")
