@@ -220,6 +220,8 @@ def test_the_command_line_dry_run_takes_the_policy_by_name(rows, db_url):
     ({"table": 'carts."guest_carts"; DROP TABLE x'}, "is not a lower-case SQL identifier"),
     ({"key_column": "Cart_UUID"}, "key_column 'Cart_UUID' is not a lower-case SQL identifier"),
     ({"table": "guest_carts"}, "table 'guest_carts' must be written schema.table"),
+    ({"table": "db.carts.guest_carts"}, "table 'db.carts.guest_carts' must be written "
+                                        "schema.table"),
     ({"retention_days": 0}, "policy guest_carts, retention_days: '0' must be greater than 0"),
     ({"max_run_duration": "ten minutes"}, "policy guest_carts, max_run_duration: 'ten minutes' "
                                           "is not a duration"),

@@ -71,7 +71,7 @@ class RetentionRule:
                 identifier, a column is named twice, or ``null_columns`` is empty.
         """
         schema, dot, name = table.partition(".")
-        if not dot or not schema or not name:
+        if not dot or not schema or not name or "." in name:
             raise RuleError(f"table {table!r} must be written schema.table")
         for what, value in (("schema", schema), ("table", name), ("key_column", key_column),
                             ("age_column", age_column), *(("null_columns", c)
