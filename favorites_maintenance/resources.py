@@ -199,12 +199,18 @@ def deployed_retention(policies: Sequence[Policy]) -> dg.ResourceDefinition:
         f"Retention: {deployed}; fixed by the deployment, not settable at launch. Run limits "
         f"a launch may set, within the bounds of their settings: batch_size and "
         f"max_run_duration_seconds (left out, each policy's own: {own}).")
+    # One policy: the launchpad offers its values; several: each policy's own when left out.
+    only = policies[0].settings if len(policies) == 1 else None
     schema = dg.Permissive({
-        "batch_size": dg.Field(dg.Noneable(int), default_value=None, is_required=False,
+        "batch_size": dg.Field(dg.Noneable(int),
+                               default_value=only.batch_size if only else None,
+                               is_required=False,
                                description=f"Rows of the first batch transaction, 1 to "
                                f"{MAX_BATCH_SIZE:,} ({_labels(policies, 'batch_size')})."),
         "max_run_duration_seconds": dg.Field(
-            dg.Noneable(float), default_value=None, is_required=False,
+            dg.Noneable(float),
+            default_value=only.max_run_duration.total_seconds() if only else None,
+            is_required=False,
             description=f"Time budget of the purge in seconds, "
             f"{MIN_DURATION.total_seconds():g} to {MAX_RUN_DURATION_LIMIT.total_seconds():g} "
             f"({_labels(policies, 'max_run_duration')})."),

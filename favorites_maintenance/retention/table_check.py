@@ -96,7 +96,7 @@ def check_table(conn: sa.Connection, rule: RetentionRule = GUEST_FAVORITES) -> T
     for guard in rule.guards:
         if not column(guard.name)["nullable"]:
             raise TableShapeError(
-                f"{table}.{guard.name} is NOT NULL, so no row can ever match the guard "
+                f"{table}.{guard.name} is NOT NULL, so no row can ever be a guest row "
                 f"({rule.guard_sql}): the table is not the one the rule is written for",
                 column=guard.name)
 
