@@ -164,6 +164,12 @@ def deployed_retention(policies: Sequence[Policy]) -> dg.ResourceDefinition:
                          "this deployment" + (f", policy {p.name}" if len(policies) > 1 else "")
                          + ")" for p in policies)
 
+    # One policy: the launchpad offers its values; several: each policy's own when left out.
+    only = policies[0].settings if len(policies) == 1 else None
+    deployed_limits = ({"batch_size": only.batch_size,
+                        "max_run_duration_seconds": only.max_run_duration.total_seconds()}
+                       if only else {})
+
     def at_launch(config: Mapping[str, Any]) -> dict[str, Any]:
         values: dict[str, Any] = {}
         for key, value in config.items():
@@ -182,8 +188,8 @@ def deployed_retention(policies: Sequence[Policy]) -> dg.ResourceDefinition:
                     f"rule (table, guard, age column, retention days) is fixed by the "
                     f"deployment: the policy's defs.yaml and "
                     f"{_labels(policies, 'retention_days')} in {_WHERE}.", config)
-            if value is None:
-                continue
+            if value is None or value == deployed_limits.get(key):
+                continue  # the policy's own value (the launchpad's default): nothing to change
             setting, low, high, kind = LAUNCH_LIMITS[key]
             if not low <= value <= high:
                 shown = int(value) if float(value).is_integer() else value  # 0, not 0.0
@@ -199,17 +205,15 @@ def deployed_retention(policies: Sequence[Policy]) -> dg.ResourceDefinition:
         f"Retention: {deployed}; fixed by the deployment, not settable at launch. Run limits "
         f"a launch may set, within the bounds of their settings: batch_size and "
         f"max_run_duration_seconds (left out, each policy's own: {own}).")
-    # One policy: the launchpad offers its values; several: each policy's own when left out.
-    only = policies[0].settings if len(policies) == 1 else None
     schema = dg.Permissive({
         "batch_size": dg.Field(dg.Noneable(int),
-                               default_value=only.batch_size if only else None,
+                               default_value=deployed_limits.get("batch_size"),
                                is_required=False,
                                description=f"Rows of the first batch transaction, 1 to "
                                f"{MAX_BATCH_SIZE:,} ({_labels(policies, 'batch_size')})."),
         "max_run_duration_seconds": dg.Field(
             dg.Noneable(float),
-            default_value=only.max_run_duration.total_seconds() if only else None,
+            default_value=deployed_limits.get("max_run_duration_seconds"),
             is_required=False,
             description=f"Time budget of the purge in seconds, "
             f"{MIN_DURATION.total_seconds():g} to {MAX_RUN_DURATION_LIMIT.total_seconds():g} "
