@@ -1,7 +1,7 @@
 """``favorites-maintenance dev``: the Dagster UI and daemon on the local environment.
 
 The embedded PostgreSQL server serves both Dagster's storage and the favorites database
-(:class:`~favorites_maintenance.local.LocalEnvironment`); ``dagster dev`` runs the webserver and
+(:class:`~favorites_maintenance.local.environment.LocalEnvironment`); ``dagster dev`` runs the webserver and
 the daemon on top of it. Ctrl-C (SIGINT) or SIGTERM stops ``dagster dev`` first, so the webserver,
 the daemon, the code server and any run they started end while their storage is still up, and
 then the server.
@@ -24,7 +24,10 @@ from pathlib import Path
 
 import sqlalchemy as sa
 
-from favorites_maintenance.assets import ASSET_KEY
+#: The guest-favorites policy's asset (``defs/guest_favorites/defs.yaml``), the page ``dev``
+#: points a newcomer at.
+GUEST_FAVORITES_ASSET = "favorites/guest_favorites_cleanup"
+
 
 HOST = "127.0.0.1"
 #: How long ``dagster dev`` gets to stop its webserver, daemon and code server after an interrupt.
@@ -37,7 +40,7 @@ def ui_address(port: int) -> str:
 
 def asset_page(port: int) -> str:
     """The UI page of the cleanup asset."""
-    return f"{ui_address(port)}/assets/{'/'.join(ASSET_KEY.path)}"
+    return f"{ui_address(port)}/assets/{GUEST_FAVORITES_ASSET}"
 
 
 def port_is_free(port: int) -> bool:
@@ -55,7 +58,7 @@ def prepare_dev_table(engine: sa.Engine, rows: int, echo: Callable[[str], None],
     """Create the dev table if missing and seed ``rows`` rows if it is empty; with ``reseed``,
     drop and recreate it first, so it holds freshly seeded rows whatever was there."""
     from favorites_maintenance.retention.schema import create_dev_schema, drop_dev_schema
-    from favorites_maintenance.seed import seed_favorites, summarize
+    from favorites_maintenance.local.seed import seed_favorites, summarize
 
     if reseed:
         echo("dropping and recreating favorites.favorites (--reseed)")
@@ -94,7 +97,7 @@ def ensure_pool_limits() -> dict[str, int]:
     """
     import dagster as dg
 
-    from favorites_maintenance.retention_policy import load_policies
+    from favorites_maintenance.components.policy_tree import load_policies
 
     pools = [p.pool for p in load_policies()]
     with dg.DagsterInstance.get() as instance:

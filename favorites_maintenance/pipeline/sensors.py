@@ -2,12 +2,12 @@
 schedule tick. Each policy has its three sensors, named after it (``<name>_cleanup_stale_sensor``,
 ``<name>_cleanup_failure_sensor``, ``<name>_cleanup_tick_failure_sensor``).
 
-Both send through the ``alerts`` resource (:class:`~favorites_maintenance.resources.AlertSink`):
+Both send through the ``alerts`` resource (:class:`~favorites_maintenance.pipeline.resources.AlertSink`):
 the log always, a Slack-compatible webhook when ``FAVORITES_ALERT_WEBHOOK_URL`` is set.
 
 What counts as a success for the staleness sensor is a materialization of the cleanup asset
 (the purge and the backlog measure both finished) of a *current* partition: one whose day ended
-at most :data:`~favorites_maintenance.partitions.CURRENT_PARTITION_LAG` (two days) before the
+at most :data:`~favorites_maintenance.pipeline.partitions.CURRENT_PARTITION_LAG` (two days) before the
 materialization. A backfill of an old day cleans
 nothing today's run would not, so it does not reset the clock; a CANCELED or FAILED run records
 no materialization, and the run of the chosen materialization must have ended SUCCESS.
@@ -22,9 +22,13 @@ from collections.abc import Callable
 import dagster as dg
 from dagster._core.scheduler.instigation import InstigatorType, TickStatus
 
-from favorites_maintenance.partitions import CURRENT_PARTITION_LAG, daily_partitions, is_current
-from favorites_maintenance.policy import GUEST_POLICY, Policy
-from favorites_maintenance.resources import AlertSink
+from favorites_maintenance.config.policy import Policy
+from favorites_maintenance.pipeline.partitions import (
+    CURRENT_PARTITION_LAG,
+    daily_partitions,
+    is_current,
+)
+from favorites_maintenance.pipeline.resources import AlertSink
 
 #: Seconds between two evaluations of the tick-failure sensor: a failed tick is alerted at most
 #: this long (plus the daemon's own loop) after it.
@@ -110,8 +114,8 @@ def latest_current_success(instance: dg.DagsterInstance, asset_key: dg.AssetKey,
     return None
 
 
-def build_stale_sensor(stale_after: dt.timedelta, clock: Callable[[], float] = time.time,
-                       policy: Policy = GUEST_POLICY) -> dg.SensorDefinition:
+def build_stale_sensor(policy: Policy, stale_after: dt.timedelta | None = None,
+                       clock: Callable[[], float] = time.time) -> dg.SensorDefinition:
     """The staleness sensor of ``policy`` (``<name>_cleanup_stale_sensor``) for a threshold of
     ``stale_after``.
 
@@ -122,14 +126,15 @@ def build_stale_sensor(stale_after: dt.timedelta, clock: Callable[[], float] = t
     the clock start at that tick, so a fresh deployment alerts only after ``stale_after``.
 
     Args:
-        stale_after: threshold (the policy's ``stale_after``, default 48 h).
-        clock: epoch seconds now; tests pass a fixed clock.
         policy: whose cleanup asset is watched.
+        stale_after: threshold (default: the policy's ``stale_after``, 48 h unless set).
+        clock: epoch seconds now; tests pass a fixed clock.
 
     The cursor is JSON ``{"since": epoch_s, "lastSuccess": epoch_s | null,
     "alertedAt": epoch_s | null}``: ``since`` is the instant staleness is measured from.
     """
 
+    stale_after = stale_after or policy.settings.stale_after
     asset_key = dg.AssetKey(list(policy.asset_key_path))
     cleanup = policy.cleanup
 
@@ -183,7 +188,7 @@ def build_stale_sensor(stale_after: dt.timedelta, clock: Callable[[], float] = t
     return stale_sensor
 
 
-def build_failure_sensor(policy: Policy = GUEST_POLICY) -> dg.SensorDefinition:
+def build_failure_sensor(policy: Policy) -> dg.SensorDefinition:
     """The run-failure sensor of ``policy`` (``<name>_cleanup_failure_sensor``): alerts when a
     run that materializes the policy's cleanup asset fails, whatever launched it.
 
@@ -232,7 +237,7 @@ def _error_summary(tick) -> str:
     return text if len(text) <= _ERROR_CHARS else text[:_ERROR_CHARS - 3] + "..."
 
 
-def build_tick_failure_sensor(policy: Policy = GUEST_POLICY) -> dg.SensorDefinition:
+def build_tick_failure_sensor(policy: Policy) -> dg.SensorDefinition:
     """The tick-failure sensor of ``policy`` (``<name>_cleanup_tick_failure_sensor``), which
     watches the policy's schedule, ``<name>_cleanup_schedule``."""
     schedule = policy.schedule_name
@@ -277,7 +282,3 @@ def build_tick_failure_sensor(policy: Policy = GUEST_POLICY) -> dg.SensorDefinit
 
     return tick_failure_sensor
 
-
-#: The guest-favorites sensors (the code location builds its own).
-guest_favorites_cleanup_failure_sensor = build_failure_sensor(GUEST_POLICY)
-guest_favorites_cleanup_tick_failure_sensor = build_tick_failure_sensor(GUEST_POLICY)

@@ -1,11 +1,11 @@
 """The job that materializes a policy's cleanup asset, one daily partition per run.
 
-Its partitioning is the asset's (:mod:`favorites_maintenance.partitions`).
+Its partitioning is the asset's (:mod:`favorites_maintenance.pipeline.partitions`).
 """
 
 import dagster as dg
 
-from favorites_maintenance.policy import GUEST_POLICY, Policy
+from favorites_maintenance.config.policy import Policy
 
 
 def build_job(policy: Policy):
@@ -18,6 +18,3 @@ def build_job(policy: Policy):
                     f"({policy.rule.guard_sql}) for one daily partition.",
     )
 
-
-#: The guest-favorites job (the code location builds its own).
-guest_favorites_cleanup_job = build_job(GUEST_POLICY)

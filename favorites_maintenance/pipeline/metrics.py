@@ -42,9 +42,9 @@ from prometheus_client.exposition import (
     pushadd_to_gateway,
 )
 
-from favorites_maintenance.policy import Policy
-from favorites_maintenance.run_report import RunReport
-from favorites_maintenance.settings import safe_http_url
+from favorites_maintenance.config.parsers import safe_http_url
+from favorites_maintenance.config.policy import Policy
+from favorites_maintenance.pipeline.run_report import RunReport
 
 #: Seconds one push may take before it is given up (the run has ended its work by then).
 PUSH_TIMEOUT_S = 10.0

@@ -25,20 +25,18 @@ import requests
 import sqlalchemy as sa
 from pydantic import Field, PrivateAttr
 
-from favorites_maintenance import metrics
-from favorites_maintenance.retention.database import create_engine
-from favorites_maintenance.retention.health import HealthLimits
-from favorites_maintenance.policy import Policy
-from favorites_maintenance.run_report import RunReport
-from favorites_maintenance.settings import (
-    DATABASE_URL_VAR,
-    MAX_BATCH_SIZE,
-    MAX_RUN_DURATION_LIMIT,
-    MIN_DURATION,
+from favorites_maintenance.config.parsers import SettingsError, parse_database_url
+from favorites_maintenance.config.policy import Policy
+from favorites_maintenance.config.policy_settings import (
+    LAUNCH_LIMITS,
+    SETTINGS,
     PolicySettings,
-    SettingsError,
-    parse_database_url,
 )
+from favorites_maintenance.pipeline import metrics
+from favorites_maintenance.pipeline.run_report import RunReport
+from favorites_maintenance.retention.database import create_engine
+from favorites_maintenance.retention.defaults import DATABASE_URL_VAR
+from favorites_maintenance.retention.health import HealthLimits
 
 
 _alerts_log = logging.getLogger("favorites_maintenance.alerts")
@@ -81,30 +79,27 @@ class FavoritesDatabase(dg.ConfigurableResource):
 
 
 class RunLimits(dg.ConfigurableResource):
-    """The run limits a launch set for one run (``resources.retention.config``); ``None`` keeps
-    the policy's own (its ``defs.yaml``, or its variables).
+    """The run limits a launch set for one run (``resources.retention.config``); a limit left
+    out keeps the policy's own (its ``defs.yaml``, or its variables).
 
     Served by :func:`deployed_retention`, which checks a launch's values against the bounds of
-    the settings they stand in for.
+    the settings they stand in for (:data:`~favorites_maintenance.config.policy_settings.
+    LAUNCH_LIMITS`: ``batch_size`` in rows, ``max_run_duration_seconds`` in seconds).
 
     Attributes:
-        batch_size: rows of the first batch transaction (1 to 100,000).
-        max_run_duration_seconds: time budget of the purge, in seconds (1 to 3,000).
+        limits: run-config key -> the value the launch gave, already checked.
     """
 
-    batch_size: int | None = Field(default=None, gt=0,
-                                   description="Rows of the first batch transaction.")
-    max_run_duration_seconds: float | None = Field(default=None, gt=0,
-                                                   description="Time budget of one purge.")
+    limits: dict[str, float] = Field(default_factory=dict,
+                                     description="Run limits set by the launch, checked.")
 
     def apply(self, settings: PolicySettings) -> PolicySettings:
         """``settings`` with the limits this launch set, the rest unchanged."""
         changed = {}
-        if self.batch_size is not None:
-            changed["batch_size"] = self.batch_size
-            changed["batch_size_max"] = max(settings.batch_size_max, self.batch_size)
-        if self.max_run_duration_seconds is not None:
-            changed["max_run_duration"] = dt.timedelta(seconds=self.max_run_duration_seconds)
+        for key, value in self.limits.items():
+            name = LAUNCH_LIMITS[key]
+            changed[name] = (dt.timedelta(seconds=value)
+                             if SETTINGS[name].launch_unit == "seconds" else int(value))
         return dataclasses.replace(settings, **changed)
 
 
@@ -113,16 +108,6 @@ def health_limits(settings: PolicySettings) -> HealthLimits:
     return HealthLimits(max_replication_lag_bytes=settings.max_replication_lag_bytes,
                         max_wal_bytes_per_second=settings.max_wal_bytes_per_second,
                         max_pause=settings.max_pause)
-
-
-#: The run limits a launch may set (run config ``resources.retention.config``), with the
-#: setting they stand in for, their bounds and type: a batch is one transaction holding row
-#: locks, and the time budget stays under the run ceiling of ``dagster.yaml``.
-LAUNCH_LIMITS: dict[str, tuple[str, float, float, type]] = {
-    "batch_size": ("batch_size", 1, MAX_BATCH_SIZE, int),
-    "max_run_duration_seconds": ("max_run_duration", MIN_DURATION.total_seconds(),
-                                 MAX_RUN_DURATION_LIMIT.total_seconds(), float),
-}
 
 
 def _refuse(message: str, config: Any) -> dg.DagsterInvalidConfigError:
@@ -136,18 +121,26 @@ def _labels(policies: Sequence[Policy], setting: str) -> str:
     return "; ".join(f"{p.name}: {p.label(setting)}" for p in policies)
 
 
+def _launch_value(settings: PolicySettings, key: str) -> float:
+    """The value of launch key ``key`` that ``settings`` hold, in the key's unit."""
+    name = LAUNCH_LIMITS[key]
+    value = getattr(settings, name)
+    return value.total_seconds() if SETTINGS[name].launch_unit == "seconds" else value
+
+
 def deployed_retention(policies: Sequence[Policy]) -> dg.ResourceDefinition:
     """The ``retention`` resource of the code location: the run limits a launch may set for
     a run of any of ``policies``, and nothing else.
 
-    Run config ``resources.retention.config`` may hold ``batch_size`` (rows, 1 to 100,000) and
-    ``max_run_duration_seconds`` (seconds, 1 to 3,000), the bounds of the policy settings they
-    stand in for (``FAVORITES_GUEST_RETENTION_BATCH_SIZE`` and
-    ``FAVORITES_GUEST_RETENTION_MAX_RUN_DURATION`` for the guest-favorites policy); left out,
-    each policy's own applies. The retention days are the deployment's: a ``retention_days``
-    other than a policy's deployed value is refused (a deployed value is accepted and changes
-    nothing: the retention is never taken from a launch), and so is any other key. The table,
-    the guard and the age column are the policy's ``defs.yaml`` and have no run config at all.
+    Run config ``resources.retention.config`` may hold the launch keys of the policy settings
+    table (``batch_size``, rows, 1 to 100,000; ``max_run_duration_seconds``, seconds, 1 to
+    3,000), within the bounds of the settings they stand in for
+    (``FAVORITES_GUEST_RETENTION_BATCH_SIZE`` and ``FAVORITES_GUEST_RETENTION_MAX_RUN_DURATION``
+    for the guest-favorites policy); left out, each policy's own applies. The retention days
+    are the deployment's: a ``retention_days`` other than a policy's deployed value is refused
+    (a deployed value is accepted and changes nothing: the retention is never taken from a
+    launch), and so is any other key. The table, the guard and the age column are the
+    policy's ``defs.yaml`` and have no run config at all.
 
     The check runs when Dagster resolves the run config: in the code server when a run is
     launched from the UI or GraphQL (the launch fails, no run is created) and before
@@ -166,8 +159,7 @@ def deployed_retention(policies: Sequence[Policy]) -> dg.ResourceDefinition:
 
     # One policy: the launchpad offers its values; several: each policy's own when left out.
     only = policies[0].settings if len(policies) == 1 else None
-    deployed_limits = ({"batch_size": only.batch_size,
-                        "max_run_duration_seconds": only.max_run_duration.total_seconds()}
+    deployed_limits = ({key: _launch_value(only, key) for key in LAUNCH_LIMITS}
                        if only else {})
 
     def at_launch(config: Mapping[str, Any]) -> dict[str, Any]:
@@ -190,37 +182,38 @@ def deployed_retention(policies: Sequence[Policy]) -> dg.ResourceDefinition:
                     f"{_labels(policies, 'retention_days')} in {_WHERE}.", config)
             if value is None or value == deployed_limits.get(key):
                 continue  # the policy's own value (the launchpad's default): nothing to change
-            setting, low, high, kind = LAUNCH_LIMITS[key]
+            setting = LAUNCH_LIMITS[key]
+            low, high = SETTINGS[setting].launch_bounds
             if not low <= value <= high:
                 shown = int(value) if float(value).is_integer() else value  # 0, not 0.0
                 raise _refuse(
                     f"{key}={shown!r} refused: it must be between {low:,g} and {high:,g}, "
                     f"the bounds of {_labels(policies, setting)}.", config)
-            values[key] = kind(value)
-        return values
+            values[key] = value
+        return {"limits": values}
 
     own = "; ".join(f"{p.name}: {p.settings.batch_size} rows, "
                     f"{p.settings.max_run_duration.total_seconds():g} s" for p in policies)
     description = (
         f"Retention: {deployed}; fixed by the deployment, not settable at launch. Run limits "
-        f"a launch may set, within the bounds of their settings: batch_size and "
-        f"max_run_duration_seconds (left out, each policy's own: {own}).")
-    schema = dg.Permissive({
-        "batch_size": dg.Field(dg.Noneable(int),
-                               default_value=deployed_limits.get("batch_size"),
-                               is_required=False,
-                               description=f"Rows of the first batch transaction, 1 to "
-                               f"{MAX_BATCH_SIZE:,} ({_labels(policies, 'batch_size')})."),
-        "max_run_duration_seconds": dg.Field(
-            dg.Noneable(float),
-            default_value=deployed_limits.get("max_run_duration_seconds"),
-            is_required=False,
-            description=f"Time budget of the purge in seconds, "
-            f"{MIN_DURATION.total_seconds():g} to {MAX_RUN_DURATION_LIMIT.total_seconds():g} "
-            f"({_labels(policies, 'max_run_duration')})."),
-    })
+        f"a launch may set, within the bounds of their settings: {' and '.join(LAUNCH_LIMITS)} "
+        f"(left out, each policy's own: {own}).")
+    schema = dg.Permissive({key: _launch_field(key, policies, deployed_limits.get(key))
+                            for key in LAUNCH_LIMITS})
     return RunLimits().get_resource_definition().configured(at_launch, config_schema=schema,
                                                              description=description)
+
+
+def _launch_field(key: str, policies: Sequence[Policy], default: float | None) -> dg.Field:
+    """The launchpad's field of launch key ``key``: its type, bounds and what sets it."""
+    name = LAUNCH_LIMITS[key]
+    declared = SETTINGS[name]
+    low, high = declared.launch_bounds
+    unit = " in seconds" if declared.launch_unit == "seconds" else ""
+    kind = float if declared.launch_unit == "seconds" else int
+    return dg.Field(dg.Noneable(kind), default_value=default, is_required=False,
+                    description=f"{declared.description[0].upper()}{declared.description[1:]}"
+                    f"{unit}, {low:,g} to {high:,g} ({_labels(policies, name)}).")
 
 
 def deployed_database() -> dg.ResourceDefinition:
@@ -290,7 +283,7 @@ class AlertSink(dg.ConfigurableResource):
 
 class MetricsPush(dg.ConfigurableResource):
     """Where a cleanup run's gauges go when it ends: a Prometheus Pushgateway, when one is
-    configured (see :mod:`favorites_maintenance.metrics`); otherwise nowhere.
+    configured (see :mod:`favorites_maintenance.pipeline.metrics`); otherwise nowhere.
 
     Attributes:
         gateway_url: optional ``http(s)://[user:password@]host[:port]``; it may hold

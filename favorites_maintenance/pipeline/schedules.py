@@ -8,17 +8,14 @@ from __future__ import annotations
 
 import dagster as dg
 
-from favorites_maintenance.partitions import daily_partitions
-from favorites_maintenance.policy import GUEST_POLICY, Policy
-
-#: The guest-favorites schedule's name (each policy's is ``<name>_cleanup_schedule``).
-SCHEDULE_NAME = GUEST_POLICY.schedule_name
+from favorites_maintenance.config.policy import Policy
+from favorites_maintenance.pipeline.partitions import daily_partitions
 
 
-def build_schedule(cron: str, policy: Policy = GUEST_POLICY) -> dg.ScheduleDefinition:
-    """The cleanup schedule of ``policy`` on ``cron`` (validated by
-    :func:`favorites_maintenance.settings.validate_cron`), evaluated in UTC, running by default;
-    it runs the policy's job, ``<name>_cleanup_job``.
+def build_schedule(policy: Policy) -> dg.ScheduleDefinition:
+    """The cleanup schedule of ``policy`` on its ``cron`` (validated by
+    :func:`favorites_maintenance.config.parsers.validate_cron`), evaluated in UTC, running by
+    default; it runs the policy's job, ``<name>_cleanup_job``.
 
     A tick at instant T requests the last daily partition that ended at or before T, e.g. the
     ``0 3 * * *`` tick of 2026-05-10 runs ``2026-05-09``.
@@ -26,7 +23,7 @@ def build_schedule(cron: str, policy: Policy = GUEST_POLICY) -> dg.ScheduleDefin
 
     @dg.schedule(
         name=policy.schedule_name,
-        cron_schedule=cron,
+        cron_schedule=policy.settings.cron,
         execution_timezone="UTC",
         job_name=policy.job_name,
         default_status=dg.DefaultScheduleStatus.RUNNING,

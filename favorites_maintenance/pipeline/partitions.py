@@ -50,3 +50,14 @@ def partition_cutoff(partition_key: str | None, retention_days: int,
                              f"from {daily_partitions.get_first_partition_key()} to yesterday)")
         window_end = daily_partitions.time_window_for_partition_key(partition_key).end
     return compute_cutoff(now or dt.datetime.now(dt.timezone.utc), retention_days, window_end)
+
+
+def run_cutoff(context: dg.OpExecutionContext | dg.AssetCheckExecutionContext,
+               retention_days: int) -> dt.datetime:
+    """The cutoff of the run of ``context`` (see :func:`partition_cutoff`); a run of a range of days (a single-run backfill) uses its last day."""
+    key = None
+    if context.has_partition_key:
+        key = context.partition_key
+    elif getattr(context, "has_partition_key_range", False):
+        key = context.partition_key_range.end
+    return partition_cutoff(key, retention_days)

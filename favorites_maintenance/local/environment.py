@@ -12,8 +12,13 @@ import shutil
 from dataclasses import dataclass
 from pathlib import Path
 
-from favorites_maintenance.embedded import DAGSTER_DATABASE, FAVORITES_DATABASE, EmbeddedPostgres
-from favorites_maintenance.settings import DATABASE_URL_VAR, METRICS_PUSHGATEWAY_URL_VAR
+from favorites_maintenance.config.parsers import METRICS_PUSHGATEWAY_URL_VAR
+from favorites_maintenance.local.embedded import (
+    DAGSTER_DATABASE,
+    FAVORITES_DATABASE,
+    EmbeddedPostgres,
+)
+from favorites_maintenance.retention.defaults import DATABASE_URL_VAR
 
 #: The deployment's monitoring, which the local commands never feed.
 MONITORING_VARIABLES = (METRICS_PUSHGATEWAY_URL_VAR, "OTEL_EXPORTER_OTLP_ENDPOINT",

@@ -17,8 +17,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from favorites_maintenance.config.policy_settings import PolicySettings
 from favorites_maintenance.retention.purge import PurgeReport
-from favorites_maintenance.settings import PolicySettings
 
 _NONE = "none"
 

@@ -1,7 +1,7 @@
 """A retention policy: a rule, its settings, and the names of everything run for it.
 
 A policy is declared as data (``favorites_maintenance/defs/<policy>/defs.yaml``, loaded by the
-:class:`~favorites_maintenance.retention_policy.RetentionPolicy` component) and becomes one
+:class:`~favorites_maintenance.components.retention_policy.RetentionPolicy` component) and becomes one
 :class:`Policy`. Every Dagster name of the policy is derived from its ``name``, so a second
 policy never collides with the first:
 
@@ -24,8 +24,8 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass, field
 
-from favorites_maintenance.retention.rule import GUEST_FAVORITES, RetentionRule
-from favorites_maintenance.settings import GUEST_VARIABLES, PolicySettings
+from favorites_maintenance.config.policy_settings import PolicySettings
+from favorites_maintenance.retention.rule import RetentionRule
 
 #: A policy name: snake_case, short enough that every derived name stays a valid Dagster name.
 _NAME = re.compile(r"[a-z][a-z0-9]*(?:_[a-z0-9]+)*")
@@ -45,7 +45,7 @@ class Policy:
         rule: the table and the predicate (see :class:`~favorites_maintenance.retention.rule.
             RetentionRule`).
         settings: retention days, batch size, schedule and limits.
-        labels: field of :class:`~favorites_maintenance.settings.PolicySettings` -> what
+        labels: field of :class:`~favorites_maintenance.config.policy_settings.PolicySettings` -> what
             messages call it (the variable it was read from, or ``policy P, field F``).
         metrics_prefix: what the names of the policy's Prometheus gauges start with
             (``<metrics_prefix>_deleted_rows``, ...); ``None`` (the default) is ``<name>_cleanup``.
@@ -111,9 +111,3 @@ class Policy:
     @property
     def tick_failure_sensor_name(self) -> str:
         return f"{self.cleanup}_tick_failure_sensor"
-
-
-#: The guest-favorites policy with default settings, as ``defs/guest_favorites/defs.yaml``
-#: declares it when no ``FAVORITES_GUEST_RETENTION_*`` variable is set.
-GUEST_POLICY = Policy("guest_favorites", GUEST_FAVORITES, labels=dict(GUEST_VARIABLES),
-                      metrics_prefix="favorites_guest_cleanup")

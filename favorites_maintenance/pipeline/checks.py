@@ -17,7 +17,7 @@ result, stored under none; the UI then shows the planned one as "Skipped".)
 - ``deleted_total_spike`` (WARN): a run deleted far more than usual, which is what an
   over-deletion or a changed upstream would look like. The run's ``deletedTotal`` is compared
   with the median of up to :data:`SPIKE_HISTORY` earlier materializations of *current* days
-  (:func:`~favorites_maintenance.partitions.is_current`; backfills of past days, which often
+  (:func:`~favorites_maintenance.pipeline.partitions.is_current`; backfills of past days, which often
   delete 0, are left out of the baseline); it is a spike when it exceeds both ``SPIKE_FACTOR``
   times that median and the median plus :data:`SPIKE_MIN_ROWS` (so a quiet table going from 3
   to 40 rows is no spike). Fewer than :data:`SPIKE_MIN_HISTORY` earlier runs: passes, saying so.
@@ -30,12 +30,11 @@ import warnings
 
 import dagster as dg
 
-from favorites_maintenance.assets import run_cutoff
-from favorites_maintenance.partitions import daily_partitions, is_current
-from favorites_maintenance.policy import GUEST_POLICY, Policy
-from favorites_maintenance.resources import FavoritesDatabase
+from favorites_maintenance.config.policy import Policy
+from favorites_maintenance.pipeline.partitions import daily_partitions, is_current, run_cutoff
+from favorites_maintenance.pipeline.resources import FavoritesDatabase
+from favorites_maintenance.pipeline.run_report import RunReport
 from favorites_maintenance.retention.backlog import measure_backlog
-from favorites_maintenance.run_report import RunReport
 
 # Partitioned checks are a preview feature of Dagster 1.13: say it once, here, not at every load.
 warnings.filterwarnings("ignore", message="Specifying a partitions_def on an AssetCheckSpec",
@@ -72,7 +71,7 @@ def build_asset_checks(policy: Policy) -> list[dg.AssetChecksDefinition]:
         cutoff = run_cutoff(context, policy.settings.retention_days)
         limit = cutoff - dt.timedelta(days=1)
         overdue = measure_backlog(database.engine, limit, rule)
-        oldest = overdue.oldest_updated_at
+        oldest = overdue.oldest_age
         return dg.AssetCheckResult(
             passed=overdue.remaining == 0,
             severity=dg.AssetCheckSeverity.ERROR,
@@ -182,7 +181,3 @@ def _this_runs_materialization(context: dg.AssetCheckExecutionContext, asset_key
             return mat.metadata
     return None
 
-
-#: The guest-favorites asset's checks with default settings (the code location builds its own).
-asset_checks = build_asset_checks(GUEST_POLICY)
-no_guest_row_older_than_retention_plus_one_day, deleted_total_spike, no_rows_skipped = asset_checks

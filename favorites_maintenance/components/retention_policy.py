@@ -1,0 +1,175 @@
+"""The ``favorites_maintenance.RetentionPolicy`` component: a retention policy declared as YAML.
+
+One folder per policy, ``favorites_maintenance/defs/<policy>/defs.yaml``::
+
+    type: favorites_maintenance.RetentionPolicy
+    attributes:
+      name: guest_carts                 # snake_case; every Dagster name derives from it
+      table: carts.guest_carts          # schema.table
+      key_column: cart_uuid             # unique key (bigint, uuid, text, ...)
+      age_column: touched_at            # timestamptz
+      null_columns: [customer_ref]      # the guard: rows with all of them NULL are guest rows
+      retention_days: 30                # optional, like every setting below
+      cron: "{{ env.GUEST_CARTS_CLEANUP_CRON }}"
+
+The rule's fields (``name``, ``table``, ``key_column``, ``age_column``, ``null_columns``) are
+required. The optional settings are the fields of
+:class:`~favorites_maintenance.config.policy_settings.PolicySettings`, declared there once; this
+component takes its fields, their types and their descriptions from that table. A setting may
+come from the environment through the component's templating (``"{{ env.X }}"``: an unset
+variable is the default, an empty one an error naming the variable). Identifiers reach SQL only
+as SQLAlchemy ``Table``/``Column`` objects, never formatted into a statement.
+
+A literal setting is read as its text in the file, not as YAML 1.1 reads it (``030`` would be
+24, ``yes`` would be 1): the same text a variable would hold, checked by the same parser
+(:func:`_setting_value`, the one place this happens).
+
+Errors, at load (the code location does not load):
+
+- a name that is not an identifier, an empty ``null_columns``, a value out of bounds:
+  :class:`~favorites_maintenance.config.policy.PolicyError` or
+  :class:`~favorites_maintenance.config.parsers.SettingsError`, naming the policy, the field (or
+  the variable it was read from) and the value;
+
+and at the policy's first run, before anything is deleted: a missing table or column, an age
+column that is not ``timestamptz``, a key that is not unique
+(:class:`~favorites_maintenance.retention.errors.TableShapeError`, naming the table and the
+column).
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from functools import cached_property
+from pathlib import Path
+from typing import Annotated, Any
+
+import dagster as dg
+import pydantic
+from pydantic import ConfigDict, Field
+
+from favorites_maintenance.config.policy import Policy, PolicyError
+from favorites_maintenance.config.policy_settings import SETTINGS, parse_policy_settings
+from favorites_maintenance.retention.rule import RetentionRule, RuleError
+
+#: A whole field written as ``{{ env.NAME }}``: messages then name the variable.
+_ENV_TEMPLATE = re.compile(r"^\s*\{\{\s*env\.([A-Za-z_][A-Za-z0-9_]*)\s*\}\}\s*$")
+
+
+@dataclass(frozen=True)
+class SettingValue:
+    """One policy setting as the YAML gave it, before its parser checks it.
+
+    Attributes:
+        text: the value's text: a literal as written in the file, or what the variable holds.
+        variable: the environment variable it was read from (``"{{ env.X }}"``), or ``None``.
+    """
+
+    text: str
+    variable: str | None = None
+
+
+def _setting_value(context: dg.ResolutionContext, raw: Any) -> SettingValue | None:
+    """Resolve one setting field: ``None`` (unset, or an unset variable) or its text."""
+    if raw is None:
+        return None
+    if isinstance(raw, str) and (match := _ENV_TEMPLATE.match(raw)):
+        value = context.resolve_value(raw)
+        return None if value is None else SettingValue(str(value), match.group(1))
+    return SettingValue(_as_written(context) or str(context.resolve_value(raw)))
+
+
+def _as_written(context: dg.ResolutionContext) -> str | None:
+    """The scalar at ``context``'s path as its text in the YAML file, or ``None`` when its
+    position is unknown or spans lines (Dagster's parsed value is used then)."""
+    tree = context.source_position_tree
+    position = tree.lookup(context.path) if tree is not None else None
+    if position is None or position.start.line != position.end.line:
+        return None
+    try:
+        line = Path(position.filename).read_text().splitlines()[position.start.line - 1]
+    except (OSError, IndexError):
+        return None
+    text = line[position.start.col:position.end.col].strip()
+    if len(text) >= 2 and text[0] == text[-1] and text[0] in "'\"":
+        text = text[1:-1]
+    return text or None
+
+
+def _setting_field(name: str) -> tuple[Any, Any]:
+    declared = SETTINGS[name]
+    resolver = dg.Resolver(_setting_value, model_field_type=declared.yaml_type | None,
+                           description=f"{declared.description} ({declared.bounds})")
+    return Annotated[SettingValue | None, resolver], Field(default=None)
+
+
+#: The optional setting fields, one per :class:`PolicySettings` field (a generated base).
+_PolicySettingFields = pydantic.create_model(
+    "PolicySettingFields", __base__=dg.Model,
+    **{name: _setting_field(name) for name in SETTINGS})
+
+
+class RetentionPolicy(dg.Component, dg.Resolvable, _PolicySettingFields):
+    """A retention policy: delete rows of ``table`` whose ``null_columns`` are all NULL and
+    whose ``age_column`` is older than ``retention_days``, in ``SKIP LOCKED`` batches, once a
+    day on ``cron``.
+
+    Attributes:
+        name: snake_case, at most 40 characters; the asset is ``<schema>/<name>_cleanup``, the
+            job ``<name>_cleanup_job``, the schedule ``<name>_cleanup_schedule``, the sensors
+            ``<name>_cleanup_stale_sensor``, ``<name>_cleanup_failure_sensor`` and
+            ``<name>_cleanup_tick_failure_sensor``, the concurrency pool ``<name>_cleanup``.
+        table: ``schema.table``, lower-case identifiers.
+        key_column: a unique, NOT NULL key; batches are ordered and matched by it.
+        age_column: the ``timestamptz`` column compared with the cutoff.
+        null_columns: the guard, one column at least; a row is deleted only while all of them
+            are NULL (a delete without its guard is refused).
+        metrics_prefix: snake_case start of the names of the gauges each run pushes to a
+            Prometheus Pushgateway (README, "Metrics"); default ``<name>_cleanup``.
+        (settings): one optional field per policy setting, see
+            :class:`~favorites_maintenance.config.policy_settings.PolicySettings` (README,
+            "Configuration").
+    """
+
+    model_config = ConfigDict(extra="forbid")
+
+    name: str = Field(description="snake_case; every Dagster name of the policy derives from it")
+    table: str = Field(description="schema.table")
+    key_column: str = Field(description="unique, NOT NULL key column")
+    age_column: str = Field(description="timestamptz column compared with the cutoff")
+    null_columns: list[str] = Field(description="guard: columns that must all be NULL")
+    metrics_prefix: str | None = Field(default=None, description="start of the Prometheus "
+                                       "gauges' names (default <name>_cleanup)")
+
+    @cached_property
+    def policy(self) -> Policy:
+        """The validated :class:`~favorites_maintenance.config.policy.Policy`.
+
+        Raises:
+            PolicyError: a malformed name, table, column or guard, naming the policy.
+            SettingsError: a setting out of bounds, naming the policy and the field (or its
+                variable) and the value.
+        """
+        try:
+            rule = RetentionRule.define(self.table, key_column=self.key_column,
+                                        age_column=self.age_column,
+                                        null_columns=self.null_columns)
+        except RuleError as exc:
+            raise PolicyError(f"policy {self.name!r}: {exc}") from None
+        given: dict[str, SettingValue] = {
+            name: value for name in SETTINGS if (value := getattr(self, name)) is not None}
+        labels = {name: value.variable for name, value in given.items() if value.variable}
+        settings = parse_policy_settings(
+            {name: value.text for name, value in given.items()},
+            {name: labels.get(name, f"policy {self.name}, {name}") for name in SETTINGS})
+        return Policy(self.name, rule, settings, labels=labels,
+                      metrics_prefix=self.metrics_prefix)
+
+    def build_defs(self, context: dg.ComponentLoadContext) -> dg.Definitions:
+        """The policy's asset and checks, job, schedule and three sensors (the resources are
+        the code location's: :mod:`favorites_maintenance.defs.resources` and
+        :mod:`favorites_maintenance.definitions`)."""
+        from favorites_maintenance.pipeline.policy_defs import policy_definitions
+
+        return policy_definitions(self.policy)
