@@ -104,13 +104,24 @@ def _setting_field(name: str) -> tuple[Any, Any]:
     return Annotated[SettingValue | None, resolver], Field(default=None)
 
 
-#: The optional setting fields, one per :class:`PolicySettings` field (a generated base).
-_PolicySettingFields = pydantic.create_model(
-    "PolicySettingFields", __base__=dg.Model,
-    **{name: _setting_field(name) for name in SETTINGS})
+class _RuleFields(dg.Model):
+    """The rule and the names: what every policy writes."""
+
+    name: str = Field(description="snake_case; every Dagster name of the policy derives from it")
+    table: str = Field(description="schema.table")
+    key_column: str = Field(description="unique, NOT NULL key column")
+    age_column: str = Field(description="timestamptz column compared with the cutoff")
+    null_columns: list[str] = Field(description="guard: columns that must all be NULL")
+    metrics_prefix: str | None = Field(default=None, description="start of the Prometheus "
+                                       "gauges' names (default <name>_cleanup)")
 
 
-class RetentionPolicy(dg.Component, dg.Resolvable, _PolicySettingFields):
+#: The optional setting fields after the rule's, one per :class:`PolicySettings` field.
+_PolicyFields = pydantic.create_model(
+    "PolicyFields", __base__=_RuleFields, **{name: _setting_field(name) for name in SETTINGS})
+
+
+class RetentionPolicy(dg.Component, dg.Resolvable, _PolicyFields):
     """A retention policy: delete rows of ``table`` whose ``null_columns`` are all NULL and
     whose ``age_column`` is older than ``retention_days``, in ``SKIP LOCKED`` batches, once a
     day on ``cron``.
@@ -133,14 +144,6 @@ class RetentionPolicy(dg.Component, dg.Resolvable, _PolicySettingFields):
     """
 
     model_config = ConfigDict(extra="forbid")
-
-    name: str = Field(description="snake_case; every Dagster name of the policy derives from it")
-    table: str = Field(description="schema.table")
-    key_column: str = Field(description="unique, NOT NULL key column")
-    age_column: str = Field(description="timestamptz column compared with the cutoff")
-    null_columns: list[str] = Field(description="guard: columns that must all be NULL")
-    metrics_prefix: str | None = Field(default=None, description="start of the Prometheus "
-                                       "gauges' names (default <name>_cleanup)")
 
     @cached_property
     def policy(self) -> Policy:

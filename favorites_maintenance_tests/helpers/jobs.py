@@ -14,11 +14,14 @@ settings from the guest-favorites policy's variables, as in production.
 from __future__ import annotations
 
 import datetime as dt
+import re
+from pathlib import Path
 
 import dagster as dg
 import pytest
 import sqlalchemy as sa
 
+import favorites_maintenance.defs
 from favorites_maintenance.config.policy_settings import SETTINGS
 from favorites_maintenance.definitions import code_location
 from favorites_maintenance.pipeline.run_report import RunReport
@@ -30,9 +33,19 @@ JOB = "guest_favorites_cleanup_job"
 ASSET_KEY = dg.AssetKey(["favorites", "guest_favorites_cleanup"])
 
 
+def _guest_variables() -> dict[str, str]:
+    """Setting -> the variable the real ``defs/guest_favorites/defs.yaml`` reads it from."""
+    text = (Path(favorites_maintenance.defs.__file__).parent / "guest_favorites"
+            / "defs.yaml").read_text()
+    return dict(re.findall(r"^\s+([a-z_]+): \"\{\{ env\.([A-Z_]+) \}\}\"$", text, re.M))
+
+
+GUEST_VARIABLES = _guest_variables()
+
+
 def guest_variable(setting: str) -> str:
     """The variable ``defs/guest_favorites/defs.yaml`` reads ``setting`` from."""
-    return f"FAVORITES_GUEST_RETENTION_{setting.upper()}"
+    return GUEST_VARIABLES[setting]
 
 
 def as_text(value) -> str:
@@ -48,6 +61,7 @@ def guest_settings_env(monkeypatch: pytest.MonkeyPatch, **settings) -> None:
     and unset the others, so the code location loads exactly these settings."""
     unknown = sorted(set(settings) - set(SETTINGS))
     assert not unknown, f"not policy settings: {unknown}"
+    assert set(GUEST_VARIABLES) == set(SETTINGS), "every setting has its guest variable"
     for name in SETTINGS:
         if name in settings and settings[name] is not None:
             monkeypatch.setenv(guest_variable(name), as_text(settings[name]))

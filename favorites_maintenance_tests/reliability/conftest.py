@@ -13,7 +13,7 @@ import sqlalchemy as sa
 
 from favorites_maintenance.retention.database import APPLICATION_NAME
 from favorites_maintenance.retention.schema import dev_favorites
-from favorites_maintenance_tests import support
+from favorites_maintenance_tests.helpers import jobs
 from favorites_maintenance_tests.helpers.jobs import error_text, materialization, step_failure
 
 # Re-exported: the reliability tests import them from here.
@@ -32,7 +32,7 @@ SENTINEL_NOTE = "SENTINEL-NOTE-do-not-log-7c1a"
 
 def run_job(db_url, instance, *, partition: str = PARTITION, **kwargs):
     """:func:`favorites_maintenance_tests.helpers.jobs.run_job` on :data:`PARTITION` by default."""
-    return support.run_job(db_url, instance, partition=partition, **kwargs)
+    return jobs.run_job(db_url, instance, partition=partition, **kwargs)
 
 
 def everything_dagster_recorded(instance, run_id: str) -> str:
