@@ -47,6 +47,7 @@ from typing import Annotated, Any
 
 import dagster as dg
 import pydantic
+import yaml
 from pydantic import ConfigDict, Field
 
 from favorites_maintenance.config.policy import Policy, PolicyError
@@ -81,25 +82,32 @@ def _setting_value(context: dg.ResolutionContext, raw: Any) -> SettingValue | No
 
 
 def _as_written(context: dg.ResolutionContext) -> str | None:
-    """The scalar at ``context``'s path as its text in the YAML file, or ``None`` when its
-    position is unknown or spans lines (Dagster's parsed value is used then)."""
+    """The setting at ``context``'s path as its text in the YAML file (a plain ``key: value``
+    line, read without YAML 1.1's type rules), or ``None`` when its position is unknown or the
+    line is not of that form (Dagster's parsed value is used then)."""
     tree = context.source_position_tree
-    position = tree.lookup(context.path) if tree is not None else None
-    if position is None or position.start.line != position.end.line:
+    position = tree.lookup(context.path) if tree is not None and context.path else None
+    if position is None:
         return None
     try:
         line = Path(position.filename).read_text().splitlines()[position.start.line - 1]
     except (OSError, IndexError):
         return None
-    text = line[position.start.col:position.end.col].strip()
-    if len(text) >= 2 and text[0] == text[-1] and text[0] in "'\"":
-        text = text[1:-1]
-    return text or None
+    match = re.match(rf"\s*{re.escape(str(context.path[-1]))}\s*:(.*)$", line)
+    if match is None:
+        return None
+    try:
+        value = yaml.load(match.group(1), Loader=yaml.BaseLoader)
+    except yaml.YAMLError:
+        return None
+    return value if isinstance(value, str) and value else None
 
 
 def _setting_field(name: str) -> tuple[Any, Any]:
     declared = SETTINGS[name]
+    # inject_before_resolve=False: the resolver sees "{{ env.X }}" itself, to name X.
     resolver = dg.Resolver(_setting_value, model_field_type=declared.yaml_type | None,
+                           inject_before_resolve=False,
                            description=f"{declared.description} ({declared.bounds})")
     return Annotated[SettingValue | None, resolver], Field(default=None)
 
