@@ -5,13 +5,19 @@ from __future__ import annotations
 import datetime as dt
 import time
 
+import contextlib
+
 import dagster as dg
 import pytest
+import sqlalchemy as sa
 
-from favorites_maintenance.pipeline.assets import ASSET_KEY
-from favorites_maintenance.definitions import build_defs
-from favorites_maintenance.settings import DATABASE_URL_VAR, Settings
-from favorites_maintenance_tests.helpers.jobs import materialization, run_partition
+from favorites_maintenance_tests.helpers.jobs import (
+    ASSET_KEY,
+    JOB,
+    load_code_location,
+    materialization,
+    run_partition,
+)
 
 UTC = dt.timezone.utc
 PARTITION = "2026-06-15"
@@ -24,8 +30,26 @@ MICRO = dt.timedelta(microseconds=1)
 
 @pytest.fixture
 def defs(db_url, monkeypatch):
-    monkeypatch.setenv(DATABASE_URL_VAR, db_url.render_as_string(hide_password=False))
-    return build_defs(Settings(retention_days=365, batch_size=1000))
+    return load_code_location(db_url, monkeypatch, retention_days=365, batch_size=1000)
+
+
+@contextlib.contextmanager
+def slow_batches(engine, seconds: float):
+    """Every batch's DELETE takes at least ``seconds`` (a statement-level BEFORE DELETE trigger
+    that sleeps, dropped on exit): the time budget runs out during the first batch, for real."""
+    with engine.begin() as conn:
+        conn.execute(sa.text(
+            "CREATE FUNCTION favorites.slow_batch() RETURNS trigger LANGUAGE plpgsql AS "
+            f"$$ BEGIN PERFORM pg_sleep({seconds}); RETURN NULL; END $$"))
+        conn.execute(sa.text(
+            "CREATE TRIGGER slow_batch BEFORE DELETE ON favorites.favorites "
+            "FOR EACH STATEMENT EXECUTE FUNCTION favorites.slow_batch()"))
+    try:
+        yield
+    finally:
+        with engine.begin() as conn:
+            conn.execute(sa.text("DROP TRIGGER IF EXISTS slow_batch ON favorites.favorites"))
+            conn.execute(sa.text("DROP FUNCTION IF EXISTS favorites.slow_batch()"))
 
 
 def test_a_run_deletes_the_prunable_rows_and_records_what_it_did(defs, rows):
@@ -85,11 +109,13 @@ def test_an_empty_table_records_a_successful_empty_run(defs):
     assert not [m for m in messages if m.startswith("batch ")]
 
 
-def test_max_run_duration_leaves_a_backlog_and_still_succeeds(db_url, monkeypatch, rows):
-    monkeypatch.setenv(DATABASE_URL_VAR, db_url.render_as_string(hide_password=False))
-    defs = build_defs(Settings(batch_size=10, max_run_duration=dt.timedelta(microseconds=1)))
+def test_max_run_duration_leaves_a_backlog_and_still_succeeds(db_url, monkeypatch, rows,
+                                                              engine):
+    # The shortest budget a policy may have (PT1S), and a first batch that outlasts it.
+    defs = load_code_location(db_url, monkeypatch, batch_size=10,
+                              max_run_duration=dt.timedelta(seconds=1))
     rows.add_many(50, updated_at=CUTOFF - dt.timedelta(days=1))
-    with dg.instance_for_test() as instance:
+    with slow_batches(engine, 1.5), dg.instance_for_test() as instance:
         result = run_partition(defs, instance, PARTITION)
         meta = materialization(result)
     assert result.success
@@ -98,12 +124,9 @@ def test_max_run_duration_leaves_a_backlog_and_still_succeeds(db_url, monkeypatc
 
 
 def test_a_missing_table_fails_the_run_naming_the_table(db_url, monkeypatch, engine):
-    import sqlalchemy as sa
-
     with engine.begin() as conn:
         conn.execute(sa.text("DROP TABLE favorites.favorites"))
-    monkeypatch.setenv(DATABASE_URL_VAR, db_url.render_as_string(hide_password=False))
-    defs = build_defs(Settings())
+    defs = load_code_location(db_url, monkeypatch)
     with dg.instance_for_test() as instance:
         result = run_partition_raising(defs, instance)
     assert not result.success
@@ -115,7 +138,7 @@ def test_a_missing_table_fails_the_run_naming_the_table(db_url, monkeypatch, eng
 
 
 def run_partition_raising(defs, instance):
-    job = defs.resolve_job_def("guest_favorites_cleanup_job")
+    job = defs.resolve_job_def(JOB)
     return job.execute_in_process(partition_key=PARTITION, instance=instance,
                                   raise_on_error=False)
 
@@ -124,15 +147,13 @@ def test_the_asset_is_daily_partitioned_and_run_by_the_job(defs):
     assets_def = defs.resolve_assets_def(ASSET_KEY)
     assert isinstance(assets_def.partitions_def, dg.DailyPartitionsDefinition)
     assert assets_def.partitions_def.timezone == "UTC"
-    job = defs.resolve_job_def("guest_favorites_cleanup_job")
+    job = defs.resolve_job_def(JOB)
     assert "favorites__guest_favorites_cleanup" in [n.name for n in job.graph.node_defs]
     assert set(assets_def.node_def.node_dict) == {"compute_cutoff", "purge", "measure_backlog"}
 
 
 def table_writes(engine) -> dict[str, tuple[int, int, int]]:
     """Rows inserted, updated and deleted per user table, as the statistics system saw them."""
-    import sqlalchemy as sa
-
     with engine.connect() as conn:
         conn.execute(sa.text("SELECT pg_stat_clear_snapshot()"))
         return {f"{r.schemaname}.{r.relname}": (r.n_tup_ins, r.n_tup_upd, r.n_tup_del)
@@ -151,8 +172,6 @@ def wait_for(engine, settled, seconds: float = 10) -> dict:
 
 
 def test_a_run_publishes_nothing_and_writes_no_other_table(defs, rows, engine):
-    import sqlalchemy as sa
-
     with engine.begin() as conn:  # an outbox a careless job might write to
         conn.execute(sa.text("CREATE TABLE favorites.outbox (id serial PRIMARY KEY, body text)"))
     rows.add_many(120, updated_at=CUTOFF - dt.timedelta(days=3))
@@ -175,10 +194,9 @@ def test_a_run_publishes_nothing_and_writes_no_other_table(defs, rows, engine):
 
 def test_the_batch_size_adapts_and_the_metadata_says_how_far_and_how_long_it_paused(
         db_url, rows, monkeypatch):
-    monkeypatch.setenv(DATABASE_URL_VAR, db_url.render_as_string(hide_password=False))
     # A generous target: every batch is well under it, so each doubles the next.
-    defs = build_defs(Settings(retention_days=365, batch_size=100, batch_size_max=400,
-                               target_batch_duration=dt.timedelta(seconds=5)))
+    defs = load_code_location(db_url, monkeypatch, retention_days=365, batch_size=100,
+                              batch_size_max=400, target_batch_duration=dt.timedelta(seconds=5))
     rows.add_many(1000, updated_at=CUTOFF - dt.timedelta(days=3))
     with dg.instance_for_test() as instance:
         result = run_partition(defs, instance, PARTITION)
