@@ -70,7 +70,7 @@ def _partition_cutoff(partition: str | None, retention_days: int) -> dt.datetime
 
 def _start_local_environment(command: str):
     """Start the embedded server and DAGSTER_HOME of the checkout for ``command``."""
-    from favorites_maintenance.local import LocalEnvironment, project_root
+    from favorites_maintenance.local.environment import LocalEnvironment, project_root
 
     root = project_root()
     if not (root / "dagster.yaml").is_file():
@@ -340,7 +340,7 @@ def bench(rows: int, strategies: str, idle_seconds: float, repeat: int, out: str
     from pathlib import Path
 
     from favorites_maintenance import bench as bench_mod
-    from favorites_maintenance.local import STATE_DIR, project_root
+    from favorites_maintenance.local.environment import STATE_DIR, project_root
 
     chosen = [s.strip().upper() for s in strategies.split(",") if s.strip()]
     known = {s.upper(): s for s in bench_mod.STRATEGIES + bench_mod.EXTRA_STRATEGIES}

@@ -1,7 +1,7 @@
 """``favorites-maintenance dev``: the Dagster UI and daemon on the local environment.
 
 The embedded PostgreSQL server serves both Dagster's storage and the favorites database
-(:class:`~favorites_maintenance.local.LocalEnvironment`); ``dagster dev`` runs the webserver and
+(:class:`~favorites_maintenance.local.environment.LocalEnvironment`); ``dagster dev`` runs the webserver and
 the daemon on top of it. Ctrl-C (SIGINT) or SIGTERM stops ``dagster dev`` first, so the webserver,
 the daemon, the code server and any run they started end while their storage is still up, and
 then the server.
