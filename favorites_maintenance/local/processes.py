@@ -218,7 +218,7 @@ def stop_pid(pid: int, sig: int = signal.SIGTERM, grace_s: float = 10.0) -> bool
     parent reaps it).
 
     Returns:
-        True if it stopped on ``sig``, False if it had to be killed (or was already gone: True).
+        False if it had to be killed, else True (it stopped on ``sig``, or was already gone).
     """
     if not _send(pid, sig):
         return True
