@@ -1,10 +1,10 @@
 """``favorites-maintenance dev``: the Dagster UI and daemon on the local environment.
 
 The embedded PostgreSQL server serves both Dagster's storage and the favorites database
-(:class:`~favorites_maintenance.local.environment.LocalEnvironment`); ``dagster dev`` runs the webserver and
-the daemon on top of it. Ctrl-C (SIGINT) or SIGTERM stops ``dagster dev`` first, so the webserver,
-the daemon, the code server and any run they started end while their storage is still up, and
-then the server.
+(:class:`~favorites_maintenance.local.environment.LocalEnvironment`); ``dagster dev`` runs the
+webserver and the daemon on top of it. Ctrl-C (SIGINT) or SIGTERM stops ``dagster dev`` first,
+so the webserver, the daemon, the code server and any run they started end while their storage
+is still up, and then the server.
 """
 
 from __future__ import annotations
@@ -14,7 +14,6 @@ import datetime as dt
 import os
 import re
 import signal
-import socket
 import subprocess
 import sys
 import threading
@@ -24,12 +23,13 @@ from pathlib import Path
 
 import sqlalchemy as sa
 
+from favorites_maintenance.local.processes import HOST, port_is_free, reap_group
+
 #: The guest-favorites policy's asset (``defs/guest_favorites/defs.yaml``), the page ``dev``
 #: points a newcomer at.
 GUEST_FAVORITES_ASSET = "favorites/guest_favorites_cleanup"
 
 
-HOST = "127.0.0.1"
 #: How long ``dagster dev`` gets to stop its webserver, daemon and code server after an interrupt.
 SHUTDOWN_GRACE_S = 60.0
 
@@ -41,16 +41,6 @@ def ui_address(port: int) -> str:
 def asset_page(port: int) -> str:
     """The UI page of the cleanup asset."""
     return f"{ui_address(port)}/assets/{GUEST_FAVORITES_ASSET}"
-
-
-def port_is_free(port: int) -> bool:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        try:
-            sock.bind((HOST, port))
-        except OSError:
-            return False
-    return True
 
 
 def prepare_dev_table(engine: sa.Engine, rows: int, echo: Callable[[str], None],
@@ -169,11 +159,13 @@ def run_dagster_dev(command: list[str], cwd: Path, echo: Callable[[str], None],
                 proc.wait(timeout=SHUTDOWN_GRACE_S)
             except (KeyboardInterrupt, subprocess.TimeoutExpired):
                 echo("dagster dev did not stop in time: killing it")
-                _signal_group(proc.pid, signal.SIGKILL)
+                with contextlib.suppress(ProcessLookupError):
+                    os.killpg(proc.pid, signal.SIGKILL)
                 proc.wait()
             return 0
     finally:
-        _reap_group(proc.pid)
+        # What dagster dev left behind in its process group (e.g. a run worker).
+        reap_group(proc.pid)
         relay.join(timeout=5)  # the last lines before this command's own "stopped"
         signal.signal(signal.SIGTERM, previous_term)
         signal.signal(signal.SIGINT, previous_int)
@@ -187,42 +179,3 @@ def _default_sigint() -> None:
 
 def _raise_keyboard_interrupt(signum, frame) -> None:
     raise KeyboardInterrupt
-
-
-def _signal_group(pgid: int, sig: int) -> bool:
-    """Send ``sig`` to process group ``pgid``; False when the group is empty."""
-    try:
-        os.killpg(pgid, sig)
-    except ProcessLookupError:
-        return False
-    return True
-
-
-def _reap_group(pgid: int, grace_s: float = 10.0) -> None:
-    """End what ``dagster dev`` left behind in its process group (e.g. a run worker)."""
-    if not _group_alive(pgid):
-        return
-    _signal_group(pgid, signal.SIGTERM)
-    deadline = time.monotonic() + grace_s
-    while time.monotonic() < deadline:
-        if not _group_alive(pgid):
-            return
-        time.sleep(0.2)
-    with contextlib.suppress(ProcessLookupError):
-        os.killpg(pgid, signal.SIGKILL)
-
-
-def _group_alive(pgid: int) -> bool:
-    """Whether process group ``pgid`` still has a live (not zombie) member."""
-    proc = Path("/proc")
-    if not proc.is_dir():
-        return _signal_group(pgid, 0)
-    for stat in proc.glob("[0-9]*/stat"):
-        try:
-            # "pid (comm) state ppid pgrp ...": comm may hold spaces, so split after ")".
-            fields = stat.read_text().rsplit(")", 1)[1].split()
-        except (OSError, IndexError):
-            continue
-        if fields[0] != "Z" and int(fields[2]) == pgid:
-            return True
-    return False

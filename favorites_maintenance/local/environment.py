@@ -35,7 +35,7 @@ def project_root(start: Path | None = None) -> Path:
     for folder in (here, *here.parents):
         if (folder / "workspace.yaml").is_file() and (folder / "dagster.yaml").is_file():
             return folder
-    return Path(__file__).resolve().parent.parent
+    return Path(__file__).resolve().parents[2]
 
 
 @dataclass

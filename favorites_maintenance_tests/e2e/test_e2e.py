@@ -18,11 +18,12 @@ import pytest
 import sqlalchemy as sa
 
 from favorites_maintenance.pipeline.partitions import daily_partitions
+from favorites_maintenance.local.processes import alive, port_in_use
 from favorites_maintenance.pipeline.schedules import SCHEDULE_NAME
 from favorites_maintenance_tests.helpers.system_packages import missing
 from favorites_maintenance_tests.helpers.dev_stack import (
-    ASSET_PATH, LOCATION, REPOSITORY, ROOT, DevStack, alive, chromium, chromium_binary,
-    port_in_use, visible_text, wait_for)
+    ASSET_PATH, LOCATION, REPOSITORY, ROOT, DevStack, chromium, chromium_binary, visible_text,
+    wait_for)
 
 pytestmark = pytest.mark.e2e
 

@@ -3,23 +3,22 @@ webserver's GraphQL API over HTTP, and headless Chromium from the system package
 
 from __future__ import annotations
 
-import contextlib
 import json
 import os
 import shutil
 import signal
-import socket
 import subprocess
 import sys
-import time
 import urllib.error
 import urllib.request
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 
 import sqlalchemy as sa
 
-from favorites_maintenance.pipeline.assets import ASSET_KEY
+from favorites_maintenance_tests.helpers.jobs import ASSET_KEY
+from favorites_maintenance.local import processes
+from favorites_maintenance.local.processes import Process
 
 ROOT = Path(__file__).resolve().parent.parent
 LOCATION = "favorites_maintenance"
@@ -31,72 +30,16 @@ CHROMIUM_FLAGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic
                   "--disable-component-update", "--disable-sync"]
 
 
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
-def port_in_use(port: int) -> bool:
-    with socket.socket() as sock:
-        return sock.connect_ex(("127.0.0.1", port)) == 0
-
-
 def wait_for(predicate, timeout: float, interval: float = 1.0, what: str = "condition"):
-    """Poll ``predicate`` until it returns something truthy; return it, or fail after
-    ``timeout`` seconds."""
-    deadline = time.monotonic() + timeout
-    while True:
-        value = predicate()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            raise TimeoutError(f"{what} not reached within {timeout:.0f} s")
-        time.sleep(interval)
+    """Poll ``predicate`` every ``interval`` seconds until it returns something truthy; return
+    it, or raise ``TimeoutError`` after ``timeout`` seconds (the helper's ``wait_for``, polling
+    a webserver's API once a second by default)."""
+    return processes.wait_for(predicate, timeout, interval=interval, what=what)
 
 
-def descendants(pid: int) -> set[int]:
-    """Pids of every live descendant of ``pid`` (from /proc)."""
-    children: dict[int, list[int]] = {}
-    for stat in Path("/proc").glob("[0-9]*/stat"):
-        try:
-            fields = stat.read_text().rsplit(")", 1)[1].split()
-        except (OSError, IndexError):
-            continue
-        if fields[0] != "Z":
-            children.setdefault(int(fields[1]), []).append(int(stat.parent.name))
-    found, todo = set(), [pid]
-    while todo:
-        for child in children.get(todo.pop(), []):
-            if child not in found:
-                found.add(child)
-                todo.append(child)
-    return found
-
-
-def alive(pid: int) -> bool:
-    try:
-        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
-    except (OSError, IndexError):
-        return False
-    return state != "Z"
-
-
-def wait_until_serving(service, timeout: float, *, what: str, who: str = "") -> None:
-    """Wait until ``service`` (with ``proc``, ``url``, ``tail()`` and ``seen_pids``) answers
-    ``/server_info``; fail at once, with the tail of its log, if its process exits."""
-    def up():
-        if service.proc.poll() is not None:
-            raise AssertionError(f"{who + ' ' if who else ''}exited with "
-                                 f"{service.proc.returncode}:\n{service.tail()}")
-        service.seen_pids |= descendants(service.proc.pid)
-        try:
-            with urllib.request.urlopen(f"{service.url}/server_info", timeout=5) as resp:
-                return resp.status == 200
-        except (urllib.error.URLError, ConnectionError, TimeoutError):
-            return False
-
-    wait_for(up, timeout, what=what)
+def server_info(url: str):
+    """A probe: the Dagster webserver at ``url`` answers ``/server_info``."""
+    return processes.http_probe(f"{url}/server_info", timeout=5)
 
 
 @dataclass
@@ -106,33 +49,44 @@ class DevStack:
     Attributes:
         checkout: folder holding ``dagster.yaml`` and ``workspace.yaml`` (and the local state).
         port: port of the Dagster UI on 127.0.0.1.
-        proc: the ``favorites-maintenance dev`` process, leader of its own process group.
-        log: its stdout and stderr.
+        process: the ``favorites-maintenance dev`` process, leader of its own process group,
+            stopped as a terminal's Ctrl-C stops it (SIGINT to the group).
     """
 
     checkout: Path
     port: int
-    proc: subprocess.Popen
-    log: Path
-    seen_pids: set[int] = field(default_factory=set)
+    process: Process
 
     @classmethod
     def start(cls, checkout: Path, rows: int, env_extra: dict[str, str]) -> "DevStack":
         for name in ("dagster.yaml", "workspace.yaml"):
             shutil.copyfile(ROOT / name, checkout / name)
         os.chmod(checkout, 0o755)
-        port = free_port()
+        port = processes.free_port()
         env = {k: v for k, v in os.environ.items()
                if not k.startswith(("FAVORITES_", "DAGSTER_"))}
         env.update(env_extra)
-        log = checkout / "dev.log"
-        with open(log, "wb") as out:
-            proc = subprocess.Popen(
-                [sys.executable, "-m", "favorites_maintenance", "dev", "--port", str(port),
-                 "--rows", str(rows)],
-                cwd=checkout, env=env, stdout=out, stderr=subprocess.STDOUT,
-                start_new_session=True)
-        return cls(checkout=checkout, port=port, proc=proc, log=log)
+        process = Process.start(
+            [sys.executable, "-m", "favorites_maintenance", "dev", "--port", str(port),
+             "--rows", str(rows)],
+            log=checkout / "dev.log", name="dev", cwd=checkout, env=env,
+            stop_signal=signal.SIGINT, stop_group=True, grace_s=90)
+        return cls(checkout=checkout, port=port, process=process)
+
+    @property
+    def proc(self) -> subprocess.Popen:
+        return self.process.popen
+
+    @property
+    def log(self) -> Path:
+        """Its stdout and stderr."""
+        return self.process.log
+
+    @property
+    def seen_pids(self) -> set[int]:
+        """Every process of the stack seen so far (the embedded server included: it leaves the
+        group)."""
+        return self.process.seen_pids
 
     @property
     def url(self) -> str:
@@ -143,14 +97,16 @@ class DevStack:
         return self.checkout / ".favorites-maintenance" / "pgdata"
 
     def output(self) -> str:
-        return self.log.read_text(errors="replace")
+        return self.process.log_text()
 
     def tail(self, n: int = 60) -> str:
-        return "\n".join(self.output().splitlines()[-n:])
+        return self.process.tail(n)
 
     def wait_until_serving(self, timeout: float = 120) -> None:
-        wait_until_serving(self, timeout, what=f"the Dagster UI on {self.url}", who="dev")
-        self.seen_pids |= descendants(self.proc.pid)
+        """Wait until the UI answers; fail at once, with the tail of the log, if dev exits."""
+        self.process.wait_until_ready(server_info(self.url), timeout, interval=1.0,
+                                      what=f"the Dagster UI on {self.url}")
+        self.process.note_descendants()
 
     def favorites_engine(self) -> sa.Engine:
         """An engine on the favorites database of the running embedded server (its Unix socket
@@ -171,27 +127,15 @@ class DevStack:
         return payload["data"]
 
     def interrupt(self, timeout: float = 120) -> int:
-        """Ctrl-C as a terminal sends it: SIGINT to the foreground process group."""
-        self.seen_pids |= descendants(self.proc.pid)
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(self.proc.pid, signal.SIGINT)
-        return self.proc.wait(timeout=timeout)
+        """Ctrl-C as a terminal sends it: SIGINT to the foreground process group; its exit code
+        (``subprocess.TimeoutExpired`` after ``timeout`` seconds)."""
+        self.process.send_signal(signal.SIGINT, group=True)
+        return self.process.wait(timeout)
 
     def force_cleanup(self) -> None:
         """Whatever happened, leave no process behind: the dev process and everything it
         started, then the embedded server if it still runs."""
-        self.seen_pids |= descendants(self.proc.pid) if self.proc.poll() is None else set()
-        if self.proc.poll() is None:
-            try:
-                self.interrupt(timeout=90)
-            except subprocess.TimeoutExpired:
-                with contextlib.suppress(ProcessLookupError):
-                    os.killpg(self.proc.pid, signal.SIGKILL)
-                self.proc.wait()
-        for pid in self.seen_pids:
-            if alive(pid):
-                with contextlib.suppress(ProcessLookupError):
-                    os.kill(pid, signal.SIGKILL)
+        self.process.stop()
         if (self.pgdata / "postmaster.pid").exists():
             from favorites_maintenance.local.embedded import EmbeddedPostgres
 
@@ -248,57 +192,55 @@ class DagsterService:
     or ``dagster-daemon run`` over ``workspace.yaml``, with its own environment.
 
     Attributes:
-        proc: the process, leader of its own process group (its code server runs in it too).
-        log: its stdout and stderr.
+        process: the process, leader of its own process group (its code server runs in it too),
+            stopped with SIGINT (it stops its code server), SIGKILL after the grace period.
         port: the webserver's port on 127.0.0.1 (``None`` for the daemon).
     """
 
-    proc: subprocess.Popen
-    log: Path
+    process: Process
     port: int | None = None
-    seen_pids: set[int] = field(default_factory=set)
 
     @classmethod
     def start(cls, command: str, args: list[str], env: dict[str, str], log: Path,
               port: int | None = None) -> "DagsterService":
         binary = str(Path(sys.executable).parent / command)
-        with open(log, "wb") as out:
-            proc = subprocess.Popen([binary, *args, "-w", str(ROOT / "workspace.yaml")],
-                                    cwd=ROOT, env=env, stdout=out, stderr=subprocess.STDOUT,
-                                    start_new_session=True)
-        return cls(proc=proc, log=log, port=port)
+        process = Process.start([binary, *args, "-w", str(ROOT / "workspace.yaml")], log=log,
+                                name=command, cwd=ROOT, env=env, stop_signal=signal.SIGINT,
+                                grace_s=60)
+        return cls(process=process, port=port)
 
     @classmethod
     def webserver(cls, env: dict[str, str], log: Path, *extra: str) -> "DagsterService":
-        port = free_port()
+        port = processes.free_port()
         return cls.start("dagster-webserver", ["-h", "127.0.0.1", "-p", str(port), *extra],
                          env, log, port)
+
+    @property
+    def proc(self) -> subprocess.Popen:
+        return self.process.popen
+
+    @property
+    def log(self) -> Path:
+        """Its stdout and stderr."""
+        return self.process.log
 
     @property
     def url(self) -> str:
         return f"http://127.0.0.1:{self.port}"
 
     def tail(self, n: int = 40) -> str:
-        return "\n".join(self.log.read_text(errors="replace").splitlines()[-n:])
+        return self.process.tail(n)
 
     def wait_until_serving(self, timeout: float = 180) -> None:
-        wait_until_serving(self, timeout, what=f"the Dagster webserver on {self.url}")
+        """Wait until the webserver answers; fail at once, with the tail of its log, if it
+        exits."""
+        self.process.wait_until_ready(server_info(self.url), timeout, interval=1.0,
+                                      what=f"the Dagster webserver on {self.url}")
 
     def graphql(self, query: str, variables: dict | None = None) -> dict:
         return graphql(self.url, query, variables)
 
     def stop(self, timeout: float = 60) -> None:
-        """SIGINT to the process (it stops its code server), then SIGKILL to whatever of it
-        is left."""
-        if self.proc.poll() is None:
-            self.seen_pids |= descendants(self.proc.pid)
-            self.proc.send_signal(signal.SIGINT)
-            try:
-                self.proc.wait(timeout=timeout)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
-        for pid in self.seen_pids:
-            if alive(pid):
-                with contextlib.suppress(ProcessLookupError):
-                    os.kill(pid, signal.SIGKILL)
+        """SIGINT to the process (it stops its code server), then SIGKILL after ``timeout``
+        seconds; then whatever of it is left."""
+        self.process.stop(grace_s=timeout)

@@ -11,12 +11,12 @@ from __future__ import annotations
 
 import os
 import pwd
-import time
 from pathlib import Path
 
 import psycopg
 import sqlalchemy as sa
 
+from favorites_maintenance.local.processes import Probe
 from favorites_maintenance_tests.helpers.system_packages import ServerProcess, require_program
 
 INSTALL_HINT = "apt-get install -y pgbouncer"
@@ -115,20 +115,10 @@ class PgBouncer(ServerProcess):
                 os.chown(path, owner.pw_uid, owner.pw_gid)
         return ini
 
-    def _wait_until_serving(self, timeout: float) -> None:
-        deadline = time.monotonic() + timeout
-        last: Exception | None = None
-        while time.monotonic() < deadline:
-            if self._proc.poll() is not None:
-                raise RuntimeError(f"pgbouncer exited with code {self._proc.returncode}:\n"
-                                   f"{self.log_text()}")
-            try:
-                with psycopg.connect(self.conninfo(connect_timeout=2)) as conn:
-                    conn.execute("SELECT 1")
-                if self._proc.poll() is None:  # ours answered, not another on a taken port
-                    return
-            except psycopg.OperationalError as exc:
-                last = exc
-                time.sleep(0.05)
-        raise RuntimeError(f"pgbouncer did not accept a connection on 127.0.0.1:{self.port} "
-                           f"within {timeout} s ({last}):\n{self.log_text()}")
+    def _probe(self) -> Probe:
+        def accepts_a_query() -> bool:
+            with psycopg.connect(self.conninfo(connect_timeout=2)) as conn:
+                conn.execute("SELECT 1")
+            return True
+        accepts_a_query.__doc__ = f"a query through pgbouncer on 127.0.0.1:{self.port}"
+        return accepts_a_query

@@ -7,11 +7,10 @@ by its pid.
 
 from __future__ import annotations
 
-import time
-
 import requests
 from prometheus_client.parser import text_string_to_metric_families
 
+from favorites_maintenance.local.processes import Probe
 from favorites_maintenance_tests.helpers.system_packages import ServerProcess, require_program
 
 INSTALL_HINT = "apt-get install -y prometheus-pushgateway"
@@ -57,19 +56,5 @@ class Pushgateway(ServerProcess):
                     found[sample.name] = (sample.labels, sample.value)
         return found
 
-    def _wait_until_serving(self, timeout: float) -> None:
-        deadline = time.monotonic() + timeout
-        last: Exception | None = None
-        while time.monotonic() < deadline:
-            if self._proc.poll() is not None:
-                raise RuntimeError(f"the Pushgateway exited with code {self._proc.returncode}:"
-                                   f"\n{self.log_text()}")
-            try:
-                if requests.get(f"{self.url}/-/ready", timeout=2).status_code == 200 \
-                        and self._proc.poll() is None:  # ours answered, not another process
-                    return
-            except requests.RequestException as exc:
-                last = exc
-            time.sleep(0.05)
-        raise RuntimeError(f"the Pushgateway was not ready on {self.url} within {timeout} s "
-                           f"({last}):\n{self.log_text()}")
+    def _probe(self) -> Probe:
+        return f"{self.url}/-/ready"

@@ -6,11 +6,12 @@ from __future__ import annotations
 import os
 import shutil
 import signal
-import subprocess
 import tempfile
 from pathlib import Path
 
 import pytest
+
+from favorites_maintenance.local.processes import Probe, Process, StartError, free_port
 
 
 def missing(message: str) -> None:
@@ -30,37 +31,29 @@ def require_program(name: str, install_hint: str) -> str:
     return binary
 
 
-def stop_process(proc: subprocess.Popen, timeout: float = 10.0) -> None:
-    """Stop ``proc`` by its pid: SIGTERM, then SIGKILL after ``timeout`` seconds."""
-    if proc.poll() is None:
-        os.kill(proc.pid, signal.SIGTERM)
-        try:
-            proc.wait(timeout)
-        except subprocess.TimeoutExpired:
-            os.kill(proc.pid, signal.SIGKILL)
-            proc.wait(timeout)
-
-
 class ServerProcess:
     """A program from the system's packages run as a server for a test: started in a temporary
     folder, on a free port of 127.0.0.1 (another if that one was taken meanwhile), its output
-    in ``<name>.log`` there, and stopped by its pid.
+    in ``<name>.log`` there, and stopped by its pid (a
+    :class:`~favorites_maintenance.local.processes.Process`).
 
     Subclasses give :attr:`name`, the command (:meth:`_command`, with :attr:`port` and
-    :attr:`folder` set) and the wait until it serves (:meth:`_wait_until_serving`).
+    :attr:`folder` set), what tells it serves (:meth:`_probe`, see
+    :data:`~favorites_maintenance.local.processes.Probe`) and, if not SIGTERM,
+    :attr:`stop_signal`.
 
     Args:
         binary: the executable (see :func:`require_program`).
     """
 
     name = "server"
+    stop_signal = signal.SIGTERM
 
     def __init__(self, binary: str):
         self.binary = binary
         self.port: int | None = None
         self.folder: Path | None = None
-        self._proc: subprocess.Popen | None = None
-        self._log = None
+        self._proc: Process | None = None
 
     @property
     def pid(self) -> int | None:
@@ -68,32 +61,27 @@ class ServerProcess:
 
     def log_text(self) -> str:
         """What the server has logged so far (its stdout and stderr)."""
-        if self.folder is None or not (self.folder / f"{self.name}.log").exists():
-            return ""
-        return (self.folder / f"{self.name}.log").read_text(errors="replace")
+        return "" if self._proc is None else self._proc.log_text()
 
     def start(self, timeout: float = 10.0):
         """Start the server and wait until it serves; returns ``self``.
 
         Raises:
-            RuntimeError: it exited, or did not serve within ``timeout`` seconds; the message
-                ends with its log.
+            StartError: (a ``RuntimeError``) it exited, or did not serve within ``timeout``
+                seconds; the message ends with the tail of its log.
         """
-        from favorites_maintenance_tests.helpers.dev_stack import free_port
-
         attempts = 3  # another process may take the free port before the server binds it
         while True:
             attempts -= 1
             self.folder = Path(tempfile.mkdtemp(prefix=f"favorites-{self.name}-"))
             self.port = free_port()
             try:
-                args = self._command()
-                self._log = open(self.folder / f"{self.name}.log", "ab")
-                self._proc = subprocess.Popen(args, stdin=subprocess.DEVNULL, stdout=self._log,
-                                              stderr=subprocess.STDOUT, cwd=self.folder)
-                self._wait_until_serving(timeout)
+                self._proc = Process.start(self._command(), log=self.folder / f"{self.name}.log",
+                                           name=self.name, cwd=self.folder,
+                                           stop_signal=self.stop_signal)
+                self._proc.wait_until_ready(self._probe(), timeout)
                 return self
-            except RuntimeError:
+            except StartError:
                 port_taken = "address already in use" in self.log_text().lower()
                 self.stop()
                 if not port_taken or not attempts:
@@ -103,14 +91,11 @@ class ServerProcess:
                 raise
 
     def stop(self, timeout: float = 10.0) -> None:
-        """Stop the server by its pid (SIGTERM, then SIGKILL after ``timeout`` seconds) and
-        remove its folder; idempotent."""
+        """Stop the server by its pid (:attr:`stop_signal`, then SIGKILL after ``timeout``
+        seconds) and remove its folder; idempotent."""
         proc, self._proc = self._proc, None
         if proc is not None:
-            stop_process(proc, timeout)
-        if self._log is not None:
-            self._log.close()
-            self._log = None
+            proc.stop(grace_s=timeout)
         if self.folder is not None:
             shutil.rmtree(self.folder, ignore_errors=True)
             self.folder = None
@@ -124,5 +109,5 @@ class ServerProcess:
     def _command(self) -> list[str]:
         raise NotImplementedError
 
-    def _wait_until_serving(self, timeout: float) -> None:
+    def _probe(self) -> Probe:
         raise NotImplementedError

@@ -16,6 +16,7 @@ import sqlalchemy as sa
 import yaml
 
 from favorites_maintenance.definitions import build_defs, load_policies
+from favorites_maintenance.local.processes import free_port
 from favorites_maintenance.pipeline.metrics import GAUGES
 from favorites_maintenance.config.policy import Policy, PolicyError
 from favorites_maintenance.retention.rule import GUEST_FAVORITES
@@ -24,7 +25,6 @@ from favorites_maintenance.settings import (
     METRICS_PUSHGATEWAY_URL_VAR,
     Settings,
 )
-from favorites_maintenance_tests.helpers.dev_stack import free_port
 from favorites_maintenance_tests.helpers.pushgateway import Pushgateway, require_pushgateway
 from favorites_maintenance_tests.helpers.system_packages import require_program
 

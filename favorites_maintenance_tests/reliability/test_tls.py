@@ -12,7 +12,6 @@ tests skip locally and fail under ``CI=true``.
 
 from __future__ import annotations
 
-import contextlib
 import datetime as dt
 import ipaddress
 import os
@@ -31,11 +30,11 @@ from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import NameOID
 
 from favorites_maintenance.definitions import build_defs
+from favorites_maintenance.local.processes import Daemon, free_port
 from favorites_maintenance.retention.database import create_engine
 from favorites_maintenance.retention.schema import create_dev_schema
 from favorites_maintenance.settings import DATABASE_URL_VAR, Settings
 from favorites_maintenance_tests.conftest import Rows
-from favorites_maintenance_tests.helpers.dev_stack import alive, free_port, wait_for
 from favorites_maintenance_tests.helpers.jobs import purge_retries, run_partition
 from favorites_maintenance_tests.helpers.system_packages import missing
 from favorites_maintenance_tests.reliability.conftest import (
@@ -94,7 +93,8 @@ def debian_bindir() -> Path | None:
 
 
 class TlsServer:
-    """A PostgreSQL server of its own on 127.0.0.1, TLS required, stopped by its pid."""
+    """A PostgreSQL server of its own on 127.0.0.1, TLS required, stopped by its pid (read from
+    ``postmaster.pid``: ``pg_ctl`` leaves it running detached)."""
 
     def __init__(self, root: Path, bindir: Path):
         self.root = root
@@ -130,7 +130,9 @@ class TlsServer:
             conf.write(f"ssl = on\nlisten_addresses = '127.0.0.1'\nport = {self.port}\n"
                        f"unix_socket_directories = '{root}'\n")
         self._run("pg_ctl", "-D", str(self.data), "-w", "-l", str(root / "server.log"), "start")
-        self.pid = int((self.data / "postmaster.pid").read_text().split()[0])
+        # SIGINT: PostgreSQL's fast shutdown (sessions are ended, nothing is waited for).
+        self.postmaster = Daemon.from_pid_file(self.data / "postmaster.pid", name="postgres",
+                                               stop_signal=signal.SIGINT, grace_s=60)
 
     def _run(self, binary: str, *args: str) -> None:
         # Output to a file: the server started by pg_ctl would hold a pipe open.
@@ -152,10 +154,9 @@ class TlsServer:
                 f"?sslmode={sslmode}&sslrootcert={self.root / rootcert}")
 
     def stop(self):
-        """SIGINT to the postmaster (PostgreSQL's fast shutdown), then wait for it to exit."""
-        with contextlib.suppress(ProcessLookupError):
-            os.kill(self.pid, signal.SIGINT)
-        wait_for(lambda: not alive(self.pid), 60, interval=0.2, what="the server's exit")
+        """SIGINT to the postmaster (PostgreSQL's fast shutdown), then wait for it to exit
+        (SIGKILL after 60 s)."""
+        self.postmaster.stop()
 
 
 @pytest.fixture(scope="module")
