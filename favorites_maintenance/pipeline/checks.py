@@ -62,7 +62,7 @@ def build_asset_checks(policy: Policy) -> list[dg.AssetChecksDefinition]:
         description=(f"SLO: after a day's run, no row with {rule.guard_sql} idle longer than "
                      "the retention period plus one day, measured from that run's cutoff."),
     )
-    def no_guest_row_older_than_retention_plus_one_day(
+    def overdue_rows(
             context: dg.AssetCheckExecutionContext,
             database: FavoritesDatabase) -> dg.AssetCheckResult:
         """Count guest rows older than ``cutoff - 1 day``, where ``cutoff`` is the run's own
@@ -145,8 +145,7 @@ def build_asset_checks(policy: Policy) -> list[dg.AssetChecksDefinition]:
                          if skipped else None),
         )
 
-    return [no_guest_row_older_than_retention_plus_one_day, deleted_total_spike,
-            no_rows_skipped]
+    return [overdue_rows, deleted_total_spike, no_rows_skipped]
 
 
 def _deleted_totals(instance: dg.DagsterInstance, asset_key: dg.AssetKey,
