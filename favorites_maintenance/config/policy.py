@@ -1,7 +1,8 @@
 """A retention policy: a rule, its settings, and the names of everything run for it.
 
 A policy is declared as data (``favorites_maintenance/defs/<policy>/defs.yaml``, loaded by the
-:class:`~favorites_maintenance.components.retention_policy.RetentionPolicy` component) and becomes one
+:class:`~favorites_maintenance.components.retention_policy.RetentionPolicy` component) and
+becomes one
 :class:`Policy`. Every Dagster name of the policy is derived from its ``name``, so a second
 policy never collides with the first:
 
@@ -45,7 +46,8 @@ class Policy:
         rule: the table and the predicate (see :class:`~favorites_maintenance.retention.rule.
             RetentionRule`).
         settings: retention days, batch size, schedule and limits.
-        labels: field of :class:`~favorites_maintenance.config.policy_settings.PolicySettings` -> what
+        labels: field of
+            :class:`~favorites_maintenance.config.policy_settings.PolicySettings` -> what
             messages call it (the variable it was read from, or ``policy P, field F``).
         metrics_prefix: what the names of the policy's Prometheus gauges start with
             (``<metrics_prefix>_deleted_rows``, ...); ``None`` (the default) is ``<name>_cleanup``.

@@ -65,8 +65,9 @@ def run_demo(env: LocalEnvironment, *, rows: int, pretend: bool, policy: Policy,
                 check_table(conn, policy.rule)
             prunable = measure_backlog(engine, cutoff, policy.rule)
         except (TableShapeError, BacklogError) as exc:
-            raise DemoError(f"{exc}; demo --policy {policy.name} needs {policy.rule.qualified_name} in "
-                  "the embedded 'favorites' database (README, \"Adding a retention policy\")") from None
+            raise DemoError(f"{exc}; demo --policy {policy.name} needs "
+                            f"{policy.rule.qualified_name} in the embedded 'favorites' database "
+                            "(README, \"Adding a retention policy\")") from None
         echo(f"  partition {partition}: cutoff {cutoff.isoformat()} "
               f"(retention {retention_days} days); the rule matches {prunable.remaining:,} rows")
         if pretend:

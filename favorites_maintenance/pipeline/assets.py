@@ -43,7 +43,8 @@ def build_cleanup_asset(policy: Policy) -> dg.AssetsDefinition:
 
     The ops read the ``database`` resource (:class:`~favorites_maintenance.pipeline.resources.
     FavoritesDatabase`) and the ``retention`` resource (:class:`~favorites_maintenance.
-    pipeline.resources.RunLimits`: what a launch changed of the policy's batch size and time budget).
+    pipeline.resources.RunLimits`: what a launch changed of the policy's batch size and time
+    budget).
     """
     rule = policy.rule
     asset_key = dg.AssetKey(list(policy.asset_key_path))

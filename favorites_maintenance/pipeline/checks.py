@@ -17,7 +17,8 @@ result, stored under none; the UI then shows the planned one as "Skipped".)
 - ``deleted_total_spike`` (WARN): a run deleted far more than usual, which is what an
   over-deletion or a changed upstream would look like. The run's ``deletedTotal`` is compared
   with the median of up to :data:`SPIKE_HISTORY` earlier materializations of *current* days
-  (:func:`~favorites_maintenance.pipeline.partitions.is_current`; backfills of past days, which often
+  (:func:`~favorites_maintenance.pipeline.partitions.is_current`; backfills of past days, which
+  often
   delete 0, are left out of the baseline); it is a spike when it exceeds both ``SPIKE_FACTOR``
   times that median and the median plus :data:`SPIKE_MIN_ROWS` (so a quiet table going from 3
   to 40 rows is no spike). Fewer than :data:`SPIKE_MIN_HISTORY` earlier runs: passes, saying so.

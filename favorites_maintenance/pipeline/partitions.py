@@ -54,7 +54,8 @@ def partition_cutoff(partition_key: str | None, retention_days: int,
 
 def run_cutoff(context: dg.OpExecutionContext | dg.AssetCheckExecutionContext,
                retention_days: int) -> dt.datetime:
-    """The cutoff of the run of ``context`` (see :func:`partition_cutoff`); a run of a range of days (a single-run backfill) uses its last day."""
+    """The cutoff of the run of ``context`` (see :func:`partition_cutoff`); a run of a range of
+    days (a single-run backfill) uses its last day."""
     key = None
     if context.has_partition_key:
         key = context.partition_key

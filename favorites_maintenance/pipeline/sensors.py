@@ -2,12 +2,14 @@
 schedule tick. Each policy has its three sensors, named after it (``<name>_cleanup_stale_sensor``,
 ``<name>_cleanup_failure_sensor``, ``<name>_cleanup_tick_failure_sensor``).
 
-Both send through the ``alerts`` resource (:class:`~favorites_maintenance.pipeline.resources.AlertSink`):
+Both send through the ``alerts`` resource
+(:class:`~favorites_maintenance.pipeline.resources.AlertSink`):
 the log always, a Slack-compatible webhook when ``FAVORITES_ALERT_WEBHOOK_URL`` is set.
 
 What counts as a success for the staleness sensor is a materialization of the cleanup asset
 (the purge and the backlog measure both finished) of a *current* partition: one whose day ended
-at most :data:`~favorites_maintenance.pipeline.partitions.CURRENT_PARTITION_LAG` (two days) before the
+at most :data:`~favorites_maintenance.pipeline.partitions.CURRENT_PARTITION_LAG` (two days)
+before the
 materialization. A backfill of an old day cleans
 nothing today's run would not, so it does not reset the clock; a CANCELED or FAILED run records
 no materialization, and the run of the chosen materialization must have ended SUCCESS.
