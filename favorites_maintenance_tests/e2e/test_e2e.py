@@ -19,7 +19,6 @@ import sqlalchemy as sa
 
 from favorites_maintenance.pipeline.partitions import daily_partitions
 from favorites_maintenance.local.processes import alive, port_in_use
-from favorites_maintenance.pipeline.schedules import SCHEDULE_NAME
 from favorites_maintenance_tests.helpers.system_packages import missing
 from favorites_maintenance_tests.helpers.dev_stack import (
     ASSET_PATH, LOCATION, REPOSITORY, ROOT, DevStack, chromium, chromium_binary, visible_text,
@@ -28,6 +27,8 @@ from favorites_maintenance_tests.helpers.dev_stack import (
 pytestmark = pytest.mark.e2e
 
 UTC = dt.timezone.utc
+#: The guest-favorites policy's schedule (a public name).
+SCHEDULE_NAME = "guest_favorites_cleanup_schedule"
 DAYS = 365
 #: Backfills launched by the tests: id -> partitions, for the later tests reading their checks.
 BACKFILLED: dict[str, list[str]] = {}

@@ -18,24 +18,23 @@ import shutil
 import pytest
 import sqlalchemy as sa
 
+from favorites_maintenance.config.parsers import ALERT_WEBHOOK_URL_VAR
 from favorites_maintenance.pipeline.partitions import daily_partitions
 from favorites_maintenance.retention.database import create_engine
+from favorites_maintenance.retention.defaults import DATABASE_URL_VAR
 from favorites_maintenance.retention.schema import create_dev_schema
-from favorites_maintenance.settings import (
-    ALERT_WEBHOOK_URL_VAR,
-    DATABASE_URL_VAR,
-    RETENTION_DAYS_VAR,
-    TARGET_BATCH_DURATION_VAR,
-)
 from favorites_maintenance_tests.conftest import Rows
 from favorites_maintenance_tests.helpers.dev_stack import (
     ASSET_PATH, LOCATION, REPOSITORY, ROOT, DagsterService, wait_for)
+from favorites_maintenance_tests.helpers.jobs import guest_variable
 from favorites_maintenance_tests.pipeline.test_sensors import Webhook
 
 pytestmark = pytest.mark.e2e
 
 UTC = dt.timezone.utc
 JOB = "guest_favorites_cleanup_job"
+RETENTION_DAYS_VAR = guest_variable("retention_days")
+TARGET_BATCH_DURATION_VAR = guest_variable("target_batch_duration")
 PASSWORD = "pw-SENTINEL-5d1e7a"
 TOKEN = "tok-SENTINEL-93b0c4"
 NOW = dt.datetime.now(UTC)

@@ -20,7 +20,8 @@ from favorites_maintenance_tests.helpers.jobs import ASSET_KEY
 from favorites_maintenance.local import processes
 from favorites_maintenance.local.processes import Process
 
-ROOT = Path(__file__).resolve().parent.parent
+#: The checkout: dagster.yaml, workspace.yaml (this file is in favorites_maintenance_tests/helpers).
+ROOT = Path(__file__).resolve().parents[2]
 LOCATION = "favorites_maintenance"
 REPOSITORY = "__repository__"
 ASSET_PATH = list(ASSET_KEY.path)

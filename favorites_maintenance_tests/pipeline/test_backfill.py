@@ -14,10 +14,9 @@ import dagster as dg
 import pytest
 import sqlalchemy as sa
 
-from favorites_maintenance.definitions import build_defs
 from favorites_maintenance.pipeline.partitions import daily_partitions
 from favorites_maintenance.retention.schema import dev_favorites as t
-from favorites_maintenance.settings import DATABASE_URL_VAR, Settings
+from favorites_maintenance_tests.helpers.jobs import JOB, load_code_location
 
 UTC = dt.timezone.utc
 DAYS = 365
@@ -26,8 +25,7 @@ MICRO = dt.timedelta(microseconds=1)
 
 @pytest.fixture
 def defs(db_url, monkeypatch):
-    monkeypatch.setenv(DATABASE_URL_VAR, db_url.render_as_string(hide_password=False))
-    return build_defs(Settings(retention_days=DAYS, batch_size=3))
+    return load_code_location(db_url, monkeypatch, retention_days=DAYS, batch_size=3)
 
 
 def last_week() -> list[str]:
@@ -56,7 +54,7 @@ def seed_around_each_cutoff(rows, partitions) -> dict[str, dict[str, int]]:
 
 def run(defs, instance, partition) -> dict:
     """Run one partition of the job; return its materialization metadata."""
-    job = defs.resolve_job_def("guest_favorites_cleanup_job")
+    job = defs.resolve_job_def(JOB)
     result = job.execute_in_process(partition_key=partition, instance=instance)
     assert result.success
     [mat] = result.get_asset_materialization_events()

@@ -2,14 +2,14 @@
 
 from __future__ import annotations
 
+import contextlib
 import datetime as dt
 
 import dagster as dg
 import pytest
 import sqlalchemy as sa
 
-from favorites_maintenance.definitions import build_defs
-from favorites_maintenance.settings import DATABASE_URL_VAR, Settings
+from favorites_maintenance_tests.helpers.jobs import ASSET_KEY, JOB, load_code_location
 
 UTC = dt.timezone.utc
 OVERDUE = "no_guest_row_older_than_retention_plus_one_day"
@@ -18,10 +18,8 @@ SPIKE = "deleted_total_spike"
 
 @pytest.fixture
 def run(db_url, monkeypatch):
-    monkeypatch.setenv(DATABASE_URL_VAR, db_url.render_as_string(hide_password=False))
-
     def run(instance, **settings):
-        job = build_defs(Settings(**settings)).resolve_job_def("guest_favorites_cleanup_job")
+        job = load_code_location(db_url, monkeypatch, **settings).resolve_job_def(JOB)
         yesterday = (dt.datetime.now(UTC) - dt.timedelta(days=1)).date().isoformat()
         result = job.execute_in_process(partition_key=yesterday, instance=instance)
         return {e.check_name: e for e in result.get_asset_check_evaluations()}
@@ -31,6 +29,25 @@ def run(db_url, monkeypatch):
 
 def long_ago(days: float) -> dt.datetime:
     return dt.datetime.now(UTC) - dt.timedelta(days=days)
+
+
+@contextlib.contextmanager
+def slow_batches(engine, seconds: float):
+    """Every batch's DELETE takes at least ``seconds`` (a statement-level BEFORE DELETE trigger
+    that sleeps, dropped on exit): the time budget runs out during the first batch, for real."""
+    with engine.begin() as conn:
+        conn.execute(sa.text(
+            "CREATE FUNCTION favorites.slow_batch() RETURNS trigger LANGUAGE plpgsql AS "
+            f"$$ BEGIN PERFORM pg_sleep({seconds}); RETURN NULL; END $$"))
+        conn.execute(sa.text(
+            "CREATE TRIGGER slow_batch BEFORE DELETE ON favorites.favorites "
+            "FOR EACH STATEMENT EXECUTE FUNCTION favorites.slow_batch()"))
+    try:
+        yield
+    finally:
+        with engine.begin() as conn:
+            conn.execute(sa.text("DROP TRIGGER IF EXISTS slow_batch ON favorites.favorites"))
+            conn.execute(sa.text("DROP FUNCTION IF EXISTS favorites.slow_batch()"))
 
 
 def test_overdue_check_passes_when_the_run_drained_the_backlog(run, rows):
@@ -45,9 +62,10 @@ def test_overdue_check_passes_when_the_run_drained_the_backlog(run, rows):
 def test_overdue_check_fails_with_error_severity_when_guest_rows_are_left(run, rows):
     rows.add_many(50, updated_at=long_ago(500))
     rows.add_many(5, updated_at=long_ago(365.5))  # prunable, but within the day of slack
-    with dg.instance_for_test() as instance:
+    # The shortest budget a policy may have (PT1S), and a first batch that outlasts it.
+    with slow_batches(rows.engine, 1.5), dg.instance_for_test() as instance:
         # A run out of time after its first batch of 10 leaves 40 of the 50 old rows.
-        checks = run(instance, batch_size=10, max_run_duration=dt.timedelta(microseconds=1))
+        checks = run(instance, batch_size=10, max_run_duration=dt.timedelta(seconds=1))
     check = checks[OVERDUE]
     assert not check.passed
     assert check.severity == dg.AssetCheckSeverity.ERROR
@@ -94,12 +112,11 @@ def test_a_backfill_of_past_days_is_never_red_and_does_not_skew_the_spike_baseli
     from dagster._core.execution.backfill import BulkActionStatus
     from dagster_graphql.test.utils import execute_dagster_graphql
 
-    from favorites_maintenance.pipeline.assets import ASSET_KEY
     from favorites_maintenance.pipeline.partitions import daily_partitions
     from favorites_maintenance_tests.helpers.daemon import backfill_pass, code_location, pg_instance
 
-    monkeypatch.setenv(DATABASE_URL_VAR, db_url.render_as_string(hide_password=False))
-    job = build_defs(Settings()).resolve_job_def("guest_favorites_cleanup_job")
+    # The code server started below inherits this environment: the same settings.
+    job = load_code_location(db_url, monkeypatch).resolve_job_def(JOB)
     yesterday = daily_partitions.get_last_partition_key()
     days = daily_partitions.get_partition_keys()[-5:-2]  # three past days, none current
     with pg_instance(dagster_storage_url, run_in_process=True) as instance:

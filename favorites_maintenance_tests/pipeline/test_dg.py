@@ -12,9 +12,9 @@ from pathlib import Path
 
 import pytest
 
-from favorites_maintenance.retention_policy import load_policies
+from favorites_maintenance.components.policy_tree import load_policies
 
-ROOT = Path(__file__).parents[1]
+ROOT = Path(__file__).parents[2]
 DG = Path(sys.executable).parent / "dg"
 
 
@@ -53,6 +53,9 @@ def test_dg_list_defs_shows_each_policy_under_its_names(tmp_path):
                                             p.tick_failure_sensor_name)}
     assert {(s["name"], s["cron_schedule"]) for s in listed["schedules"]} == {
         (p.schedule_name, p.settings.cron) for p in policies}
+    # The shared resources (defs/resources.py) and the run limits, one of each for every policy.
+    assert sorted(r["name"] for r in listed["resources"]) == [
+        "alerts", "database", "metrics", "retention"]
     # The guest-favorites names are a contract.
     assert ("guest_favorites_cleanup_schedule", "0 3 * * *") in {
         (s["name"], s["cron_schedule"]) for s in listed["schedules"]}

@@ -15,16 +15,13 @@ import pytest
 import sqlalchemy as sa
 import yaml
 
-from favorites_maintenance.definitions import build_defs, load_policies
+from favorites_maintenance.components.policy_tree import load_policies
+from favorites_maintenance.config.parsers import METRICS_PUSHGATEWAY_URL_VAR
+from favorites_maintenance.config.policy import Policy, PolicyError
 from favorites_maintenance.local.processes import free_port
 from favorites_maintenance.pipeline.metrics import GAUGES
-from favorites_maintenance.config.policy import Policy, PolicyError
 from favorites_maintenance.retention.rule import GUEST_FAVORITES
-from favorites_maintenance.settings import (
-    DATABASE_URL_VAR,
-    METRICS_PUSHGATEWAY_URL_VAR,
-    Settings,
-)
+from favorites_maintenance_tests.helpers.jobs import load_code_location
 from favorites_maintenance_tests.helpers.pushgateway import Pushgateway, require_pushgateway
 from favorites_maintenance_tests.helpers.system_packages import require_program
 
@@ -46,10 +43,9 @@ def gateway():
 
 def run_job(db_url, monkeypatch, instance, gateway_url: str) -> dg.ExecuteInProcessResult:
     """One run of the guest-favorites job pushing to ``gateway_url`` (a failure is returned)."""
-    monkeypatch.setenv(DATABASE_URL_VAR, db_url.render_as_string(hide_password=False))
     monkeypatch.setenv(METRICS_PUSHGATEWAY_URL_VAR, gateway_url)
-    defs = build_defs(Settings(batch_size=1000, target_batch_duration=dt.timedelta(0),
-                               metrics_pushgateway_url=gateway_url))
+    defs = load_code_location(db_url, monkeypatch, batch_size=1000,
+                              target_batch_duration=dt.timedelta(0))
     job = defs.resolve_job_def("guest_favorites_cleanup_job")
     run_config = {"ops": {"favorites__guest_favorites_cleanup": {"ops": {"purge": {
         "config": {"max_retries": 0}}}}}}

@@ -20,19 +20,22 @@ import sqlalchemy as sa
 import yaml
 from dagster.components.testing import create_defs_folder_sandbox
 
-from favorites_maintenance.definitions import load_defs
+import favorites_maintenance.defs
+from favorites_maintenance.components.policy_tree import PolicyLoadError, load_policies
+from favorites_maintenance.definitions import code_location
 from favorites_maintenance.pipeline.partitions import daily_partitions
-from favorites_maintenance.retention_policy import PolicyLoadError, load_policies
 from favorites_maintenance.pipeline.resources import AlertSink
-from favorites_maintenance.settings import DATABASE_URL_VAR, Settings
-from favorites_maintenance_tests.helpers.jobs import failure_text, run_report
+from favorites_maintenance.retention.defaults import DATABASE_URL_VAR
+from favorites_maintenance_tests.helpers.jobs import failure_text, guest_settings_env, run_report
 
 UTC = dt.timezone.utc
 PARTITION = "2026-06-15"
 #: End of PARTITION: the anchor of both policies' cutoffs.
 ANCHOR = dt.datetime(2026, 6, 16, tzinfo=UTC)
-GUEST_FAVORITES_YAML = (Path(__file__).parents[1] / "favorites_maintenance" / "defs"
-                        / "guest_favorites" / "defs.yaml")
+DEFS = Path(favorites_maintenance.defs.__file__).parent
+GUEST_FAVORITES_YAML = DEFS / "guest_favorites" / "defs.yaml"
+#: The resources every policy shares (``database``, ``alerts``, ``metrics``).
+RESOURCES_PY = DEFS / "resources.py"
 
 CARTS = {
     "name": "guest_carts",
@@ -58,10 +61,12 @@ def write_policy(defs_folder: Path, attributes: dict, folder_name: str = "guest_
 
 @pytest.fixture
 def sandbox():
-    """A defs folder with the real guest_favorites policy; tests add more."""
+    """A defs folder with the real guest_favorites policy and the real shared resources
+    (``defs/resources.py``); tests add more."""
     with create_defs_folder_sandbox() as sandbox:
         (sandbox.defs_folder_path / "guest_favorites").mkdir()
         shutil.copy(GUEST_FAVORITES_YAML, sandbox.defs_folder_path / "guest_favorites")
+        shutil.copy(RESOURCES_PY, sandbox.defs_folder_path)
         yield sandbox
 
 
@@ -102,12 +107,13 @@ def carts_left(engine) -> dict[str, int]:
 def test_a_second_policy_from_yaml_alone_gets_the_whole_surface_under_its_own_names(
         sandbox, carts, rows, engine, db_url, monkeypatch):
     monkeypatch.setenv(DATABASE_URL_VAR, db_url.render_as_string(hide_password=False))
+    guest_settings_env(monkeypatch)  # the guest-favorites policy at its defaults
     write_policy(sandbox.defs_folder_path, CARTS)
     old_guests = set(rows.add_many(40, updated_at=ANCHOR - dt.timedelta(days=400)))
     accounts = set(rows.add_many(10, updated_at=ANCHOR - dt.timedelta(days=400), user_id=3))
 
     with sandbox.build_component_tree() as tree:
-        defs = load_defs(Settings(), tree)
+        defs = code_location(tree)
 
     carts_key = dg.AssetKey(["carts", "guest_carts_cleanup"])
     guest_key = dg.AssetKey(["favorites", "guest_favorites_cleanup"])
@@ -279,9 +285,10 @@ def test_a_policy_setting_read_from_the_environment_is_reported_under_its_variab
 def test_an_age_column_that_is_not_timestamptz_fails_the_first_run_naming_it(
         sandbox, carts, engine, db_url, monkeypatch):
     monkeypatch.setenv(DATABASE_URL_VAR, db_url.render_as_string(hide_password=False))
+    guest_settings_env(monkeypatch)  # the guest-favorites policy at its defaults
     write_policy(sandbox.defs_folder_path, {**CARTS, "age_column": "items"})
     with sandbox.build_component_tree() as tree:
-        defs = load_defs(Settings(), tree)
+        defs = code_location(tree)
     with dg.instance_for_test() as instance:
         result = defs.resolve_job_def("guest_carts_cleanup_job").execute_in_process(
             partition_key=PARTITION, instance=instance, raise_on_error=False)

@@ -8,15 +8,13 @@ import datetime as dt
 import dagster as dg
 import pytest
 
-from favorites_maintenance.definitions import build_defs
-from favorites_maintenance.settings import (
-    BATCH_SIZE_VAR,
-    DATABASE_URL_VAR,
-    MAX_RUN_DURATION_VAR,
-    RETENTION_DAYS_VAR,
-    Settings,
-)
-from favorites_maintenance_tests.helpers.jobs import run_report
+from favorites_maintenance.retention.defaults import DATABASE_URL_VAR
+from favorites_maintenance_tests.helpers.jobs import JOB, load_code_location, run_report
+
+#: The guest-favorites policy's variables (``defs/guest_favorites/defs.yaml``).
+RETENTION_DAYS_VAR = "FAVORITES_GUEST_RETENTION_DAYS"
+BATCH_SIZE_VAR = "FAVORITES_GUEST_RETENTION_BATCH_SIZE"
+MAX_RUN_DURATION_VAR = "FAVORITES_GUEST_RETENTION_MAX_RUN_DURATION"
 
 UTC = dt.timezone.utc
 PARTITION = "2026-06-15"
@@ -25,10 +23,10 @@ CUTOFF = dt.datetime(2026, 6, 16, tzinfo=UTC) - dt.timedelta(days=365)
 
 @pytest.fixture
 def job(db_url, monkeypatch):
-    monkeypatch.setenv(DATABASE_URL_VAR, db_url.render_as_string(hide_password=False))
     # Fixed batches (no target time), so that a launch's batch size shows in the batch count.
-    settings = Settings(retention_days=365, target_batch_duration=dt.timedelta(0))
-    return build_defs(settings).resolve_job_def("guest_favorites_cleanup_job")
+    defs = load_code_location(db_url, monkeypatch, retention_days=365,
+                              target_batch_duration=dt.timedelta(0))
+    return defs.resolve_job_def(JOB)
 
 
 @pytest.fixture

@@ -10,8 +10,7 @@ import dagster as dg
 import pytest
 import sqlalchemy as sa
 
-from favorites_maintenance.definitions import build_defs
-from favorites_maintenance.settings import DATABASE_URL_VAR, Settings
+from favorites_maintenance_tests.helpers.jobs import JOB, load_code_location
 
 UTC = dt.timezone.utc
 PARTITION = (dt.datetime.now(UTC) - dt.timedelta(days=1)).date().isoformat()
@@ -20,8 +19,7 @@ OLD = dt.datetime.now(UTC) - dt.timedelta(days=400)
 
 @pytest.fixture
 def job(db_url, monkeypatch):
-    monkeypatch.setenv(DATABASE_URL_VAR, db_url.render_as_string(hide_password=False))
-    return build_defs(Settings()).resolve_job_def("guest_favorites_cleanup_job")
+    return load_code_location(db_url, monkeypatch).resolve_job_def(JOB)
 
 
 def retry_config(max_retries: int) -> dict:

@@ -13,22 +13,30 @@ import dagster as dg
 import pytest
 from dagster._utils.schedules import cron_string_iterator
 
-from favorites_maintenance.definitions import build_defs
-from favorites_maintenance.pipeline.schedules import SCHEDULE_NAME
-from favorites_maintenance.settings import CRON_VAR, DEFAULT_CRON, Settings, load_settings
+from favorites_maintenance.config.policy_settings import DEFAULT_CRON
+from favorites_maintenance.definitions import code_location
+from favorites_maintenance_tests.helpers.jobs import load_code_location
 
 UTC = dt.timezone.utc
 BERLIN = ZoneInfo("Europe/Berlin")
 NEW_YORK = ZoneInfo("America/New_York")
+SCHEDULE_NAME = "guest_favorites_cleanup_schedule"
 
 
 def at(*args, tz=UTC, fold=0) -> dt.datetime:
     return dt.datetime(*args, tzinfo=tz).replace(fold=fold)
 
 
+def guest_defs(**settings) -> dg.Definitions:
+    """The code location for the guest-favorites ``settings`` (the others unset), the
+    environment restored afterwards."""
+    with pytest.MonkeyPatch.context() as monkeypatch:
+        return load_code_location(monkeypatch=monkeypatch, **settings)
+
+
 def partition_for_tick(tick: dt.datetime, cron: str = DEFAULT_CRON) -> str | None:
     """The partition the schedule requests for a tick at ``tick`` (None: it skips)."""
-    defs = build_defs(Settings(cron=cron))
+    defs = guest_defs(cron=cron)
     schedule = defs.resolve_schedule_def(SCHEDULE_NAME)
     context = dg.build_schedule_context(scheduled_execution_time=tick,
                                         repository_def=defs.get_repository_def())
@@ -102,7 +110,7 @@ def test_before_the_first_day_has_ended_the_tick_skips():
 def test_the_default_cron_ticks_at_03_00_utc_every_day_across_daylight_saving(start):
     """What the daemon fires: one tick a day at 03:00 UTC, 24 hours apart, each running the
     day before it."""
-    schedule = build_defs(load_settings({})).resolve_schedule_def(SCHEDULE_NAME)
+    schedule = guest_defs().resolve_schedule_def(SCHEDULE_NAME)
     ticks = cron_string_iterator(start.timestamp(), schedule.cron_schedule,
                                  schedule.execution_timezone)
     days = [next(ticks) for _ in range(5)]
@@ -113,7 +121,7 @@ def test_the_default_cron_ticks_at_03_00_utc_every_day_across_daylight_saving(st
 
 
 def test_the_schedule_is_utc_running_by_default_and_runs_the_job():
-    schedule = build_defs(load_settings({})).resolve_schedule_def(SCHEDULE_NAME)
+    schedule = guest_defs().resolve_schedule_def(SCHEDULE_NAME)
     assert schedule.cron_schedule == DEFAULT_CRON
     assert schedule.execution_timezone == "UTC"
     assert schedule.default_status == dg.DefaultScheduleStatus.RUNNING
@@ -121,8 +129,8 @@ def test_the_schedule_is_utc_running_by_default_and_runs_the_job():
 
 
 def test_a_custom_cron_from_the_environment_is_honoured(monkeypatch):
-    monkeypatch.setenv(CRON_VAR, "*/15 6-18 * * 1-5")
-    schedule = build_defs(load_settings()).resolve_schedule_def(SCHEDULE_NAME)
+    monkeypatch.setenv("FAVORITES_GUEST_RETENTION_CRON", "*/15 6-18 * * 1-5")
+    schedule = code_location().resolve_schedule_def(SCHEDULE_NAME)
     assert schedule.cron_schedule == "*/15 6-18 * * 1-5"
     assert schedule.execution_timezone == "UTC"
     ticks = cron_string_iterator(at(2026, 5, 8, 18, 40).timestamp(), schedule.cron_schedule,

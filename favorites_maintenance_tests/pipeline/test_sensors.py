@@ -14,10 +14,11 @@ import pytest
 import sqlalchemy as sa
 from dagster._core.test_utils import freeze_time
 
-from favorites_maintenance.definitions import build_defs
+from favorites_maintenance.components.policy_tree import load_policies
 from favorites_maintenance.pipeline.resources import AlertSink
-from favorites_maintenance.pipeline.sensors import build_stale_sensor, guest_favorites_cleanup_failure_sensor
-from favorites_maintenance.settings import DATABASE_URL_VAR, Settings
+from favorites_maintenance.pipeline.sensors import build_stale_sensor
+from favorites_maintenance.retention.defaults import DATABASE_URL_VAR
+from favorites_maintenance_tests.helpers.jobs import JOB, POLICY, load_code_location
 
 UTC = dt.timezone.utc
 H = 3600.0
@@ -60,9 +61,19 @@ def webhook():
 
 
 @pytest.fixture
-def job(db_url, monkeypatch):
-    monkeypatch.setenv(DATABASE_URL_VAR, db_url.render_as_string(hide_password=False))
-    return build_defs(Settings()).resolve_job_def("guest_favorites_cleanup_job")
+def defs(db_url, monkeypatch):
+    return load_code_location(db_url, monkeypatch)
+
+
+@pytest.fixture
+def job(defs):
+    return defs.resolve_job_def(JOB)
+
+
+def guest_policy():
+    """The guest-favorites policy, as the code location reads it from ``defs/``."""
+    [policy] = [p for p in load_policies() if p.name == POLICY]
+    return policy
 
 
 class Watch:
@@ -73,7 +84,7 @@ class Watch:
         self.webhook = webhook
         self.now = T0
         self.cursor = None
-        self.sensor = build_stale_sensor(stale_after, clock=lambda: self.now)
+        self.sensor = build_stale_sensor(guest_policy(), stale_after, clock=lambda: self.now)
         self.sink = AlertSink(webhook_url=webhook.url, attempts=2, timeout_seconds=2)
 
     def tick(self, at: float) -> str:
@@ -164,7 +175,7 @@ def test_an_unreachable_webhook_never_crashes_the_tick(webhook):
         assert watch.tick(T0 + 49 * H) == "alerted"
 
 
-def test_a_failed_run_alerts_through_the_sink(job, webhook, engine):
+def test_a_failed_run_alerts_through_the_sink(defs, job, webhook, engine):
     with engine.begin() as conn:
         conn.execute(sa.text("DROP TABLE favorites.favorites"))
     with dg.instance_for_test() as instance:
@@ -177,7 +188,7 @@ def test_a_failed_run_alerts_through_the_sink(job, webhook, engine):
             dagster_run=run, dagster_event=failure,
             resources={"alerts": AlertSink(webhook_url=webhook.url)},
         ).for_run_failure()
-        guest_favorites_cleanup_failure_sensor(ctx)
+        defs.resolve_sensor_def("guest_favorites_cleanup_failure_sensor")(ctx)
     [message] = webhook.messages
     assert result.run_id in message and "failed" in message and "2026-10-04" in message
 
@@ -203,7 +214,7 @@ def test_without_a_cursor_the_clock_is_the_last_success_in_the_history(job, webh
         yesterday = (dt.datetime.now(UTC) - dt.timedelta(days=1)).date().isoformat()
         assert job.execute_in_process(partition_key=yesterday, instance=instance).success
         time.sleep(3)  # the run is now older than stale_after
-        sensor = build_stale_sensor(stale_after)
+        sensor = build_stale_sensor(guest_policy(), stale_after)
         sink = AlertSink(webhook_url=webhook.url, attempts=1)
         ctx = dg.build_sensor_context(instance=instance, resources={"alerts": sink})
         assert sensor(ctx).skip_message == "alerted"

@@ -17,14 +17,12 @@ import dagster as dg
 import pytest
 import sqlalchemy as sa
 
+from favorites_maintenance.components.policy_tree import load_policies
 from favorites_maintenance.pipeline.resources import AlertSink
-from favorites_maintenance_tests.helpers.daemon import pg_instance
 from favorites_maintenance.pipeline.sensors import build_stale_sensor
-from favorites_maintenance.settings import (
-    BATCH_SIZE_VAR,
-    DATABASE_URL_VAR,
-    TARGET_BATCH_DURATION_VAR,
-)
+from favorites_maintenance.retention.defaults import DATABASE_URL_VAR
+from favorites_maintenance_tests.helpers.daemon import pg_instance
+from favorites_maintenance_tests.helpers.jobs import JOB, POLICY, guest_settings_env
 
 UTC = dt.timezone.utc
 ROWS = 200_000
@@ -33,11 +31,17 @@ PARTITION = (dt.datetime.now(UTC) - dt.timedelta(days=1)).date().isoformat()
 
 
 def cleanup_job():
-    """The job as the code location defines it (reconstructable in step processes)."""
-    from favorites_maintenance.definitions import build_defs
-    from favorites_maintenance.settings import load_settings
+    """The job as the code location defines it, from the environment (reconstructable in step
+    processes, which inherit it)."""
+    from favorites_maintenance.definitions import code_location
 
-    return build_defs(load_settings()).resolve_job_def("guest_favorites_cleanup_job")
+    return code_location().resolve_job_def(JOB)
+
+
+def guest_policy():
+    """The guest-favorites policy, as the code location reads it from ``defs/``."""
+    [policy] = [p for p in load_policies() if p.name == POLICY]
+    return policy
 
 
 @pytest.fixture
@@ -50,9 +54,8 @@ def many_old_guests(engine, db_url, monkeypatch):
             "       now() - interval '400 days' + i * interval '1 second' "
             "FROM generate_series(1, :n) AS i"), {"n": ROWS})
     monkeypatch.setenv(DATABASE_URL_VAR, db_url.render_as_string(hide_password=False))
-    monkeypatch.setenv(BATCH_SIZE_VAR, str(BATCH))
     # Every batch BATCH rows: the assertions count whole batches.
-    monkeypatch.setenv(TARGET_BATCH_DURATION_VAR, "PT0S")
+    guest_settings_env(monkeypatch, batch_size=BATCH, target_batch_duration=dt.timedelta(0))
     return engine
 
 
@@ -117,7 +120,8 @@ def assert_cancelled_cleanly(instance, run_id, engine, terminator):
     assert failure.step_failure_data.error.message.strip() == (
         f"dagster._core.errors.DagsterExecutionInterruptedError: {stopped}")
     # The sensor does not count a canceled run as a success.
-    sensor = build_stale_sensor(dt.timedelta(hours=48), clock=lambda: time.time() + 3600)
+    sensor = build_stale_sensor(guest_policy(), dt.timedelta(hours=48),
+                                clock=lambda: time.time() + 3600)
     ctx = dg.build_sensor_context(instance=instance, cursor='{"firstSeen": 0}',
                                   resources={"alerts": AlertSink()})
     assert sensor(ctx).skip_message == "alerted"

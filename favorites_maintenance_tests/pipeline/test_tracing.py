@@ -36,7 +36,7 @@ from favorites_maintenance_tests.reliability.test_poison_rows import (
     reference,
 )
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 BATCH_NAME = "DELETE favorites.favorites"
 RUN_NAME = "guest_favorites.cleanup"
 
@@ -226,7 +226,7 @@ def collector():
 SETUP_TWICE = """
 import sys
 from opentelemetry import trace
-from favorites_maintenance import tracing
+from favorites_maintenance.pipeline import tracing
 installed = tracing.setup()
 provider = trace.get_tracer_provider()
 assert tracing.setup() is installed and trace.get_tracer_provider() is provider

@@ -18,7 +18,7 @@ from click.testing import CliRunner
 
 from favorites_maintenance.cli import main
 from favorites_maintenance.retention.schema import RECOMMENDED_INDEX_SQL
-from favorites_maintenance.settings import DATABASE_URL_VAR
+from favorites_maintenance.retention.defaults import DATABASE_URL_VAR
 from favorites_maintenance_tests.reliability.conftest import (
     CUTOFF,
     OLD,

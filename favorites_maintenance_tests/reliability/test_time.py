@@ -18,7 +18,7 @@ import pytest
 from favorites_maintenance.retention.database import create_engine
 from favorites_maintenance.retention.rule import compute_cutoff
 from favorites_maintenance.retention.schema import create_dev_schema
-from favorites_maintenance.settings import DATABASE_URL_VAR
+from favorites_maintenance.retention.defaults import DATABASE_URL_VAR
 from favorites_maintenance_tests.conftest import Rows
 from favorites_maintenance_tests.reliability.conftest import materialization, run_job
 
@@ -34,8 +34,8 @@ PARTITIONS = ["2026-03-29", "2026-06-15", "2026-10-25"]
 RUN_ONE = textwrap.dedent("""
     import json, sys, time
     import dagster as dg
-    from favorites_maintenance.definitions import defs
-    job = defs.resolve_job_def("guest_favorites_cleanup_job")
+    from favorites_maintenance.definitions import code_location
+    job = code_location().resolve_job_def("guest_favorites_cleanup_job")
     out = {}
     with dg.instance_for_test() as instance:
         for partition in sys.argv[1:]:

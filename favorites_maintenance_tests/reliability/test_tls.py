@@ -29,13 +29,16 @@ from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import NameOID
 
-from favorites_maintenance.definitions import build_defs
 from favorites_maintenance.local.processes import Daemon, free_port
 from favorites_maintenance.retention.database import create_engine
 from favorites_maintenance.retention.schema import create_dev_schema
-from favorites_maintenance.settings import DATABASE_URL_VAR, Settings
+from favorites_maintenance.retention.defaults import DATABASE_URL_VAR
 from favorites_maintenance_tests.conftest import Rows
-from favorites_maintenance_tests.helpers.jobs import purge_retries, run_partition
+from favorites_maintenance_tests.helpers.jobs import (
+    load_code_location,
+    purge_retries,
+    run_partition,
+)
 from favorites_maintenance_tests.helpers.system_packages import missing
 from favorites_maintenance_tests.reliability.conftest import (
     CUTOFF,
@@ -192,9 +195,9 @@ def rows(tls_server):
 
 
 def run_job(url: str, monkeypatch) -> dg.ExecuteInProcessResult:
-    monkeypatch.setenv(DATABASE_URL_VAR, url)
+    defs = load_code_location(url, monkeypatch)
     with dg.instance_for_test() as instance:
-        return run_partition(build_defs(Settings()), instance, PARTITION,
+        return run_partition(defs, instance, PARTITION,
                              run_config=purge_retries(0), raise_on_error=False)
 
 
