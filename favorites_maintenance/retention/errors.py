@@ -28,7 +28,7 @@ import sqlalchemy as sa
 from favorites_maintenance.retention.defaults import DATABASE_URL_VAR
 
 if TYPE_CHECKING:
-    from favorites_maintenance.retention.purge import PurgeReport
+    from favorites_maintenance.retention.report import PurgeReport
 
 #: SQLSTATE (or class prefix) -> kind. The server writes these messages from fixed templates
 #: that name objects (a table, a role) but never row values.
