@@ -97,6 +97,7 @@ from favorites_maintenance.retention.database import (
 from favorites_maintenance.retention.errors import (
     BatchError,
     ConnectError,
+    ErrorKind,
     InvalidArgumentError,
     NoProgressError,
     SkippedRowsError,
@@ -138,6 +139,9 @@ _MOVED_ROW_RETRIES = 5
 
 #: Runs of the same batch after a stale statement before the error is raised.
 _STALE_RETRIES = 3
+
+#: Another session holds a row, or moved it to another partition since it was read.
+_CONFLICT_KINDS = frozenset({ErrorKind.LOCK_NOT_AVAILABLE, ErrorKind.SERIALIZATION_FAILURE})
 
 _SWALLOWED = ("deleted no row although it was locked (a BEFORE DELETE trigger returning NULL, or "
               "a row-level security DELETE policy narrower than the SELECT and UPDATE ones)")
@@ -465,13 +469,13 @@ def purge(
             except sa.exc.DBAPIError as exc:
                 error = describe(exc)
                 span.failed(error)
-                if fast and error.kind in ("lock_not_available", "serialization_failure"):
+                if fast and error.kind in _CONFLICT_KINDS:
                     # Another session holds a row of the batch, or moved it to another
                     # partition meanwhile: take the batch again with SKIP LOCKED, and keep to
                     # that form for a while.
                     locking_left, again = _LOCKING_AFTER_CONFLICT, True
                     continue
-                if (error.kind == "serialization_failure"
+                if (error.kind is ErrorKind.SERIALIZATION_FAILURE
                         and moved_retries < _MOVED_ROW_RETRIES):
                     # A row of the batch moved to another partition as it was locked (an
                     # update of its partition key): a new transaction reads where it went.
@@ -480,7 +484,8 @@ def purge(
                     log.info("batch %d met a row moved by a concurrent update (%s); taking it "
                              "again", batch_no, error)
                     continue
-                if error.kind == "stale_statement" and stale_retries < _STALE_RETRIES:
+                if (error.kind is ErrorKind.STALE_STATEMENT
+                        and stale_retries < _STALE_RETRIES):
                     # A prepared statement or cached plan outlived a schema change: a new
                     # connection plans the same statement afresh.
                     stale_retries += 1
@@ -612,7 +617,7 @@ def _check_zero_progress(conn: sa.Connection, rule: RetentionRule, cutoff: dt.da
             try:
                 locked = len(conn.execute(ids.with_for_update(nowait=True)).all())
             except sa.exc.DBAPIError as exc:
-                if describe(exc).kind in ("lock_not_available", "serialization_failure"):
+                if describe(exc).kind in _CONFLICT_KINDS:
                     return  # held or changed by others: the backlog waits for the next run
                 raise
         finally:
