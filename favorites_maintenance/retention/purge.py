@@ -86,7 +86,6 @@ import time
 from collections.abc import Callable
 
 import sqlalchemy as sa
-from sqlalchemy.dialects.postgresql import TIMESTAMP
 
 from favorites_maintenance.retention.batch_size import BatchSizeController
 from favorites_maintenance.retention.database import (
@@ -101,7 +100,6 @@ from favorites_maintenance.retention.errors import (
     InvalidArgumentError,
     NoProgressError,
     SkippedRowsError,
-    StandbyError,
     TableCheckError,
     describe,
 )
@@ -109,6 +107,16 @@ from favorites_maintenance.retention.health import HealthLimits, HealthMonitor, 
 from favorites_maintenance.retention.report import BatchResult, PurgeReport, StopReason
 from favorites_maintenance.retention.rule import GUEST_FAVORITES, RetentionRule
 from favorites_maintenance.retention.spans import BatchSpans
+from favorites_maintenance.retention.statements import (
+    BEFORE_DELETE_TRIGGERS,
+    DELETE_RULES,
+    ROW_SECURITY,
+    BatchStatements,
+    assert_primary,
+    candidate_keys,
+    count_of,
+    match_by_ctid,
+)
 from favorites_maintenance.retention.table_check import check_table
 
 log = logging.getLogger(__name__)
@@ -145,102 +153,6 @@ _CONFLICT_KINDS = frozenset({ErrorKind.LOCK_NOT_AVAILABLE, ErrorKind.SERIALIZATI
 
 _SWALLOWED = ("deleted no row although it was locked (a BEFORE DELETE trigger returning NULL, or "
               "a row-level security DELETE policy narrower than the SELECT and UPDATE ones)")
-
-
-def _batch_statement(rule: RetentionRule, cutoff: dt.datetime, keyset: bool,
-                     by_ctid: bool = True, lock_first: bool = True) -> sa.Select:
-    """The one statement of a batch; ``:batch_size`` (and the keyset position) are bound.
-
-    ``lock_first=False`` gives the optimistic form: the candidates are read without
-    ``FOR UPDATE SKIP LOCKED`` and the DELETE locks each row as it deletes it.
-    """
-    t = rule.table
-    where = [rule.prunable(cutoff)]
-    if keyset:
-        where += _after_position(rule)
-    candidates = (
-        sa.select(*([t.c.ctid] if by_ctid else []), rule.key.label("key"), rule.age.label("age"))
-        .where(*where)
-        .order_by(rule.age, rule.key)
-        # Rendered into the statement: as a server-side parameter the LIMIT is planned worse
-        # (batch p50 6.4 -> 9-11 ms at 2 M rows in the bench).
-        .limit(sa.bindparam("batch_size", type_=sa.Integer, literal_execute=True))
-    )
-    if lock_first:
-        candidates = candidates.with_for_update(skip_locked=True)
-    # CTE names a table is unlikely to have: a policy's table may be called "batch".
-    batch = candidates.cte("retention_batch").prefix_with("MATERIALIZED")
-    if by_ctid:
-        # The batch's rows are locked by this transaction, so no one can update, delete or
-        # move them before the DELETE: their ctid (row address) names exactly the locked row
-        # versions. A TID scan per address reaches each without a primary-key index descent;
-        # the id is matched too, so a row is only ever deleted by its address *and* its key,
-        # and the guard is checked again on each. In the optimistic form a row updated since
-        # it was read has moved: the DELETE re-checks the newest version, whose address no
-        # longer matches, and leaves it (the batch then comes up short and is rolled back).
-        match = sa.and_(t.c.ctid == batch.c.ctid, rule.key == batch.c.key)
-    else:
-        # A partitioned table repeats row addresses across partitions, and a role may lack
-        # SELECT on ctid: match by key. The age column is matched too: a table partitioned by
-        # it has its primary key on (id, updated_at).
-        match = sa.and_(rule.key == batch.c.key, rule.age == batch.c.age)
-    deleted = (
-        rule.delete_prunable(cutoff, match)
-        .returning(sa.literal_column("1"))
-        .cte("retention_deleted")
-    )
-    # The batch's last key and its size in one pass over it (a window count, then the top row).
-    last = (
-        sa.select(batch.c.age, batch.c.key, sa.func.count().over().label("selected"))
-        .order_by(batch.c.age.desc(), batch.c.key.desc())
-        .limit(1)
-        .subquery("last")
-    )
-    # One row even for an empty batch.
-    one = sa.select(sa.literal(1).label("one")).subquery("one")
-    return sa.select(
-        sa.func.coalesce(last.c.selected, 0).label("selected"),
-        sa.select(sa.func.count()).select_from(deleted).scalar_subquery().label("deleted"),
-        last.c.age.label("last_age"),
-        last.c.key.label("last_key"),
-    ).select_from(one.outerjoin(last, sa.true()))
-
-
-def _after_position(rule: RetentionRule) -> list[sa.ColumnElement[bool]]:
-    after_age = sa.bindparam("after_age", type_=TIMESTAMP(timezone=True))
-    return [
-        # Redundant with the row comparison, but it gives the planner the range on the
-        # leading column, so it prefers the partial index to walking the plain updated_at
-        # index through the account rows (and re-sorting them by id).
-        rule.age >= after_age,
-        sa.tuple_(rule.age, rule.key) > sa.tuple_(after_age, sa.bindparam("after_key")),
-    ]
-
-
-def _next_key_statement(rule: RetentionRule, cutoff: dt.datetime, keyset: bool) -> sa.Select:
-    """Lock and return the key of the next candidate: a one-row batch names its row before it
-    tries to delete it, so the row can be skipped if the delete fails."""
-    where = [rule.prunable(cutoff)] + (_after_position(rule) if keyset else [])
-    return (sa.select(rule.key.label("key"), rule.age.label("age")).where(*where)
-            .order_by(rule.age, rule.key).limit(1)
-            .with_for_update(skip_locked=True))
-
-
-def assert_primary(conn: sa.Connection) -> None:
-    """Raise :class:`StandbyError` if ``conn`` is on a hot standby (``pg_is_in_recovery()``)."""
-    if conn.execute(sa.text("SELECT pg_is_in_recovery()")).scalar_one():
-        raise StandbyError("the favorites database connection reached a hot standby "
-                           "(pg_is_in_recovery() is true); point FAVORITES_DATABASE_URL at the "
-                           "primary")
-
-
-def _match_by_ctid(conn: sa.Connection, rule: RetentionRule) -> bool:
-    """Whether the DELETE may reach the batch's rows by ``ctid``: not on a partitioned table
-    (addresses repeat across partitions), nor for a role that may not read the column."""
-    table = rule.qualified_name
-    return conn.execute(sa.text(
-        "SELECT relkind <> 'p' AND has_column_privilege(oid, 'ctid', 'SELECT') "
-        "FROM pg_class WHERE oid = to_regclass(:table)"), {"table": table}).scalar() or False
 
 
 def purge(
@@ -333,8 +245,7 @@ def purge(
         raise InvalidArgumentError(f"max_run_duration must be > 0, got {max_run_duration!r}")
     if max_skipped_rows < 0:
         raise InvalidArgumentError(f"max_skipped_rows must be >= 0, got {max_skipped_rows!r}")
-    next_first = _next_key_statement(rule, cutoff, keyset=False)
-    next_following = _next_key_statement(rule, cutoff, keyset=True)
+    rule.prunable(cutoff)  # a naive cutoff is refused before any connection
 
     started = time.monotonic()
     deadline = started + max_run_duration.total_seconds()
@@ -398,19 +309,14 @@ def purge(
                 limit_transaction(conn, lock_timeout=lock_timeout,
                                   statement_timeout=statement_timeout)
                 findings = check_table(conn, rule)
-                by_ctid = _match_by_ctid(conn, rule)
+                by_ctid = match_by_ctid(conn, rule)
         except sa.exc.DBAPIError as exc:
             error = describe(exc)
             log.error("could not check the table before the first batch: %s", error)
             raise TableCheckError(error, rule.qualified_name) from None
         for warning in findings.warnings:
             log.warning("%s", warning)
-        first = _batch_statement(rule, cutoff, keyset=False, by_ctid=by_ctid)
-        following = _batch_statement(rule, cutoff, keyset=True, by_ctid=by_ctid)
-        first_fast = _batch_statement(rule, cutoff, keyset=False, by_ctid=by_ctid,
-                                      lock_first=False)
-        following_fast = _batch_statement(rule, cutoff, keyset=True, by_ctid=by_ctid,
-                                          lock_first=False)
+        statements = BatchStatements.build(rule, cutoff, by_ctid)
         fast_lock_timeout = min(lock_timeout, OPTIMISTIC_LOCK_TIMEOUT)
         spans = BatchSpans(engine, rule)
         locking_left = 0  # batches to run in the locking form after a conflict
@@ -440,10 +346,7 @@ def purge(
             # without an UPDATE policy fails the run at once rather than under contention.
             fast = (optimistic and after is not None and limit > 1 and size == sizes.size
                     and not locking_left)
-            if fast:
-                statement = first_fast if after is None else following_fast
-            else:
-                statement = first if after is None else following
+            statement = statements.batch(keyset=after is not None, fast=fast)
             waiters = 0
             span = spans.start(batch_no, limit, fast, statement)
             t0 = time.monotonic()
@@ -456,7 +359,7 @@ def purge(
                                       incremental_sort=False if findings.keyset_index else None,
                                       nested_loop_joins_only=True)
                     if limit == 1:
-                        key = conn.execute(next_first if after is None else next_following,
+                        key = conn.execute(statements.next_key(keyset=after is not None),
                                            after or {}).first()
                     row = conn.execute(statement, {**(after or {}), "batch_size": limit}).one()
                     if fast and row.deleted < row.selected:
@@ -603,15 +506,13 @@ def _check_zero_progress(conn: sa.Connection, rule: RetentionRule, cutoff: dt.da
     no conflict: something filters them from ``FOR UPDATE`` (row-level security without an
     UPDATE policy): fail.
     """
-    ids = (sa.select(rule.key).where(rule.prunable(cutoff))
-           .order_by(rule.age, rule.key).limit(sample))
+    ids = candidate_keys(rule, cutoff, sample)
     try:
         tx = conn.begin()
         try:
             conn.exec_driver_sql("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ")
             limit_transaction(conn)
-            visible = conn.execute(sa.select(sa.func.count()).select_from(
-                ids.subquery())).scalar_one()
+            visible = conn.execute(count_of(ids)).scalar_one()
             if not visible:
                 return
             try:
@@ -656,18 +557,9 @@ def _swallowing_mechanisms(conn: sa.Connection, table: str) -> list[str]:
     (``schema.table``), named."""
     try:
         with conn.begin():
-            rls = conn.execute(sa.text(
-                "SELECT c.relrowsecurity, c.relforcerowsecurity, "
-                "       (SELECT count(*) FROM pg_policy p WHERE p.polrelid = c.oid) "
-                "FROM pg_class c WHERE c.oid = to_regclass(:t)"), {"t": table}).first()
-            # tgtype bits: 1 row-level, 2 BEFORE, 8 DELETE.
-            triggers = conn.execute(sa.text(
-                "SELECT tgname FROM pg_trigger WHERE tgrelid = to_regclass(:t) "
-                "AND NOT tgisinternal AND tgenabled <> 'D' AND tgtype & 11 = 11 "
-                "ORDER BY tgname"), {"t": table}).scalars().all()
-            rules = conn.execute(sa.text(
-                "SELECT rulename FROM pg_rewrite WHERE ev_class = to_regclass(:t) "
-                "AND ev_type = '4' ORDER BY rulename"), {"t": table}).scalars().all()
+            rls = conn.execute(ROW_SECURITY, {"t": table}).first()
+            triggers = conn.execute(BEFORE_DELETE_TRIGGERS, {"t": table}).scalars().all()
+            rules = conn.execute(DELETE_RULES, {"t": table}).scalars().all()
     except sa.exc.DBAPIError as exc:
         log.warning("could not read the table's policies and triggers: %s", describe(exc))
         return []
