@@ -93,12 +93,17 @@ from favorites_maintenance.retention.database import (
     DEFAULT_STATEMENT_TIMEOUT,
     limit_transaction,
 )
+from favorites_maintenance.retention.diagnosis import (
+    NO_PROGRESS_SAMPLE,
+    SWALLOWED,
+    check_zero_progress,
+    no_progress,
+)
 from favorites_maintenance.retention.errors import (
     BatchError,
     ConnectError,
     ErrorKind,
     InvalidArgumentError,
-    NoProgressError,
     SkippedRowsError,
     TableCheckError,
     describe,
@@ -108,13 +113,8 @@ from favorites_maintenance.retention.report import BatchResult, PurgeReport, Sto
 from favorites_maintenance.retention.rule import GUEST_FAVORITES, RetentionRule
 from favorites_maintenance.retention.spans import BatchSpans
 from favorites_maintenance.retention.statements import (
-    BEFORE_DELETE_TRIGGERS,
-    DELETE_RULES,
-    ROW_SECURITY,
     BatchStatements,
     assert_primary,
-    candidate_keys,
-    count_of,
     match_by_ctid,
 )
 from favorites_maintenance.retention.table_check import check_table
@@ -128,11 +128,6 @@ DEFAULT_MAX_SKIPPED_ROWS = 100
 #: Candidates in a row that fail, nothing deleted between them, before the purge takes the
 #: table for blocked and fails rather than trying every row one at a time.
 BLOCKED_AFTER = 10
-
-#: Rows selected before a shortfall of deletes is judged mid-run (at least one full batch);
-#: a run that ends sooner is judged at its end. A few rows swallowed at the head of the table
-#: must not fail every run however small the batches.
-NO_PROGRESS_SAMPLE = 1000
 
 #: ``lock_timeout`` of an optimistic batch: how long its DELETE may wait for a row someone
 #: else holds before the batch is rolled back and taken again with ``SKIP LOCKED``.
@@ -150,9 +145,6 @@ _STALE_RETRIES = 3
 
 #: Another session holds a row, or moved it to another partition since it was read.
 _CONFLICT_KINDS = frozenset({ErrorKind.LOCK_NOT_AVAILABLE, ErrorKind.SERIALIZATION_FAILURE})
-
-_SWALLOWED = ("deleted no row although it was locked (a BEFORE DELETE trigger returning NULL, or "
-              "a row-level security DELETE policy narrower than the SELECT and UPDATE ones)")
 
 
 def purge(
@@ -448,12 +440,12 @@ def purge(
             if on_batch is not None:
                 on_batch(BatchResult(batch_no, row.deleted, elapsed, deleted_total, limit))
             if row.deleted < row.selected:
-                skip(row.selected - row.deleted, _SWALLOWED)
+                skip(row.selected - row.deleted, SWALLOWED)
                 if deleted_total * 2 < selected_total:
                     # Mostly swallowed: judged as no progress (which names the mechanisms)
                     # once enough rows were selected, or at the end of the run.
                     if selected_total >= max(batch_size, NO_PROGRESS_SAMPLE):
-                        raise _no_progress(conn, rule, report(StopReason.EXHAUSTED), selected_total)
+                        raise no_progress(conn, rule, report(StopReason.EXHAUSTED), selected_total)
                 else:
                     check_skipped()
             if row.selected < limit:
@@ -462,9 +454,9 @@ def purge(
 
         final = report(StopReason.EXHAUSTED)
         if deleted_total * 2 < selected_total:
-            raise _no_progress(conn, rule, final, selected_total)
+            raise no_progress(conn, rule, final, selected_total)
         if not selected_total:
-            _check_zero_progress(conn, rule, cutoff, final, batch_size)
+            check_zero_progress(conn, rule, cutoff, final, batch_size)
         return final
     finally:
         conn.close()
@@ -492,84 +484,6 @@ def _reconnect(engine: sa.Engine, conn: sa.Connection) -> sa.Connection:
     conn.invalidate()  # psycopg's prepared statements die with the server session
     conn.close()
     return _connect(engine)
-
-
-def _check_zero_progress(conn: sa.Connection, rule: RetentionRule, cutoff: dt.datetime,
-                         report: PurgeReport, sample: int) -> None:
-    """The purge locked no row: tell "every candidate is held by another session" (a backlog
-    for the next run) from "the rule matches rows this role cannot lock" (a failure).
-
-    One rolled-back ``REPEATABLE READ`` transaction, so both statements see one snapshot:
-    count candidates without locking, then try to lock them ``NOWAIT``. A row held by another
-    session makes the lock fail at once (55P03), one changed since the snapshot fails it with a
-    serialization failure: fine, either way. No row visible: fine. Rows visible, none locked and
-    no conflict: something filters them from ``FOR UPDATE`` (row-level security without an
-    UPDATE policy): fail.
-    """
-    ids = candidate_keys(rule, cutoff, sample)
-    try:
-        tx = conn.begin()
-        try:
-            conn.exec_driver_sql("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ")
-            limit_transaction(conn)
-            visible = conn.execute(count_of(ids)).scalar_one()
-            if not visible:
-                return
-            try:
-                locked = len(conn.execute(ids.with_for_update(nowait=True)).all())
-            except sa.exc.DBAPIError as exc:
-                if describe(exc).kind in _CONFLICT_KINDS:
-                    return  # held or changed by others: the backlog waits for the next run
-                raise
-        finally:
-            tx.rollback()  # the probe's locks are released at once
-    except sa.exc.DBAPIError as exc:
-        log.warning("could not check why the purge locked no row: %s", describe(exc))
-        return
-    if locked:
-        return  # released since the batch ran: the next run takes them
-    raise _no_progress(conn, rule, report, visible, locked_none=True,
-                       at_least=visible >= sample)
-
-
-def _no_progress(conn: sa.Connection, rule: RetentionRule, report: PurgeReport, matched: int,
-                 *, locked_none: bool = False, at_least: bool = False) -> NoProgressError:
-    table = rule.qualified_name
-    causes = _swallowing_mechanisms(conn, table)
-    if locked_none:
-        what = (f"the rule matches {'at least ' if at_least else ''}{matched} rows of {table} "
-                f"that no other session holds, yet the purge could lock none of them")
-    else:
-        what = (f"the batches selected {matched} rows of {table} but deleted only "
-                f"{report.deleted_total}")
-    found = f" Found on {table}: {'; '.join(causes)}." if causes else ""
-    message = (f"{what}: something swallows the deletes, so the run is not a success.{found} "
-               f"Likely causes: row-level security (SELECT ... FOR UPDATE also needs an UPDATE "
-               f"policy for the job's role, and DELETE a DELETE policy: see README, "
-               f"'Production databases'); a BEFORE DELETE trigger that returns NULL; a rule "
-               f"that does not fit the table.")
-    log.error("%s", message)
-    return NoProgressError(message, report, tuple(causes))
-
-
-def _swallowing_mechanisms(conn: sa.Connection, table: str) -> list[str]:
-    """Row-level security, BEFORE DELETE row triggers and DELETE rules on ``table``
-    (``schema.table``), named."""
-    try:
-        with conn.begin():
-            rls = conn.execute(ROW_SECURITY, {"t": table}).first()
-            triggers = conn.execute(BEFORE_DELETE_TRIGGERS, {"t": table}).scalars().all()
-            rules = conn.execute(DELETE_RULES, {"t": table}).scalars().all()
-    except sa.exc.DBAPIError as exc:
-        log.warning("could not read the table's policies and triggers: %s", describe(exc))
-        return []
-    found = []
-    if rls is not None and rls[0]:
-        found.append(f"row-level security is enabled ({rls[2]} policies"
-                     f"{', forced for the owner' if rls[1] else ''})")
-    found += [f"BEFORE DELETE trigger {name}" for name in triggers]
-    found += [f"DELETE rule {name}" for name in rules]
-    return found
 
 
 def _connect_error(exc: sa.exc.DBAPIError) -> ConnectError:

@@ -207,6 +207,9 @@ def count_of(statement: sa.Select) -> sa.Select:
     return sa.select(sa.func.count()).select_from(statement.subquery())
 
 
+#: Driver SQL: the zero-progress probe's two statements see one snapshot.
+REPEATABLE_READ = "SET TRANSACTION ISOLATION LEVEL REPEATABLE READ"
+
 #: One row, one column: whether the session is on a hot standby.
 IS_IN_RECOVERY = sa.text("SELECT pg_is_in_recovery()")
 
