@@ -31,6 +31,7 @@ from favorites_maintenance.retention.defaults import DATABASE_URL_VAR
 if TYPE_CHECKING:
     from favorites_maintenance.retention.report import PurgeReport
 
+
 class ErrorKind(str, enum.Enum):
     """What went wrong with a database statement, as an operator can act on it: PostgreSQL's
     condition names where they are clear (``statement_timeout``, ``connection_lost``, ...);
@@ -200,8 +201,7 @@ class ErrorDescription:
         """The error told by what raised it, e.g. ``restrict_violation (SQLSTATE 23001) from
         constraint favorites.refs_favorite_fk on favorites.refs``: kind, SQLSTATE and schema
         objects only, the same for every row it stops (one log line per distinct cause)."""
-        text = (self.kind.value if self.kind is not ErrorKind.DATABASE_ERROR
-                else self.error_class)
+        text = str(self.kind) if self.kind != ErrorKind.DATABASE_ERROR else self.error_class
         if self.sqlstate:
             text += f" (SQLSTATE {self.sqlstate})"
         where = []
@@ -221,7 +221,7 @@ class ErrorDescription:
         return f"{self.schema}.{name}" if self.schema else name
 
     def __str__(self) -> str:
-        text = f"{self.kind.value}: {self.error_class}"
+        text = f"{self.kind}: {self.error_class}"
         if self.sqlstate:
             text += f" (SQLSTATE {self.sqlstate})"
         if self.message:

@@ -22,7 +22,6 @@ import sqlalchemy as sa
 from favorites_maintenance.retention.batch_loop import (
     BLOCKED_AFTER,
     DEFAULT_MAX_SKIPPED_ROWS,
-    OPTIMISTIC_LOCK_TIMEOUT,
     BatchLoop,
     PurgeOptions,
 )
@@ -30,19 +29,17 @@ from favorites_maintenance.retention.database import (
     DEFAULT_LOCK_TIMEOUT,
     DEFAULT_STATEMENT_TIMEOUT,
 )
-from favorites_maintenance.retention.diagnosis import NO_PROGRESS_SAMPLE
 from favorites_maintenance.retention.health import HealthLimits
 from favorites_maintenance.retention.report import BatchResult, PurgeReport, StopReason
 from favorites_maintenance.retention.rule import GUEST_FAVORITES, RetentionRule
 from favorites_maintenance.retention.statements import assert_primary
 
 # Importers of this module found these names here before the loop, the statements and the
-# report types had modules of their own.
+# report types had modules of their own. The loop's tunable constants are read (and patched)
+# in batch_loop.
 __all__ = [
     "BLOCKED_AFTER",
     "DEFAULT_MAX_SKIPPED_ROWS",
-    "NO_PROGRESS_SAMPLE",
-    "OPTIMISTIC_LOCK_TIMEOUT",
     "BatchResult",
     "PurgeOptions",
     "PurgeReport",
@@ -50,6 +47,7 @@ __all__ = [
     "assert_primary",
     "purge",
 ]
+
 
 def purge(
     engine: sa.Engine,
