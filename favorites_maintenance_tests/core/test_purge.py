@@ -25,8 +25,8 @@ CUTOFF = dt.datetime(2025, 6, 1, 12, 0, 0, tzinfo=UTC)
 OLD = CUTOFF - dt.timedelta(days=30)
 TEN_MIN = dt.timedelta(minutes=10)
 guest = dev_favorites.c.user_id.is_(None)
-# The module, not the function the package exports under the same name.
-purge_module = importlib.import_module("favorites_maintenance.retention.purge")
+# The loop's module, whose tunable constants a test may patch.
+purge_module = importlib.import_module("favorites_maintenance.retention.batch_loop")
 
 
 def run(engine, **kwargs):
