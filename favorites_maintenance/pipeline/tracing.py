@@ -153,7 +153,7 @@ def run_failed(span: trace.Span, exc: BaseException) -> None:
     deleted_total``, ``retention.batches``, ``retention.skipped_rows``) when it says so."""
     if not span.is_recording():
         return
-    kind = exc.kind if isinstance(exc, DatabaseError) else type(exc).__name__
+    kind = str(exc.kind) if isinstance(exc, DatabaseError) else type(exc).__name__
     span.set_attribute("error.type", kind)
     if isinstance(exc, DatabaseError) and exc.error.sqlstate:
         span.set_attribute("db.response.status_code", exc.error.sqlstate)

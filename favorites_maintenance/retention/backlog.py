@@ -31,12 +31,6 @@ class Backlog:
     remaining: int
     oldest_age: dt.datetime | None
 
-    @property
-    def oldest_updated_at(self) -> dt.datetime | None:
-        """The former name of :attr:`oldest_age`, read by the Dagster layer until it moves to
-        the new name; to be removed then."""
-        return self.oldest_age
-
 
 def measure_backlog(engine: sa.Engine, cutoff: dt.datetime,
                     rule: RetentionRule = GUEST_FAVORITES) -> Backlog:

@@ -175,7 +175,7 @@ def create_engine(url: URL | str, *, application_name: str = APPLICATION_NAME,
 
     Args:
         url: SQLAlchemy URL with the ``postgresql+psycopg`` driver (see
-            :func:`favorites_maintenance.settings.parse_database_url`).
+            :func:`favorites_maintenance.config.parsers.parse_database_url`).
         application_name: shown in ``pg_stat_activity``; tests use it to find our sessions.
         **kwargs: passed to :func:`sqlalchemy.create_engine`.
 
