@@ -39,6 +39,7 @@ column).
 
 from __future__ import annotations
 
+import os
 import re
 from dataclasses import dataclass
 from functools import cached_property
@@ -63,21 +64,22 @@ class SettingValue:
     """One policy setting as the YAML gave it, before its parser checks it.
 
     Attributes:
-        text: the value's text: a literal as written in the file, or what the variable holds.
-        variable: the environment variable it was read from (``"{{ env.X }}"``), or ``None``.
+        text: the value's text: a literal as written in the file, or what the variable holds;
+            ``None`` when the variable is unset (the setting takes its default).
+        variable: the environment variable it is read from (``"{{ env.X }}"``), or ``None``.
     """
 
-    text: str
+    text: str | None
     variable: str | None = None
 
 
 def _setting_value(context: dg.ResolutionContext, raw: Any) -> SettingValue | None:
-    """Resolve one setting field: ``None`` (unset, or an unset variable) or its text."""
+    """Resolve one setting field: ``None`` (unset) or its text and variable."""
     if raw is None:
         return None
     if isinstance(raw, str) and (match := _ENV_TEMPLATE.match(raw)):
-        value = context.resolve_value(raw)
-        return None if value is None else SettingValue(str(value), match.group(1))
+        # The variable's own text: Dagster's rendering would read "1e3" as 1000.0.
+        return SettingValue(os.environ.get(match.group(1)), match.group(1))
     return SettingValue(_as_written(context) or str(context.resolve_value(raw)))
 
 
@@ -170,9 +172,10 @@ class RetentionPolicy(dg.Component, dg.Resolvable, _PolicyFields):
             raise PolicyError(f"policy {self.name!r}: {exc}") from None
         given: dict[str, SettingValue] = {
             name: value for name in SETTINGS if (value := getattr(self, name)) is not None}
+        # A setting read from a variable is named by it in messages, set or not.
         labels = {name: value.variable for name, value in given.items() if value.variable}
         settings = parse_policy_settings(
-            {name: value.text for name, value in given.items()},
+            {name: value.text for name, value in given.items() if value.text is not None},
             {name: labels.get(name, f"policy {self.name}, {name}") for name in SETTINGS})
         return Policy(self.name, rule, settings, labels=labels,
                       metrics_prefix=self.metrics_prefix)
