@@ -17,6 +17,7 @@ from favorites_maintenance.components.policy_tree import (
     load_policies,
     quiet_previews,
 )
+from favorites_maintenance.config.deployment import load_deployment_settings
 from favorites_maintenance.pipeline.resources import deployed_retention
 
 
@@ -26,9 +27,12 @@ def code_location(tree: dg.ComponentTree | None = None) -> dg.Definitions:
     (:func:`~favorites_maintenance.pipeline.resources.deployed_retention`).
 
     Raises:
+        favorites_maintenance.config.parsers.SettingsError: a deployment variable that is
+            malformed, named (checked first, before any policy).
         favorites_maintenance.components.policy_tree.PolicyLoadError: a malformed policy or
             setting, named.
     """
+    load_deployment_settings()  # a bad URL is named here, not inside Dagster's tree error
     tree = tree or component_tree()
     policies = load_policies(tree)
     with quiet_previews():
