@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import datetime as dt
 import sys
-import time
 
 import click
 import sqlalchemy as sa
@@ -208,8 +207,9 @@ def dev(port: int, rows: int, reseed: bool, debug: bool) -> None:
     terminal.
     """
     from favorites_maintenance.local.dev import (asset_page, dagster_dev_command,
-                                                 ensure_pool_limits, port_is_free,
-                                                 prepare_dev_table, run_dagster_dev, ui_address)
+                                                 ensure_pool_limits, prepare_dev_table,
+                                                 run_dagster_dev, ui_address)
+    from favorites_maintenance.local.processes import port_is_free
     from favorites_maintenance.retention.database import create_engine
 
     _check_deployment_settings()

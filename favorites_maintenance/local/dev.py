@@ -23,7 +23,7 @@ from pathlib import Path
 
 import sqlalchemy as sa
 
-from favorites_maintenance.local.processes import HOST, port_is_free, reap_group
+from favorites_maintenance.local.processes import HOST, reap_group
 
 #: The guest-favorites policy's asset (``defs/guest_favorites/defs.yaml``), the page ``dev``
 #: points a newcomer at.

@@ -21,7 +21,7 @@ from favorites_maintenance.config.policy import Policy, PolicyError
 from favorites_maintenance.local.processes import free_port
 from favorites_maintenance.pipeline.metrics import GAUGES
 from favorites_maintenance.retention.rule import GUEST_FAVORITES
-from favorites_maintenance_tests.helpers.jobs import load_code_location
+from favorites_maintenance_tests.helpers.jobs import run_job
 from favorites_maintenance_tests.helpers.pushgateway import Pushgateway, require_pushgateway
 from favorites_maintenance_tests.helpers.system_packages import require_program
 
@@ -41,16 +41,11 @@ def gateway():
         yield gw
 
 
-def run_job(db_url, monkeypatch, instance, gateway_url: str) -> dg.ExecuteInProcessResult:
+def run_pushing(db_url, monkeypatch, instance, gateway_url: str) -> dg.ExecuteInProcessResult:
     """One run of the guest-favorites job pushing to ``gateway_url`` (a failure is returned)."""
     monkeypatch.setenv(METRICS_PUSHGATEWAY_URL_VAR, gateway_url)
-    defs = load_code_location(db_url, monkeypatch, batch_size=1000,
-                              target_batch_duration=dt.timedelta(0))
-    job = defs.resolve_job_def("guest_favorites_cleanup_job")
-    run_config = {"ops": {"favorites__guest_favorites_cleanup": {"ops": {"purge": {
-        "config": {"max_retries": 0}}}}}}
-    return job.execute_in_process(partition_key=PARTITION, instance=instance,
-                                  run_config=run_config, raise_on_error=False)
+    return run_job(db_url, instance, partition=PARTITION, monkeypatch=monkeypatch,
+                   batch_size=1000)
 
 
 def run_log(instance, result) -> str:
@@ -79,11 +74,11 @@ def test_each_run_pushes_its_gauges_and_the_next_run_replaces_them(db_url, rows,
     fresh = rows.add(updated_at=CUTOFF + dt.timedelta(days=1))
     with dg.instance_for_test() as instance:
         before = time.time()
-        first = run_job(db_url, monkeypatch, instance, with_credentials(gateway.url))
+        first = run_pushing(db_url, monkeypatch, instance, with_credentials(gateway.url))
         assert first.success
         after_first = values(gateway)
         rows.add_many(300, updated_at=OLD)
-        second = run_job(db_url, monkeypatch, instance, with_credentials(gateway.url))
+        second = run_pushing(db_url, monkeypatch, instance, with_credentials(gateway.url))
         assert second.success
         after_second = values(gateway)
         logs = run_log(instance, first) + run_log(instance, second)
@@ -110,11 +105,11 @@ def test_a_failed_run_pushes_success_0_and_keeps_the_last_success(db_url, rows, 
                                                                    monkeypatch, gateway):
     rows.add_many(20, updated_at=OLD)
     with dg.instance_for_test() as instance:
-        assert run_job(db_url, monkeypatch, instance, gateway.url).success
+        assert run_pushing(db_url, monkeypatch, instance, gateway.url).success
         succeeded = values(gateway)
         with engine.begin() as conn:
             conn.execute(sa.text("DROP TABLE favorites.favorites"))
-        failed_run = run_job(db_url, monkeypatch, instance, gateway.url)
+        failed_run = run_pushing(db_url, monkeypatch, instance, gateway.url)
         assert not failed_run.success
         failed = values(gateway)
 
@@ -132,7 +127,7 @@ def test_an_unreachable_gateway_is_logged_without_credentials_and_the_run_succee
     rows.add_many(20, updated_at=OLD)
     nobody = f"http://127.0.0.1:{free_port()}"
     with dg.instance_for_test() as instance:
-        result = run_job(db_url, monkeypatch, instance, with_credentials(nobody) + "/push")
+        result = run_pushing(db_url, monkeypatch, instance, with_credentials(nobody) + "/push")
         logs = run_log(instance, result)
 
     assert result.success

@@ -34,11 +34,7 @@ from favorites_maintenance.retention.database import create_engine
 from favorites_maintenance.retention.schema import create_dev_schema
 from favorites_maintenance.retention.defaults import DATABASE_URL_VAR
 from favorites_maintenance_tests.conftest import Rows
-from favorites_maintenance_tests.helpers.jobs import (
-    load_code_location,
-    purge_retries,
-    run_partition,
-)
+from favorites_maintenance_tests.helpers.jobs import run_job
 from favorites_maintenance_tests.helpers.system_packages import missing
 from favorites_maintenance_tests.reliability.conftest import (
     CUTOFF,
@@ -194,11 +190,10 @@ def rows(tls_server):
     engine.dispose()
 
 
-def run_job(url: str, monkeypatch) -> dg.ExecuteInProcessResult:
-    defs = load_code_location(url, monkeypatch)
+def run_over(url: str, monkeypatch) -> dg.ExecuteInProcessResult:
+    """One run of the job on ``url`` (its TLS options in the query), on a fresh instance."""
     with dg.instance_for_test() as instance:
-        return run_partition(defs, instance, PARTITION,
-                             run_config=purge_retries(0), raise_on_error=False)
+        return run_job(url, instance, partition=PARTITION, monkeypatch=monkeypatch)
 
 
 def test_the_job_runs_over_verified_tls(tls_server, rows, monkeypatch):
@@ -223,7 +218,7 @@ def test_the_job_runs_over_verified_tls(tls_server, rows, monkeypatch):
     finally:
         plain.dispose()
 
-    result = run_job(url, monkeypatch)
+    result = run_over(url, monkeypatch)
     assert result.success
     assert materialization(result)["deletedTotal"] == 25
     assert rows.ids() == kept | accounts
@@ -233,7 +228,7 @@ def test_the_job_runs_over_verified_tls(tls_server, rows, monkeypatch):
 def test_a_certificate_from_another_authority_fails_the_run_naming_the_setting(
         tls_server, rows, monkeypatch):
     rows.add_many(25, updated_at=CUTOFF - dt.timedelta(days=3))
-    result = run_job(tls_server.tls_url("favorites", rootcert="other-ca.crt"), monkeypatch)
+    result = run_over(tls_server.tls_url("favorites", rootcert="other-ca.crt"), monkeypatch)
 
     assert not result.success and materialization(result) is None
     step, error = step_failure(result)
