@@ -13,6 +13,8 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import dagster as dg
+import pydantic
+import yaml
 from dagster.components.core.component_tree import ComponentTreeException
 
 from favorites_maintenance.components.retention_policy import RetentionPolicy
@@ -51,6 +53,9 @@ def load_policies(tree: dg.ComponentTree | None = None) -> list[Policy]:
     except (PolicyError, SettingsError) as exc:
         raise PolicyLoadError(str(exc)) from exc
     except ComponentTreeException as exc:
+        raise PolicyLoadError(_root_cause(exc)) from exc
+    except (yaml.YAMLError, pydantic.ValidationError) as exc:
+        # A file that is not YAML, or not a component file: raised before Dagster wraps it.
         raise PolicyLoadError(_root_cause(exc)) from exc
     names = [p.name for p in policies]
     if len(set(names)) != len(names):

@@ -39,6 +39,7 @@ column).
 
 from __future__ import annotations
 
+import functools
 import os
 import re
 from dataclasses import dataclass
@@ -51,6 +52,7 @@ import pydantic
 import yaml
 from pydantic import ConfigDict, Field
 
+from favorites_maintenance.config.parsers import SettingsError
 from favorites_maintenance.config.policy import Policy, PolicyError
 from favorites_maintenance.config.policy_settings import SETTINGS, parse_policy_settings
 from favorites_maintenance.retention.rule import RetentionRule, RuleError
@@ -67,10 +69,13 @@ class SettingValue:
         text: the value's text: a literal as written in the file, or what the variable holds;
             ``None`` when the variable is unset (the setting takes its default).
         variable: the environment variable it is read from (``"{{ env.X }}"``), or ``None``.
+        written_times: how many times the field's key is written in its policy (YAML keeps
+            the last one silently; more than one is refused).
     """
 
     text: str | None
     variable: str | None = None
+    written_times: int = 1
 
 
 def _setting_value(context: dg.ResolutionContext, raw: Any) -> SettingValue | None:
@@ -80,29 +85,53 @@ def _setting_value(context: dg.ResolutionContext, raw: Any) -> SettingValue | No
     if isinstance(raw, str) and (match := _ENV_TEMPLATE.match(raw)):
         # The variable's own text: Dagster's rendering would read "1e3" as 1000.0.
         return SettingValue(os.environ.get(match.group(1)), match.group(1))
-    return SettingValue(_as_written(context) or str(context.resolve_value(raw)))
+    written, times = _as_written(context)
+    return SettingValue(written or str(context.resolve_value(raw)), written_times=times)
 
 
-def _as_written(context: dg.ResolutionContext) -> str | None:
-    """The setting at ``context``'s path as its text in the YAML file (a plain ``key: value``
-    line, read without YAML 1.1's type rules), or ``None`` when its position is unknown or the
-    line is not of that form (Dagster's parsed value is used then)."""
+def _as_written(context: dg.ResolutionContext) -> tuple[str | None, int]:
+    """The setting at ``context``'s path as its text in the YAML file, read without YAML 1.1's
+    type rules (flow style, aliases and values on the next line included), and how many times
+    its key is written in its mapping; ``(None, 1)`` when its position is unknown (Dagster's
+    parsed value is used then)."""
     tree = context.source_position_tree
     position = tree.lookup(context.path) if tree is not None and context.path else None
     if position is None:
-        return None
+        return None, 1
     try:
-        line = Path(position.filename).read_text().splitlines()[position.start.line - 1]
-    except (OSError, IndexError):
-        return None
-    match = re.match(rf"\s*{re.escape(str(context.path[-1]))}\s*:(.*)$", line)
-    if match is None:
-        return None
+        text = Path(position.filename).read_text()
+    except OSError:
+        return None, 1
+    attributes = _attributes_at(text, position.start.line - 1)
+    if attributes is None:
+        return None, 1
+    node, values = attributes
+    key = str(context.path[-1])
+    times = sum(1 for k, _ in node.value if k.value == key)
+    value = values.get(key)
+    return (value if isinstance(value, str) and value else None), max(times, 1)
+
+
+@functools.lru_cache(maxsize=32)
+def _attributes_at(text: str, line: int) -> tuple[yaml.MappingNode, dict] | None:
+    """The ``attributes`` mapping of the document of ``text`` holding 0-based ``line``: its
+    node, and its values as text (``yaml.BaseLoader``: every scalar a string as written)."""
     try:
-        value = yaml.load(match.group(1), Loader=yaml.BaseLoader)
+        nodes = list(yaml.compose_all(text, Loader=yaml.BaseLoader))
+        documents = list(yaml.load_all(text, Loader=yaml.BaseLoader))
     except yaml.YAMLError:
         return None
-    return value if isinstance(value, str) and value else None
+    for node, document in zip(nodes, documents):
+        if not node.start_mark.line <= line <= node.end_mark.line:
+            continue
+        if not isinstance(node, yaml.MappingNode) or not isinstance(document, dict):
+            return None
+        attributes = next((v for k, v in node.value if k.value == "attributes"), None)
+        values = document.get("attributes")
+        if isinstance(attributes, yaml.MappingNode) and isinstance(values, dict):
+            return attributes, values
+        return None
+    return None
 
 
 def _setting_field(name: str) -> tuple[Any, Any]:
@@ -172,6 +201,11 @@ class RetentionPolicy(dg.Component, dg.Resolvable, _PolicyFields):
             raise PolicyError(f"policy {self.name!r}: {exc}") from None
         given: dict[str, SettingValue] = {
             name: value for name in SETTINGS if (value := getattr(self, name)) is not None}
+        for name, value in given.items():
+            if value.written_times > 1:
+                raise SettingsError(f"policy {self.name}, {name}",
+                                    f"is written {value.written_times} times in the policy's "
+                                    "defs.yaml; keep one (YAML would silently take the last)")
         # A setting read from a variable is named by it in messages, set or not.
         labels = {name: value.variable for name, value in given.items() if value.variable}
         settings = parse_policy_settings(

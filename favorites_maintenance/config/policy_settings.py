@@ -69,8 +69,9 @@ class Setting:
     Attributes:
         parse: text -> typed value; raises ``ValueError`` naming the value (the bounds live
             here).
-        yaml_type: what a literal YAML value of the setting is (``int`` or ``str``), for the
-            component's schema.
+        yaml_type: what a literal YAML value of the setting may be, for the component's schema
+            (``int``; ``str``; a duration is text, or the number YAML 1.1 reads ``48:00:00``
+            as, whose text is then taken as written).
         description: one line for the component's schema and the README.
         bounds: the accepted values, as the README writes them.
         launch: the run-config key under ``resources.retention.config`` through which a
@@ -81,7 +82,7 @@ class Setting:
     """
 
     parse: Callable[[str], Any]
-    yaml_type: type
+    yaml_type: Any
     description: str
     bounds: str
     launch: str | None = None
@@ -89,7 +90,7 @@ class Setting:
     launch_bounds: tuple[float, float] | None = None
 
 
-def setting(default: Any, parse: Callable[[str], Any], yaml_type: type, description: str,
+def setting(default: Any, parse: Callable[[str], Any], yaml_type: Any, description: str,
             bounds: str, **launch: Any) -> Any:
     """A :class:`PolicySettings` field declared by its :class:`Setting` (see the class)."""
     return field(default=default, metadata={"setting": Setting(parse, yaml_type, description,
@@ -97,6 +98,8 @@ def setting(default: Any, parse: Callable[[str], Any], yaml_type: type, descript
 
 
 _DURATION_FORMS = "ISO 8601 (PT10M) or HH:MM:SS"
+#: Unquoted, YAML 1.1 reads ``48:00:00`` as the number 172800: accepted, then read as written.
+_DURATION_YAML = str | int | float
 
 
 @dataclass(frozen=True)
@@ -123,14 +126,14 @@ class PolicySettings:
         "a valid 5-field cron that fires")
     max_run_duration: dt.timedelta = setting(
         DEFAULT_MAX_RUN_DURATION,
-        duration_between(MIN_DURATION, MAX_RUN_DURATION_LIMIT), str,
+        duration_between(MIN_DURATION, MAX_RUN_DURATION_LIMIT), _DURATION_YAML,
         "time budget of one purge; past it the run ends successfully with a backlog",
         f"{iso_duration(MIN_DURATION)} to {iso_duration(MAX_RUN_DURATION_LIMIT)}, "
         + _DURATION_FORMS,
         launch="max_run_duration_seconds", launch_unit="seconds",
         launch_bounds=(MIN_DURATION.total_seconds(), MAX_RUN_DURATION_LIMIT.total_seconds()))
     stale_after: dt.timedelta = setting(
-        DEFAULT_STALE_AFTER, duration_between(MIN_DURATION, MAX_STALE_AFTER), str,
+        DEFAULT_STALE_AFTER, duration_between(MIN_DURATION, MAX_STALE_AFTER), _DURATION_YAML,
         "no successful run for this long raises the staleness alert; the freshness policy "
         "fails after it",
         f"{iso_duration(MIN_DURATION)} to {iso_duration(MAX_STALE_AFTER)}, " + _DURATION_FORMS)
@@ -140,7 +143,7 @@ class PolicySettings:
         "if larger)",
         f"batch_size to {MAX_BATCH_SIZE:,}")
     target_batch_duration: dt.timedelta = setting(
-        DEFAULT_TARGET_BATCH_DURATION, duration_up_to(MAX_TARGET_BATCH_DURATION), str,
+        DEFAULT_TARGET_BATCH_DURATION, duration_up_to(MAX_TARGET_BATCH_DURATION), _DURATION_YAML,
         "wall time a batch transaction aims at; PT0S keeps every batch at batch_size",
         f"PT0S, or PT0.01S to {iso_duration(MAX_TARGET_BATCH_DURATION)}")
     max_replication_lag_bytes: int = setting(
@@ -153,7 +156,7 @@ class PolicySettings:
         "not watched)",
         f"1 to {MAX_LAG_BYTES:,}")
     max_pause: dt.timedelta = setting(
-        DEFAULT_MAX_PAUSE, duration_between(MIN_DURATION, MAX_RUN_DURATION_LIMIT), str,
+        DEFAULT_MAX_PAUSE, duration_between(MIN_DURATION, MAX_RUN_DURATION_LIMIT), _DURATION_YAML,
         "how long the purge may stay paused on an unhealthy database before the run ends "
         "(stopReason db_unhealthy)",
         f"{iso_duration(MIN_DURATION)} to {iso_duration(MAX_RUN_DURATION_LIMIT)}, "

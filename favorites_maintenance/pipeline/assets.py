@@ -27,13 +27,19 @@ from favorites_maintenance.retention.errors import BacklogError
 #: The freshness policy warns at this fraction of the policy's ``stale_after`` and fails at it:
 #: 26 h of 48 h for guest favorites, a daily run missed once with two hours of slack.
 FRESHNESS_WARN_FRACTION = 26 / 48
+#: The shortest window Dagster's freshness policies take.
+FRESHNESS_MIN_WINDOW = dt.timedelta(minutes=1)
 
 
 def freshness_policy(stale_after: dt.timedelta) -> dg.FreshnessPolicy:
     """Fail when the asset has not been materialized for ``stale_after`` (the staleness alert's
-    threshold), warn at :data:`FRESHNESS_WARN_FRACTION` of it."""
-    return dg.FreshnessPolicy.time_window(fail_window=stale_after,
-                                          warn_window=stale_after * FRESHNESS_WARN_FRACTION)
+    threshold), warn at :data:`FRESHNESS_WARN_FRACTION` of it. Dagster's windows are at least a
+    minute: a shorter ``stale_after`` fails after one minute, and a warning that would come
+    before a minute is left out."""
+    fail = max(stale_after, FRESHNESS_MIN_WINDOW)
+    warn = fail * FRESHNESS_WARN_FRACTION
+    return dg.FreshnessPolicy.time_window(
+        fail_window=fail, warn_window=warn if warn >= FRESHNESS_MIN_WINDOW else None)
 
 
 def build_cleanup_asset(policy: Policy) -> dg.AssetsDefinition:

@@ -121,6 +121,11 @@ def _labels(policies: Sequence[Policy], setting: str) -> str:
     return "; ".join(f"{p.name}: {p.label(setting)}" for p in policies)
 
 
+def _is_number(value: Any) -> bool:
+    """A real number of run config (``True`` is not 1 second, nor ``[365]`` 365 days)."""
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
+
+
 def _launch_value(settings: PolicySettings, key: str) -> float:
     """The value of launch key ``key`` that ``settings`` hold, in the key's unit."""
     name = LAUNCH_LIMITS[key]
@@ -168,7 +173,7 @@ def deployed_retention(policies: Sequence[Policy]) -> dg.ResourceDefinition:
             if key == "retention_days":
                 # A deployed value changes nothing (the retention is never taken from a
                 # launch): the config of an older run can be re-executed.
-                if value is None or value in days:
+                if value is None or (_is_number(value) and value in days):
                     continue
                 raise _refuse(
                     f"retention_days={value!r} refused: the retention is not set at launch. It "
@@ -184,8 +189,9 @@ def deployed_retention(policies: Sequence[Policy]) -> dg.ResourceDefinition:
                 continue  # the policy's own value (the launchpad's default): nothing to change
             setting = LAUNCH_LIMITS[key]
             low, high = SETTINGS[setting].launch_bounds
-            if not low <= value <= high:
-                shown = int(value) if float(value).is_integer() else value  # 0, not 0.0
+            if not _is_number(value) or not low <= value <= high:
+                shown = (int(value) if _is_number(value) and float(value).is_integer()
+                         and abs(value) < 1e15 else value)  # 0, not 0.0
                 raise _refuse(
                     f"{key}={shown!r} refused: it must be between {low:,g} and {high:,g}, "
                     f"the bounds of {_labels(policies, setting)}.", config)

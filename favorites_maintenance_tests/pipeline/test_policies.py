@@ -215,10 +215,11 @@ def test_the_command_line_dry_run_takes_the_policy_by_name(rows, db_url):
     assert ok.exit_code == 0, ok.output
     assert "policy     guest_favorites (favorites.favorites, user_id IS NULL)" in ok.output
     assert "prunable   3 rows" in ok.output
-    unknown = CliRunner().invoke(main, ["dry-run", "--policy", "guest_carts"], env=env)
+    unknown = CliRunner().invoke(main, ["dry-run", "--policy", "no_such_policy"], env=env)
     assert unknown.exit_code == 2
-    assert "--policy 'guest_carts': no such policy; the policies are guest_favorites" in \
-        unknown.output
+    # The list names every policy of defs/: guest_favorites, and any a checkout adds.
+    assert "--policy 'no_such_policy': no such policy; the policies are " in unknown.output
+    assert "guest_favorites" in unknown.output.split("the policies are ", 1)[1]
 
 
 @pytest.mark.parametrize("change, message", [
@@ -266,6 +267,89 @@ def test_a_setting_means_what_its_yaml_text_says(sandbox, written, days):
         else:
             carts = {p.name: p for p in load_policies(tree)}["guest_carts"]
             assert carts.settings.retention_days == days
+
+
+def carts_yaml(attributes_text: str) -> str:
+    """A guest-carts policy file whose ``attributes`` are written as ``attributes_text``."""
+    return f"type: favorites_maintenance.RetentionPolicy\nattributes:{attributes_text}\n"
+
+
+_RULE = ("\n  name: guest_carts\n  table: carts.guest_carts\n  key_column: cart_uuid"
+         "\n  age_column: touched_at\n  null_columns: [customer_ref]")
+_FLOW = ("{name: guest_carts, table: carts.guest_carts, key_column: cart_uuid, "
+         "age_column: touched_at, null_columns: [customer_ref]")
+
+
+@pytest.mark.parametrize("shape, attributes, days", [
+    # Every way YAML can write a value is read as written, never by YAML 1.1's number rules.
+    ("flow style", f" {_FLOW}, retention_days: 030}}", 30),
+    ("value on the next line", _RULE + "\n  retention_days:\n    030", 30),
+    ("an alias", _RULE + "\n  batch_size: &days 030\n  retention_days: *days", 30),
+    ("a quoted key", _RULE + '\n  "retention_days": 030', 30),
+    ("a comment", _RULE + "\n  retention_days: 030  # thirty", 30),
+    ("a plain value folded over two lines", _RULE + "\n  retention_days: 3\n    65", None),
+    ("flow style, hexadecimal", f" {_FLOW}, retention_days: 0x1e}}", None),
+])
+def test_a_setting_is_read_as_written_whatever_the_yaml_shape(sandbox, shape, attributes, days):
+    folder = sandbox.defs_folder_path / "guest_carts"
+    folder.mkdir()
+    (folder / "defs.yaml").write_text(carts_yaml(attributes))
+    with sandbox.build_component_tree() as tree:
+        if days is None:
+            with pytest.raises(PolicyLoadError, match="policy guest_carts, retention_days: "
+                                                      "'.*' is not a whole number"):
+                load_policies(tree)
+        else:
+            carts = {p.name: p for p in load_policies(tree)}["guest_carts"]
+            assert carts.settings.retention_days == days, shape
+
+
+def test_a_setting_written_twice_is_refused_not_the_last_one_taken(sandbox):
+    folder = sandbox.defs_folder_path / "guest_carts"
+    folder.mkdir()
+    (folder / "defs.yaml").write_text(carts_yaml(
+        _RULE + "\n  retention_days: 30\n  retention_days: 3"))
+    with sandbox.build_component_tree() as tree:
+        with pytest.raises(PolicyLoadError, match="policy guest_carts, retention_days: is "
+                                                  "written 2 times in the policy's defs.yaml"):
+            load_policies(tree)
+
+
+def test_an_unquoted_hh_mm_ss_duration_is_the_duration_it_says(sandbox):
+    folder = sandbox.defs_folder_path / "guest_carts"
+    folder.mkdir()
+    (folder / "defs.yaml").write_text(carts_yaml(
+        _RULE + "\n  stale_after: 48:00:00\n  max_run_duration: 00:10:00"))
+    with sandbox.build_component_tree() as tree:
+        carts = {p.name: p for p in load_policies(tree)}["guest_carts"]
+    assert carts.settings.stale_after == dt.timedelta(hours=48)
+    assert carts.settings.max_run_duration == dt.timedelta(minutes=10)
+
+
+@pytest.mark.parametrize("text, message", [
+    (carts_yaml(_RULE + "\n  retention_days:\t030"), "found character '\\t'"),
+    (carts_yaml(_RULE + "\n  retention_days: *nowhere"), "found undefined alias 'nowhere'"),
+    ("type: favorites_maintenance.RetentionPolicy\nowner: me\nattributes:" + _RULE,
+     "Extra inputs are not permitted"),
+])
+def test_a_file_that_is_not_a_policy_is_one_load_error_naming_the_file(sandbox, text, message):
+    folder = sandbox.defs_folder_path / "guest_carts"
+    folder.mkdir()
+    (folder / "defs.yaml").write_text(text)
+    with sandbox.build_component_tree() as tree:
+        with pytest.raises(PolicyLoadError) as refused:
+            load_policies(tree)
+    assert message in str(refused.value) and "guest_carts/defs.yaml" in str(refused.value)
+
+
+def test_a_short_stale_after_still_loads_with_the_shortest_freshness_dagster_takes(sandbox):
+    write_policy(sandbox.defs_folder_path, {**CARTS, "stale_after": "PT59S"})
+    with sandbox.build_component_tree() as tree:
+        defs = code_location(tree)
+    spec = defs.resolve_assets_def(dg.AssetKey(["carts", "guest_carts_cleanup"])).specs
+    [freshness] = [s.freshness_policy for s in spec]
+    assert freshness.fail_window.to_timedelta() == dt.timedelta(minutes=1)
+    assert freshness.warn_window is None
 
 
 def test_a_policy_setting_read_from_the_environment_is_reported_under_its_variable(

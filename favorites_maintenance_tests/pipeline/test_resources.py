@@ -61,6 +61,8 @@ def test_a_shorter_retention_at_launch_is_refused_before_any_run(job, rows, tabl
 
 @pytest.mark.parametrize("config, expected", [
     ({"retention_days": 400}, "retention_days=400 refused"),
+    # Not a number: refused as any other retention, not a crash of the check.
+    ({"retention_days": [365]}, r"retention_days=\[365\] refused"),
     ({"table": "favorites.accounts"}, "'table' refused: a launch may set only batch_size"),
     ({"age_column": "created_at"}, "'age_column' refused"),
 ])
