@@ -49,7 +49,8 @@ def _check_deployment_settings() -> DeploymentSettings:
 def _policy_option(command):
     return click.option(
         "--policy", "policy_name", default="guest_favorites", show_default=True,
-        metavar="NAME", help="The retention policy (a folder of favorites_maintenance/defs/).",
+        metavar="NAME", help="The retention policy, by the name its defs.yaml gives it "
+             "(favorites_maintenance/defs/<folder>/defs.yaml).",
     )(command)
 
 
