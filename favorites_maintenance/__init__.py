@@ -14,7 +14,7 @@ def __dir__() -> list[str]:
 def __getattr__(name: str):
     # Imported on first use: the command line and the retention core need no Dagster import.
     if name == "RetentionPolicy":
-        from favorites_maintenance.retention_policy import RetentionPolicy
+        from favorites_maintenance.components.retention_policy import RetentionPolicy
 
         return RetentionPolicy
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

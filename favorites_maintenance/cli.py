@@ -16,12 +16,15 @@ from __future__ import annotations
 
 import datetime as dt
 import sys
-import time
 
 import click
 import sqlalchemy as sa
 
-from favorites_maintenance.settings import SettingsError, load_settings
+from favorites_maintenance.config.deployment import (
+    DeploymentSettings,
+    load_deployment_settings,
+)
+from favorites_maintenance.config.parsers import SettingsError
 
 UTC = dt.timezone.utc
 
@@ -35,17 +38,26 @@ def _fail(message: str) -> None:
     sys.exit(2)
 
 
+def _check_deployment_settings() -> DeploymentSettings:
+    """The deployment's settings, or exit naming the variable at fault."""
+    try:
+        return load_deployment_settings()
+    except SettingsError as exc:
+        _fail(str(exc))
+
+
 def _policy_option(command):
     return click.option(
         "--policy", "policy_name", default="guest_favorites", show_default=True,
-        metavar="NAME", help="The retention policy (a folder of favorites_maintenance/defs/).",
+        metavar="NAME", help="The retention policy, by the name its defs.yaml gives it "
+             "(favorites_maintenance/defs/<folder>/defs.yaml).",
     )(command)
 
 
 def _load_policy(name: str):
     """The policy ``name`` of ``favorites_maintenance/defs/`` (its settings validated), or exit
     with an error naming the known ones."""
-    from favorites_maintenance.retention_policy import PolicyLoadError, load_policies
+    from favorites_maintenance.components.policy_tree import PolicyLoadError, load_policies
 
     try:
         policies = {p.name: p for p in load_policies()}
@@ -60,7 +72,7 @@ def _load_policy(name: str):
 def _partition_cutoff(partition: str | None, retention_days: int) -> dt.datetime:
     """The cutoff a run of daily ``partition`` would use now (``None``: a run without a
     partition), as the job computes it; exits naming ``--partition`` when it is no key."""
-    from favorites_maintenance.partitions import partition_cutoff
+    from favorites_maintenance.pipeline.partitions import partition_cutoff
 
     try:
         return partition_cutoff(partition, retention_days)
@@ -70,7 +82,7 @@ def _partition_cutoff(partition: str | None, retention_days: int) -> dt.datetime
 
 def _start_local_environment(command: str):
     """Start the embedded server and DAGSTER_HOME of the checkout for ``command``."""
-    from favorites_maintenance.local import LocalEnvironment, project_root
+    from favorites_maintenance.local.environment import LocalEnvironment, project_root
 
     root = project_root()
     if not (root / "dagster.yaml").is_file():
@@ -114,104 +126,17 @@ def demo(rows: int, pretend: bool, policy_name: str) -> None:
     With --policy, the policy's job runs instead; only guest_favorites has a dev table to seed,
     so another policy's table must already exist in the embedded "favorites" database.
     """
-    try:
-        load_settings()
-    except SettingsError as exc:
-        _fail(str(exc))
+    from favorites_maintenance.local.demo import DemoError, run_demo
+
+    _check_deployment_settings()
     policy = _load_policy(policy_name)
     env = _start_local_environment("demo")
     try:
-        _run_demo(env, rows=rows, pretend=pretend, policy=policy)
+        run_demo(env, rows=rows, pretend=pretend, policy=policy, echo=_echo)
+    except DemoError as exc:
+        _fail(str(exc))
     finally:
         env.stop()
-
-
-def _run_demo(env, *, rows: int, pretend: bool, policy) -> None:
-    import dagster as dg
-
-    from favorites_maintenance.definitions import build_defs
-    from favorites_maintenance.dev import seed_progress
-    from favorites_maintenance.partitions import daily_partitions
-    from favorites_maintenance.policy import GUEST_POLICY
-    from favorites_maintenance.retention.backlog import measure_backlog
-    from favorites_maintenance.retention.database import create_engine
-    from favorites_maintenance.retention.errors import BacklogError, TableShapeError
-    from favorites_maintenance.retention.schema import create_dev_schema, drop_dev_schema
-    from favorites_maintenance.retention.table_check import check_table
-    from favorites_maintenance.run_report import RunReport
-    from favorites_maintenance.seed import seed_favorites, summarize
-
-    settings = load_settings()  # FAVORITES_DATABASE_URL now points at the embedded server
-    retention_days = policy.settings.retention_days
-    seeded = policy.rule == GUEST_POLICY.rule
-    engine = create_engine(settings.require_database_url())
-    try:
-        if seeded:
-            _echo(f"recreating favorites.favorites and seeding {rows:,} rows over three years ...")
-            t0 = time.monotonic()
-            drop_dev_schema(engine)
-            create_dev_schema(engine)
-            before = seed_favorites(engine, rows, now=dt.datetime.now(UTC),
-                                    on_progress=seed_progress(rows, _echo))
-            _echo(f"  seeded in {time.monotonic() - t0:.1f} s: {before.rows:,} rows, "
-                  f"{before.guest_rows:,} guest, {before.account_rows:,} account")
-        else:
-            _echo(f"policy {policy.name}: {policy.rule.qualified_name} is used as it is "
-                  "(only favorites.favorites has a dev table to seed)")
-
-        partition = daily_partitions.get_last_partition_key()
-        cutoff = _partition_cutoff(partition, retention_days)
-        try:
-            # The same check of the table the job makes before its first batch.
-            with engine.connect() as conn:
-                check_table(conn, policy.rule)
-            prunable = measure_backlog(engine, cutoff, policy.rule)
-        except (TableShapeError, BacklogError) as exc:
-            _fail(f"{exc}; demo --policy {policy.name} needs {policy.rule.qualified_name} in "
-                  "the embedded 'favorites' database (README, \"Adding a retention policy\")")
-        _echo(f"  partition {partition}: cutoff {cutoff.isoformat()} "
-              f"(retention {retention_days} days); the rule matches {prunable.remaining:,} rows")
-        if pretend:
-            _echo("pretend: nothing deleted")
-            return
-
-        _echo(f"running {policy.job_name} for partition {partition} "
-              f"(Dagster instance: {env.dagster_home}) ...")
-        defs = build_defs(settings, [policy])
-        job = defs.resolve_job_def(policy.job_name)
-        with dg.DagsterInstance.get() as instance:
-            result = job.execute_in_process(
-                partition_key=partition, instance=instance, raise_on_error=False,
-                run_config={"loggers": {"console": {"config": {"log_level": "INFO"}}}},
-            )
-        after = summarize(engine) if seeded else None
-    finally:
-        engine.dispose()
-
-    if not result.success:
-        _fail(f"run {result.run_id} failed; see the run in the Dagster UI "
-              "(favorites-maintenance dev) or the log above")
-    [materialization] = result.get_asset_materialization_events()
-    run = RunReport.from_metadata(materialization.materialization.metadata)
-    _echo("")
-    _echo(f"run {result.run_id} succeeded")
-    _echo(f"  rows deleted      {run.deleted_total:>12,}")
-    largest = run.batch_size_max or run.batch_size
-    _echo(f"  batches           {run.batches:>12,}  (batch size {run.batch_size:,}"
-          + (f" first, {largest:,} largest)" if largest != run.batch_size else ")"))
-    _echo(f"  duration          {run.duration_ms:>12,} ms")
-    _echo(f"  backlog remaining {run.backlog_remaining:>12,}  (stop reason: "
-          f"{run.stop_reason})")
-    if run.throttled_by != "none":
-        # db_unhealthy is a success: the backlog waits for the next run.
-        _echo(f"  paused            {run.paused_ms:>12,} ms  ({run.throttled_by})")
-    if after is None:
-        return
-    _echo(f"  guest rows        {before.guest_rows:>12,} -> {after.guest_rows:,}")
-    _echo(f"  account rows      {before.account_rows:>12,} -> {after.account_rows:,}"
-          + ("  (unchanged)" if before.account_rows == after.account_rows else "  (CHANGED!)"))
-    if before.account_rows != after.account_rows:
-        _fail("account rows changed")
 
 
 @main.command("dry-run", short_help="Count what a policy's rule matches now; delete nothing.")
@@ -228,8 +153,8 @@ def dry_run(partition: str | None, policy_name: str) -> None:
     from favorites_maintenance.retention.errors import BacklogError, TableShapeError, describe
     from favorites_maintenance.retention.table_check import check_table
 
+    settings = _check_deployment_settings()
     try:
-        settings = load_settings()
         url = settings.require_database_url()
     except SettingsError as exc:
         _fail(str(exc))
@@ -254,7 +179,7 @@ def dry_run(partition: str | None, policy_name: str) -> None:
         engine.dispose()
     for warning in findings.warnings:
         click.secho(f"warning: {warning}", fg="yellow", err=True)
-    oldest = backlog.oldest_updated_at.isoformat() if backlog.oldest_updated_at else "none"
+    oldest = backlog.oldest_age.isoformat() if backlog.oldest_age else "none"
     _echo(f"database   {settings.database_url_safe}")
     _echo(f"policy     {policy.name} ({rule.qualified_name}, {rule.guard_sql})")
     _echo(f"cutoff     {cutoff.isoformat()} (retention {retention_days} days)")
@@ -282,20 +207,18 @@ def dev(port: int, rows: int, reseed: bool, debug: bool) -> None:
     The terminal gets INFO and above (--debug: everything), without colour when it is not a
     terminal.
     """
-    from favorites_maintenance.dev import (asset_page, dagster_dev_command, ensure_pool_limits,
-                                           port_is_free, prepare_dev_table, run_dagster_dev,
-                                           ui_address)
+    from favorites_maintenance.local.dev import (asset_page, dagster_dev_command,
+                                                 ensure_pool_limits, prepare_dev_table,
+                                                 run_dagster_dev, ui_address)
+    from favorites_maintenance.local.processes import port_is_free
     from favorites_maintenance.retention.database import create_engine
 
-    try:
-        load_settings()
-    except SettingsError as exc:
-        _fail(str(exc))
+    _check_deployment_settings()
     if not port_is_free(port):
         _fail(f"port {port} on 127.0.0.1 is in use; pick another with --port")
     env = _start_local_environment("dev")
     try:
-        engine = create_engine(load_settings().require_database_url())
+        engine = create_engine(load_deployment_settings().require_database_url())
         try:
             prepare_dev_table(engine, rows, _echo, reseed=reseed)
         finally:
@@ -340,7 +263,7 @@ def bench(rows: int, strategies: str, idle_seconds: float, repeat: int, out: str
     from pathlib import Path
 
     from favorites_maintenance import bench as bench_mod
-    from favorites_maintenance.local import STATE_DIR, project_root
+    from favorites_maintenance.local.environment import STATE_DIR, project_root
 
     chosen = [s.strip().upper() for s in strategies.split(",") if s.strip()]
     known = {s.upper(): s for s in bench_mod.STRATEGIES + bench_mod.EXTRA_STRATEGIES}

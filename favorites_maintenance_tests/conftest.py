@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 import sqlalchemy as sa
 
-from favorites_maintenance.embedded import EmbeddedPostgres
+from favorites_maintenance.local.embedded import EmbeddedPostgres
 from favorites_maintenance.retention.database import create_engine
 from favorites_maintenance.retention.schema import create_dev_schema, dev_favorites
 

@@ -76,7 +76,7 @@ def run_bench(server, cfg: BenchConfig) -> dict:
     (memory only), write ``cfg.out`` and return the results.
 
     Args:
-        server: a started :class:`~favorites_maintenance.embedded.EmbeddedPostgres`.
+        server: a started :class:`~favorites_maintenance.local.embedded.EmbeddedPostgres`.
         cfg: what to measure.
     """
     ctx = mp.get_context("spawn")

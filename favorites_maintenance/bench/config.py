@@ -9,7 +9,7 @@ from pathlib import Path
 from typing import Any
 
 from favorites_maintenance.bench.strategies import STRATEGIES
-from favorites_maintenance.settings import (
+from favorites_maintenance.config.policy_settings import (
     DEFAULT_BATCH_SIZE,
     DEFAULT_MAX_RUN_DURATION,
     DEFAULT_RETENTION_DAYS,

@@ -21,13 +21,13 @@ import sqlalchemy as sa
 from sqlalchemy.engine import URL
 
 from favorites_maintenance.bench.server import drop_database
-from favorites_maintenance.partitions import daily_partitions
-from favorites_maintenance.settings import (
-    BATCH_SIZE_VAR,
-    DATABASE_URL_VAR,
-    MAX_RUN_DURATION_VAR,
-    RETENTION_DAYS_VAR,
-)
+from favorites_maintenance.pipeline.partitions import daily_partitions
+from favorites_maintenance.retention.defaults import DATABASE_URL_VAR
+
+# The guest-favorites policy's variables (defs/guest_favorites/defs.yaml).
+BATCH_SIZE_VAR = "FAVORITES_GUEST_RETENTION_BATCH_SIZE"
+MAX_RUN_DURATION_VAR = "FAVORITES_GUEST_RETENTION_MAX_RUN_DURATION"
+RETENTION_DAYS_VAR = "FAVORITES_GUEST_RETENTION_DAYS"
 
 #: The day the bench's job run materializes (the first partition of the asset).
 PARTITION = daily_partitions.get_first_partition_key()
@@ -36,10 +36,9 @@ PARTITION = daily_partitions.get_first_partition_key()
 def cleanup_job() -> dg.JobDefinition:
     """The job as the code location defines it, from the environment (reconstructable, so the
     multiprocess executor's step processes build the same one)."""
-    from favorites_maintenance.definitions import build_defs
-    from favorites_maintenance.settings import load_settings
+    from favorites_maintenance.definitions import code_location
 
-    return build_defs(load_settings()).resolve_job_def("guest_favorites_cleanup_job")
+    return code_location().resolve_job_def("guest_favorites_cleanup_job")
 
 
 def run_job(url: URL, cutoff: dt.datetime, batch_size: int, max_run_s: float) -> dict:

@@ -10,7 +10,10 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from favorites_maintenance.bench.config import BenchConfig
-from favorites_maintenance.settings import DEFAULT_BATCH_SIZE_MAX, DEFAULT_TARGET_BATCH_DURATION
+from favorites_maintenance.config.policy_settings import (
+    DEFAULT_BATCH_SIZE_MAX,
+    DEFAULT_TARGET_BATCH_DURATION,
+)
 
 UTC = dt.timezone.utc
 

@@ -94,7 +94,7 @@ class BenchServer:
 def start_server(pgdata: Path):
     """Start the bench's own embedded server on ``pgdata`` with ``pg_stat_statements`` loaded
     (a restart on first use), and return it."""
-    from favorites_maintenance.embedded import EmbeddedPostgres
+    from favorites_maintenance.local.embedded import EmbeddedPostgres
 
     pgdata = Path(pgdata).resolve()
     pgdata.parent.mkdir(parents=True, exist_ok=True)

@@ -14,7 +14,10 @@ import sqlalchemy as sa
 
 from favorites_maintenance.bench.server import engine_on
 from favorites_maintenance.retention.rule import delete_prunable
-from favorites_maintenance.settings import DEFAULT_BATCH_SIZE_MAX, DEFAULT_TARGET_BATCH_DURATION
+from favorites_maintenance.config.policy_settings import (
+    DEFAULT_BATCH_SIZE_MAX,
+    DEFAULT_TARGET_BATCH_DURATION,
+)
 
 STRATEGIES = ("A", "B", "C", "D", "A2", "A4", "J")
 #: Not run by default, to measure what a choice of A's gives: A with ``synchronous_commit`` on;

@@ -8,6 +8,7 @@ from favorites_maintenance.retention.errors import (
     ConnectError,
     ConnectOptionError,
     DatabaseError,
+    ErrorKind,
     InvalidArgumentError,
     NoProgressError,
     PurgeError,
@@ -18,7 +19,8 @@ from favorites_maintenance.retention.errors import (
     TableShapeError,
 )
 from favorites_maintenance.retention.health import HealthLimits, HealthMonitor, Indicator
-from favorites_maintenance.retention.purge import BatchResult, PurgeReport, StopReason, purge
+from favorites_maintenance.retention.purge import purge
+from favorites_maintenance.retention.report import BatchResult, PurgeReport, StopReason
 from favorites_maintenance.retention.rule import compute_cutoff, delete_prunable, prunable
 from favorites_maintenance.retention.table_check import check_table
 
@@ -31,6 +33,7 @@ __all__ = [
     "ConnectError",
     "ConnectOptionError",
     "DatabaseError",
+    "ErrorKind",
     "HealthLimits",
     "HealthMonitor",
     "Indicator",

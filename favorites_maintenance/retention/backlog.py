@@ -23,13 +23,13 @@ class Backlog:
     Attributes:
         cutoff: the UTC instant the rows are older than.
         remaining: how many rows the rule matches (exact count).
-        oldest_updated_at: the age column (``updated_at``) of the oldest of them, or ``None``
-            when there is none.
+        oldest_age: the rule's age column (``updated_at`` for the guest-favorites rule) of the
+            oldest of them, a timezone-aware instant, or ``None`` when there is none.
     """
 
     cutoff: dt.datetime
     remaining: int
-    oldest_updated_at: dt.datetime | None
+    oldest_age: dt.datetime | None
 
 
 def measure_backlog(engine: sa.Engine, cutoff: dt.datetime,
@@ -51,5 +51,5 @@ def measure_backlog(engine: sa.Engine, cutoff: dt.datetime,
             remaining, oldest = conn.execute(stmt).one()
     except sa.exc.DBAPIError as exc:
         raise BacklogError(describe(exc)) from None
-    return Backlog(cutoff=cutoff, remaining=remaining, oldest_updated_at=oldest)
+    return Backlog(cutoff=cutoff, remaining=remaining, oldest_age=oldest)
 

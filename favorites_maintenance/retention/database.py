@@ -17,7 +17,12 @@ import sqlalchemy as sa
 from psycopg.types.datetime import DatetimeDumper, TimestamptzLoader
 from sqlalchemy.engine import URL, make_url
 
-from favorites_maintenance.retention.errors import ConnectOptionError, DatabaseError, describe
+from favorites_maintenance.retention.errors import (
+    ConnectOptionError,
+    DatabaseError,
+    ErrorKind,
+    describe,
+)
 
 APPLICATION_NAME = "favorites-maintenance"
 
@@ -170,7 +175,7 @@ def create_engine(url: URL | str, *, application_name: str = APPLICATION_NAME,
 
     Args:
         url: SQLAlchemy URL with the ``postgresql+psycopg`` driver (see
-            :func:`favorites_maintenance.settings.parse_database_url`).
+            :func:`favorites_maintenance.config.parsers.parse_database_url`).
         application_name: shown in ``pg_stat_activity``; tests use it to find our sessions.
         **kwargs: passed to :func:`sqlalchemy.create_engine`.
 
@@ -258,8 +263,10 @@ def _ms(value: dt.timedelta) -> str:
     return f"{max(1, round(value.total_seconds() * 1000))}ms"
 
 
-def transient_error_kind(exc: BaseException) -> str | None:
-    """Name the transient database error in ``exc`` or its causes, else ``None``.
+def transient_error_kind(exc: BaseException) -> ErrorKind | None:
+    """Name the transient database error in ``exc`` or its causes (its
+    :class:`~favorites_maintenance.retention.errors.ErrorKind`, equal to the kind's name as a
+    string), else ``None``.
 
     Transient (:data:`~favorites_maintenance.retention.errors.TRANSIENT_KINDS`): a lost or
     refused connection, a serialization failure, a deadlock, a lock timeout, too many

@@ -1,6 +1,6 @@
 """Values the core owns and the settings layer reads from it.
 
-The core imports nothing from :mod:`favorites_maintenance.settings`: the settings take their
+The core imports nothing from :mod:`favorites_maintenance.config`: the settings take their
 defaults for the core's limits, and the name of the variable the core tells an operator to
 check, from here.
 """

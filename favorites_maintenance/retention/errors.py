@@ -19,6 +19,7 @@ well: they are names from the schema, never values from a row.
 
 from __future__ import annotations
 
+import enum
 import re
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
@@ -28,64 +29,117 @@ import sqlalchemy as sa
 from favorites_maintenance.retention.defaults import DATABASE_URL_VAR
 
 if TYPE_CHECKING:
-    from favorites_maintenance.retention.purge import PurgeReport
+    from favorites_maintenance.retention.report import PurgeReport
+
+
+class ErrorKind(str, enum.Enum):
+    """What went wrong with a database statement, as an operator can act on it: PostgreSQL's
+    condition names where they are clear (``statement_timeout``, ``connection_lost``, ...);
+    ``database_error`` when the SQLSTATE is not one of the known ones.
+
+    A ``str``: a member equals its value (``ErrorKind.CONNECTION_LOST == "connection_lost"``),
+    and ``str()``, f-strings and ``%s`` render the value, so messages, metadata and span
+    attributes read as plain names.
+    """
+
+    STATEMENT_TIMEOUT = "statement_timeout"
+    QUERY_CANCELED = "query_canceled"
+    LOCK_NOT_AVAILABLE = "lock_not_available"
+    PERMISSION_DENIED = "permission_denied"
+    UNDEFINED_TABLE = "undefined_table"
+    UNDEFINED_COLUMN = "undefined_column"
+    UNDEFINED_SCHEMA = "undefined_schema"
+    DEADLOCK_DETECTED = "deadlock_detected"
+    SERIALIZATION_FAILURE = "serialization_failure"
+    READ_ONLY = "read_only"
+    AUTHENTICATION_FAILED = "authentication_failed"
+    UNKNOWN_DATABASE = "unknown_database"
+    CONNECTION_LOST = "connection_lost"
+    TOO_MANY_CONNECTIONS = "too_many_connections"
+    INSUFFICIENT_RESOURCES = "insufficient_resources"
+    STALE_STATEMENT = "stale_statement"
+    FEATURE_NOT_SUPPORTED = "feature_not_supported"
+    RESTRICT_VIOLATION = "restrict_violation"
+    FOREIGN_KEY_VIOLATION = "foreign_key_violation"
+    NOT_NULL_VIOLATION = "not_null_violation"
+    UNIQUE_VIOLATION = "unique_violation"
+    CHECK_VIOLATION = "check_violation"
+    EXCLUSION_VIOLATION = "exclusion_violation"
+    INTEGRITY_CONSTRAINT_VIOLATION = "integrity_constraint_violation"
+    RAISE_EXCEPTION = "raise_exception"
+    PLPGSQL_ERROR = "plpgsql_error"
+    DATA_EXCEPTION = "data_exception"
+    TRIGGERED_ACTION_EXCEPTION = "triggered_action_exception"
+    TRIGGERED_DATA_CHANGE_VIOLATION = "triggered_data_change_violation"
+    DATABASE_ERROR = "database_error"
+
+    def __str__(self) -> str:
+        return self.value
+
+    def __format__(self, spec: str) -> str:
+        return format(self.value, spec)
+
 
 #: SQLSTATE (or class prefix) -> kind. The server writes these messages from fixed templates
 #: that name objects (a table, a role) but never row values.
-_KINDS: dict[str, str] = {
-    "57014": "statement_timeout",  # query_canceled: refined below (statement vs. user cancel)
-    "55P03": "lock_not_available",  # lock_timeout
-    "42501": "permission_denied",
-    "42P01": "undefined_table",
-    "42703": "undefined_column",
-    "3F000": "undefined_schema",
-    "40P01": "deadlock_detected",
-    "40001": "serialization_failure",
-    "25006": "read_only",
-    "28000": "authentication_failed",
-    "28P01": "authentication_failed",
-    "3D000": "unknown_database",
-    "57P01": "connection_lost",  # admin_shutdown: pg_terminate_backend, smart/fast shutdown
-    "57P02": "connection_lost",  # crash_shutdown
-    "57P03": "connection_lost",  # cannot_connect_now: starting up or shutting down
-    "08": "connection_lost",
-    "53300": "too_many_connections",
-    "53": "insufficient_resources",
+_KINDS: dict[str, ErrorKind] = {
+    # query_canceled: refined below (statement vs. user cancel)
+    "57014": ErrorKind.STATEMENT_TIMEOUT,
+    "55P03": ErrorKind.LOCK_NOT_AVAILABLE,  # lock_timeout
+    "42501": ErrorKind.PERMISSION_DENIED,
+    "42P01": ErrorKind.UNDEFINED_TABLE,
+    "42703": ErrorKind.UNDEFINED_COLUMN,
+    "3F000": ErrorKind.UNDEFINED_SCHEMA,
+    "40P01": ErrorKind.DEADLOCK_DETECTED,
+    "40001": ErrorKind.SERIALIZATION_FAILURE,
+    "25006": ErrorKind.READ_ONLY,
+    "28000": ErrorKind.AUTHENTICATION_FAILED,
+    "28P01": ErrorKind.AUTHENTICATION_FAILED,
+    "3D000": ErrorKind.UNKNOWN_DATABASE,
+    # admin_shutdown: pg_terminate_backend, smart/fast shutdown
+    "57P01": ErrorKind.CONNECTION_LOST,
+    "57P02": ErrorKind.CONNECTION_LOST,  # crash_shutdown
+    "57P03": ErrorKind.CONNECTION_LOST,  # cannot_connect_now: starting or shutting down
+    "08": ErrorKind.CONNECTION_LOST,
+    "53300": ErrorKind.TOO_MANY_CONNECTIONS,
+    "53": ErrorKind.INSUFFICIENT_RESOURCES,
     # A prepared or plan-cached statement outlived a schema change (or a pooler moved the
     # session): running it again re-plans it.
-    "26000": "stale_statement",
+    "26000": ErrorKind.STALE_STATEMENT,
     # A feature the statement needs is refused for this table (e.g. a DELETE rule, which
     # PostgreSQL does not apply to a DELETE ... RETURNING in WITH).
-    "0A000": "feature_not_supported",
+    "0A000": ErrorKind.FEATURE_NOT_SUPPORTED,
     # Row-level errors: one row of a batch cannot be deleted (a foreign key, a trigger, a
     # cascade into another table); the rest of the batch could.
-    "23001": "restrict_violation",
-    "23503": "foreign_key_violation",
-    "23502": "not_null_violation",
-    "23505": "unique_violation",
-    "23514": "check_violation",
-    "23P01": "exclusion_violation",
-    "23": "integrity_constraint_violation",
+    "23001": ErrorKind.RESTRICT_VIOLATION,
+    "23503": ErrorKind.FOREIGN_KEY_VIOLATION,
+    "23502": ErrorKind.NOT_NULL_VIOLATION,
+    "23505": ErrorKind.UNIQUE_VIOLATION,
+    "23514": ErrorKind.CHECK_VIOLATION,
+    "23P01": ErrorKind.EXCLUSION_VIOLATION,
+    "23": ErrorKind.INTEGRITY_CONSTRAINT_VIOLATION,
     # Raised by triggers and functions: their messages are the author's text, which may quote
     # the row, so only the kind is told.
-    "P0001": "raise_exception",
-    "P0": "plpgsql_error",
-    "22": "data_exception",
-    "09": "triggered_action_exception",
-    "27": "triggered_data_change_violation",
+    "P0001": ErrorKind.RAISE_EXCEPTION,
+    "P0": ErrorKind.PLPGSQL_ERROR,
+    "22": ErrorKind.DATA_EXCEPTION,
+    "09": ErrorKind.TRIGGERED_ACTION_EXCEPTION,
+    "27": ErrorKind.TRIGGERED_DATA_CHANGE_VIOLATION,
 }
 
 #: Kinds whose primary message names schema objects only (the templates of integrity errors).
 #: Any other kind found by the row-level classes below is told by class and SQLSTATE alone:
 #: a trigger's ``RAISE`` or a data exception may quote row values.
 _SAFE_MESSAGE_KINDS = frozenset({
-    "statement_timeout", "query_canceled", "lock_not_available", "permission_denied",
-    "undefined_table", "undefined_column", "undefined_schema", "deadlock_detected",
-    "serialization_failure", "read_only", "authentication_failed", "unknown_database",
-    "connection_lost", "too_many_connections", "insufficient_resources", "stale_statement",
-    "feature_not_supported",
-    "restrict_violation", "foreign_key_violation", "not_null_violation", "check_violation",
-    "exclusion_violation", "integrity_constraint_violation",
+    ErrorKind.STATEMENT_TIMEOUT, ErrorKind.QUERY_CANCELED, ErrorKind.LOCK_NOT_AVAILABLE,
+    ErrorKind.PERMISSION_DENIED, ErrorKind.UNDEFINED_TABLE, ErrorKind.UNDEFINED_COLUMN,
+    ErrorKind.UNDEFINED_SCHEMA, ErrorKind.DEADLOCK_DETECTED, ErrorKind.SERIALIZATION_FAILURE,
+    ErrorKind.READ_ONLY, ErrorKind.AUTHENTICATION_FAILED, ErrorKind.UNKNOWN_DATABASE,
+    ErrorKind.CONNECTION_LOST, ErrorKind.TOO_MANY_CONNECTIONS, ErrorKind.INSUFFICIENT_RESOURCES,
+    ErrorKind.STALE_STATEMENT, ErrorKind.FEATURE_NOT_SUPPORTED,
+    ErrorKind.RESTRICT_VIOLATION, ErrorKind.FOREIGN_KEY_VIOLATION, ErrorKind.NOT_NULL_VIOLATION,
+    ErrorKind.CHECK_VIOLATION, ErrorKind.EXCLUSION_VIOLATION,
+    ErrorKind.INTEGRITY_CONSTRAINT_VIOLATION,
 })
 
 #: SQLSTATE classes raised by something about one row: integrity constraints (23), data
@@ -96,8 +150,10 @@ ROW_LEVEL_CLASSES = frozenset({"23", "22", "P0", "09", "27", "2F", "38", "39"})
 _ROUTINE = re.compile(r"PL/pgSQL function ([^\s(]+)\(")
 
 #: Kinds worth retrying as they are: the same statement may well succeed a moment later.
-TRANSIENT_KINDS = frozenset({"connection_lost", "deadlock_detected", "serialization_failure",
-                             "lock_not_available", "too_many_connections", "stale_statement"})
+TRANSIENT_KINDS = frozenset({
+    ErrorKind.CONNECTION_LOST, ErrorKind.DEADLOCK_DETECTED, ErrorKind.SERIALIZATION_FAILURE,
+    ErrorKind.LOCK_NOT_AVAILABLE, ErrorKind.TOO_MANY_CONNECTIONS, ErrorKind.STALE_STATEMENT,
+})
 
 
 @dataclass(frozen=True)
@@ -105,9 +161,10 @@ class ErrorDescription:
     """What may be said about a database error.
 
     Attributes:
-        kind: e.g. ``statement_timeout``, ``lock_not_available``, ``connection_lost``,
-            ``permission_denied`` (PostgreSQL's condition names where they are clear);
-            ``database_error`` when the SQLSTATE is not one of the known ones.
+        kind: the :class:`ErrorKind`, e.g. ``statement_timeout``, ``lock_not_available``,
+            ``connection_lost``, ``permission_denied`` (PostgreSQL's condition names where
+            they are clear); ``database_error`` when the SQLSTATE is not one of the known
+            ones. Equal to its name as a string.
         error_class: the driver's exception class, e.g. ``QueryCanceled``.
         sqlstate: the five-character SQLSTATE, or ``None`` (client-side errors).
         message: the server's primary message for the known kinds, else ``None``.
@@ -118,7 +175,7 @@ class ErrorDescription:
         routine: the PL/pgSQL function that raised (from the context line), or ``None``.
     """
 
-    kind: str
+    kind: ErrorKind
     error_class: str
     sqlstate: str | None
     message: str | None
@@ -144,7 +201,7 @@ class ErrorDescription:
         """The error told by what raised it, e.g. ``restrict_violation (SQLSTATE 23001) from
         constraint favorites.refs_favorite_fk on favorites.refs``: kind, SQLSTATE and schema
         objects only, the same for every row it stops (one log line per distinct cause)."""
-        text = self.kind if self.kind != "database_error" else self.error_class
+        text = str(self.kind) if self.kind != ErrorKind.DATABASE_ERROR else self.error_class
         if self.sqlstate:
             text += f" (SQLSTATE {self.sqlstate})"
         where = []
@@ -187,17 +244,18 @@ def describe(exc: BaseException) -> ErrorDescription:
     if sqlstate:
         kind = _KINDS.get(sqlstate) or _KINDS.get(sqlstate[:2])
         if sqlstate == "57014" and "statement timeout" not in (primary or ""):
-            kind = "query_canceled"
+            kind = ErrorKind.QUERY_CANCELED
         if sqlstate == "0A000" and primary == "cached plan must not change result type":
-            kind = "stale_statement"
+            kind = ErrorKind.STALE_STATEMENT
     elif _is_disconnect(exc, orig):
         # libpq's own text ("server closed the connection unexpectedly", "connection to server
         # ... failed: Connection refused"): client-side, never row data nor a password.
-        kind = "connection_lost"
+        kind = ErrorKind.CONNECTION_LOST
         primary = _first_line(orig)
     objects = _schema_objects(diag)
     if kind is None:
-        return ErrorDescription("database_error", type(orig).__name__, sqlstate, None, **objects)
+        return ErrorDescription(ErrorKind.DATABASE_ERROR, type(orig).__name__, sqlstate, None,
+                                **objects)
     message = primary if kind in _SAFE_MESSAGE_KINDS else None
     return ErrorDescription(kind, type(orig).__name__, sqlstate, message, **objects)
 
@@ -277,8 +335,9 @@ class DatabaseError(RetentionError):
         self.error = error
 
     @property
-    def kind(self) -> str:
-        """The error kind, e.g. ``statement_timeout`` or ``connection_lost``."""
+    def kind(self) -> ErrorKind:
+        """The error kind, e.g. ``statement_timeout`` or ``connection_lost`` (an
+        :class:`ErrorKind`, equal to that string)."""
         return self.error.kind
 
     @property
@@ -360,7 +419,7 @@ class TableCheckError(PurgeError, DatabaseError):
 
 class SkippedRowsError(PurgeError):
     """Rows the rule matches could not be deleted, and not just a few:
-    :data:`~favorites_maintenance.retention.purge.BLOCKED_AFTER` candidates in a row failed
+    :data:`~favorites_maintenance.retention.batch_loop.BLOCKED_AFTER` candidates in a row failed
     with nothing deleted between them (a whole table blocked by a constraint or a trigger), or
     more rows failed than a run may skip. What was deleted before stays deleted.
 

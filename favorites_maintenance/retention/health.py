@@ -44,7 +44,7 @@ from favorites_maintenance.retention.defaults import (
     DEFAULT_MAX_PAUSE,
     DEFAULT_MAX_REPLICATION_LAG_BYTES,
 )
-from favorites_maintenance.retention.errors import InvalidArgumentError, describe
+from favorites_maintenance.retention.errors import ErrorKind, InvalidArgumentError, describe
 from favorites_maintenance.retention.rule import GUEST_FAVORITES, RetentionRule
 
 log = logging.getLogger(__name__)
@@ -351,7 +351,7 @@ class HealthMonitor:
             with conn.begin():
                 return conn.execute(statement, params or {}).first()
         except sa.exc.DBAPIError as exc:
-            if describe(exc).kind != "permission_denied":
+            if describe(exc).kind is not ErrorKind.PERMISSION_DENIED:
                 raise
             self._skip(indicator)
             return None

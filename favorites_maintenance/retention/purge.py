@@ -1,338 +1,52 @@
-"""The batched purge of the rows a retention rule finds prunable.
+"""The purge: delete the rows a retention rule finds prunable, one batch transaction at a time.
 
-One run is a loop of batch transactions on one connection. Each batch is one statement, shown
-here for the guest-favorites rule (another rule names its own table, key, age and guard
-columns)::
+:func:`purge` is the public entry; it validates its arguments and runs a
+:class:`~favorites_maintenance.retention.batch_loop.BatchLoop`. Where each part lives:
 
-    WITH retention_batch AS MATERIALIZED (
-        SELECT ctid, id, updated_at FROM favorites.favorites
-         WHERE user_id IS NULL AND updated_at < :cutoff
-           AND updated_at >= :after_age                               -- keyset, after batch 1
-           AND (updated_at, id) > (:after_age, :after_key)
-         ORDER BY updated_at, id LIMIT :batch_size
-           FOR UPDATE SKIP LOCKED),
-    retention_deleted AS (
-        DELETE FROM favorites.favorites USING retention_batch
-         WHERE user_id IS NULL AND updated_at < :cutoff
-           AND favorites.ctid = retention_batch.ctid AND favorites.id = retention_batch.id
-        RETURNING 1)
-    SELECT <rows in batch>, (SELECT count(*) FROM retention_deleted),
-           <last (updated_at, id) of batch>
-
-- ``MATERIALIZED`` evaluates the candidate SELECT exactly once, so the DELETE cannot re-run a
-  ``LIMIT`` subquery and take more than ``batch_size`` rows; the DELETE repeats the guard and the
-  cutoff (defence in depth).
-- The DELETE reaches the batch's rows by their ``ctid`` (row address) with a TID scan, not by a
-  primary-key index descent per row, and checks the primary key as well: never a bare ``ctid``.
-  The address is stable because the rows are locked by this very transaction: no one can
-  update, delete or move them before the DELETE (unlike Laravel's unlocked
-  ``ctid IN (SELECT ...)``). On a
-  partitioned table, where addresses repeat across partitions, or for a role without ``SELECT``
-  on ``ctid`` (the least-privilege role of ``least_privilege.sql`` grants three columns), the
-  DELETE matches by primary key instead.
-- ``SKIP LOCKED`` lets N purges (or a purge and user transactions) run side by side: each takes
-  rows nobody else holds, so no row is deleted twice and nobody waits.
-- The keyset ``(updated_at, id) > last`` starts each batch past the previous one, so the index
-  scan never re-walks the dead entries earlier batches left behind (the dead-tuple snowball of
-  LIMIT-only loops). The redundant ``updated_at >=`` bound gives the planner the range on the
-  leading column, so it keeps to the partial index instead of walking the plain ``updated_at``
-  index through account rows. Rows the keyset passes over (locked by someone else at the time)
-  are left for the next run and show up in the backlog.
-- The ids never leave the server: memory does not grow with the rows deleted.
-
-After the first batch, batches are *optimistic*: the same statement without ``FOR UPDATE SKIP
-LOCKED``, so each row is written once (deleted) rather than twice (locked, then deleted), under
-a ``lock_timeout`` of :data:`OPTIMISTIC_LOCK_TIMEOUT`. The DELETE locks each row as it deletes it
-and re-checks the guard and the cutoff on the row's newest version, so a row claimed by an
-account meanwhile is left alone. If the DELETE meets a row another session holds (it gives up
-after a few milliseconds) or deletes fewer rows than it read (a row moved, was claimed, or a
-trigger or policy swallowed the delete), the batch is rolled back and taken again in the locking
-form above, which then serves the next :data:`_LOCKING_AFTER_CONFLICT` batches. The first batch
-always locks first, so a role that may delete but not lock what the rule matches (row-level
-security without an UPDATE policy) fails the run at once, not only under contention.
-
-When the table has the partial index on ``(updated_at, id) WHERE user_id IS NULL``, each batch
-also turns ``enable_incremental_sort`` off for its transaction: the planner then takes that index,
-which yields the batch in keyset order, rather than a plain ``updated_at`` index plus an
-incremental sort, which it tends to cost lower though it reads every account row in the range
-too (1.1-1.6 ms against 2.5-3.0 ms for the candidates of one 1000-row batch, ``EXPLAIN
-ANALYZE`` at 1 M rows). It also turns hash and merge joins off: from about 7,000 rows a batch
-the planner would join the DELETE to the batch by hashing a bitmap scan of *every* prunable
-row, rather than reaching each batch row by its address (10,000 rows: 92 ms against 37-44 ms).
-
-Each batch transaction sets ``lock_timeout`` and ``statement_timeout`` with ``SET LOCAL``
-semantics, so the server, not only this process, bounds how long a batch can hold or wait for a
-lock. A shorter limit already in force for the session (set on the role, the database or the
-URL by whoever runs the database) is kept: the job tightens limits, it never loosens them.
-Batches commit with ``synchronous_commit = off`` unless asked otherwise: the delete is
-idempotent, so a commit lost to a server crash only returns its rows to the backlog
-(``favorites-maintenance bench`` measures what it saves). The loop repeats while batches come
-back full, and stops between batches on the run's time budget or on a stop request; an error
-rolls back only the open batch.
-
-The batch size adapts to a target time per batch when one is given
-(:mod:`~favorites_maintenance.retention.batch_size`): it grows while batches stay well under
-the target, shrinks at once when one goes over or when another session waited on a lock the
-batch held. Before batches, at a bounded rate, the database's health is read
-(:mod:`~favorites_maintenance.retention.health`: replication lag, a VACUUM on the table, WAL
-rate); while an indicator is over its threshold the purge pauses with no transaction open.
+- :mod:`~favorites_maintenance.retention.batch_loop`: the loop of batch transactions (the
+  optimistic and locking forms, timeouts, adaptive size, health pauses, row-level failures);
+- :mod:`~favorites_maintenance.retention.statements`: every SQL statement it runs, and why each
+  has its shape;
+- :mod:`~favorites_maintenance.retention.diagnosis`: why a run that deletes nothing, or far
+  less than it selects, fails;
+- :mod:`~favorites_maintenance.retention.report`: what a run reports.
 """
 
 from __future__ import annotations
 
 import datetime as dt
-import enum
-import logging
-import time
 from collections.abc import Callable
-from dataclasses import dataclass
 
 import sqlalchemy as sa
-from sqlalchemy.dialects.postgresql import TIMESTAMP
 
-from favorites_maintenance.retention.batch_size import BatchSizeController
+from favorites_maintenance.retention.batch_loop import (
+    BLOCKED_AFTER,
+    DEFAULT_MAX_SKIPPED_ROWS,
+    BatchLoop,
+    PurgeOptions,
+)
 from favorites_maintenance.retention.database import (
     DEFAULT_LOCK_TIMEOUT,
     DEFAULT_STATEMENT_TIMEOUT,
-    limit_transaction,
 )
-from favorites_maintenance.retention.errors import (
-    BatchError,
-    ConnectError,
-    InvalidArgumentError,
-    NoProgressError,
-    SkippedRowsError,
-    StandbyError,
-    TableCheckError,
-    describe,
-)
-from favorites_maintenance.retention.health import HealthLimits, HealthMonitor, LockWatch, Outcome
+from favorites_maintenance.retention.health import HealthLimits
+from favorites_maintenance.retention.report import BatchResult, PurgeReport, StopReason
 from favorites_maintenance.retention.rule import GUEST_FAVORITES, RetentionRule
-from favorites_maintenance.retention.spans import BatchSpans
-from favorites_maintenance.retention.table_check import check_table
+from favorites_maintenance.retention.statements import assert_primary
 
-log = logging.getLogger(__name__)
-
-
-class StopReason(str, enum.Enum):
-    """Why a purge ended without error (metadata ``stopReason``)."""
-
-    EXHAUSTED = "exhausted"
-    """A batch came back less than full: nothing prunable and unlocked is left past the cursor."""
-    MAX_RUN_DURATION = "max_run_duration"
-    """The run's time budget ran out; the backlog is left for the next run."""
-    STOP_REQUESTED = "stop_requested"
-    """A stop was requested (run termination, SIGTERM); honoured between batches."""
-    DB_UNHEALTHY = "db_unhealthy"
-    """The database stayed unhealthy (replication lag, a VACUUM on the table, WAL rate) longer
-    than the longest pause, or past the time budget while paused: a success; the backlog is
-    left for the next run (see :mod:`~favorites_maintenance.retention.health`)."""
-
-
-@dataclass(frozen=True)
-class BatchResult:
-    """One committed batch transaction.
-
-    Attributes:
-        batch_no: 1-based number of the batch transaction in this run (empty ones included).
-        deleted: rows the batch deleted (0..batch_size).
-        duration_s: wall time of the transaction, BEGIN to COMMIT, in seconds.
-        deleted_total: rows deleted by the run so far, this batch included.
-        batch_size: the batch's size limit, rows (the adaptive size, or a piece of it while a
-            failed batch is split).
-    """
-
-    batch_no: int
-    deleted: int
-    duration_s: float
-    deleted_total: int
-    batch_size: int = 0
-
-
-@dataclass(frozen=True)
-class PurgeReport:
-    """What one purge did.
-
-    Attributes:
-        cutoff: the UTC instant rows had to be older than.
-        deleted_total: rows deleted, all batches together.
-        batches: batch transactions that deleted at least one row (an empty run has 0).
-        duration_s: wall time of the whole purge, in seconds.
-        stop_reason: why it ended.
-        batch_max_s: the longest batch transaction, in seconds (0.0 when none ran).
-        skipped_rows: prunable rows left in place because deleting them failed on a row-level
-            error (a foreign key, a trigger, a cascade) or had no effect; the next run tries
-            them again.
-        skipped_causes: one entry per distinct cause of the skipped rows, naming the
-            constraint, trigger function and table involved (schema objects, never values).
-        isolation_batches: transactions spent splitting failed batches to isolate those rows.
-        retried_batches: batches run again at once after a stale prepared statement or cached
-            plan (a schema change during the run).
-        batch_size_first: the first batch's size, rows.
-        batch_size_max: the largest size a batch ran with, rows (0 when none ran).
-        paused_s: time spent paused on an unhealthy database, in seconds.
-        pauses: how many pauses began.
-        throttled_by: the latest indicator reading that paused the purge, e.g.
-            ``replication_lag 70,254,592 bytes > 67,108,864 (standby 'replica1')``; ``None``
-            when it never paused.
-        health_unreadable: health indicators this role may not read and that were skipped,
-            each with the grant that enables it.
-        lock_waits: batches found holding a lock another session waited on.
-    """
-
-    cutoff: dt.datetime
-    deleted_total: int
-    batches: int
-    duration_s: float
-    stop_reason: StopReason
-    batch_max_s: float = 0.0
-    skipped_rows: int = 0
-    skipped_causes: tuple[str, ...] = ()
-    isolation_batches: int = 0
-    retried_batches: int = 0
-    batch_size_first: int = 0
-    batch_size_max: int = 0
-    paused_s: float = 0.0
-    pauses: int = 0
-    throttled_by: str | None = None
-    health_unreadable: tuple[str, ...] = ()
-    lock_waits: int = 0
-
-    @property
-    def duration_ms(self) -> int:
-        """:attr:`duration_s` in whole milliseconds."""
-        return round(self.duration_s * 1000)
-
-    @property
-    def paused_ms(self) -> int:
-        """:attr:`paused_s` in whole milliseconds."""
-        return round(self.paused_s * 1000)
-
-
-#: How many rows one run may skip before it fails instead.
-DEFAULT_MAX_SKIPPED_ROWS = 100
-
-#: Candidates in a row that fail, nothing deleted between them, before the purge takes the
-#: table for blocked and fails rather than trying every row one at a time.
-BLOCKED_AFTER = 10
-
-#: Rows selected before a shortfall of deletes is judged mid-run (at least one full batch);
-#: a run that ends sooner is judged at its end. A few rows swallowed at the head of the table
-#: must not fail every run however small the batches.
-NO_PROGRESS_SAMPLE = 1000
-
-#: ``lock_timeout`` of an optimistic batch: how long its DELETE may wait for a row someone
-#: else holds before the batch is rolled back and taken again with ``SKIP LOCKED``.
-OPTIMISTIC_LOCK_TIMEOUT = dt.timedelta(milliseconds=5)
-
-#: Batches run in the locking form after an optimistic batch met a held or moved row.
-_LOCKING_AFTER_CONFLICT = 16
-
-#: Runs of the same batch, in the locking form, after rows moved across partitions under it
-#: (SQLSTATE 40001) before the error is raised.
-_MOVED_ROW_RETRIES = 5
-
-#: Runs of the same batch after a stale statement before the error is raised.
-_STALE_RETRIES = 3
-
-_SWALLOWED = ("deleted no row although it was locked (a BEFORE DELETE trigger returning NULL, or "
-              "a row-level security DELETE policy narrower than the SELECT and UPDATE ones)")
-
-
-def _batch_statement(rule: RetentionRule, cutoff: dt.datetime, keyset: bool,
-                     by_ctid: bool = True, lock_first: bool = True) -> sa.Select:
-    """The one statement of a batch; ``:batch_size`` (and the keyset position) are bound.
-
-    ``lock_first=False`` gives the optimistic form: the candidates are read without
-    ``FOR UPDATE SKIP LOCKED`` and the DELETE locks each row as it deletes it.
-    """
-    t = rule.table
-    where = [rule.prunable(cutoff)]
-    if keyset:
-        where += _after_position(rule)
-    candidates = (
-        sa.select(*([t.c.ctid] if by_ctid else []), rule.key.label("key"), rule.age.label("age"))
-        .where(*where)
-        .order_by(rule.age, rule.key)
-        # Rendered into the statement: as a server-side parameter the LIMIT is planned worse
-        # (batch p50 6.4 -> 9-11 ms at 2 M rows in the bench).
-        .limit(sa.bindparam("batch_size", type_=sa.Integer, literal_execute=True))
-    )
-    if lock_first:
-        candidates = candidates.with_for_update(skip_locked=True)
-    # CTE names a table is unlikely to have: a policy's table may be called "batch".
-    batch = candidates.cte("retention_batch").prefix_with("MATERIALIZED")
-    if by_ctid:
-        # The batch's rows are locked by this transaction, so no one can update, delete or
-        # move them before the DELETE: their ctid (row address) names exactly the locked row
-        # versions. A TID scan per address reaches each without a primary-key index descent;
-        # the id is matched too, so a row is only ever deleted by its address *and* its key,
-        # and the guard is checked again on each. In the optimistic form a row updated since
-        # it was read has moved: the DELETE re-checks the newest version, whose address no
-        # longer matches, and leaves it (the batch then comes up short and is rolled back).
-        match = sa.and_(t.c.ctid == batch.c.ctid, rule.key == batch.c.key)
-    else:
-        # A partitioned table repeats row addresses across partitions, and a role may lack
-        # SELECT on ctid: match by key. The age column is matched too: a table partitioned by
-        # it has its primary key on (id, updated_at).
-        match = sa.and_(rule.key == batch.c.key, rule.age == batch.c.age)
-    deleted = (
-        rule.delete_prunable(cutoff, match)
-        .returning(sa.literal_column("1"))
-        .cte("retention_deleted")
-    )
-    # The batch's last key and its size in one pass over it (a window count, then the top row).
-    last = (
-        sa.select(batch.c.age, batch.c.key, sa.func.count().over().label("selected"))
-        .order_by(batch.c.age.desc(), batch.c.key.desc())
-        .limit(1)
-        .subquery("last")
-    )
-    # One row even for an empty batch.
-    one = sa.select(sa.literal(1).label("one")).subquery("one")
-    return sa.select(
-        sa.func.coalesce(last.c.selected, 0).label("selected"),
-        sa.select(sa.func.count()).select_from(deleted).scalar_subquery().label("deleted"),
-        last.c.age.label("last_age"),
-        last.c.key.label("last_key"),
-    ).select_from(one.outerjoin(last, sa.true()))
-
-
-def _after_position(rule: RetentionRule) -> list[sa.ColumnElement[bool]]:
-    after_age = sa.bindparam("after_age", type_=TIMESTAMP(timezone=True))
-    return [
-        # Redundant with the row comparison, but it gives the planner the range on the
-        # leading column, so it prefers the partial index to walking the plain updated_at
-        # index through the account rows (and re-sorting them by id).
-        rule.age >= after_age,
-        sa.tuple_(rule.age, rule.key) > sa.tuple_(after_age, sa.bindparam("after_key")),
-    ]
-
-
-def _next_key_statement(rule: RetentionRule, cutoff: dt.datetime, keyset: bool) -> sa.Select:
-    """Lock and return the key of the next candidate: a one-row batch names its row before it
-    tries to delete it, so the row can be skipped if the delete fails."""
-    where = [rule.prunable(cutoff)] + (_after_position(rule) if keyset else [])
-    return (sa.select(rule.key.label("key"), rule.age.label("age")).where(*where)
-            .order_by(rule.age, rule.key).limit(1)
-            .with_for_update(skip_locked=True))
-
-
-def assert_primary(conn: sa.Connection) -> None:
-    """Raise :class:`StandbyError` if ``conn`` is on a hot standby (``pg_is_in_recovery()``)."""
-    if conn.execute(sa.text("SELECT pg_is_in_recovery()")).scalar_one():
-        raise StandbyError("the favorites database connection reached a hot standby "
-                           "(pg_is_in_recovery() is true); point FAVORITES_DATABASE_URL at the "
-                           "primary")
-
-
-def _match_by_ctid(conn: sa.Connection, rule: RetentionRule) -> bool:
-    """Whether the DELETE may reach the batch's rows by ``ctid``: not on a partitioned table
-    (addresses repeat across partitions), nor for a role that may not read the column."""
-    table = rule.qualified_name
-    return conn.execute(sa.text(
-        "SELECT relkind <> 'p' AND has_column_privilege(oid, 'ctid', 'SELECT') "
-        "FROM pg_class WHERE oid = to_regclass(:table)"), {"table": table}).scalar() or False
+# Importers of this module found these names here before the loop, the statements and the
+# report types had modules of their own. The loop's tunable constants are read (and patched)
+# in batch_loop.
+__all__ = [
+    "BLOCKED_AFTER",
+    "DEFAULT_MAX_SKIPPED_ROWS",
+    "BatchResult",
+    "PurgeOptions",
+    "PurgeReport",
+    "StopReason",
+    "assert_primary",
+    "purge",
+]
 
 
 def purge(
@@ -364,8 +78,8 @@ def purge(
     own transaction, from the same keyset position, down to single rows; a single row that
     still fails is skipped for this run (its key logged at WARNING when it is a number, never
     another column) and the purge goes on past it. Rows a batch locked but whose DELETE had no
-    effect are skipped the same way. A batch that fails because a schema change made a prepared statement or a
-    cached plan stale is run again at once on a new connection.
+    effect are skipped the same way. A batch that fails because a schema change made a
+    prepared statement or a cached plan stale is run again at once on a new connection.
 
     Args:
         engine: engine on the favorites database (the primary).
@@ -385,8 +99,9 @@ def purge(
             is that ``deleted_total`` may then count rows that are still there.
         max_skipped_rows: rows one run may skip before it fails with
             :class:`SkippedRowsError`.
-        optimistic: run batches after the first in the optimistic form (see the module's
-            docstring); ``False`` locks every batch's rows before deleting them.
+        optimistic: run batches after the first in the optimistic form (see
+            :mod:`~favorites_maintenance.retention.batch_loop`); ``False`` locks every batch's
+            rows before deleting them.
         batch_size_max: the largest size the adaptive batch size may reach, rows (``None`` or
             below ``batch_size``: ``batch_size``).
         target_batch_duration: wall time each batch transaction aims at; after every full
@@ -419,359 +134,11 @@ def purge(
         InvalidArgumentError: ``batch_size``, ``max_run_duration`` or ``max_skipped_rows`` out
             of range, or a naive ``cutoff``.
     """
-    if batch_size <= 0:
-        raise InvalidArgumentError(f"batch_size must be > 0, got {batch_size!r}")
-    if max_run_duration <= dt.timedelta(0):
-        raise InvalidArgumentError(f"max_run_duration must be > 0, got {max_run_duration!r}")
-    if max_skipped_rows < 0:
-        raise InvalidArgumentError(f"max_skipped_rows must be >= 0, got {max_skipped_rows!r}")
-    next_first = _next_key_statement(rule, cutoff, keyset=False)
-    next_following = _next_key_statement(rule, cutoff, keyset=True)
-
-    started = time.monotonic()
-    deadline = started + max_run_duration.total_seconds()
-    deleted_total = batches = batch_no = selected_total = 0
-    batch_max_s = 0.0
-    skipped = isolation_batches = retried_batches = stale_retries = failed_in_a_row = 0
-    causes: dict[str, int] = {}
-    after: dict | None = None
-    sizes = BatchSizeController(batch_size, batch_size_max or batch_size, target_batch_duration)
-    size = sizes.size  # below sizes.size while failed batches are split
-    size_max = lock_waits = 0
-    # Asked just before a batch's commit: always when the batch is slow, else at a bounded rate.
-    lock_watch = LockWatch(slow_after=sizes.target_s / 2) if sizes.adaptive else None
-    monitor = HealthMonitor(health, rule=rule) if health is not None else None
-
-    def report(reason: StopReason) -> PurgeReport:
-        return PurgeReport(cutoff=cutoff, deleted_total=deleted_total, batches=batches,
-                           duration_s=time.monotonic() - started, stop_reason=reason,
-                           batch_max_s=batch_max_s, skipped_rows=skipped,
-                           skipped_causes=tuple(causes), isolation_batches=isolation_batches,
-                           retried_batches=retried_batches, batch_size_first=batch_size,
-                           batch_size_max=size_max, lock_waits=lock_waits,
-                           **(_health_report(monitor) if monitor is not None else {}))
-
-    def skip(count: int, cause: str, key=None) -> None:
-        nonlocal skipped, failed_in_a_row
-        skipped += count
-        if key is not None:
-            failed_in_a_row += count
-        if cause not in causes:
-            log.warning("rows skipped: %s", cause)
-        causes[cause] = causes.get(cause, 0) + count
-        if key is not None:
-            # Only a number (a surrogate key) is logged: another policy's key may be a uuid or
-            # text that identifies a person (an anonymous id), which is never logged.
-            shown = key if isinstance(key, int) and not isinstance(key, bool) else "(not shown)"
-            log.warning("skipped row %s=%s (%s)", rule.key.name, shown, cause)
-
-    def check_skipped() -> None:
-        if failed_in_a_row >= BLOCKED_AFTER:
-            raise SkippedRowsError(
-                f"the last {failed_in_a_row} prunable rows the purge tried all failed, with "
-                f"nothing deleted between them ({deleted_total} rows deleted before): the table "
-                f"looks blocked: {_causes_text(causes)}", report(StopReason.EXHAUSTED)) from None
-        if skipped > max_skipped_rows:
-            raise SkippedRowsError(
-                f"more than {max_skipped_rows} prunable rows could not be deleted in one run "
-                f"({deleted_total} were): {_causes_text(causes)}",
-                report(StopReason.EXHAUSTED)) from None
-
-    conn = _connect(engine)
-    try:
-        try:
-            assert_primary(conn)
-            conn.rollback()  # end the autobegun transaction of the check
-        except sa.exc.DBAPIError as exc:
-            raise _connect_error(exc) from None
-        try:
-            with conn.begin():
-                # Reading the catalogs locks the table like a batch does: bounded the same way.
-                limit_transaction(conn, lock_timeout=lock_timeout,
-                                  statement_timeout=statement_timeout)
-                findings = check_table(conn, rule)
-                by_ctid = _match_by_ctid(conn, rule)
-        except sa.exc.DBAPIError as exc:
-            error = describe(exc)
-            log.error("could not check the table before the first batch: %s", error)
-            raise TableCheckError(error, rule.qualified_name) from None
-        for warning in findings.warnings:
-            log.warning("%s", warning)
-        first = _batch_statement(rule, cutoff, keyset=False, by_ctid=by_ctid)
-        following = _batch_statement(rule, cutoff, keyset=True, by_ctid=by_ctid)
-        first_fast = _batch_statement(rule, cutoff, keyset=False, by_ctid=by_ctid,
-                                      lock_first=False)
-        following_fast = _batch_statement(rule, cutoff, keyset=True, by_ctid=by_ctid,
-                                          lock_first=False)
-        fast_lock_timeout = min(lock_timeout, OPTIMISTIC_LOCK_TIMEOUT)
-        spans = BatchSpans(engine, rule)
-        locking_left = 0  # batches to run in the locking form after a conflict
-        moved_retries = 0  # runs of this batch that met a row moved across partitions
-        again = False  # the same batch runs again: its number stays
-        while True:
-            if should_stop():
-                return report(StopReason.STOP_REQUESTED)
-            # The first batch always runs, so every run makes progress however small its budget.
-            if batch_no and time.monotonic() >= deadline:
-                return report(StopReason.MAX_RUN_DURATION)
-            if monitor is not None:
-                # No transaction is open here: a pause holds no lock and no snapshot.
-                outcome = monitor.wait(conn, should_stop=should_stop, deadline=deadline)
-                if outcome is Outcome.STOP_REQUESTED:
-                    return report(StopReason.STOP_REQUESTED)
-                if outcome is Outcome.UNHEALTHY:
-                    return report(StopReason.DB_UNHEALTHY)
-            if not (stale_retries or again):
-                batch_no += 1
-            again = False
-            limit = size
-            size_max = max(size_max, limit)
-            key = None
-            # The first batch always locks first: it proves the role may lock what the rule
-            # matches (the form every later batch falls back to), so row-level security
-            # without an UPDATE policy fails the run at once rather than under contention.
-            fast = (optimistic and after is not None and limit > 1 and size == sizes.size
-                    and not locking_left)
-            if fast:
-                statement = first_fast if after is None else following_fast
-            else:
-                statement = first if after is None else following
-            waiters = 0
-            span = spans.start(batch_no, limit, fast, statement)
-            t0 = time.monotonic()
-            try:
-                with conn.begin() as tx:
-                    limit_transaction(conn,
-                                      lock_timeout=fast_lock_timeout if fast else lock_timeout,
-                                      statement_timeout=statement_timeout,
-                                      synchronous_commit=synchronous_commit,
-                                      incremental_sort=False if findings.keyset_index else None,
-                                      nested_loop_joins_only=True)
-                    if limit == 1:
-                        key = conn.execute(next_first if after is None else next_following,
-                                           after or {}).first()
-                    row = conn.execute(statement, {**(after or {}), "batch_size": limit}).one()
-                    if fast and row.deleted < row.selected:
-                        tx.rollback()  # a row moved or was held: the locking form decides
-                    if tx.is_active and lock_watch is not None and lock_watch.due(
-                            time.monotonic() - t0):
-                        waiters = lock_watch.waiters(conn)
-                span.committed(row.selected, row.deleted,
-                               rolled_back=fast and row.deleted < row.selected)
-            except sa.exc.DBAPIError as exc:
-                error = describe(exc)
-                span.failed(error)
-                if fast and error.kind in ("lock_not_available", "serialization_failure"):
-                    # Another session holds a row of the batch, or moved it to another
-                    # partition meanwhile: take the batch again with SKIP LOCKED, and keep to
-                    # that form for a while.
-                    locking_left, again = _LOCKING_AFTER_CONFLICT, True
-                    continue
-                if (error.kind == "serialization_failure"
-                        and moved_retries < _MOVED_ROW_RETRIES):
-                    # A row of the batch moved to another partition as it was locked (an
-                    # update of its partition key): a new transaction reads where it went.
-                    moved_retries += 1
-                    again = True
-                    log.info("batch %d met a row moved by a concurrent update (%s); taking it "
-                             "again", batch_no, error)
-                    continue
-                if error.kind == "stale_statement" and stale_retries < _STALE_RETRIES:
-                    # A prepared statement or cached plan outlived a schema change: a new
-                    # connection plans the same statement afresh.
-                    stale_retries += 1
-                    retried_batches += 1
-                    log.warning("batch %d ran into a stale statement after a schema change; "
-                                "running it again on a new connection: %s", batch_no, error)
-                    conn = _reconnect(engine, conn)
-                    continue
-                stale_retries = 0
-                if error.row_level:
-                    if size < sizes.size:
-                        isolation_batches += 1
-                    if limit > 1:
-                        # Split: the same keyset position, half the rows, own transaction.
-                        size = max(1, limit // 2)
-                        log.info("batch %d failed on a row-level error (%s); splitting it into "
-                                 "batches of %d rows", batch_no, error.cause, size)
-                        continue
-                    if key is not None:
-                        skip(1, error.cause, key.key)
-                        check_skipped()
-                        after = {"after_age": key.age, "after_key": key.key}
-                        continue
-                log.error("batch %d failed and was rolled back: %s", batch_no, error)
-                raise BatchError(batch_no, report(StopReason.EXHAUSTED), error) from None
-            finally:
-                span.end()  # any other exception: the span still ends
-            stale_retries = moved_retries = 0
-            if fast and row.deleted < row.selected:
-                locking_left, again = _LOCKING_AFTER_CONFLICT, True
-                continue
-            if locking_left and size == sizes.size:
-                locking_left -= 1
-            elapsed = time.monotonic() - t0
-            batch_max_s = max(batch_max_s, elapsed)
-            deleted_total += row.deleted
-            selected_total += row.selected
-            if size < sizes.size:
-                isolation_batches += 1
-                # A piece went through: grow back toward the adaptive size (which does not
-                # change while a failed batch is split).
-                size = min(sizes.size, size * 2)
-            elif row.selected >= limit and not waiters:
-                size = sizes.after_batch(row.selected, elapsed)
-            elif row.selected >= limit:
-                # Someone waited on this batch's locks: whatever its time, the next is smaller.
-                lock_waits += 1
-                size = sizes.lock_waiters(waiters)
-                log.info("batch %d held a lock %d other sessions waited on; next batch %d rows",
-                         batch_no, waiters, size)
-            if row.deleted:
-                batches += 1
-                failed_in_a_row = 0
-            if row.selected:
-                log.debug("batch %d deleted %d rows of at most %d in %.1f ms; next batch %d rows",
-                          batch_no, row.deleted, limit, elapsed * 1000, size)
-            if on_batch is not None:
-                on_batch(BatchResult(batch_no, row.deleted, elapsed, deleted_total, limit))
-            if row.deleted < row.selected:
-                skip(row.selected - row.deleted, _SWALLOWED)
-                if deleted_total * 2 < selected_total:
-                    # Mostly swallowed: judged as no progress (which names the mechanisms)
-                    # once enough rows were selected, or at the end of the run.
-                    if selected_total >= max(batch_size, NO_PROGRESS_SAMPLE):
-                        raise _no_progress(conn, rule, report(StopReason.EXHAUSTED), selected_total)
-                else:
-                    check_skipped()
-            if row.selected < limit:
-                break
-            after = {"after_age": row.last_age, "after_key": row.last_key}
-
-        final = report(StopReason.EXHAUSTED)
-        if deleted_total * 2 < selected_total:
-            raise _no_progress(conn, rule, final, selected_total)
-        if not selected_total:
-            _check_zero_progress(conn, rule, cutoff, final, batch_size)
-        return final
-    finally:
-        conn.close()
-
-
-def _health_report(monitor: HealthMonitor) -> dict:
-    return {"paused_s": monitor.paused_s, "pauses": monitor.pauses,
-            "throttled_by": str(monitor.throttled_by) if monitor.throttled_by else None,
-            "health_unreadable": tuple(f"{name}: {why}"
-                                       for name, why in monitor.unreadable.items())}
-
-
-def _causes_text(causes: dict[str, int]) -> str:
-    return "; ".join(f"{cause} ({count} rows)" for cause, count in causes.items())
-
-
-def _connect(engine: sa.Engine) -> sa.Connection:
-    try:
-        return engine.connect()
-    except sa.exc.DBAPIError as exc:
-        raise _connect_error(exc) from None
-
-
-def _reconnect(engine: sa.Engine, conn: sa.Connection) -> sa.Connection:
-    conn.invalidate()  # psycopg's prepared statements die with the server session
-    conn.close()
-    return _connect(engine)
-
-
-def _check_zero_progress(conn: sa.Connection, rule: RetentionRule, cutoff: dt.datetime,
-                         report: PurgeReport, sample: int) -> None:
-    """The purge locked no row: tell "every candidate is held by another session" (a backlog
-    for the next run) from "the rule matches rows this role cannot lock" (a failure).
-
-    One rolled-back ``REPEATABLE READ`` transaction, so both statements see one snapshot:
-    count candidates without locking, then try to lock them ``NOWAIT``. A row held by another
-    session makes the lock fail at once (55P03), one changed since the snapshot fails it with a
-    serialization failure: fine, either way. No row visible: fine. Rows visible, none locked and
-    no conflict: something filters them from ``FOR UPDATE`` (row-level security without an
-    UPDATE policy): fail.
-    """
-    ids = (sa.select(rule.key).where(rule.prunable(cutoff))
-           .order_by(rule.age, rule.key).limit(sample))
-    try:
-        tx = conn.begin()
-        try:
-            conn.exec_driver_sql("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ")
-            limit_transaction(conn)
-            visible = conn.execute(sa.select(sa.func.count()).select_from(
-                ids.subquery())).scalar_one()
-            if not visible:
-                return
-            try:
-                locked = len(conn.execute(ids.with_for_update(nowait=True)).all())
-            except sa.exc.DBAPIError as exc:
-                if describe(exc).kind in ("lock_not_available", "serialization_failure"):
-                    return  # held or changed by others: the backlog waits for the next run
-                raise
-        finally:
-            tx.rollback()  # the probe's locks are released at once
-    except sa.exc.DBAPIError as exc:
-        log.warning("could not check why the purge locked no row: %s", describe(exc))
-        return
-    if locked:
-        return  # released since the batch ran: the next run takes them
-    raise _no_progress(conn, rule, report, visible, locked_none=True,
-                       at_least=visible >= sample)
-
-
-def _no_progress(conn: sa.Connection, rule: RetentionRule, report: PurgeReport, matched: int,
-                 *, locked_none: bool = False, at_least: bool = False) -> NoProgressError:
-    table = rule.qualified_name
-    causes = _swallowing_mechanisms(conn, table)
-    if locked_none:
-        what = (f"the rule matches {'at least ' if at_least else ''}{matched} rows of {table} "
-                f"that no other session holds, yet the purge could lock none of them")
-    else:
-        what = (f"the batches selected {matched} rows of {table} but deleted only "
-                f"{report.deleted_total}")
-    found = f" Found on {table}: {'; '.join(causes)}." if causes else ""
-    message = (f"{what}: something swallows the deletes, so the run is not a success.{found} "
-               f"Likely causes: row-level security (SELECT ... FOR UPDATE also needs an UPDATE "
-               f"policy for the job's role, and DELETE a DELETE policy: see README, "
-               f"'Production databases'); a BEFORE DELETE trigger that returns NULL; a rule "
-               f"that does not fit the table.")
-    log.error("%s", message)
-    return NoProgressError(message, report, tuple(causes))
-
-
-def _swallowing_mechanisms(conn: sa.Connection, table: str) -> list[str]:
-    """Row-level security, BEFORE DELETE row triggers and DELETE rules on ``table``
-    (``schema.table``), named."""
-    try:
-        with conn.begin():
-            rls = conn.execute(sa.text(
-                "SELECT c.relrowsecurity, c.relforcerowsecurity, "
-                "       (SELECT count(*) FROM pg_policy p WHERE p.polrelid = c.oid) "
-                "FROM pg_class c WHERE c.oid = to_regclass(:t)"), {"t": table}).first()
-            # tgtype bits: 1 row-level, 2 BEFORE, 8 DELETE.
-            triggers = conn.execute(sa.text(
-                "SELECT tgname FROM pg_trigger WHERE tgrelid = to_regclass(:t) "
-                "AND NOT tgisinternal AND tgenabled <> 'D' AND tgtype & 11 = 11 "
-                "ORDER BY tgname"), {"t": table}).scalars().all()
-            rules = conn.execute(sa.text(
-                "SELECT rulename FROM pg_rewrite WHERE ev_class = to_regclass(:t) "
-                "AND ev_type = '4' ORDER BY rulename"), {"t": table}).scalars().all()
-    except sa.exc.DBAPIError as exc:
-        log.warning("could not read the table's policies and triggers: %s", describe(exc))
-        return []
-    found = []
-    if rls is not None and rls[0]:
-        found.append(f"row-level security is enabled ({rls[2]} policies"
-                     f"{', forced for the owner' if rls[1] else ''})")
-    found += [f"BEFORE DELETE trigger {name}" for name in triggers]
-    found += [f"DELETE rule {name}" for name in rules]
-    return found
-
-
-def _connect_error(exc: sa.exc.DBAPIError) -> ConnectError:
-    error = describe(exc)
-    log.error("no session on the favorites database: %s", error)
-    return ConnectError(error)
+    options = PurgeOptions(
+        batch_size=batch_size, max_run_duration=max_run_duration, lock_timeout=lock_timeout,
+        statement_timeout=statement_timeout, synchronous_commit=synchronous_commit,
+        max_skipped_rows=max_skipped_rows, optimistic=optimistic, batch_size_max=batch_size_max,
+        target_batch_duration=target_batch_duration, health=health)
+    rule.prunable(cutoff)  # refuses a naive cutoff before any connection
+    return BatchLoop(engine, rule, cutoff, options, should_stop=should_stop,
+                     on_batch=on_batch).run()

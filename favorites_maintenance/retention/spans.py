@@ -1,7 +1,7 @@
 """OpenTelemetry spans of the purge's batch transactions, through the API alone.
 
 The API records nothing until a tracer provider is installed (the job installs one only when an
-OTLP endpoint is configured, see ``favorites_maintenance.tracing``). Without one, a batch costs
+OTLP endpoint is configured, see ``favorites_maintenance.pipeline.tracing``). Without one, a batch costs
 one call returning a non-recording span: no attribute is computed, no context is attached.
 
 Each batch transaction, BEGIN to COMMIT or ROLLBACK, is one span of kind ``CLIENT`` named
@@ -113,11 +113,11 @@ class BatchSpan:
         """The transaction failed and was rolled back: record the kind and SQLSTATE of
         ``error``, nothing of its message, and set the status to error."""
         if self._token is not None:
-            self._span.set_attribute("error.type", error.kind)
+            self._span.set_attribute("error.type", str(error.kind))
             if error.sqlstate:
                 self._span.set_attribute("db.response.status_code", error.sqlstate)
             self._span.set_attribute("retention.batch.rolled_back", True)
-            self._span.set_status(Status(StatusCode.ERROR, error.kind))
+            self._span.set_status(Status(StatusCode.ERROR, str(error.kind)))
         self.end()
 
     def end(self) -> None:

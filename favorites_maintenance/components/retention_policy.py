@@ -1,0 +1,223 @@
+"""The ``favorites_maintenance.RetentionPolicy`` component: a retention policy declared as YAML.
+
+One folder per policy, ``favorites_maintenance/defs/<policy>/defs.yaml``::
+
+    type: favorites_maintenance.RetentionPolicy
+    attributes:
+      name: guest_carts                 # snake_case; every Dagster name derives from it
+      table: carts.guest_carts          # schema.table
+      key_column: cart_uuid             # unique key (bigint, uuid, text, ...)
+      age_column: touched_at            # timestamptz
+      null_columns: [customer_ref]      # the guard: rows with all of them NULL are guest rows
+      retention_days: 30                # optional, like every setting below
+      cron: "{{ env.GUEST_CARTS_CLEANUP_CRON }}"
+
+The rule's fields (``name``, ``table``, ``key_column``, ``age_column``, ``null_columns``) are
+required. The optional settings are the fields of
+:class:`~favorites_maintenance.config.policy_settings.PolicySettings`, declared there once; this
+component takes its fields, their types and their descriptions from that table. A setting may
+come from the environment through the component's templating (``"{{ env.X }}"``: an unset
+variable is the default, an empty one an error naming the variable). Identifiers reach SQL only
+as SQLAlchemy ``Table``/``Column`` objects, never formatted into a statement.
+
+A literal setting is read as its text in the file, not as YAML 1.1 reads it (``030`` would be
+24, ``yes`` would be 1): the same text a variable would hold, checked by the same parser
+(:func:`_setting_value`, the one place this happens).
+
+Errors, at load (the code location does not load):
+
+- a name that is not an identifier, an empty ``null_columns``, a value out of bounds:
+  :class:`~favorites_maintenance.config.policy.PolicyError` or
+  :class:`~favorites_maintenance.config.parsers.SettingsError`, naming the policy, the field (or
+  the variable it was read from) and the value;
+
+and at the policy's first run, before anything is deleted: a missing table or column, an age
+column that is not ``timestamptz``, a key that is not unique
+(:class:`~favorites_maintenance.retention.errors.TableShapeError`, naming the table and the
+column).
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+import re
+from dataclasses import dataclass
+from functools import cached_property
+from pathlib import Path
+from typing import Annotated, Any
+
+import dagster as dg
+import pydantic
+import yaml
+from pydantic import ConfigDict, Field
+
+from favorites_maintenance.config.parsers import SettingsError
+from favorites_maintenance.config.policy import Policy, PolicyError
+from favorites_maintenance.config.policy_settings import SETTINGS, parse_policy_settings
+from favorites_maintenance.retention.rule import RetentionRule, RuleError
+
+#: A whole field written as ``{{ env.NAME }}``: messages then name the variable.
+_ENV_TEMPLATE = re.compile(r"^\s*\{\{\s*env\.([A-Za-z_][A-Za-z0-9_]*)\s*\}\}\s*$")
+
+
+@dataclass(frozen=True)
+class SettingValue:
+    """One policy setting as the YAML gave it, before its parser checks it.
+
+    Attributes:
+        text: the value's text: a literal as written in the file, or what the variable holds;
+            ``None`` when the variable is unset (the setting takes its default).
+        variable: the environment variable it is read from (``"{{ env.X }}"``), or ``None``.
+        written_times: how many times the field's key is written in its policy (YAML keeps
+            the last one silently; more than one is refused).
+    """
+
+    text: str | None
+    variable: str | None = None
+    written_times: int = 1
+
+
+def _setting_value(context: dg.ResolutionContext, raw: Any) -> SettingValue | None:
+    """Resolve one setting field: ``None`` (unset) or its text and variable."""
+    if raw is None:
+        return None
+    if isinstance(raw, str) and (match := _ENV_TEMPLATE.match(raw)):
+        # The variable's own text: Dagster's rendering would read "1e3" as 1000.0.
+        return SettingValue(os.environ.get(match.group(1)), match.group(1))
+    written, times = _as_written(context)
+    return SettingValue(written or str(context.resolve_value(raw)), written_times=times)
+
+
+def _as_written(context: dg.ResolutionContext) -> tuple[str | None, int]:
+    """The setting at ``context``'s path as its text in the YAML file, read without YAML 1.1's
+    type rules (flow style, aliases and values on the next line included), and how many times
+    its key is written in its mapping; ``(None, 1)`` when its position is unknown (Dagster's
+    parsed value is used then)."""
+    tree = context.source_position_tree
+    position = tree.lookup(context.path) if tree is not None and context.path else None
+    if position is None:
+        return None, 1
+    try:
+        text = Path(position.filename).read_text()
+    except OSError:
+        return None, 1
+    attributes = _attributes_at(text, position.start.line - 1)
+    if attributes is None:
+        return None, 1
+    node, values = attributes
+    key = str(context.path[-1])
+    times = sum(1 for k, _ in node.value if k.value == key)
+    value = values.get(key)
+    return (value if isinstance(value, str) and value else None), max(times, 1)
+
+
+@functools.lru_cache(maxsize=32)
+def _attributes_at(text: str, line: int) -> tuple[yaml.MappingNode, dict] | None:
+    """The ``attributes`` mapping of the document of ``text`` holding 0-based ``line``: its
+    node, and its values as text (``yaml.BaseLoader``: every scalar a string as written)."""
+    try:
+        nodes = list(yaml.compose_all(text, Loader=yaml.BaseLoader))
+        documents = list(yaml.load_all(text, Loader=yaml.BaseLoader))
+    except yaml.YAMLError:
+        return None
+    for node, document in zip(nodes, documents):
+        if not node.start_mark.line <= line <= node.end_mark.line:
+            continue
+        if not isinstance(node, yaml.MappingNode) or not isinstance(document, dict):
+            return None
+        attributes = next((v for k, v in node.value if k.value == "attributes"), None)
+        values = document.get("attributes")
+        if isinstance(attributes, yaml.MappingNode) and isinstance(values, dict):
+            return attributes, values
+        return None
+    return None
+
+
+def _setting_field(name: str) -> tuple[Any, Any]:
+    declared = SETTINGS[name]
+    # inject_before_resolve=False: the resolver sees "{{ env.X }}" itself, to name X.
+    resolver = dg.Resolver(_setting_value, model_field_type=declared.yaml_type | None,
+                           inject_before_resolve=False,
+                           description=f"{declared.description} ({declared.bounds})")
+    return Annotated[SettingValue | None, resolver], Field(default=None)
+
+
+class _RuleFields(dg.Model):
+    """The rule and the names: what every policy writes."""
+
+    name: str = Field(description="snake_case; every Dagster name of the policy derives from it")
+    table: str = Field(description="schema.table")
+    key_column: str = Field(description="unique, NOT NULL key column")
+    age_column: str = Field(description="timestamptz column compared with the cutoff")
+    null_columns: list[str] = Field(description="guard: columns that must all be NULL")
+    metrics_prefix: str | None = Field(default=None, description="start of the Prometheus "
+                                       "gauges' names (default <name>_cleanup)")
+
+
+#: The optional setting fields after the rule's, one per :class:`PolicySettings` field.
+_PolicyFields = pydantic.create_model(
+    "PolicyFields", __base__=_RuleFields, **{name: _setting_field(name) for name in SETTINGS})
+
+
+class RetentionPolicy(dg.Component, dg.Resolvable, _PolicyFields):
+    """A retention policy: delete rows of ``table`` whose ``null_columns`` are all NULL and
+    whose ``age_column`` is older than ``retention_days``, in ``SKIP LOCKED`` batches, once a
+    day on ``cron``.
+
+    Attributes:
+        name: snake_case, at most 40 characters; the asset is ``<schema>/<name>_cleanup``, the
+            job ``<name>_cleanup_job``, the schedule ``<name>_cleanup_schedule``, the sensors
+            ``<name>_cleanup_stale_sensor``, ``<name>_cleanup_failure_sensor`` and
+            ``<name>_cleanup_tick_failure_sensor``, the concurrency pool ``<name>_cleanup``.
+        table: ``schema.table``, lower-case identifiers.
+        key_column: a unique, NOT NULL key; batches are ordered and matched by it.
+        age_column: the ``timestamptz`` column compared with the cutoff.
+        null_columns: the guard, one column at least; a row is deleted only while all of them
+            are NULL (a delete without its guard is refused).
+        metrics_prefix: snake_case start of the names of the gauges each run pushes to a
+            Prometheus Pushgateway (README, "Metrics"); default ``<name>_cleanup``.
+        (settings): one optional field per policy setting, see
+            :class:`~favorites_maintenance.config.policy_settings.PolicySettings` (README,
+            "Configuration").
+    """
+
+    model_config = ConfigDict(extra="forbid")
+
+    @cached_property
+    def policy(self) -> Policy:
+        """The validated :class:`~favorites_maintenance.config.policy.Policy`.
+
+        Raises:
+            PolicyError: a malformed name, table, column or guard, naming the policy.
+            SettingsError: a setting out of bounds, naming the policy and the field (or its
+                variable) and the value.
+        """
+        try:
+            rule = RetentionRule.define(self.table, key_column=self.key_column,
+                                        age_column=self.age_column,
+                                        null_columns=self.null_columns)
+        except RuleError as exc:
+            raise PolicyError(f"policy {self.name!r}: {exc}") from None
+        given: dict[str, SettingValue] = {
+            name: value for name in SETTINGS if (value := getattr(self, name)) is not None}
+        for name, value in given.items():
+            if value.written_times > 1:
+                raise SettingsError(f"policy {self.name}, {name}",
+                                    f"is written {value.written_times} times in the policy's "
+                                    "defs.yaml; keep one (YAML would silently take the last)")
+        # A setting read from a variable is named by it in messages, set or not.
+        labels = {name: value.variable for name, value in given.items() if value.variable}
+        settings = parse_policy_settings(
+            {name: value.text for name, value in given.items() if value.text is not None},
+            {name: labels.get(name, f"policy {self.name}, {name}") for name in SETTINGS})
+        return Policy(self.name, rule, settings, labels=labels,
+                      metrics_prefix=self.metrics_prefix)
+
+    def build_defs(self, context: dg.ComponentLoadContext) -> dg.Definitions:
+        """The policy's asset and checks, job, schedule and three sensors (the resources are
+        the code location's: :mod:`favorites_maintenance.defs.resources` and
+        :mod:`favorites_maintenance.definitions`)."""
+        from favorites_maintenance.pipeline.policy_defs import policy_definitions
+
+        return policy_definitions(self.policy)

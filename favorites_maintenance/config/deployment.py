@@ -1,0 +1,81 @@
+"""The deployment's settings: where the databases, the alert webhook and the Pushgateway are.
+
+These are not a policy's: they come from ``FAVORITES_*`` environment variables of the process
+serving the code location, never from a policy's YAML or a run's config, and each is a secret
+or may hold one (a password, a token). Dagster receives them as ``dg.EnvVar`` references
+(:mod:`favorites_maintenance.defs.resources`), so the UI and the run config never show them;
+:func:`load_deployment_settings` only proves them valid, when the code location loads and
+whenever the command line starts.
+
+This module imports no Dagster.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+
+from sqlalchemy.engine import URL
+
+from favorites_maintenance.config.parsers import (
+    ALERT_WEBHOOK_URL_VAR,
+    METRICS_PUSHGATEWAY_URL_VAR,
+    SettingsError,
+    http_url,
+    parse_database_url,
+    parse_pushgateway_url,
+    read_optional,
+    safe_url,
+)
+from favorites_maintenance.retention.defaults import DATABASE_URL_VAR
+
+
+@dataclass(frozen=True)
+class DeploymentSettings:
+    """The validated deployment settings.
+
+    Attributes:
+        database_url: SQLAlchemy URL of the favorites database, always with the
+            ``postgresql+psycopg`` driver, or ``None`` when ``FAVORITES_DATABASE_URL`` is unset
+            (the command line then starts the embedded server). Never log it: use
+            :attr:`database_url_safe`.
+        alert_webhook_url: optional Slack-compatible webhook for alerts.
+        metrics_pushgateway_url: optional Prometheus Pushgateway every run pushes its gauges
+            to (``http(s)://[user:password@]host[:port][/prefix]``); it may hold credentials,
+            so never log it: use :func:`~favorites_maintenance.config.parsers.safe_http_url`.
+    """
+
+    database_url: URL | None = field(default=None, repr=False)
+    alert_webhook_url: str | None = field(default=None, repr=False)
+    metrics_pushgateway_url: str | None = field(default=None, repr=False)
+
+    @property
+    def database_url_safe(self) -> str | None:
+        """The database URL with its password replaced by ``***``, fit for logs."""
+        return None if self.database_url is None else safe_url(self.database_url)
+
+    def require_database_url(self) -> URL:
+        """Return :attr:`database_url`; raise :class:`SettingsError` when it is unset."""
+        if self.database_url is None:
+            raise SettingsError(DATABASE_URL_VAR, "is not set; give the SQLAlchemy URL of the "
+                                "favorites database (postgresql+psycopg://user:password@host/db)")
+        return self.database_url
+
+
+def load_deployment_settings(environ: Mapping[str, str] | None = None) -> DeploymentSettings:
+    """Read and validate the deployment's variables of ``environ`` (default ``os.environ``).
+
+    An unset variable is unset. A variable set to an empty or blank string is an error: an
+    empty value is almost always a broken deployment template.
+
+    Raises:
+        SettingsError: the first invalid variable, named (a URL's password never shown).
+    """
+    environ = os.environ if environ is None else environ
+    return DeploymentSettings(
+        database_url=read_optional(environ, DATABASE_URL_VAR, parse_database_url),
+        alert_webhook_url=read_optional(environ, ALERT_WEBHOOK_URL_VAR, http_url),
+        metrics_pushgateway_url=read_optional(environ, METRICS_PUSHGATEWAY_URL_VAR,
+                                              parse_pushgateway_url),
+    )

@@ -1,0 +1,115 @@
+"""A retention policy: a rule, its settings, and the names of everything run for it.
+
+A policy is declared as data (``favorites_maintenance/defs/<policy>/defs.yaml``, loaded by the
+:class:`~favorites_maintenance.components.retention_policy.RetentionPolicy` component) and
+becomes one
+:class:`Policy`. Every Dagster name of the policy is derived from its ``name``, so a second
+policy never collides with the first:
+
+================================  ============================================
+asset                             ``<schema>/<name>_cleanup``
+job                               ``<name>_cleanup_job``
+schedule                          ``<name>_cleanup_schedule``
+staleness sensor                  ``<name>_cleanup_stale_sensor``
+run-failure sensor                ``<name>_cleanup_failure_sensor``
+tick-failure sensor               ``<name>_cleanup_tick_failure_sensor``
+concurrency pool                  ``<name>_cleanup``
+Prometheus metric names           ``<metrics_prefix>_*`` (default ``<name>_cleanup_*``)
+================================  ============================================
+
+This module imports no Dagster: the command line uses it too.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+
+from favorites_maintenance.config.policy_settings import PolicySettings
+from favorites_maintenance.retention.rule import RetentionRule
+
+#: A policy name: snake_case, short enough that every derived name stays a valid Dagster name.
+_NAME = re.compile(r"[a-z][a-z0-9]*(?:_[a-z0-9]+)*")
+_MAX_NAME = 40
+
+
+class PolicyError(ValueError):
+    """A policy is malformed. The message names the policy, the field and the value at fault."""
+
+
+@dataclass(frozen=True)
+class Policy:
+    """One retention policy.
+
+    Attributes:
+        name: snake_case name, at most 40 characters; every Dagster name derives from it.
+        rule: the table and the predicate (see :class:`~favorites_maintenance.retention.rule.
+            RetentionRule`).
+        settings: retention days, batch size, schedule and limits.
+        labels: field of
+            :class:`~favorites_maintenance.config.policy_settings.PolicySettings` -> what
+            messages call it (the variable it was read from, or ``policy P, field F``).
+        metrics_prefix: what the names of the policy's Prometheus gauges start with
+            (``<metrics_prefix>_deleted_rows``, ...); ``None`` (the default) is ``<name>_cleanup``.
+
+    Raises:
+        PolicyError: ``name`` is not snake_case or is too long; ``metrics_prefix`` is not
+            snake_case.
+    """
+
+    name: str
+    rule: RetentionRule
+    settings: PolicySettings = field(default_factory=PolicySettings)
+    labels: dict[str, str] = field(default_factory=dict, compare=False)
+    metrics_prefix: str | None = None
+
+    def __post_init__(self):
+        if not isinstance(self.name, str) or not _NAME.fullmatch(self.name) \
+                or len(self.name) > _MAX_NAME:
+            raise PolicyError(f"policy {self.name!r}: name must be snake_case (a-z, 0-9, single "
+                              f"underscores, a letter first), at most {_MAX_NAME} characters")
+        if self.metrics_prefix is None:
+            object.__setattr__(self, "metrics_prefix", self.cleanup)
+        elif not isinstance(self.metrics_prefix, str) or not _NAME.fullmatch(self.metrics_prefix):
+            # Snake case is a valid Prometheus metric name and the convention for one.
+            raise PolicyError(f"policy {self.name!r}: metrics_prefix {self.metrics_prefix!r} "
+                              "must be snake_case (a-z, 0-9, single underscores, a letter first)")
+
+    def label(self, setting: str) -> str:
+        """What a message calls ``setting``: its variable, or ``policy <name>, <setting>``."""
+        return self.labels.get(setting) or f"policy {self.name}, {setting}"
+
+    @property
+    def cleanup(self) -> str:
+        """``<name>_cleanup``: the asset's name and the concurrency pool."""
+        return f"{self.name}_cleanup"
+
+    @property
+    def asset_key_path(self) -> tuple[str, str]:
+        """The asset key's path: the table's schema, then ``<name>_cleanup``."""
+        return (self.rule.table.schema, self.cleanup)
+
+    @property
+    def pool(self) -> str:
+        """Concurrency pool of the purge: one run of the policy at a time."""
+        return self.cleanup
+
+    @property
+    def job_name(self) -> str:
+        return f"{self.cleanup}_job"
+
+    @property
+    def schedule_name(self) -> str:
+        return f"{self.cleanup}_schedule"
+
+    @property
+    def stale_sensor_name(self) -> str:
+        return f"{self.cleanup}_stale_sensor"
+
+    @property
+    def failure_sensor_name(self) -> str:
+        return f"{self.cleanup}_failure_sensor"
+
+    @property
+    def tick_failure_sensor_name(self) -> str:
+        return f"{self.cleanup}_tick_failure_sensor"

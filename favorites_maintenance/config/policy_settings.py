@@ -1,0 +1,227 @@
+"""The settings of a retention policy: one declarative table.
+
+Each field of :class:`PolicySettings` is declared once, with :func:`setting`: its default, its
+parser (which holds its bounds), what it means, and whether a launch may set it for one run.
+Everything else derives from that declaration:
+
+- the :class:`~favorites_maintenance.components.retention_policy.RetentionPolicy` component's
+  optional YAML fields, their types and descriptions (what ``dg`` shows);
+- the bounds checks (:func:`parse_policy_settings`, the only place a value is validated);
+- the run limits a launch may set (:data:`LAUNCH_LIMITS`, served by the ``retention``
+  resource);
+- the configuration table of the README (:func:`markdown_table`; a test keeps them equal).
+
+Adding a policy setting is one :func:`setting` field here plus its use.
+
+This module imports no Dagster.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import datetime as dt
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from favorites_maintenance.config.parsers import (
+    SettingsError,
+    duration_between,
+    duration_up_to,
+    int_between,
+    iso_duration,
+    read_optional,
+    validate_cron,
+)
+from favorites_maintenance.retention.defaults import (
+    DEFAULT_MAX_PAUSE,
+    DEFAULT_MAX_REPLICATION_LAG_BYTES,
+)
+
+# Upper bounds keep every value inside what the arithmetic and the database can hold, and inside
+# what is sensible: a batch is one transaction holding row locks; a run is one daily tick.
+MAX_RETENTION_DAYS = 36_500  # 100 years
+MAX_BATCH_SIZE = 100_000
+MIN_DURATION = dt.timedelta(seconds=1)
+# Below the 1 h hard ceiling of run monitoring in dagster.yaml (max_runtime_seconds: 3600), which
+# would otherwise end a long purge as FAILURE instead of letting it stop on its own budget.
+MAX_RUN_DURATION_LIMIT = dt.timedelta(minutes=50)
+MAX_STALE_AFTER = dt.timedelta(days=30)
+# A batch aiming at more than this would sit near the batch's statement timeout (30 s).
+MAX_TARGET_BATCH_DURATION = dt.timedelta(seconds=10)
+MAX_LAG_BYTES = 2**40  # 1 TiB
+
+DEFAULT_RETENTION_DAYS = 365
+DEFAULT_BATCH_SIZE = 1000
+DEFAULT_CRON = "0 3 * * *"
+DEFAULT_MAX_RUN_DURATION = dt.timedelta(minutes=10)
+DEFAULT_STALE_AFTER = dt.timedelta(hours=48)
+#: The largest batch the adaptive batch size may reach (never below the first batch's size).
+DEFAULT_BATCH_SIZE_MAX = 10_000
+#: Wall time one batch transaction aims at; 0 turns adaptation off (every batch the first size).
+DEFAULT_TARGET_BATCH_DURATION = dt.timedelta(milliseconds=200)
+
+
+@dataclass(frozen=True)
+class Setting:
+    """The declaration of one policy setting (the metadata of a :class:`PolicySettings` field).
+
+    Attributes:
+        parse: text -> typed value; raises ``ValueError`` naming the value (the bounds live
+            here).
+        yaml_type: what a literal YAML value of the setting may be, for the component's schema
+            (``int``; ``str``; a duration is text, or the number YAML 1.1 reads ``48:00:00``
+            as, whose text is then taken as written).
+        description: one line for the component's schema and the README.
+        bounds: the accepted values, as the README writes them.
+        launch: the run-config key under ``resources.retention.config`` through which a
+            launch may set it for one run, or ``None``.
+        launch_unit: how the launch key's number maps onto the setting (``"seconds"`` for a
+            duration given in seconds, ``None`` for the value itself).
+        launch_bounds: (low, high) a launch's value must lie in, in the launch key's unit.
+    """
+
+    parse: Callable[[str], Any]
+    yaml_type: Any
+    description: str
+    bounds: str
+    launch: str | None = None
+    launch_unit: str | None = None
+    launch_bounds: tuple[float, float] | None = None
+
+
+def setting(default: Any, parse: Callable[[str], Any], yaml_type: Any, description: str,
+            bounds: str, **launch: Any) -> Any:
+    """A :class:`PolicySettings` field declared by its :class:`Setting` (see the class)."""
+    return field(default=default, metadata={"setting": Setting(parse, yaml_type, description,
+                                                               bounds, **launch)})
+
+
+_DURATION_FORMS = "ISO 8601 (PT10M) or HH:MM:SS"
+#: Unquoted, YAML 1.1 reads ``48:00:00`` as the number 172800: accepted, then read as written.
+_DURATION_YAML = str | int | float
+
+
+@dataclass(frozen=True)
+class PolicySettings:
+    """The validated settings of one retention policy; every field has a default.
+
+    Read a policy's settings with :func:`parse_policy_settings`; the declarations below are
+    the only list of them (see the module docstring). Durations are :class:`datetime.timedelta`,
+    sizes rows, lags bytes.
+    """
+
+    retention_days: int = setting(
+        DEFAULT_RETENTION_DAYS, int_between(1, MAX_RETENTION_DAYS), int,
+        "retention period in days: a row idle longer than this is prunable",
+        f"1 to {MAX_RETENTION_DAYS:,}")
+    batch_size: int = setting(
+        DEFAULT_BATCH_SIZE, int_between(1, MAX_BATCH_SIZE), int,
+        "rows of the first batch transaction",
+        f"1 to {MAX_BATCH_SIZE:,}",
+        launch="batch_size", launch_bounds=(1, MAX_BATCH_SIZE))
+    cron: str = setting(
+        DEFAULT_CRON, validate_cron, str,
+        "when the schedule runs: a 5-field cron expression, evaluated in UTC",
+        "a valid 5-field cron that fires")
+    max_run_duration: dt.timedelta = setting(
+        DEFAULT_MAX_RUN_DURATION,
+        duration_between(MIN_DURATION, MAX_RUN_DURATION_LIMIT), _DURATION_YAML,
+        "time budget of one purge; past it the run ends successfully with a backlog",
+        f"{iso_duration(MIN_DURATION)} to {iso_duration(MAX_RUN_DURATION_LIMIT)}, "
+        + _DURATION_FORMS,
+        launch="max_run_duration_seconds", launch_unit="seconds",
+        launch_bounds=(MIN_DURATION.total_seconds(), MAX_RUN_DURATION_LIMIT.total_seconds()))
+    stale_after: dt.timedelta = setting(
+        DEFAULT_STALE_AFTER, duration_between(MIN_DURATION, MAX_STALE_AFTER), _DURATION_YAML,
+        "no successful run for this long raises the staleness alert; the freshness policy "
+        "fails after it",
+        f"{iso_duration(MIN_DURATION)} to {iso_duration(MAX_STALE_AFTER)}, " + _DURATION_FORMS)
+    batch_size_max: int = setting(
+        None, int_between(1, MAX_BATCH_SIZE), int,
+        "the largest batch the adaptive batch size may reach (default: 10,000, or batch_size "
+        "if larger)",
+        f"batch_size to {MAX_BATCH_SIZE:,}")
+    target_batch_duration: dt.timedelta = setting(
+        DEFAULT_TARGET_BATCH_DURATION, duration_up_to(MAX_TARGET_BATCH_DURATION), _DURATION_YAML,
+        "wall time a batch transaction aims at; PT0S keeps every batch at batch_size",
+        f"PT0S, or PT0.01S to {iso_duration(MAX_TARGET_BATCH_DURATION)}")
+    max_replication_lag_bytes: int = setting(
+        DEFAULT_MAX_REPLICATION_LAG_BYTES, int_between(1, MAX_LAG_BYTES), int,
+        "replication lag (bytes of WAL) of a standby or slot above which the purge pauses",
+        f"1 to {MAX_LAG_BYTES:,}")
+    max_wal_bytes_per_second: int | None = setting(
+        None, int_between(1, MAX_LAG_BYTES), int,
+        "WAL written per second by the whole server above which the purge pauses (unset: "
+        "not watched)",
+        f"1 to {MAX_LAG_BYTES:,}")
+    max_pause: dt.timedelta = setting(
+        DEFAULT_MAX_PAUSE, duration_between(MIN_DURATION, MAX_RUN_DURATION_LIMIT), _DURATION_YAML,
+        "how long the purge may stay paused on an unhealthy database before the run ends "
+        "(stopReason db_unhealthy)",
+        f"{iso_duration(MIN_DURATION)} to {iso_duration(MAX_RUN_DURATION_LIMIT)}, "
+        + _DURATION_FORMS)
+
+    def __post_init__(self):
+        # Unset, the max is the default max, or the first batch's size when that is larger.
+        if self.batch_size_max is None or self.batch_size_max < self.batch_size:
+            floor = DEFAULT_BATCH_SIZE_MAX if self.batch_size_max is None else self.batch_size
+            object.__setattr__(self, "batch_size_max", max(floor, self.batch_size))
+
+
+#: Every policy setting: field name -> its declaration, in declaration order.
+SETTINGS: dict[str, Setting] = {f.name: f.metadata["setting"]
+                                for f in dataclasses.fields(PolicySettings)}
+
+#: The run limits a launch may set: run-config key -> the setting it stands in for.
+LAUNCH_LIMITS: dict[str, str] = {s.launch: name for name, s in SETTINGS.items() if s.launch}
+
+
+def default_of(name: str) -> Any:
+    """The default of setting ``name`` (``None``: unset)."""
+    return PolicySettings.__dataclass_fields__[name].default
+
+
+def parse_policy_settings(values: Mapping[str, str | int | None],
+                          labels: Mapping[str, str]) -> PolicySettings:
+    """Validate one policy's settings, given as text (or whole numbers) by field name.
+
+    This is where every value is checked: each setting by its declared parser, then the one
+    rule between two settings (``batch_size_max`` is at least ``batch_size``). A missing or
+    ``None`` value takes the default; an empty or blank string is an error.
+
+    Args:
+        values: field name of :class:`PolicySettings` -> raw value.
+        labels: field name -> what an error calls it (a variable, or ``policy P, field F``).
+
+    Raises:
+        SettingsError: the first invalid value, its label named, with the value at fault.
+        ValueError: a name that is not a policy setting.
+    """
+    unknown = sorted(set(values) - set(SETTINGS))
+    if unknown:
+        raise ValueError(f"unknown policy settings {unknown!r}")
+    parsed = {}
+    for name, declared in SETTINGS.items():
+        raw = values.get(name)
+        parsed[name] = read_optional({name: None if raw is None else str(raw)}, name,
+                                     declared.parse, default_of(name),
+                                     label=labels.get(name, name))
+    first, largest = parsed["batch_size"], parsed["batch_size_max"]
+    if largest is not None and largest < first:
+        raise SettingsError(labels.get("batch_size_max", "batch_size_max"),
+                            f"'{largest}' is below {labels.get('batch_size', 'batch_size')} "
+                            f"({first}), the first batch's size; the max must be at least that")
+    return PolicySettings(**parsed)
+
+
+def markdown_table() -> str:
+    """The policy settings as the README's configuration table (Markdown)."""
+    lines = ["| field | default | accepted | what it does |", "|---|---|---|---|"]
+    for name, declared in SETTINGS.items():
+        default = default_of(name)
+        if isinstance(default, dt.timedelta):
+            default = iso_duration(default)
+        shown = "unset" if default is None else f"`{default}`"
+        lines.append(f"| `{name}` | {shown} | {declared.bounds} | {declared.description} |")
+    return "\n".join(lines)

@@ -1,0 +1,1 @@
+"""Running things locally: servers started for development, tests and the bench."""

@@ -1,0 +1,112 @@
+"""``favorites-maintenance demo``: seed the embedded database, run a policy's job once
+through Dagster, print what it did."""
+
+from __future__ import annotations
+
+import datetime as dt
+import time
+from collections.abc import Callable
+
+import dagster as dg
+
+from favorites_maintenance.config.deployment import load_deployment_settings
+from favorites_maintenance.config.policy import Policy
+from favorites_maintenance.definitions import code_location
+from favorites_maintenance.local.dev import seed_progress
+from favorites_maintenance.local.environment import LocalEnvironment
+from favorites_maintenance.local.seed import seed_favorites, summarize
+from favorites_maintenance.pipeline.partitions import daily_partitions, partition_cutoff
+from favorites_maintenance.pipeline.run_report import RunReport
+from favorites_maintenance.retention.backlog import measure_backlog
+from favorites_maintenance.retention.database import create_engine
+from favorites_maintenance.retention.errors import BacklogError, TableShapeError
+from favorites_maintenance.retention.rule import GUEST_FAVORITES
+from favorites_maintenance.retention.schema import create_dev_schema, drop_dev_schema
+from favorites_maintenance.retention.table_check import check_table
+
+UTC = dt.timezone.utc
+
+
+class DemoError(Exception):
+    """The demo could not run or its run failed; the message says why, in one line."""
+
+
+def run_demo(env: LocalEnvironment, *, rows: int, pretend: bool, policy: Policy,
+             echo: Callable[[str], None]) -> None:
+    """Seed (guest favorites only), count, run the policy's job once through Dagster on
+    ``env``'s instance and print what it did with ``echo``.
+
+    Raises:
+        DemoError: the table is not usable, the run failed, or account rows changed.
+    """
+    settings = load_deployment_settings()  # FAVORITES_DATABASE_URL: the embedded server
+    retention_days = policy.settings.retention_days
+    seeded = policy.rule == GUEST_FAVORITES
+    engine = create_engine(settings.require_database_url())
+    try:
+        if seeded:
+            echo(f"recreating favorites.favorites and seeding {rows:,} rows over three years ...")
+            t0 = time.monotonic()
+            drop_dev_schema(engine)
+            create_dev_schema(engine)
+            before = seed_favorites(engine, rows, now=dt.datetime.now(UTC),
+                                    on_progress=seed_progress(rows, echo))
+            echo(f"  seeded in {time.monotonic() - t0:.1f} s: {before.rows:,} rows, "
+                  f"{before.guest_rows:,} guest, {before.account_rows:,} account")
+        else:
+            echo(f"policy {policy.name}: {policy.rule.qualified_name} is used as it is "
+                  "(only favorites.favorites has a dev table to seed)")
+
+        partition = daily_partitions.get_last_partition_key()
+        cutoff = partition_cutoff(partition, retention_days)
+        try:
+            # The same check of the table the job makes before its first batch.
+            with engine.connect() as conn:
+                check_table(conn, policy.rule)
+            prunable = measure_backlog(engine, cutoff, policy.rule)
+        except (TableShapeError, BacklogError) as exc:
+            raise DemoError(f"{exc}; demo --policy {policy.name} needs "
+                            f"{policy.rule.qualified_name} in the embedded 'favorites' database "
+                            "(README, \"Adding a retention policy\")") from None
+        echo(f"  partition {partition}: cutoff {cutoff.isoformat()} "
+              f"(retention {retention_days} days); the rule matches {prunable.remaining:,} rows")
+        if pretend:
+            echo("pretend: nothing deleted")
+            return
+
+        echo(f"running {policy.job_name} for partition {partition} "
+              f"(Dagster instance: {env.dagster_home}) ...")
+        job = code_location().resolve_job_def(policy.job_name)
+        with dg.DagsterInstance.get() as instance:
+            result = job.execute_in_process(
+                partition_key=partition, instance=instance, raise_on_error=False,
+                run_config={"loggers": {"console": {"config": {"log_level": "INFO"}}}},
+            )
+        after = summarize(engine) if seeded else None
+    finally:
+        engine.dispose()
+
+    if not result.success:
+        raise DemoError(f"run {result.run_id} failed; see the run in the Dagster UI "
+              "(favorites-maintenance dev) or the log above")
+    [materialization] = result.get_asset_materialization_events()
+    run = RunReport.from_metadata(materialization.materialization.metadata)
+    echo("")
+    echo(f"run {result.run_id} succeeded")
+    echo(f"  rows deleted      {run.deleted_total:>12,}")
+    largest = run.batch_size_max or run.batch_size
+    echo(f"  batches           {run.batches:>12,}  (batch size {run.batch_size:,}"
+          + (f" first, {largest:,} largest)" if largest != run.batch_size else ")"))
+    echo(f"  duration          {run.duration_ms:>12,} ms")
+    echo(f"  backlog remaining {run.backlog_remaining:>12,}  (stop reason: "
+          f"{run.stop_reason})")
+    if run.throttled_by != "none":
+        # db_unhealthy is a success: the backlog waits for the next run.
+        echo(f"  paused            {run.paused_ms:>12,} ms  ({run.throttled_by})")
+    if after is None:
+        return
+    echo(f"  guest rows        {before.guest_rows:>12,} -> {after.guest_rows:,}")
+    echo(f"  account rows      {before.account_rows:>12,} -> {after.account_rows:,}"
+          + ("  (unchanged)" if before.account_rows == after.account_rows else "  (CHANGED!)"))
+    if before.account_rows != after.account_rows:
+        raise DemoError("account rows changed")

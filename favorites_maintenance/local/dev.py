@@ -1,0 +1,181 @@
+"""``favorites-maintenance dev``: the Dagster UI and daemon on the local environment.
+
+The embedded PostgreSQL server serves both Dagster's storage and the favorites database
+(:class:`~favorites_maintenance.local.environment.LocalEnvironment`); ``dagster dev`` runs the
+webserver and the daemon on top of it. Ctrl-C (SIGINT) or SIGTERM stops ``dagster dev`` first,
+so the webserver, the daemon, the code server and any run they started end while their storage
+is still up, and then the server.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import datetime as dt
+import os
+import re
+import signal
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import sqlalchemy as sa
+
+from favorites_maintenance.local.processes import HOST, reap_group
+
+#: The guest-favorites policy's asset (``defs/guest_favorites/defs.yaml``), the page ``dev``
+#: points a newcomer at.
+GUEST_FAVORITES_ASSET = "favorites/guest_favorites_cleanup"
+
+
+#: How long ``dagster dev`` gets to stop its webserver, daemon and code server after an interrupt.
+SHUTDOWN_GRACE_S = 60.0
+
+
+def ui_address(port: int) -> str:
+    return f"http://{HOST}:{port}"
+
+
+def asset_page(port: int) -> str:
+    """The UI page of the cleanup asset."""
+    return f"{ui_address(port)}/assets/{GUEST_FAVORITES_ASSET}"
+
+
+def prepare_dev_table(engine: sa.Engine, rows: int, echo: Callable[[str], None],
+                      reseed: bool = False) -> None:
+    """Create the dev table if missing and seed ``rows`` rows if it is empty; with ``reseed``,
+    drop and recreate it first, so it holds freshly seeded rows whatever was there."""
+    from favorites_maintenance.retention.schema import create_dev_schema, drop_dev_schema
+    from favorites_maintenance.local.seed import seed_favorites, summarize
+
+    if reseed:
+        echo("dropping and recreating favorites.favorites (--reseed)")
+        drop_dev_schema(engine)
+    create_dev_schema(engine)
+    current = summarize(engine)
+    if current.rows:
+        echo(f"favorites.favorites holds {current.rows:,} rows ({current.guest_rows:,} guest, "
+             f"{current.account_rows:,} account): not seeding (--reseed seeds it again)")
+        return
+    t0 = time.monotonic()
+    seeded = seed_favorites(engine, rows, now=dt.datetime.now(dt.timezone.utc),
+                            on_progress=seed_progress(rows, echo))
+    echo(f"seeded favorites.favorites in {time.monotonic() - t0:.1f} s: {seeded.rows:,} rows, "
+         f"{seeded.guest_rows:,} guest, {seeded.account_rows:,} account")
+
+
+def seed_progress(rows: int, echo: Callable[[str], None]) -> Callable[[int], None]:
+    """A ``seed_favorites`` progress callback echoing ``seeding: N / M rows`` lines."""
+    def progress(done: int) -> None:
+        echo(f"  seeding: {done:,} / {rows:,} rows")
+    return progress
+
+
+def ensure_pool_limits() -> dict[str, int]:
+    """Write each policy's purge pool limit into the instance (``DAGSTER_HOME``) unless it is
+    there.
+
+    Dagster writes a pool's ``default_limit`` into its storage only while dequeuing the first
+    run that uses the pool, after it has read the limits for that pass: on a fresh instance the
+    runs queued at that moment (a backfill, a tick) all start together. Writing the limits
+    before the daemon starts closes that window. A limit already set, e.g. from the UI, is kept.
+
+    Returns:
+        Pool name -> its limit, one per policy of ``favorites_maintenance/defs/``.
+    """
+    import dagster as dg
+
+    from favorites_maintenance.components.policy_tree import load_policies
+
+    pools = [p.pool for p in load_policies()]
+    with dg.DagsterInstance.get() as instance:
+        storage = instance.event_log_storage
+        known = storage.get_concurrency_keys()
+        for pool in pools:
+            if pool not in known:
+                storage.set_concurrency_slots(pool,
+                                              instance.global_op_concurrency_default_limit or 1)
+        return {pool: storage.get_concurrency_info(pool).slot_count for pool in pools}
+
+
+def dagster_dev_command(workspace: Path, port: int) -> list[str]:
+    return [sys.executable, "-m", "dagster", "dev", "-w", str(workspace),
+            "-h", HOST, "-p", str(port)]
+
+
+#: A line of Dagster's console loggers at DEBUG ("2026-05-10 03:00:01 +0000 - dagster - DEBUG").
+_DEBUG_LINE = re.compile(r"^\S+ \S+ [+-]\d{4} - [\w.]+ - DEBUG - ")
+_ANSI = re.compile(r"\x1b\[[0-9;]*[A-Za-z]")
+
+
+def relay_output(stream, out, *, plain: bool, debug: bool) -> None:
+    """Copy ``dagster dev``'s output (bytes lines from ``stream``) to ``out`` (text).
+
+    Args:
+        plain: drop ANSI colour codes (``out`` is not a terminal, e.g. a redirected log).
+        debug: keep the DEBUG lines of Dagster's console loggers (every step event and every
+            purge batch); without it only INFO and above reach the terminal. The run's event log
+            in the UI keeps every level either way.
+    """
+    for raw in iter(stream.readline, b""):
+        text = raw.decode(errors="replace")
+        bare = _ANSI.sub("", text)
+        if not debug and _DEBUG_LINE.match(bare):
+            continue
+        out.write(bare if plain else text)
+        out.flush()
+
+
+def run_dagster_dev(command: list[str], cwd: Path, echo: Callable[[str], None],
+                    debug: bool = False) -> int:
+    """Run ``dagster dev`` until it exits or this process is interrupted; return its exit code.
+
+    ``dagster dev`` runs in its own session, so a Ctrl-C at the terminal reaches this process
+    only, and the shutdown goes one way: SIGINT to ``dagster dev``, which stops its webserver,
+    daemon and code server; whatever is left in its process group after the grace period (or
+    after a second Ctrl-C) is killed. Its output goes through :func:`relay_output`: INFO and
+    above unless ``debug``, without colour codes when stdout is not a terminal.
+    """
+    # Own both signals: a shell's background job starts with SIGINT ignored, and this command
+    # must still stop everything when it is sent one.
+    previous_int = signal.signal(signal.SIGINT, signal.default_int_handler)
+    previous_term = signal.signal(signal.SIGTERM, _raise_keyboard_interrupt)
+    proc = subprocess.Popen(command, cwd=cwd, start_new_session=True,
+                            preexec_fn=_default_sigint, stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT)
+    relay = threading.Thread(target=relay_output, args=(proc.stdout, sys.stdout),
+                             kwargs={"plain": not sys.stdout.isatty(), "debug": debug},
+                             daemon=True)
+    relay.start()
+    try:
+        try:
+            return proc.wait()
+        except KeyboardInterrupt:
+            echo("stopping the Dagster webserver and daemon ...")
+            proc.send_signal(signal.SIGINT)
+            try:
+                proc.wait(timeout=SHUTDOWN_GRACE_S)
+            except (KeyboardInterrupt, subprocess.TimeoutExpired):
+                echo("dagster dev did not stop in time: killing it")
+                with contextlib.suppress(ProcessLookupError):
+                    os.killpg(proc.pid, signal.SIGKILL)
+                proc.wait()
+            return 0
+    finally:
+        # What dagster dev left behind in its process group (e.g. a run worker).
+        reap_group(proc.pid)
+        relay.join(timeout=5)  # the last lines before this command's own "stopped"
+        signal.signal(signal.SIGTERM, previous_term)
+        signal.signal(signal.SIGINT, previous_int)
+
+
+def _default_sigint() -> None:
+    # A shell starting this command in the background makes it ignore SIGINT, and children
+    # inherit that: dagster dev must handle it to shut down its webserver and daemon.
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
+def _raise_keyboard_interrupt(signum, frame) -> None:
+    raise KeyboardInterrupt

@@ -1,0 +1,133 @@
+"""A policy's cleanup as an op graph ``compute_cutoff -> purge -> measure_backlog``.
+
+:func:`build_cleanup_asset` exposes the graph as a daily-partitioned graph-backed asset, one per
+policy, so runs can be launched and backfilled from the UI. Dagster puts only the terminal op's
+output metadata on the asset materialization, so the purge report travels to
+``measure_backlog``, which records it.
+
+Each policy has its own op definitions (``<name>_purge``, ...: Dagster refuses two definitions
+of one name in a code location, and the purge's concurrency pool is the policy's), used under
+the same node names in every graph: ``compute_cutoff``, ``purge``, ``measure_backlog``. Run
+config and step keys read the same for every policy, e.g.
+``ops.favorites__guest_favorites_cleanup.ops.purge.config``.
+"""
+
+import datetime as dt
+
+import dagster as dg
+
+from favorites_maintenance.config.policy import Policy
+from favorites_maintenance.pipeline.partitions import daily_partitions, run_cutoff
+from favorites_maintenance.pipeline.purge_op import PurgeConfig, run_purge_op
+from favorites_maintenance.pipeline.resources import FavoritesDatabase, MetricsPush, RunLimits
+from favorites_maintenance.pipeline.run_report import RunReport
+from favorites_maintenance.retention.backlog import measure_backlog as count_backlog
+from favorites_maintenance.retention.errors import BacklogError
+
+#: The freshness policy warns at this fraction of the policy's ``stale_after`` and fails at it:
+#: 26 h of 48 h for guest favorites, a daily run missed once with two hours of slack.
+FRESHNESS_WARN_FRACTION = 26 / 48
+#: The shortest window Dagster's freshness policies take.
+FRESHNESS_MIN_WINDOW = dt.timedelta(minutes=1)
+
+
+def freshness_policy(stale_after: dt.timedelta) -> dg.FreshnessPolicy:
+    """Fail when the asset has not been materialized for ``stale_after`` (the staleness alert's
+    threshold), warn at :data:`FRESHNESS_WARN_FRACTION` of it. Dagster's windows are at least a
+    minute: a shorter ``stale_after`` fails after one minute, and a warning that would come
+    before a minute is left out."""
+    fail = max(stale_after, FRESHNESS_MIN_WINDOW)
+    warn = fail * FRESHNESS_WARN_FRACTION
+    return dg.FreshnessPolicy.time_window(
+        fail_window=fail, warn_window=warn if warn >= FRESHNESS_MIN_WINDOW else None)
+
+
+def build_cleanup_asset(policy: Policy) -> dg.AssetsDefinition:
+    """The cleanup asset of ``policy``: key ``<schema>/<name>_cleanup``, daily partitions, the
+    graph ``compute_cutoff -> purge -> measure_backlog``, and a freshness policy (fail after
+    the policy's ``stale_after`` without a materialization, see :func:`freshness_policy`).
+
+    The ops read the ``database`` resource (:class:`~favorites_maintenance.pipeline.resources.
+    FavoritesDatabase`) and the ``retention`` resource (:class:`~favorites_maintenance.
+    pipeline.resources.RunLimits`: what a launch changed of the policy's batch size and time
+    budget).
+    """
+    rule = policy.rule
+    asset_key = dg.AssetKey(list(policy.asset_key_path))
+
+    def settings_of(limits: RunLimits):
+        return limits.apply(policy.settings)
+
+    @dg.op(name=f"{policy.name}_compute_cutoff",
+           description="The cutoff instant: min(now, end of the partition window) - retention "
+                       "days.")
+    def compute_cutoff(context: dg.OpExecutionContext, retention: RunLimits) -> dt.datetime:
+        """Return the run's cutoff, a timezone-aware UTC datetime (see :func:`run_cutoff`)."""
+        settings = settings_of(retention)
+        cutoff = run_cutoff(context, settings.retention_days)
+        context.log.info(f"run started: run_id={context.run_id} policy={policy.name} "
+                         f"table={rule.qualified_name} cutoff={cutoff.isoformat()} "
+                         f"retention_days={settings.retention_days} "
+                         f"batch_size={settings.batch_size}"
+                         + (f" (adaptive up to {settings.batch_size_max}, target "
+                            f"{settings.target_batch_duration.total_seconds() * 1000:g} ms)"
+                            if settings.target_batch_duration else ""))
+        return cutoff
+
+    @dg.op(name=f"{policy.name}_purge", pool=policy.pool,
+           description=f"Delete prunable rows of {rule.qualified_name} ({rule.guard_sql}) in "
+                       "SKIP LOCKED batch transactions.")
+    def purge(context: dg.OpExecutionContext, config: PurgeConfig, database: FavoritesDatabase,
+              retention: RunLimits, metrics: MetricsPush, cutoff: dt.datetime) -> RunReport:
+        """Run the batched purge and return its record for ``measure_backlog`` (see
+        :func:`run_purge_op`)."""
+        return run_purge_op(context, config, database, policy, settings_of(retention),
+                            asset_key, cutoff, metrics=metrics)
+
+    @dg.op(name=f"{policy.name}_measure_backlog", out=dg.Out(dg.Nothing),
+           description="Count what the rule still matches and record the run's metadata.")
+    def measure_backlog(context: dg.OpExecutionContext, database: FavoritesDatabase,
+                        metrics: MetricsPush, cutoff: dt.datetime, report: RunReport) -> None:
+        """Measure the backlog for the run's cutoff, attach the run metadata to the asset
+        materialization and push the run's gauges (failed or not)."""
+        try:
+            backlog = count_backlog(database.engine, cutoff, rule)
+        except BacklogError as exc:
+            context.log.error(f"run failed: run_id={context.run_id} after deleting "
+                              f"{report.deleted_total} rows: {exc}")
+            # The purge's deletions are committed: report them even though the run fails.
+            context.log_event(dg.AssetObservation(asset_key=asset_key,
+                                                  metadata=report.as_metadata()))
+            metrics.push_run(context, policy, report, succeeded=False)
+            raise
+        oldest = backlog.oldest_age
+        context.log.info(f"run completed: deleted_total={report.deleted_total} "
+                         f"batches={report.batches} duration_ms={report.duration_ms} "
+                         f"backlog={backlog.remaining}")
+        report = report.with_backlog(backlog.remaining, oldest.isoformat() if oldest else None)
+        context.add_output_metadata(report.as_metadata())
+        metrics.push_run(context, policy, report, succeeded=True)
+
+    @dg.graph_asset(
+        key=asset_key,
+        partitions_def=daily_partitions,
+        group_name="maintenance",
+        kinds={"postgres"},
+        description=(
+            f"Stale rows removed from {rule.qualified_name} by retention policy "
+            f"{policy.name}: rows with {rule.guard_sql} idle ({rule.age.name}) longer than "
+            f"{policy.settings.retention_days} days, deleted in SKIP LOCKED batches. A "
+            "partition is one daily run; its metadata says what was deleted and what is left."
+        ),
+    )
+    def cleanup():
+        cutoff = compute_cutoff.alias("compute_cutoff")()
+        return measure_backlog.alias("measure_backlog")(cutoff,
+                                                        purge.alias("purge")(cutoff))
+
+    # @graph_asset takes no freshness policy: attach it to the spec.
+    freshness = freshness_policy(policy.settings.stale_after)
+    return cleanup.map_asset_specs(
+        lambda spec: spec.replace_attributes(freshness_policy=freshness))
+
+

@@ -1,0 +1,183 @@
+"""Asset checks of a policy's cleanup asset, for the SLOs of the table and of the runs; they run
+in every run of the job. :func:`build_asset_checks` builds them for one policy; the names are the
+same for every policy (checks are named per asset). Below, a *guest row* is a row whose guard
+columns are all NULL (``user_id IS NULL`` for guest favorites).
+
+The checks are partitioned like the asset, so each run records exactly one result per check,
+for its own day. (An unpartitioned check on this partitioned asset gets two rows in Dagster's
+check history per run: the *planned* execution, stored under the run's partition, and the
+result, stored under none; the UI then shows the planned one as "Skipped".)
+
+- ``no_guest_row_older_than_retention_plus_one_day`` (ERROR): the freshness SLO. After a run of
+  day ``D`` no guest row may be older than that run's cutoff minus one day, i.e.
+  ``updated_at < min(now, end of D) - (Days + 1 day)``: the day of slack covers a run's backlog
+  and rows skipped because a user held them. For the latest day this is the table's SLO as of
+  that day's end; a backfilled past day is judged against its own, older cutoff, never against
+  rows only today's cutoff covers.
+- ``deleted_total_spike`` (WARN): a run deleted far more than usual, which is what an
+  over-deletion or a changed upstream would look like. The run's ``deletedTotal`` is compared
+  with the median of up to :data:`SPIKE_HISTORY` earlier materializations of *current* days
+  (:func:`~favorites_maintenance.pipeline.partitions.is_current`; backfills of past days, which
+  often
+  delete 0, are left out of the baseline); it is a spike when it exceeds both ``SPIKE_FACTOR``
+  times that median and the median plus :data:`SPIKE_MIN_ROWS` (so a quiet table going from 3
+  to 40 rows is no spike). Fewer than :data:`SPIKE_MIN_HISTORY` earlier runs: passes, saying so.
+"""
+
+
+import datetime as dt
+import statistics
+import warnings
+
+import dagster as dg
+
+from favorites_maintenance.config.policy import Policy
+from favorites_maintenance.pipeline.partitions import daily_partitions, is_current, run_cutoff
+from favorites_maintenance.pipeline.resources import FavoritesDatabase
+from favorites_maintenance.pipeline.run_report import RunReport
+from favorites_maintenance.retention.backlog import measure_backlog
+
+# Partitioned checks are a preview feature of Dagster 1.13: say it once, here, not at every load.
+warnings.filterwarnings("ignore", message="Specifying a partitions_def on an AssetCheckSpec",
+                        category=dg.PreviewWarning)
+
+SPIKE_HISTORY = 14
+SPIKE_MIN_HISTORY = 3
+SPIKE_FACTOR = 5.0
+SPIKE_MIN_ROWS = 10_000
+#: Materializations read per page, and pages at most, when collecting the spike baseline: the
+#: cost of a check stays bounded whatever the length of the history.
+_PAGE = 50
+_MAX_PAGES = 4
+
+
+def build_asset_checks(policy: Policy) -> list[dg.AssetChecksDefinition]:
+    """The three asset checks of ``policy``'s cleanup asset (see the module docstring)."""
+    asset_key = dg.AssetKey(list(policy.asset_key_path))
+    rule = policy.rule
+
+    @dg.asset_check(
+        asset=asset_key,
+        partitions_def=daily_partitions,
+        name="no_guest_row_older_than_retention_plus_one_day",
+        description=(f"SLO: after a day's run, no row with {rule.guard_sql} idle longer than "
+                     "the retention period plus one day, measured from that run's cutoff."),
+    )
+    def overdue_rows(
+            context: dg.AssetCheckExecutionContext,
+            database: FavoritesDatabase) -> dg.AssetCheckResult:
+        """Count guest rows older than ``cutoff - 1 day``, where ``cutoff`` is the run's own
+        (``min(now, end of its day) - Days``, UTC), through the backlog measurement; any such
+        row fails (ERROR)."""
+        cutoff = run_cutoff(context, policy.settings.retention_days)
+        limit = cutoff - dt.timedelta(days=1)
+        overdue = measure_backlog(database.engine, limit, rule)
+        oldest = overdue.oldest_age
+        return dg.AssetCheckResult(
+            passed=overdue.remaining == 0,
+            severity=dg.AssetCheckSeverity.ERROR,
+            metadata={
+                "overdueGuestRows": overdue.remaining,
+                "oldestOverdueUpdatedAt": oldest.isoformat() if oldest else "none",
+                "cutoff": cutoff.isoformat(),
+                "limit": limit.isoformat(),
+            },
+            description=(f"{overdue.remaining} guest rows are older than this run's cutoff "
+                         f"minus one day ({limit.isoformat()})" if overdue.remaining else None),
+        )
+
+    @dg.asset_check(
+        asset=asset_key,
+        partitions_def=daily_partitions,
+        name="deleted_total_spike",
+        description=(f"WARN when deletedTotal exceeds {SPIKE_FACTOR:g}x the median of the last "
+                     f"{SPIKE_HISTORY} current-day runs and that median + {SPIKE_MIN_ROWS:,} "
+                     "rows."),
+    )
+    def deleted_total_spike(context: dg.AssetCheckExecutionContext) -> dg.AssetCheckResult:
+        """Compare this run's ``deletedTotal`` with the median of earlier current-day runs."""
+        current, history = _deleted_totals(context.instance, asset_key, context.run.run_id)
+        if current is None:
+            return dg.AssetCheckResult(passed=True, severity=dg.AssetCheckSeverity.WARN,
+                                       description="no materialization in this run to check")
+        if len(history) < SPIKE_MIN_HISTORY:
+            return dg.AssetCheckResult(
+                passed=True, severity=dg.AssetCheckSeverity.WARN,
+                metadata={"deletedTotal": current, "history": len(history)},
+                description=(f"only {len(history)} earlier current-day runs; a spike needs "
+                             f"{SPIKE_MIN_HISTORY}"))
+        median = statistics.median(history)
+        threshold = max(SPIKE_FACTOR * median, median + SPIKE_MIN_ROWS)
+        spike = current > threshold
+        return dg.AssetCheckResult(
+            passed=not spike,
+            severity=dg.AssetCheckSeverity.WARN,
+            metadata={"deletedTotal": current, "median": float(median),
+                      "threshold": float(threshold), "history": len(history)},
+            description=(f"deletedTotal {current:,} is above {threshold:,.0f} "
+                         f"({SPIKE_FACTOR:g}x / +{SPIKE_MIN_ROWS:,} the median {median:,.0f})"
+                         if spike else None),
+        )
+
+    @dg.asset_check(
+        asset=asset_key,
+        partitions_def=daily_partitions,
+        name="no_rows_skipped",
+        description="WARN when the run left prunable rows in place because deleting them "
+                    "failed (a foreign key, a trigger) or had no effect.",
+    )
+    def no_rows_skipped(context: dg.AssetCheckExecutionContext) -> dg.AssetCheckResult:
+        """Read this run's ``skippedRows`` and ``skippedCauses``; any skipped row fails (WARN).
+
+        Skipped rows are retried by every run; they stay until the reference or trigger that
+        blocks them is dealt with (README, runbook: "rows are skipped").
+        """
+        metadata = _this_runs_materialization(context, asset_key)
+        if metadata is None:
+            return dg.AssetCheckResult(passed=True, severity=dg.AssetCheckSeverity.WARN,
+                                       description="no materialization in this run to check")
+        run = RunReport.from_metadata(metadata)
+        skipped, causes = run.skipped_rows, run.skipped_causes
+        return dg.AssetCheckResult(
+            passed=skipped == 0,
+            severity=dg.AssetCheckSeverity.WARN,
+            metadata={"skippedRows": skipped, "skippedCauses": causes},
+            description=(f"{skipped} prunable rows could not be deleted: {causes}"
+                         if skipped else None),
+        )
+
+    return [overdue_rows, deleted_total_spike, no_rows_skipped]
+
+
+def _deleted_totals(instance: dg.DagsterInstance, asset_key: dg.AssetKey,
+                    run_id: str) -> tuple[int | None, list[int]]:
+    """This run's ``deletedTotal`` and those of up to :data:`SPIKE_HISTORY` earlier current-day
+    materializations, newest first; at most ``_PAGE * _MAX_PAGES`` records are read."""
+    current, history = None, []
+    cursor = None
+    for _ in range(_MAX_PAGES):
+        page = instance.fetch_materializations(asset_key, limit=_PAGE, cursor=cursor)
+        for record in page.records:  # newest first
+            mat = record.asset_materialization
+            if mat is None or "deletedTotal" not in mat.metadata:
+                continue
+            value = RunReport.from_metadata(mat.metadata).deleted_total
+            if record.run_id == run_id:
+                current = value if current is None else current
+            elif is_current(record.partition_key, record.timestamp):
+                history.append(value)
+        if len(history) >= SPIKE_HISTORY or not page.has_more:
+            break
+        cursor = page.cursor
+    return current, history[:SPIKE_HISTORY]
+
+
+def _this_runs_materialization(context: dg.AssetCheckExecutionContext, asset_key: dg.AssetKey):
+    """Metadata of the asset's materialization in this run, or ``None``."""
+    records = context.instance.fetch_materializations(asset_key, limit=SPIKE_HISTORY + 1).records
+    for record in records:
+        mat = record.asset_materialization
+        if mat is not None and record.run_id == context.run.run_id:
+            return mat.metadata
+    return None
+

@@ -1,0 +1,64 @@
+"""Daily UTC partitions of the cleanup asset, and which runs of them are *current*.
+
+A run of partition ``D`` uses ``cutoff = min(now, end of D) - Days``, so a backfill of an old
+day deletes a subset of what today's run would.
+"""
+
+import datetime as dt
+
+import dagster as dg
+
+from favorites_maintenance.retention.rule import compute_cutoff
+
+#: One partition per UTC day; the first is the day the pipeline went into service.
+daily_partitions = dg.DailyPartitionsDefinition(start_date="2026-01-01", timezone="UTC")
+
+#: A materialization is *current* when its day ended at most this long before it: the schedule
+#: runs the latest complete day, which ended at most 24 h before the tick, plus one more day of
+#: slack for a late or retried run. Anything older is a backfill of a past day.
+CURRENT_PARTITION_LAG = dt.timedelta(days=2)
+
+
+def is_current(partition_key: str | None, at: float) -> bool:
+    """Whether a run of daily partition ``partition_key`` at ``at`` (epoch seconds) is a
+    current run, not a backfill of a past day. An unpartitioned run (``None``) is not."""
+    if partition_key is None:
+        return False
+    try:
+        day = dt.date.fromisoformat(partition_key)
+    except ValueError:
+        return False
+    window_end = dt.datetime.combine(day + dt.timedelta(days=1), dt.time(), dt.timezone.utc)
+    return window_end.timestamp() >= at - CURRENT_PARTITION_LAG.total_seconds()
+
+
+def partition_cutoff(partition_key: str | None, retention_days: int,
+                     now: dt.datetime | None = None) -> dt.datetime:
+    """The cutoff of a run of daily partition ``partition_key`` (``None``: a run without a
+    partition) at ``now`` (default: the current instant): ``min(now, end of the day) -
+    retention_days``, a UTC datetime. The one computation of a run's cutoff: the job's
+    ``compute_cutoff`` op, ``demo`` and ``dry-run`` all come here (see
+    :func:`~favorites_maintenance.retention.rule.compute_cutoff`).
+
+    Raises:
+        ValueError: ``partition_key`` is not a key of :data:`daily_partitions`.
+    """
+    window_end = None
+    if partition_key is not None:
+        if not daily_partitions.has_partition_key(partition_key):
+            raise ValueError(f"{partition_key!r} is not a daily partition key (YYYY-MM-DD, "
+                             f"from {daily_partitions.get_first_partition_key()} to yesterday)")
+        window_end = daily_partitions.time_window_for_partition_key(partition_key).end
+    return compute_cutoff(now or dt.datetime.now(dt.timezone.utc), retention_days, window_end)
+
+
+def run_cutoff(context: dg.OpExecutionContext | dg.AssetCheckExecutionContext,
+               retention_days: int) -> dt.datetime:
+    """The cutoff of the run of ``context`` (see :func:`partition_cutoff`); a run of a range of
+    days (a single-run backfill) uses its last day."""
+    key = None
+    if context.has_partition_key:
+        key = context.partition_key
+    elif getattr(context, "has_partition_key_range", False):
+        key = context.partition_key_range.end
+    return partition_cutoff(key, retention_days)

@@ -1,0 +1,235 @@
+"""The body of a policy's purge op: the batched purge of the retention core, run inside a
+Dagster step, with its progress in the run's log, its retries, its stop requests, its trace and
+its metrics.
+"""
+
+import dataclasses
+import datetime as dt
+import logging
+import time
+
+import dagster as dg
+from dagster._core.errors import DagsterExecutionInterruptedError
+from dagster._utils.interrupts import capture_interrupts
+from pydantic import Field
+
+from favorites_maintenance.config.policy import Policy
+from favorites_maintenance.config.policy_settings import PolicySettings
+from favorites_maintenance.pipeline import tracing
+from favorites_maintenance.pipeline.resources import FavoritesDatabase, MetricsPush, health_limits
+from favorites_maintenance.pipeline.run_log import core_logs_in_run_log, to_run_log
+from favorites_maintenance.pipeline.run_report import RunReport
+from favorites_maintenance.pipeline.stop_requests import StopRequests
+from favorites_maintenance.retention.database import (
+    error_summary,
+    is_database_error,
+    transient_error_kind,
+)
+from favorites_maintenance.retention.errors import BatchError, PurgeError, RetentionError
+from favorites_maintenance.retention.purge import BatchResult, PurgeReport, StopReason
+from favorites_maintenance.retention.purge import purge as run_purge
+
+#: How often a batch line reaches the run's log, in seconds (the first batch's always does;
+#: every batch is logged at DEBUG by the retention core's Python logger). An event written to
+#: Dagster's storage for each batch would cost more than the batch itself.
+PROGRESS_EVERY_S = 5.0
+
+
+class PurgeConfig(dg.Config):
+    """Run config of the purge op (``ops.<schema>__<name>_cleanup.ops.purge.config``).
+
+    Attributes:
+        max_retries: retries of the op after a transient database error (connection lost,
+            serialization failure, deadlock, lock timeout).
+        retry_delay_seconds: pause before the first retry, in seconds; doubled at each retry.
+    """
+
+    max_retries: int = Field(default=3, ge=0)
+    retry_delay_seconds: float = Field(default=5.0, ge=0)
+
+
+def run_purge_op(context: dg.OpExecutionContext, config: PurgeConfig,
+                 database: FavoritesDatabase, policy: Policy, settings: PolicySettings,
+                 asset_key: dg.AssetKey,
+                 cutoff: dt.datetime, metrics: MetricsPush | None = None) -> RunReport:
+    """The body of a policy's purge op: the batched purge, its progress in the run's log, its
+    retries and its stop requests; returns the run's record for ``measure_backlog``.
+
+    A transient database error (see :func:`~favorites_maintenance.retention.database.
+    transient_error_kind`) retries the op with exponential backoff; batches committed before it
+    stay deleted (recorded as an asset observation) and the retry goes on from there; the
+    run's ``deletedTotal`` and ``batches`` count every attempt. The retry is requested
+    explicitly rather than by a declarative ``RetryPolicy``, which would turn a termination
+    into a retry.
+
+    A termination request (UI "Terminate", SIGTERM) is captured, never raised mid-batch, and
+    checked before each batch, with the run's CANCELING status (see
+    :class:`~favorites_maintenance.pipeline.stop_requests.StopRequests`):
+    the open batch commits, no batch starts after the request, and the op then raises
+    Dagster's interruption so the run ends CANCELED rather than SUCCESS. What was deleted
+    before the stop is recorded as an asset observation.
+
+    A failure that ends the run (no retry left) and a stop push the run's gauges to
+    ``metrics``, if given, with ``last_run_success`` 0.
+
+    The purge is the span ``<policy>.cleanup``, parent of the batch spans, exported only when
+    an OTLP endpoint is configured (:mod:`favorites_maintenance.pipeline.tracing`).
+
+    Raises:
+        BatchError: a batch failed and was rolled back (not transient, or out of retries).
+        RetryRequested: a transient database error, retries left.
+        DagsterExecutionInterruptedError: after a stop request.
+    """
+    return PurgeStep(context, config, database, policy, settings, asset_key, cutoff,
+                     metrics).run()
+
+
+@dataclasses.dataclass
+class PurgeStep:
+    """One attempt of a policy's purge op (see :func:`run_purge_op`), its steps named: the
+    purge inside its stop requests and span (:meth:`run`), the progress lines
+    (:meth:`on_batch`), a failure (:meth:`failed`), a stop (:meth:`stopped`)."""
+
+    context: dg.OpExecutionContext
+    config: PurgeConfig
+    database: FavoritesDatabase
+    policy: Policy
+    settings: PolicySettings
+    asset_key: dg.AssetKey
+    cutoff: dt.datetime
+    metrics: MetricsPush | None = None
+    last_progress: float = dataclasses.field(default_factory=time.monotonic)
+
+    def run(self) -> RunReport:
+        """Run the purge; return the run's record, or raise as :func:`run_purge_op` says."""
+        context, settings = self.context, self.settings
+        tracing.setup()  # idempotent: the first purge of the process installs the exporter
+        # capture_interrupts only works on the main thread; elsewhere nothing captures it.
+        with capture_interrupts(), core_logs_in_run_log(context), \
+                StopRequests(context) as stop_requests, tracing.run_span(
+                    self.policy.name, self.database.engine, self.policy.rule,
+                    run_id=context.run_id,
+                    partition=context.partition_key if context.has_partition_key else None,
+                    retry_number=context.retry_number, cutoff=self.cutoff,
+                    retention_days=settings.retention_days,
+                    batch_size=settings.batch_size) as span:
+            try:
+                report = run_purge(
+                    self.database.engine, self.cutoff,
+                    batch_size=settings.batch_size,
+                    max_run_duration=settings.max_run_duration,
+                    should_stop=stop_requests.requested,
+                    on_batch=self.on_batch,
+                    batch_size_max=settings.batch_size_max,
+                    target_batch_duration=settings.target_batch_duration,
+                    health=health_limits(settings),
+                    rule=self.policy.rule,
+                )
+            except Exception as exc:
+                tracing.run_failed(span, exc)
+                self.failed(exc)
+                raise
+            # A request that arrived during the last batch is still a request: the flag is
+            # only visible inside capture_interrupts, which resets it on exit.
+            if (report.stop_reason is not StopReason.STOP_REQUESTED
+                    and stop_requests.requested(read_now=True)):
+                report = dataclasses.replace(report, stop_reason=StopReason.STOP_REQUESTED)
+            tracing.run_done(span, report)
+            summary = RunReport.of_purge(report, settings).after(
+                _committed_by_earlier_attempts(context))
+            if report.stop_reason is StopReason.STOP_REQUESTED:
+                # Still inside capture_interrupts: a signal now cannot cut this record short.
+                self.stopped(report, summary)
+        return summary
+
+    def on_batch(self, batch: BatchResult) -> None:
+        """A progress line in the run's log: the first batch, then every
+        :data:`PROGRESS_EVERY_S` seconds."""
+        if batch.deleted == 0:  # not a batch in the run's metadata (`batches` counts none)
+            if batch.batch_no == 1:
+                to_run_log(self.context, logging.INFO,
+                           f"nothing to delete: no guest row older than "
+                           f"{self.cutoff.isoformat()} that no other session holds")
+            return
+        now = time.monotonic()
+        line = (f"batch {batch.batch_no} deleted {batch.deleted} rows "
+                f"({batch.deleted_total} so far)")
+        if batch.batch_no == 1 or now - self.last_progress >= PROGRESS_EVERY_S:
+            self.last_progress = now
+            to_run_log(self.context, logging.INFO, line)
+
+    def failed(self, exc: Exception) -> None:
+        """Log the failure, record what stays deleted, and request a retry for a transient
+        error with retries left (raises ``RetryRequested``); otherwise push the run's gauges
+        and return, so the caller re-raises ``exc``."""
+        context, settings, config = self.context, self.settings, self.config
+        failed_report = getattr(exc, "report", None) if isinstance(exc, PurgeError) else None
+        batch_no = exc.batch_no if isinstance(exc, BatchError) else 0
+        deleted_before = failed_report.deleted_total if failed_report else 0
+        earlier = _committed_by_earlier_attempts(context)  # before this attempt's record
+        context.log.error(f"run failed: run_id={context.run_id} policy={self.policy.name} "
+                          f"batch_no={batch_no} deleted_before={deleted_before} "
+                          f"database={_failed_database(exc)} error={error_summary(exc)}")
+        if deleted_before or (failed_report and failed_report.skipped_rows):
+            # Those rows stay deleted: say so, and let a retry of this op count them.
+            context.log_event(dg.AssetObservation(asset_key=self.asset_key, metadata={
+                **RunReport.of_purge(failed_report, settings).as_metadata(),
+                "failedBatch": batch_no, "attempt": context.retry_number + 1}))
+        kind = transient_error_kind(exc)
+        if kind is not None and context.retry_number < config.max_retries:
+            wait = config.retry_delay_seconds * 2 ** context.retry_number
+            context.log.warning(f"transient database error ({kind}); retry "
+                                f"{context.retry_number + 1}/{config.max_retries} "
+                                f"in {wait:g} s")
+            raise dg.RetryRequested(max_retries=config.max_retries,
+                                    seconds_to_wait=wait) from exc
+        if self.metrics is not None:
+            this = (RunReport.of_purge(failed_report, settings) if failed_report
+                    else RunReport(deleted_total=0, batches=0))
+            self.metrics.push_run(context, self.policy, this.after(earlier), succeeded=False)
+
+    def stopped(self, report: PurgeReport, summary: RunReport) -> None:
+        """Record what a stopped purge deleted and end the step as interrupted, so the run
+        ends CANCELED.
+
+        Raises:
+            DagsterExecutionInterruptedError: always.
+        """
+        stopped = (f"stopped on request after {report.batches} batches: "
+                   f"{report.deleted_total} rows deleted and committed; the run ends CANCELED")
+        self.context.log.warning(f"run {stopped} (Dagster shows this step as interrupted and "
+                                 "the steps after it as not executed)")
+        self.context.log_event(dg.AssetObservation(asset_key=self.asset_key,
+                                                   metadata=summary.as_metadata()))
+        if self.metrics is not None:
+            self.metrics.push_run(self.context, self.policy, summary, succeeded=False)
+        raise DagsterExecutionInterruptedError(stopped)
+
+
+def _committed_by_earlier_attempts(context: dg.OpExecutionContext) -> RunReport | None:
+    """Rows and batches that failed attempts of this op committed in this run (op retries),
+    or ``None`` on the first attempt.
+
+    Each failed attempt records its
+    :class:`~favorites_maintenance.pipeline.run_report.RunReport` as an observation with
+    ``failedBatch``; the run's ``deletedTotal`` and ``batches`` are the sum
+    over its attempts, not the last one alone.
+    """
+    if context.retry_number == 0:
+        return None
+    total = RunReport(deleted_total=0, batches=0)
+    for entry in context.instance.all_logs(context.run_id,
+                                           of_type=dg.DagsterEventType.ASSET_OBSERVATION):
+        observation = entry.asset_observation
+        if observation is None or "failedBatch" not in observation.metadata:
+            continue
+        total = RunReport.from_metadata(observation.metadata).after(total)
+    return total
+
+
+def _failed_database(exc: BaseException) -> str:
+    """Which database an error came from, for the log: the core wraps every error of the
+    favorites database in its own exceptions, so a bare driver error here is Dagster's."""
+    if not isinstance(exc, RetentionError) and is_database_error(exc):
+        return "dagster_storage"
+    return "favorites"

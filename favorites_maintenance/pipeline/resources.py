@@ -1,0 +1,310 @@
+"""Resources: the favorites database, the run limits, the alert sink and the metrics push.
+
+All four are built in :mod:`favorites_maintenance.definitions`, from the validated settings and
+the policies. The job deletes rows for good, so what it deletes is decided by the deployment
+alone: :func:`deployed_database` serves the database as the code location's environment gives
+it, each policy's rule and retention days are its ``defs.yaml``, and a run's config (the
+launchpad, a re-execution, ``execute_in_process``) may set only the run limits
+(:func:`deployed_retention`), within the same bounds as the policy's own values. Anything else
+is refused when the run is launched, before a run exists, with a message naming the variable
+that configures it. The database URL reaches Dagster only as an ``EnvVar``, so the UI and the
+run config never show it.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import datetime as dt
+import logging
+import time
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import dagster as dg
+import requests
+import sqlalchemy as sa
+from pydantic import Field, PrivateAttr
+
+from favorites_maintenance.config.parsers import SettingsError, parse_database_url
+from favorites_maintenance.config.policy import Policy
+from favorites_maintenance.config.policy_settings import (
+    LAUNCH_LIMITS,
+    SETTINGS,
+    PolicySettings,
+)
+from favorites_maintenance.pipeline import metrics
+from favorites_maintenance.pipeline.run_report import RunReport
+from favorites_maintenance.retention.database import create_engine
+from favorites_maintenance.retention.defaults import DATABASE_URL_VAR
+from favorites_maintenance.retention.health import HealthLimits
+
+
+_alerts_log = logging.getLogger("favorites_maintenance.alerts")
+
+#: Where the code location reads its settings from, as the refusals tell the operator.
+_WHERE = "the environment of the process serving the code location (README, \"Configuration\")"
+
+class FavoritesDatabase(dg.ConfigurableResource):
+    """The PostgreSQL database holding ``favorites.favorites``.
+
+    Attributes:
+        url: SQLAlchemy URL (``postgresql+psycopg://…``); a secret, pass it as
+            ``dg.EnvVar("FAVORITES_DATABASE_URL")``.
+
+    The engine opens connections lazily, once per step, and is disposed when the step ends.
+    """
+
+    url: str
+    _engine: sa.Engine | None = PrivateAttr(default=None)
+
+    def setup_for_execution(self, context: dg.InitResourceContext) -> None:
+        try:
+            self._engine = create_engine(parse_database_url(self.url))
+        except SettingsError:
+            raise
+        except Exception:
+            raise SettingsError(DATABASE_URL_VAR, "could not be used to build an engine") from None
+
+    def teardown_after_execution(self, context: dg.InitResourceContext) -> None:
+        if self._engine is not None:
+            self._engine.dispose()
+            self._engine = None
+
+    @property
+    def engine(self) -> sa.Engine:
+        """The SQLAlchemy engine; only inside a step (after ``setup_for_execution``)."""
+        if self._engine is None:
+            self._engine = create_engine(parse_database_url(self.url))
+        return self._engine
+
+
+class RunLimits(dg.ConfigurableResource):
+    """The run limits a launch set for one run (``resources.retention.config``); a limit left
+    out keeps the policy's own (its ``defs.yaml``, or its variables).
+
+    Served by :func:`deployed_retention`, which checks a launch's values against the bounds of
+    the settings they stand in for (:data:`~favorites_maintenance.config.policy_settings.
+    LAUNCH_LIMITS`: ``batch_size`` in rows, ``max_run_duration_seconds`` in seconds).
+
+    Attributes:
+        limits: run-config key -> the value the launch gave, already checked.
+    """
+
+    limits: dict[str, float] = Field(default_factory=dict,
+                                     description="Run limits set by the launch, checked.")
+
+    def apply(self, settings: PolicySettings) -> PolicySettings:
+        """``settings`` with the limits this launch set, the rest unchanged."""
+        changed = {}
+        for key, value in self.limits.items():
+            name = LAUNCH_LIMITS[key]
+            changed[name] = (dt.timedelta(seconds=value)
+                             if SETTINGS[name].launch_unit == "seconds" else int(value))
+        return dataclasses.replace(settings, **changed)
+
+
+def health_limits(settings: PolicySettings) -> HealthLimits:
+    """The thresholds of the database health indicators of a policy."""
+    return HealthLimits(max_replication_lag_bytes=settings.max_replication_lag_bytes,
+                        max_wal_bytes_per_second=settings.max_wal_bytes_per_second,
+                        max_pause=settings.max_pause)
+
+
+def _refuse(message: str, config: Any) -> dg.DagsterInvalidConfigError:
+    return dg.DagsterInvalidConfigError(message, [], config)
+
+
+def _labels(policies: Sequence[Policy], setting: str) -> str:
+    """What configures ``setting``: its label, or, with several policies, each policy's."""
+    if len(policies) == 1:
+        return policies[0].label(setting)
+    return "; ".join(f"{p.name}: {p.label(setting)}" for p in policies)
+
+
+def _is_number(value: Any) -> bool:
+    """A real number of run config (``True`` is not 1 second, nor ``[365]`` 365 days)."""
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
+
+
+def _launch_value(settings: PolicySettings, key: str) -> float:
+    """The value of launch key ``key`` that ``settings`` hold, in the key's unit."""
+    name = LAUNCH_LIMITS[key]
+    value = getattr(settings, name)
+    return value.total_seconds() if SETTINGS[name].launch_unit == "seconds" else value
+
+
+def deployed_retention(policies: Sequence[Policy]) -> dg.ResourceDefinition:
+    """The ``retention`` resource of the code location: the run limits a launch may set for
+    a run of any of ``policies``, and nothing else.
+
+    Run config ``resources.retention.config`` may hold the launch keys of the policy settings
+    table (``batch_size``, rows, 1 to 100,000; ``max_run_duration_seconds``, seconds, 1 to
+    3,000), within the bounds of the settings they stand in for
+    (``FAVORITES_GUEST_RETENTION_BATCH_SIZE`` and ``FAVORITES_GUEST_RETENTION_MAX_RUN_DURATION``
+    for the guest-favorites policy); left out, each policy's own applies. The retention days
+    are the deployment's: a ``retention_days`` other than a policy's deployed value is refused
+    (a deployed value is accepted and changes nothing: the retention is never taken from a
+    launch), and so is any other key. The table, the guard and the age column are the
+    policy's ``defs.yaml`` and have no run config at all.
+
+    The check runs when Dagster resolves the run config: in the code server when a run is
+    launched from the UI or GraphQL (the launch fails, no run is created) and before
+    ``execute_in_process`` creates its run.
+
+    Raises (at launch):
+        dagster.DagsterInvalidConfigError: naming the key, the value and the setting (its
+            variable) that configures it.
+    """
+    if not policies:
+        raise ValueError("deployed_retention needs at least one policy")
+    days = {p.settings.retention_days for p in policies}
+    deployed = "; ".join(f"{p.label('retention_days')} ({p.settings.retention_days} days in "
+                         "this deployment" + (f", policy {p.name}" if len(policies) > 1 else "")
+                         + ")" for p in policies)
+
+    # One policy: the launchpad offers its values; several: each policy's own when left out.
+    only = policies[0].settings if len(policies) == 1 else None
+    deployed_limits = ({key: _launch_value(only, key) for key in LAUNCH_LIMITS}
+                       if only else {})
+
+    def at_launch(config: Mapping[str, Any]) -> dict[str, Any]:
+        values: dict[str, Any] = {}
+        for key, value in config.items():
+            if key == "retention_days":
+                # A deployed value changes nothing (the retention is never taken from a
+                # launch): the config of an older run can be re-executed.
+                if value is None or (_is_number(value) and value in days):
+                    continue
+                raise _refuse(
+                    f"retention_days={value!r} refused: the retention is not set at launch. It "
+                    f"is {deployed}, read from {_WHERE}; change it there, "
+                    f"reviewed, and restart that process.", config)
+            if key not in LAUNCH_LIMITS:
+                raise _refuse(
+                    f"{key!r} refused: a launch may set only {', '.join(LAUNCH_LIMITS)}. The "
+                    f"rule (table, guard, age column, retention days) is fixed by the "
+                    f"deployment: the policy's defs.yaml and "
+                    f"{_labels(policies, 'retention_days')} in {_WHERE}.", config)
+            if value is None or value == deployed_limits.get(key):
+                continue  # the policy's own value (the launchpad's default): nothing to change
+            setting = LAUNCH_LIMITS[key]
+            low, high = SETTINGS[setting].launch_bounds
+            if not _is_number(value) or not low <= value <= high:
+                shown = (int(value) if _is_number(value) and float(value).is_integer()
+                         and abs(value) < 1e15 else value)  # 0, not 0.0
+                raise _refuse(
+                    f"{key}={shown!r} refused: it must be between {low:,g} and {high:,g}, "
+                    f"the bounds of {_labels(policies, setting)}.", config)
+            values[key] = value
+        return {"limits": values}
+
+    own = "; ".join(f"{p.name}: {p.settings.batch_size} rows, "
+                    f"{p.settings.max_run_duration.total_seconds():g} s" for p in policies)
+    description = (
+        f"Retention: {deployed}; fixed by the deployment, not settable at launch. Run limits "
+        f"a launch may set, within the bounds of their settings: {' and '.join(LAUNCH_LIMITS)} "
+        f"(left out, each policy's own: {own}).")
+    schema = dg.Permissive({key: _launch_field(key, policies, deployed_limits.get(key))
+                            for key in LAUNCH_LIMITS})
+    return RunLimits().get_resource_definition().configured(at_launch, config_schema=schema,
+                                                             description=description)
+
+
+def _launch_field(key: str, policies: Sequence[Policy], default: float | None) -> dg.Field:
+    """The launchpad's field of launch key ``key``: its type, bounds and what sets it."""
+    name = LAUNCH_LIMITS[key]
+    declared = SETTINGS[name]
+    low, high = declared.launch_bounds
+    unit = " in seconds" if declared.launch_unit == "seconds" else ""
+    kind = float if declared.launch_unit == "seconds" else int
+    return dg.Field(dg.Noneable(kind), default_value=default, is_required=False,
+                    description=f"{declared.description[0].upper()}{declared.description[1:]}"
+                    f"{unit}, {low:,g} to {high:,g} ({_labels(policies, name)}).")
+
+
+def deployed_database() -> dg.ResourceDefinition:
+    """The ``database`` resource of the code location: the favorites database of
+    ``FAVORITES_DATABASE_URL`` (read by ``EnvVar`` when the run starts), which no run config
+    can change: any ``resources.database.config`` is refused at launch, naming the variable, so
+    a launch can neither point the job at another database nor leave a password in a run's
+    config.
+
+    Raises (at launch):
+        dagster.DagsterInvalidConfigError: any key given in run config.
+    """
+    def at_launch(config: Mapping[str, Any]) -> dict[str, Any]:
+        if config:
+            raise _refuse(
+                f"{', '.join(sorted(config))} refused: the favorites database is not chosen at "
+                f"launch. It is {DATABASE_URL_VAR}, read from {_WHERE}.", config)
+        return {"url": {"env": DATABASE_URL_VAR}}  # resolved by Dagster when the run starts
+
+    return FavoritesDatabase(url=dg.EnvVar(DATABASE_URL_VAR)).get_resource_definition().configured(
+        at_launch, config_schema=dg.Permissive({}),
+        description=f"The favorites database: {DATABASE_URL_VAR} (by reference, never shown); "
+        "not settable at launch.")
+
+
+class AlertSink(dg.ConfigurableResource):
+    """Where alerts go: the log always, and a Slack-compatible webhook when one is configured.
+
+    Attributes:
+        webhook_url: optional URL receiving ``POST {"text": ...}`` (JSON); a secret, pass it as
+            ``dg.EnvVar("FAVORITES_ALERT_WEBHOOK_URL")``. Never logged.
+        timeout_seconds: per-attempt HTTP timeout, in seconds.
+        attempts: HTTP attempts before giving up (with 1 s, 2 s, ... pauses between them).
+    """
+
+    webhook_url: str | None = None
+    timeout_seconds: float = 5.0
+    attempts: int = 3
+
+    def send(self, text: str, *, log: logging.Logger | None = None,
+             level: int = logging.ERROR) -> bool:
+        """Log ``text`` and post it to the webhook, if any. Never raises.
+
+        Returns:
+            ``True`` when the webhook accepted it (or none is configured), ``False`` when every
+            attempt failed (the failure is logged, without the URL).
+        """
+        logger = log or _alerts_log
+        logger.log(level, "ALERT: %s", text)
+        if not self.webhook_url:
+            return True
+        for attempt in range(1, self.attempts + 1):
+            try:
+                response = requests.post(self.webhook_url, json={"text": text},
+                                         timeout=self.timeout_seconds)
+                if response.status_code < 300:
+                    return True
+                problem = f"HTTP {response.status_code}"
+            except requests.RequestException as exc:
+                problem = type(exc).__name__
+            logger.warning("alert webhook attempt %d/%d failed: %s", attempt, self.attempts,
+                           problem)
+            if attempt < self.attempts:
+                time.sleep(attempt)
+        return False
+
+
+class MetricsPush(dg.ConfigurableResource):
+    """Where a cleanup run's gauges go when it ends: a Prometheus Pushgateway, when one is
+    configured (see :mod:`favorites_maintenance.pipeline.metrics`); otherwise nowhere.
+
+    Attributes:
+        gateway_url: optional ``http(s)://[user:password@]host[:port]``; it may hold
+            credentials, so pass it as ``dg.EnvVar("FAVORITES_METRICS_PUSHGATEWAY_URL")``.
+            Never logged with them.
+        timeout_seconds: how long one push may take, in seconds.
+    """
+
+    gateway_url: str | None = None
+    timeout_seconds: float = metrics.PUSH_TIMEOUT_S
+
+    def push_run(self, context: dg.OpExecutionContext, policy: Policy, report: RunReport, *,
+                 succeeded: bool) -> None:
+        """Push the gauges of the run of ``context`` (``succeeded``: it ends SUCCESS). Never
+        raises: a failed push is a warning in the run's log, without the URL's credentials."""
+        if self.gateway_url:
+            metrics.push_run(self.gateway_url, policy, report, succeeded=succeeded,
+                             timeout=self.timeout_seconds, log=context.log)

@@ -1,0 +1,161 @@
+"""What one cleanup run did, as one typed record and as Dagster metadata.
+
+:class:`RunReport` is what the purge op hands to ``measure_backlog``, what the materialization
+(or, after a failure or a stop, an observation) records, and what the checks, the command line
+and the retry accounting read back, all through :meth:`RunReport.as_metadata` and
+:meth:`RunReport.from_metadata`. The metadata keys (``deletedTotal``, ``batches``, ...) are a
+contract: dashboards and alerts read them.
+
+This module imports no Dagster: metadata values are read through their ``value`` attribute
+when they have one.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from favorites_maintenance.config.policy_settings import PolicySettings
+from favorites_maintenance.retention.purge import PurgeReport
+
+_NONE = "none"
+
+
+@dataclass(frozen=True)
+class RunReport:
+    """The record of one cleanup run (or of the attempts of its purge so far).
+
+    Attributes (metadata key in brackets):
+        deleted_total: rows deleted, all attempts together [``deletedTotal``].
+        batches: batch transactions that deleted rows, all attempts together [``batches``].
+        duration_ms: wall time of the purge, milliseconds [``durationMs``].
+        batch_max_ms: the longest batch transaction, milliseconds [``batchMaxMs``].
+        cutoff: the run's cutoff, ISO 8601 UTC [``cutoff``].
+        retention_days: the policy's retention [``retentionDays``].
+        batch_size: rows of the first batch [``batchSize``].
+        stop_reason: why the purge ended (``exhausted``, ``max_run_duration``,
+            ``stop_requested``, ``db_unhealthy``) [``stopReason``].
+        skipped_rows: prunable rows left in place because deleting them failed
+            [``skippedRows``].
+        skipped_causes: the causes of the skipped rows, ``"; "``-joined, or ``none``
+            [``skippedCauses``].
+        isolation_batches: transactions spent isolating failing rows [``isolationBatches``].
+        batch_size_first: the first batch's size, rows [``batchSizeFirst``].
+        batch_size_max: the largest batch, rows [``batchSizeMax``].
+        paused_ms: time paused on an unhealthy database, milliseconds [``pausedMs``].
+        throttled_by: the reading that paused the purge last, or ``none`` [``throttledBy``].
+        health_unreadable: indicators skipped for want of a grant, or ``none``
+            [``healthUnreadable``].
+        backlog_remaining: rows the rule still matches after the run; ``None`` before it is
+            measured [``backlogRemaining``].
+        backlog_oldest: the age column of the oldest of them, ISO 8601, or ``none``
+            [``backlogOldestUpdatedAt``].
+    """
+
+    deleted_total: int
+    batches: int
+    duration_ms: int = 0
+    batch_max_ms: float = 0.0
+    cutoff: str = ""
+    retention_days: int = 0
+    batch_size: int = 0
+    stop_reason: str = ""
+    skipped_rows: int = 0
+    skipped_causes: str = _NONE
+    isolation_batches: int = 0
+    batch_size_first: int = 0
+    batch_size_max: int = 0
+    paused_ms: int = 0
+    throttled_by: str = _NONE
+    health_unreadable: str = _NONE
+    backlog_remaining: int | None = None
+    backlog_oldest: str | None = None
+
+    @classmethod
+    def of_purge(cls, report: PurgeReport, settings: PolicySettings) -> "RunReport":
+        """The record of one purge (one attempt) under ``settings``."""
+        return cls(
+            deleted_total=report.deleted_total,
+            batches=report.batches,
+            duration_ms=report.duration_ms,
+            batch_max_ms=round(report.batch_max_s * 1000, 1),
+            cutoff=report.cutoff.isoformat(),
+            retention_days=settings.retention_days,
+            batch_size=settings.batch_size,
+            stop_reason=report.stop_reason.value,
+            skipped_rows=report.skipped_rows,
+            skipped_causes="; ".join(report.skipped_causes) or _NONE,
+            isolation_batches=report.isolation_batches,
+            batch_size_first=report.batch_size_first,
+            batch_size_max=report.batch_size_max,
+            paused_ms=report.paused_ms,
+            throttled_by=report.throttled_by or _NONE,
+            health_unreadable="; ".join(report.health_unreadable) or _NONE,
+        )
+
+    def after(self, earlier: "RunReport | None") -> "RunReport":
+        """This attempt's record with the rows and batches of ``earlier`` attempts added."""
+        if earlier is None:
+            return self
+        return dataclasses.replace(self, deleted_total=self.deleted_total + earlier.deleted_total,
+                                   batches=self.batches + earlier.batches)
+
+    def with_backlog(self, remaining: int, oldest: str | None) -> "RunReport":
+        """The record with the backlog measured after the purge (``oldest``: ISO 8601 or
+        ``None`` when nothing is left)."""
+        return dataclasses.replace(self, backlog_remaining=remaining,
+                                   backlog_oldest=oldest or _NONE)
+
+    def as_metadata(self) -> dict[str, Any]:
+        """The record as Dagster metadata: numbers stay numbers so the UI can plot them; the
+        backlog keys only once it was measured."""
+        metadata = {_KEYS[f.name]: getattr(self, f.name) for f in dataclasses.fields(self)
+                    if f.name not in _BACKLOG}
+        if self.backlog_remaining is not None:
+            metadata["backlogRemaining"] = self.backlog_remaining
+            metadata["backlogOldestUpdatedAt"] = self.backlog_oldest or _NONE
+        return metadata
+
+    @classmethod
+    def from_metadata(cls, metadata: Mapping[str, Any]) -> "RunReport":
+        """Read a record back from metadata written by :meth:`as_metadata` (raw values or
+        Dagster ``MetadataValue`` objects). Keys missing from older records take their
+        defaults.
+
+        Raises:
+            KeyError: ``deletedTotal`` or ``batches`` is missing: not a run's record.
+        """
+        def value(key: str) -> Any:
+            item = metadata[key]
+            return getattr(item, "value", item)
+
+        found = {name: value(key) for name, key in _KEYS.items() if key in metadata}
+        if "deleted_total" not in found or "batches" not in found:
+            raise KeyError("deletedTotal and batches")
+        return cls(**found)
+
+
+#: Field -> metadata key.
+_KEYS = {
+    "deleted_total": "deletedTotal",
+    "batches": "batches",
+    "duration_ms": "durationMs",
+    "batch_max_ms": "batchMaxMs",
+    "cutoff": "cutoff",
+    "retention_days": "retentionDays",
+    "batch_size": "batchSize",
+    "stop_reason": "stopReason",
+    "skipped_rows": "skippedRows",
+    "skipped_causes": "skippedCauses",
+    "isolation_batches": "isolationBatches",
+    "batch_size_first": "batchSizeFirst",
+    "batch_size_max": "batchSizeMax",
+    "paused_ms": "pausedMs",
+    "throttled_by": "throttledBy",
+    "health_unreadable": "healthUnreadable",
+    "backlog_remaining": "backlogRemaining",
+    "backlog_oldest": "backlogOldestUpdatedAt",
+}
+_BACKLOG = ("backlog_remaining", "backlog_oldest")

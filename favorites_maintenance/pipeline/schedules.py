@@ -1,0 +1,39 @@
+"""The daily schedule on the configured cron, in UTC.
+
+Dagster's ``build_schedule_from_partitioned_job`` refuses a custom cron for time partitions, so
+the schedule is written out: each tick requests the latest *complete* partition as of the tick.
+"""
+
+from __future__ import annotations
+
+import dagster as dg
+
+from favorites_maintenance.config.policy import Policy
+from favorites_maintenance.pipeline.partitions import daily_partitions
+
+
+def build_schedule(policy: Policy) -> dg.ScheduleDefinition:
+    """The cleanup schedule of ``policy`` on its ``cron`` (validated by
+    :func:`favorites_maintenance.config.parsers.validate_cron`), evaluated in UTC, running by
+    default; it runs the policy's job, ``<name>_cleanup_job``.
+
+    A tick at instant T requests the last daily partition that ended at or before T, e.g. the
+    ``0 3 * * *`` tick of 2026-05-10 runs ``2026-05-09``.
+    """
+
+    @dg.schedule(
+        name=policy.schedule_name,
+        cron_schedule=policy.settings.cron,
+        execution_timezone="UTC",
+        job_name=policy.job_name,
+        default_status=dg.DefaultScheduleStatus.RUNNING,
+        description=f"Runs the {policy.name} cleanup for the latest complete UTC day.",
+    )
+    def cleanup_schedule(context: dg.ScheduleEvaluationContext):
+        with dg.partition_loading_context(effective_dt=context.scheduled_execution_time):
+            key = daily_partitions.get_last_partition_key()
+        if key is None:
+            return dg.SkipReason("no complete daily partition yet")
+        return dg.RunRequest(run_key=key, partition_key=key)
+
+    return cleanup_schedule

@@ -1,0 +1,537 @@
+"""The purge's loop: batch transactions on one connection, until nothing prunable is left.
+
+:class:`BatchLoop` runs one purge (:func:`~favorites_maintenance.retention.purge.purge` is its
+public front). Each batch is one statement (its shape and why:
+:mod:`~favorites_maintenance.retention.statements`) in its own transaction. The loop repeats
+while batches come back full, and stops between batches on the run's time budget or on a stop
+request; an error rolls back only the open batch.
+
+After the first batch, batches are *optimistic*: the batch statement without ``FOR UPDATE SKIP
+LOCKED``, under a ``lock_timeout`` of :data:`OPTIMISTIC_LOCK_TIMEOUT`. If its DELETE meets a row
+another session holds (it gives up after a few milliseconds) or deletes fewer rows than it read
+(a row moved, was claimed, or a trigger or policy swallowed the delete), the batch is rolled
+back and taken again in the locking form, which then serves the next
+:data:`_LOCKING_AFTER_CONFLICT` batches. The first batch always locks first, so a role that may
+delete but not lock what the rule matches (row-level security without an UPDATE policy) fails
+the run at once, not only under contention.
+
+When the table has the rule's partial index on ``(<age>, <key>) WHERE <guard>``, each batch
+also turns ``enable_incremental_sort`` off for its transaction: the planner then takes that index,
+which yields the batch in keyset order, rather than a plain age-column index plus an
+incremental sort, which it tends to cost lower though it reads every guarded-out row in the
+range too (1.1-1.6 ms against 2.5-3.0 ms for the candidates of one 1000-row batch, ``EXPLAIN
+ANALYZE`` at 1 M rows). It also turns hash and merge joins off: from about 7,000 rows a batch
+the planner would join the DELETE to the batch by hashing a bitmap scan of *every* prunable
+row, rather than reaching each batch row by its address (10,000 rows: 92 ms against 37-44 ms).
+
+Each batch transaction sets ``lock_timeout`` and ``statement_timeout`` with ``SET LOCAL``
+semantics, so the server, not only this process, bounds how long a batch can hold or wait for a
+lock. A shorter limit already in force for the session (set on the role, the database or the
+URL by whoever runs the database) is kept: the job tightens limits, it never loosens them.
+Batches commit with ``synchronous_commit = off`` unless asked otherwise: the delete is
+idempotent, so a commit lost to a server crash only returns its rows to the backlog
+(``favorites-maintenance bench`` measures what it saves).
+
+The batch size adapts to a target time per batch when one is given
+(:mod:`~favorites_maintenance.retention.batch_size`): it grows while batches stay well under
+the target, shrinks at once when one goes over or when another session waited on a lock the
+batch held. Before batches, at a bounded rate, the database's health is read
+(:mod:`~favorites_maintenance.retention.health`: replication lag, a VACUUM on the table, WAL
+rate); while an indicator is over its threshold the purge pauses with no transaction open.
+
+A batch that fails on a row-level error is split in halves from the same keyset position, each
+in its own transaction, down to single rows; a single row that still fails is skipped for the
+run. Why a run that deletes nothing, or far less than it selects, fails:
+:mod:`~favorites_maintenance.retention.diagnosis`.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import logging
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import sqlalchemy as sa
+
+from favorites_maintenance.retention.batch_size import BatchSizeController
+from favorites_maintenance.retention.database import (
+    DEFAULT_LOCK_TIMEOUT,
+    DEFAULT_STATEMENT_TIMEOUT,
+    limit_transaction,
+)
+from favorites_maintenance.retention.diagnosis import (
+    NO_PROGRESS_SAMPLE,
+    SWALLOWED,
+    check_zero_progress,
+    no_progress,
+)
+from favorites_maintenance.retention.errors import (
+    BatchError,
+    ConnectError,
+    ErrorDescription,
+    ErrorKind,
+    InvalidArgumentError,
+    SkippedRowsError,
+    TableCheckError,
+    describe,
+)
+from favorites_maintenance.retention.health import HealthLimits, HealthMonitor, LockWatch, Outcome
+from favorites_maintenance.retention.report import BatchResult, PurgeReport, StopReason
+from favorites_maintenance.retention.rule import RetentionRule
+from favorites_maintenance.retention.spans import BatchSpans
+from favorites_maintenance.retention.statements import (
+    BatchStatements,
+    assert_primary,
+    match_by_ctid,
+)
+from favorites_maintenance.retention.table_check import check_table
+
+# The purge's log lines keep the purge's logger name, whichever module writes them.
+log = logging.getLogger("favorites_maintenance.retention.purge")
+
+#: How many rows one run may skip before it fails instead.
+DEFAULT_MAX_SKIPPED_ROWS = 100
+
+#: Candidates in a row that fail, nothing deleted between them, before the purge takes the
+#: table for blocked and fails rather than trying every row one at a time.
+BLOCKED_AFTER = 10
+
+#: ``lock_timeout`` of an optimistic batch: how long its DELETE may wait for a row someone
+#: else holds before the batch is rolled back and taken again with ``SKIP LOCKED``.
+OPTIMISTIC_LOCK_TIMEOUT = dt.timedelta(milliseconds=5)
+
+#: Batches run in the locking form after an optimistic batch met a held or moved row.
+_LOCKING_AFTER_CONFLICT = 16
+
+#: Runs of the same batch, in the locking form, after rows moved across partitions under it
+#: (SQLSTATE 40001) before the error is raised.
+_MOVED_ROW_RETRIES = 5
+
+#: Runs of the same batch after a stale statement before the error is raised.
+_STALE_RETRIES = 3
+
+#: Another session holds a row, or moved it to another partition since it was read.
+_CONFLICT_KINDS = frozenset({ErrorKind.LOCK_NOT_AVAILABLE, ErrorKind.SERIALIZATION_FAILURE})
+
+
+@dataclass(frozen=True)
+class PurgeOptions:
+    """The tunables of one purge (each as :func:`~favorites_maintenance.retention.purge.purge`
+    documents its keyword of the same name).
+
+    Attributes:
+        batch_size: rows of the first batch, > 0.
+        max_run_duration: the run's time budget, > 0, checked between batches after the first.
+        lock_timeout, statement_timeout: server-side limits of each batch transaction.
+        synchronous_commit: whether each batch's commit waits for the flush to disk.
+        max_skipped_rows: rows one run may skip before it fails, >= 0.
+        optimistic: whether batches after the first run in the optimistic form.
+        batch_size_max: the largest adaptive size, rows (``None`` or below ``batch_size``:
+            ``batch_size``).
+        target_batch_duration: wall time each batch aims at; zero: a fixed size.
+        health: thresholds of the health indicators read before batches; ``None``: not read.
+
+    Raises:
+        InvalidArgumentError: ``batch_size``, ``max_run_duration`` or ``max_skipped_rows`` out
+            of range.
+    """
+
+    batch_size: int
+    max_run_duration: dt.timedelta
+    lock_timeout: dt.timedelta = DEFAULT_LOCK_TIMEOUT
+    statement_timeout: dt.timedelta = DEFAULT_STATEMENT_TIMEOUT
+    synchronous_commit: bool = False
+    max_skipped_rows: int = DEFAULT_MAX_SKIPPED_ROWS
+    optimistic: bool = True
+    batch_size_max: int | None = None
+    target_batch_duration: dt.timedelta = dt.timedelta(0)
+    health: HealthLimits | None = None
+
+    def __post_init__(self):
+        if self.batch_size <= 0:
+            raise InvalidArgumentError(f"batch_size must be > 0, got {self.batch_size!r}")
+        if self.max_run_duration <= dt.timedelta(0):
+            raise InvalidArgumentError(
+                f"max_run_duration must be > 0, got {self.max_run_duration!r}")
+        if self.max_skipped_rows < 0:
+            raise InvalidArgumentError(
+                f"max_skipped_rows must be >= 0, got {self.max_skipped_rows!r}")
+
+
+class BatchLoop:
+    """One purge of ``rule``'s rows older than ``cutoff``: :meth:`run` it once.
+
+    Args:
+        engine: engine on the favorites database (the primary).
+        rule: the table and predicate to purge.
+        cutoff: timezone-aware UTC instant rows must be older than.
+        options: the tunables.
+        should_stop: polled before each batch; ``True`` ends the run (``stop_requested``).
+        on_batch: called after each committed batch.
+
+    The run's state is the object's: the counters of its report, the keyset position
+    (:attr:`after`), the size controller and the size of the next batch (:attr:`size`, smaller
+    while a failed batch is split), the health monitor, the lock watch and the skipped rows'
+    causes.
+    """
+
+    def __init__(self, engine: sa.Engine, rule: RetentionRule, cutoff: dt.datetime,
+                 options: PurgeOptions, *, should_stop: Callable[[], bool] = lambda: False,
+                 on_batch: Callable[[BatchResult], None] | None = None):
+        self.engine, self.rule, self.cutoff, self.options = engine, rule, cutoff, options
+        self.should_stop, self.on_batch = should_stop, on_batch
+        self.started = time.monotonic()
+        self.deadline = self.started + options.max_run_duration.total_seconds()
+        self.sizes = BatchSizeController(options.batch_size,
+                                         options.batch_size_max or options.batch_size,
+                                         options.target_batch_duration)
+        self.size = self.sizes.size  # below sizes.size while failed batches are split
+        # Asked just before a batch's commit: always when the batch is slow, else at a
+        # bounded rate.
+        self.lock_watch = (LockWatch(slow_after=self.sizes.target_s / 2)
+                           if self.sizes.adaptive else None)
+        self.monitor = (HealthMonitor(options.health, rule=rule)
+                        if options.health is not None else None)
+        self.fast_lock_timeout = min(options.lock_timeout, OPTIMISTIC_LOCK_TIMEOUT)
+        self.deleted_total = self.batches = self.batch_no = self.selected_total = 0
+        self.batch_max_s = 0.0
+        self.skipped = self.isolation_batches = self.retried_batches = 0
+        self.failed_in_a_row = self.size_max = self.lock_waits = 0
+        self.causes: dict[str, int] = {}  # cause of skipped rows -> rows
+        self.after: dict | None = None  # keyset position: after_age, after_key
+        self.locking_left = 0  # batches to run in the locking form after a conflict
+        self.moved_retries = 0  # runs of this batch that met a row moved across partitions
+        self.stale_retries = 0  # runs of this batch that met a stale statement
+        self.again = False  # the same batch runs again: its number stays
+        self.row_key = None  # a one-row batch's candidate (key, age), named before its delete
+        self.conn: sa.Connection | None = None
+        self.statements: BatchStatements | None = None
+        self.keyset_index = False
+        self.spans: BatchSpans | None = None
+
+    def run(self) -> PurgeReport:
+        """Check the table, run batches until one comes back less than full or the run stops,
+        and return the report. Raises what :func:`~favorites_maintenance.retention.purge.
+        purge` documents."""
+        self.conn = _connect(self.engine)
+        try:
+            self._prepare()
+            while True:
+                reason = self._before_batch()
+                if reason is not None:
+                    return self.report(reason)
+                if self._run_batch():
+                    return self._finish()
+        finally:
+            self.conn.close()
+
+    def report(self, reason: StopReason) -> PurgeReport:
+        """What the run did so far, ending for ``reason``."""
+        return PurgeReport(cutoff=self.cutoff, deleted_total=self.deleted_total,
+                           batches=self.batches, duration_s=time.monotonic() - self.started,
+                           stop_reason=reason, batch_max_s=self.batch_max_s,
+                           skipped_rows=self.skipped, skipped_causes=tuple(self.causes),
+                           isolation_batches=self.isolation_batches,
+                           retried_batches=self.retried_batches,
+                           batch_size_first=self.options.batch_size,
+                           batch_size_max=self.size_max, lock_waits=self.lock_waits,
+                           **(_health_report(self.monitor) if self.monitor is not None else {}))
+
+    def _prepare(self) -> None:
+        """Refuse a standby, check the table's shape, and build the run's statements."""
+        conn, rule, options = self.conn, self.rule, self.options
+        try:
+            assert_primary(conn)
+            conn.rollback()  # end the autobegun transaction of the check
+        except sa.exc.DBAPIError as exc:
+            raise _connect_error(exc) from None
+        try:
+            with conn.begin():
+                # Reading the catalogs locks the table like a batch does: bounded the same way.
+                limit_transaction(conn, lock_timeout=options.lock_timeout,
+                                  statement_timeout=options.statement_timeout)
+                findings = check_table(conn, rule)
+                by_ctid = match_by_ctid(conn, rule)
+        except sa.exc.DBAPIError as exc:
+            error = describe(exc)
+            log.error("could not check the table before the first batch: %s", error)
+            raise TableCheckError(error, rule.qualified_name) from None
+        for warning in findings.warnings:
+            log.warning("%s", warning)
+        self.keyset_index = findings.keyset_index
+        self.statements = BatchStatements.build(rule, self.cutoff, by_ctid)
+        self.spans = BatchSpans(self.engine, rule)
+
+    def _before_batch(self) -> StopReason | None:
+        """Why the run stops before the next batch (a stop request, the time budget, an
+        unhealthy database), else ``None``; pauses while the database is unhealthy."""
+        if self.should_stop():
+            return StopReason.STOP_REQUESTED
+        # The first batch always runs, so every run makes progress however small its budget.
+        if self.batch_no and time.monotonic() >= self.deadline:
+            return StopReason.MAX_RUN_DURATION
+        if self.monitor is not None:
+            # No transaction is open here: a pause holds no lock and no snapshot.
+            outcome = self.monitor.wait(self.conn, should_stop=self.should_stop,
+                                        deadline=self.deadline)
+            if outcome is Outcome.STOP_REQUESTED:
+                return StopReason.STOP_REQUESTED
+            if outcome is Outcome.UNHEALTHY:
+                return StopReason.DB_UNHEALTHY
+        return None
+
+    def _run_batch(self) -> bool:
+        """Run one batch transaction and take its outcome; whether the run is done (the
+        batch came back less than full)."""
+        if not (self.stale_retries or self.again):
+            self.batch_no += 1
+        self.again = False
+        limit = self.size
+        self.size_max = max(self.size_max, limit)
+        self.row_key = None
+        fast = self._optimistic(limit)
+        statement = self.statements.batch(keyset=self.after is not None, fast=fast)
+        span = self.spans.start(self.batch_no, limit, fast, statement)
+        t0 = time.monotonic()
+        try:
+            row, waiters = self._transaction(statement, limit, fast, t0)
+            span.committed(row.selected, row.deleted,
+                           rolled_back=fast and row.deleted < row.selected)
+        except sa.exc.DBAPIError as exc:
+            error = describe(exc)
+            span.failed(error)
+            self._on_error(error, limit, fast)  # raises unless the run goes on
+            return False
+        finally:
+            span.end()  # any other exception: the span still ends
+        return self._on_success(row, limit, fast, waiters, t0)
+
+    def _optimistic(self, limit: int) -> bool:
+        """Whether the next batch (``limit`` rows) runs in the optimistic form."""
+        # The first batch always locks first: it proves the role may lock what the rule
+        # matches (the form every later batch falls back to), so row-level security
+        # without an UPDATE policy fails the run at once rather than under contention.
+        return (self.options.optimistic and self.after is not None and limit > 1
+                and self.size == self.sizes.size and not self.locking_left)
+
+    def _transaction(self, statement: sa.Select, limit: int, fast: bool,
+                     t0: float) -> tuple[sa.Row, int]:
+        """The batch transaction: its row (``selected``, ``deleted``, ``last_age``,
+        ``last_key``) and how many sessions waited on its locks (0 when not asked)."""
+        conn, options, waiters = self.conn, self.options, 0
+        with conn.begin() as tx:
+            limit_transaction(conn,
+                              lock_timeout=self.fast_lock_timeout if fast else options.lock_timeout,
+                              statement_timeout=options.statement_timeout,
+                              synchronous_commit=options.synchronous_commit,
+                              incremental_sort=False if self.keyset_index else None,
+                              nested_loop_joins_only=True)
+            if limit == 1:
+                self.row_key = conn.execute(self.statements.next_key(keyset=self.after is not None),
+                                            self.after or {}).first()
+            row = conn.execute(statement, {**(self.after or {}), "batch_size": limit}).one()
+            if fast and row.deleted < row.selected:
+                tx.rollback()  # a row moved or was held: the locking form decides
+            if tx.is_active and self.lock_watch is not None and self.lock_watch.due(
+                    time.monotonic() - t0):
+                waiters = self.lock_watch.waiters(conn)
+        return row, waiters
+
+    def _on_error(self, error: ErrorDescription, limit: int, fast: bool) -> None:
+        """A batch of ``limit`` rows failed and was rolled back: arrange to take it again,
+        split it or skip its row, or raise :class:`BatchError`."""
+        if fast and error.kind in _CONFLICT_KINDS:
+            # Another session holds a row of the batch, or moved it to another partition
+            # meanwhile: take the batch again with SKIP LOCKED, and keep to that form for a while.
+            self._lock_from_now()
+            return
+        if (error.kind is ErrorKind.SERIALIZATION_FAILURE
+                and self.moved_retries < _MOVED_ROW_RETRIES):
+            self._retry_moved(error)
+            return
+        if error.kind is ErrorKind.STALE_STATEMENT and self.stale_retries < _STALE_RETRIES:
+            self._retry_stale(error)
+            return
+        self.stale_retries = 0
+        if error.row_level and self._isolate(error, limit):
+            return
+        log.error("batch %d failed and was rolled back: %s", self.batch_no, error)
+        raise BatchError(self.batch_no, self.report(StopReason.EXHAUSTED), error) from None
+
+    def _lock_from_now(self) -> None:
+        """Take the same batch again in the locking form, and the next few batches too."""
+        self.locking_left, self.again = _LOCKING_AFTER_CONFLICT, True
+
+    def _retry_moved(self, error: ErrorDescription) -> None:
+        # A row of the batch moved to another partition as it was locked (an update of its
+        # partition key): a new transaction reads where it went.
+        self.moved_retries += 1
+        self.again = True
+        log.info("batch %d met a row moved by a concurrent update (%s); taking it "
+                 "again", self.batch_no, error)
+
+    def _retry_stale(self, error: ErrorDescription) -> None:
+        # A prepared statement or cached plan outlived a schema change: a new connection
+        # plans the same statement afresh.
+        self.stale_retries += 1
+        self.retried_batches += 1
+        log.warning("batch %d ran into a stale statement after a schema change; "
+                    "running it again on a new connection: %s", self.batch_no, error)
+        self.conn = _reconnect(self.engine, self.conn)
+
+    def _isolate(self, error: ErrorDescription, limit: int) -> bool:
+        """A batch of ``limit`` rows failed on a row-level error: split it, or skip its one
+        row; whether the run goes on (not when a one-row batch failed before naming its row)."""
+        if self.size < self.sizes.size:
+            self.isolation_batches += 1
+        if limit > 1:
+            self._split(error, limit)
+            return True
+        if self.row_key is not None:
+            self._skip_row(error)
+            return True
+        return False
+
+    def _split(self, error: ErrorDescription, limit: int) -> None:
+        # The same keyset position, half the rows, own transaction.
+        self.size = max(1, limit // 2)
+        log.info("batch %d failed on a row-level error (%s); splitting it into "
+                 "batches of %d rows", self.batch_no, error.cause, self.size)
+
+    def _skip_row(self, error: ErrorDescription) -> None:
+        """Skip the one row of a failed one-row batch and go on past it."""
+        key = self.row_key
+        self._skip(1, error.cause, key.key)
+        self._check_skipped()
+        self.after = {"after_age": key.age, "after_key": key.key}
+
+    def _on_success(self, row: sa.Row, limit: int, fast: bool, waiters: int,
+                    t0: float) -> bool:
+        """The batch's transaction ended without error: count it and size the next batch;
+        whether the run is done."""
+        self.stale_retries = self.moved_retries = 0
+        if fast and row.deleted < row.selected:
+            self._lock_from_now()  # rolled back: the locking form takes the batch again
+            return False
+        if self.locking_left and self.size == self.sizes.size:
+            self.locking_left -= 1
+        elapsed = time.monotonic() - t0
+        self.batch_max_s = max(self.batch_max_s, elapsed)
+        self.deleted_total += row.deleted
+        self.selected_total += row.selected
+        self._resize(row.selected, limit, waiters, elapsed)
+        if row.deleted:
+            self.batches += 1
+            self.failed_in_a_row = 0
+        if row.selected:
+            log.debug("batch %d deleted %d rows of at most %d in %.1f ms; next batch %d rows",
+                      self.batch_no, row.deleted, limit, elapsed * 1000, self.size)
+        if self.on_batch is not None:
+            self.on_batch(BatchResult(self.batch_no, row.deleted, elapsed, self.deleted_total,
+                                      limit))
+        if row.deleted < row.selected:
+            self._swallowed(row.selected - row.deleted)
+        if row.selected < limit:
+            return True
+        self.after = {"after_age": row.last_age, "after_key": row.last_key}
+        return False
+
+    def _resize(self, selected: int, limit: int, waiters: int, elapsed: float) -> None:
+        """The size of the next batch, after one of ``limit`` rows that selected ``selected``
+        in ``elapsed`` seconds while ``waiters`` sessions waited on its locks."""
+        if self.size < self.sizes.size:
+            self.isolation_batches += 1
+            # A piece went through: grow back toward the adaptive size (which does not
+            # change while a failed batch is split).
+            self.size = min(self.sizes.size, self.size * 2)
+        elif selected >= limit and not waiters:
+            self.size = self.sizes.after_batch(selected, elapsed)
+        elif selected >= limit:
+            # Someone waited on this batch's locks: whatever its time, the next is smaller.
+            self.lock_waits += 1
+            self.size = self.sizes.lock_waiters(waiters)
+            log.info("batch %d held a lock %d other sessions waited on; next batch %d rows",
+                     self.batch_no, waiters, self.size)
+
+    def _swallowed(self, count: int) -> None:
+        """``count`` rows the batch locked were not deleted: skipped, and judged."""
+        self._skip(count, SWALLOWED)
+        if self.deleted_total * 2 < self.selected_total:
+            # Mostly swallowed: judged as no progress (which names the mechanisms) once
+            # enough rows were selected, or at the end of the run.
+            if self.selected_total >= max(self.options.batch_size, NO_PROGRESS_SAMPLE):
+                raise no_progress(self.conn, self.rule, self.report(StopReason.EXHAUSTED),
+                                  self.selected_total)
+        else:
+            self._check_skipped()
+
+    def _skip(self, count: int, cause: str, key=None) -> None:
+        """Count ``count`` skipped rows of ``cause``; ``key``: the one failed row's key."""
+        self.skipped += count
+        if key is not None:
+            self.failed_in_a_row += count
+        if cause not in self.causes:
+            log.warning("rows skipped: %s", cause)
+        self.causes[cause] = self.causes.get(cause, 0) + count
+        if key is not None:
+            # Only a number (a surrogate key) is logged: another policy's key may be a uuid or
+            # text that identifies a person (an anonymous id), which is never logged.
+            shown = key if isinstance(key, int) and not isinstance(key, bool) else "(not shown)"
+            log.warning("skipped row %s=%s (%s)", self.rule.key.name, shown, cause)
+
+    def _check_skipped(self) -> None:
+        """Raise :class:`SkippedRowsError` when the table looks blocked or the run skipped
+        more rows than it may."""
+        if self.failed_in_a_row >= BLOCKED_AFTER:
+            raise SkippedRowsError(
+                f"the last {self.failed_in_a_row} prunable rows the purge tried all failed, "
+                f"with nothing deleted between them ({self.deleted_total} rows deleted "
+                f"before): the table looks blocked: {_causes_text(self.causes)}",
+                self.report(StopReason.EXHAUSTED)) from None
+        if self.skipped > self.options.max_skipped_rows:
+            raise SkippedRowsError(
+                f"more than {self.options.max_skipped_rows} prunable rows could not be deleted "
+                f"in one run ({self.deleted_total} were): {_causes_text(self.causes)}",
+                self.report(StopReason.EXHAUSTED)) from None
+
+    def _finish(self) -> PurgeReport:
+        """The last batch came back less than full: judge the run's progress, and report."""
+        final = self.report(StopReason.EXHAUSTED)
+        if self.deleted_total * 2 < self.selected_total:
+            raise no_progress(self.conn, self.rule, final, self.selected_total)
+        if not self.selected_total:
+            check_zero_progress(self.conn, self.rule, self.cutoff, final,
+                                self.options.batch_size)
+        return final
+
+
+def _health_report(monitor: HealthMonitor) -> dict:
+    return {"paused_s": monitor.paused_s, "pauses": monitor.pauses,
+            "throttled_by": str(monitor.throttled_by) if monitor.throttled_by else None,
+            "health_unreadable": tuple(f"{name}: {why}"
+                                       for name, why in monitor.unreadable.items())}
+
+
+def _causes_text(causes: dict[str, int]) -> str:
+    return "; ".join(f"{cause} ({count} rows)" for cause, count in causes.items())
+
+
+def _connect(engine: sa.Engine) -> sa.Connection:
+    try:
+        return engine.connect()
+    except sa.exc.DBAPIError as exc:
+        raise _connect_error(exc) from None
+
+
+def _reconnect(engine: sa.Engine, conn: sa.Connection) -> sa.Connection:
+    conn.invalidate()  # psycopg's prepared statements die with the server session
+    conn.close()
+    return _connect(engine)
+
+
+def _connect_error(exc: sa.exc.DBAPIError) -> ConnectError:
+    error = describe(exc)
+    log.error("no session on the favorites database: %s", error)
+    return ConnectError(error)

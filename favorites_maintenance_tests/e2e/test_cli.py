@@ -1,0 +1,170 @@
+"""The command line, run as a user runs it: a separate process on a fresh folder."""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+@pytest.fixture
+def checkout(tmp_path):
+    """A folder holding the instance and workspace files, as a checkout does."""
+    for name in ("dagster.yaml", "workspace.yaml"):
+        shutil.copyfile(ROOT / name, tmp_path / name)
+    os.chmod(tmp_path, 0o755)
+    return tmp_path
+
+
+def cli(*args, cwd, env_extra=None, timeout=600):
+    env = {k: v for k, v in os.environ.items()
+           if not k.startswith(("FAVORITES_", "DAGSTER_"))}
+    env.update(env_extra or {})
+    return subprocess.run([sys.executable, "-m", "favorites_maintenance", *args], cwd=cwd,
+                          env=env, capture_output=True, text=True, timeout=timeout)
+
+
+def number(label: str, text: str) -> int:
+    match = re.search(rf"{label}\s+([\d,]+)", text)
+    assert match, f"{label!r} not in output:\n{text}"
+    return int(match[1].replace(",", ""))
+
+
+def test_demo_deletes_the_prunable_rows_and_leaves_account_rows(checkout):
+    proc = cli("demo", "--rows", "20000", cwd=checkout)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    out = proc.stdout
+    matched = int(re.search(r"the rule matches ([\d,]+) rows", out)[1].replace(",", ""))
+    assert matched > 0
+    assert number("rows deleted", out) == matched
+    assert number("backlog remaining", out) == 0
+    accounts = re.search(r"account rows\s+([\d,]+) -> ([\d,]+)", out)
+    assert accounts[1] == accounts[2]
+    assert "(unchanged)" in out
+    assert "  seeding: 20,000 / 20,000 rows" in out  # progress while seeding
+    # The run was recorded in the persistent instance of the checkout.
+    assert (checkout / ".favorites-maintenance" / "dagster_home" / "dagster.yaml").is_file()
+
+
+def test_demo_pretend_deletes_nothing(checkout):
+    proc = cli("demo", "--rows", "5000", "--pretend", cwd=checkout)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "pretend: nothing deleted" in proc.stdout
+    assert "rows deleted" not in proc.stdout
+
+
+def test_dry_run_counts_without_deleting(checkout, db_url, rows):
+    import datetime as dt
+
+    old = dt.datetime.now(dt.timezone.utc) - dt.timedelta(days=400)
+    rows.add_many(30, updated_at=old)
+    rows.add_many(5, updated_at=old, user_id=1)
+    url = db_url.render_as_string(hide_password=False)
+    proc = cli("dry-run", cwd=checkout, env_extra={"FAVORITES_DATABASE_URL": url})
+    assert proc.returncode == 0, proc.stderr
+    assert "prunable   30 rows" in proc.stdout
+    assert rows.count() == 35
+
+
+def test_a_bad_setting_stops_the_command_naming_it(checkout):
+    proc = cli("dry-run", cwd=checkout,
+               env_extra={"FAVORITES_DATABASE_URL": "postgresql://u:topsecret@h/db",
+                          "FAVORITES_GUEST_RETENTION_DAYS": "zero"})
+    assert proc.returncode == 2
+    assert "FAVORITES_GUEST_RETENTION_DAYS: 'zero' is not a whole number" in proc.stderr
+    assert "topsecret" not in proc.stderr + proc.stdout
+
+
+def test_demo_never_touches_an_exported_database(checkout, db_url, rows):
+    import datetime as dt
+
+    old = dt.datetime.now(dt.timezone.utc) - dt.timedelta(days=400)
+    kept = rows.add_many(20, updated_at=old) + rows.add_many(5, updated_at=old, user_id=1)
+    url = db_url.render_as_string(hide_password=False)
+    proc = cli("demo", "--rows", "2000", cwd=checkout,
+               env_extra={"FAVORITES_DATABASE_URL": url})
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "FAVORITES_DATABASE_URL is ignored by demo" in proc.stderr
+    assert rows.ids() == set(kept)
+
+
+def test_dry_run_on_an_unreachable_database_says_so_without_a_traceback(checkout):
+    proc = cli("dry-run", cwd=checkout, env_extra={
+        "FAVORITES_DATABASE_URL": "postgresql://bob:topsecret@127.0.0.1:1/app"})
+    assert proc.returncode == 2
+    assert proc.stderr.startswith("error: could not read favorites.favorites: connection_lost")
+    assert "check FAVORITES_DATABASE_URL" in proc.stderr
+    assert "Traceback" not in proc.stderr and "topsecret" not in proc.stderr
+
+
+def test_version_and_help_say_what_each_command_does(checkout):
+    version = cli("--version", cwd=checkout)
+    assert version.returncode == 0
+    assert re.fullmatch(r"favorites-maintenance, version \d+\.\d+\.\d+\n", version.stdout)
+    top = cli("--help", cwd=checkout).stdout
+    commands = top.split("Commands:")[1]
+    for name in ("bench", "demo", "dev", "dry-run"):
+        assert re.search(rf"^  {name} ", commands, re.M), top
+    assert "..." not in commands  # no summary cut short
+    demo = " ".join(cli("demo", "--help", cwd=checkout).stdout.split())
+    assert "DROPS AND RECREATES the dev table favorites.favorites" in demo
+    assert ".favorites-maintenance/ of the checkout" in demo
+    dev = " ".join(cli("dev", "--help", cwd=checkout).stdout.split())
+    assert "--reseed Drop and recreate the dev table and seed it again" in dev
+
+
+def test_dev_reseed_drops_what_the_table_held_and_seeds_it_again(engine, rows):
+    from favorites_maintenance.local.dev import prepare_dev_table
+
+    import datetime as dt
+
+    from favorites_maintenance.retention.schema import dev_favorites
+
+    marked = dt.datetime(2020, 1, 1, tzinfo=dt.timezone.utc)
+    kept = rows.add_many(7, updated_at=marked, step=dt.timedelta(0))
+    said = []
+    prepare_dev_table(engine, 3000, said.append)
+    assert rows.ids() == set(kept)  # a table with rows is left as it is
+    prepare_dev_table(engine, 3000, said.append, reseed=True)
+    assert rows.count() == 3000
+    assert rows.count(dev_favorites.c.updated_at == marked) == 0
+    assert "dropping and recreating favorites.favorites (--reseed)" in said
+    assert "  seeding: 3,000 / 3,000 rows" in said
+
+
+def test_dev_output_keeps_info_and_drops_colour_and_debug_lines_off_a_terminal():
+    """What dagster dev writes, relayed to a redirected log: no ANSI codes, no DEBUG lines
+    unless asked for, every other line (a multi-line error included) as it came."""
+    import io
+    import os as _os
+
+    from favorites_maintenance.local.dev import relay_output
+
+    lines = [
+        b"\x1b[32m2026-11-30 22:03:08 +0000\x1b[0m - dagster.daemon - \x1b[34mINFO\x1b[0m"
+        b" - daemon started\n",
+        b"2026-11-30 22:03:09 +0000 - dagster - DEBUG - job - 1234 - purge - batch 2 deleted"
+        b" 100 rows (200 so far)\n",
+        b"2026-11-30 22:03:09 +0000 - dagster - INFO - job - 1234 - purge - batch 1 deleted"
+        b" 100 rows (100 so far)\n",
+        b"2026-11-30 22:03:10 +0000 - dagster - ERROR - job - 1234 - purge - run failed\n",
+        b"Traceback (most recent call last):\n",
+    ]
+    for debug, expect in ((False, [0, 2, 3, 4]), (True, [0, 1, 2, 3, 4])):
+        read, write = _os.pipe()
+        with _os.fdopen(write, "wb") as w:
+            w.writelines(lines)
+        out = io.StringIO()
+        with _os.fdopen(read, "rb") as r:
+            relay_output(r, out, plain=True, debug=debug)
+        text = out.getvalue()
+        assert "\x1b" not in text
+        assert text.splitlines() == [re.sub(r"\x1b\[[0-9;]*m", "", lines[i].decode()).rstrip("\n")
+                                     for i in expect]

@@ -1,0 +1,63 @@
+"""The Dagster daemon's own iterations, driven one at a time on a PostgreSQL-backed instance.
+
+The scheduler, the sensor daemon and the backfill daemon each run one pass over the code
+location, served by a real code server process (started with this process's environment, as
+``dagster-daemon`` starts it), at an instant the test chooses. These entry points are Dagster's
+own test helpers, not a stable API.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import datetime as dt
+import logging
+
+import dagster as dg
+from dagster._core.test_utils import create_test_daemon_workspace_context, freeze_time
+from dagster._core.workspace.load_target import ModuleTarget
+from dagster._daemon.backfill import execute_backfill_iteration
+from dagster._daemon.sensor import execute_sensor_iteration
+from dagster._scheduler.scheduler import launch_scheduled_runs
+
+LOCATION = "favorites_maintenance"
+_log = logging.getLogger("favorites_maintenance_tests.helpers.daemon")
+
+
+@contextlib.contextmanager
+def pg_instance(storage_url: str, *, run_in_process: bool = False):
+    """A Dagster instance whose runs, events and ticks live in PostgreSQL at ``storage_url``
+    (``postgresql+psycopg2://``). Runs are queued (nothing executes them) unless
+    ``run_in_process``: then a launched run executes at once, in this process."""
+    overrides = {"storage": {"postgres": {"postgres_url": storage_url}}}
+    if run_in_process:
+        overrides["run_coordinator"] = {"module": "dagster._core.run_coordinator",
+                                        "class": "DefaultRunCoordinator"}
+        overrides["run_launcher"] = {"module": "dagster._core.launcher.sync_in_memory_run_launcher",
+                                     "class": "SyncInMemoryRunLauncher"}
+    else:
+        overrides["run_coordinator"] = {"module": "dagster._core.run_coordinator",
+                                        "class": "QueuedRunCoordinator"}
+    with dg.instance_for_test(overrides=overrides) as instance:
+        yield instance
+
+
+@contextlib.contextmanager
+def code_location(instance: dg.DagsterInstance):
+    """The code location of ``workspace.yaml``, served by a code server process that inherits
+    this process's environment now (its ``FAVORITES_*`` variables)."""
+    target = ModuleTarget(module_name="favorites_maintenance.definitions", attribute=None,
+                          working_directory=None, location_name=LOCATION)
+    with create_test_daemon_workspace_context(target, instance) as workspace:
+        yield workspace
+
+
+def scheduler_and_sensors(workspace, at: dt.datetime) -> None:
+    """One pass of the scheduler, then one of the sensor daemon, with the clock at ``at``."""
+    with freeze_time(at):
+        list(launch_scheduled_runs(workspace, _log, at, {}))
+        list(execute_sensor_iteration(workspace, _log, None, None))
+
+
+def backfill_pass(workspace) -> None:
+    """One pass of the backfill daemon (it submits the runs of the next partitions)."""
+    list(execute_backfill_iteration(workspace, _log))

@@ -1,0 +1,167 @@
+"""The SLO asset checks, evaluated in real runs of the job."""
+
+from __future__ import annotations
+
+import contextlib
+import datetime as dt
+
+import dagster as dg
+import pytest
+import sqlalchemy as sa
+
+from favorites_maintenance_tests.helpers.jobs import ASSET_KEY, JOB, load_code_location
+
+UTC = dt.timezone.utc
+OVERDUE = "no_guest_row_older_than_retention_plus_one_day"
+SPIKE = "deleted_total_spike"
+
+
+@pytest.fixture
+def run(db_url, monkeypatch):
+    def run(instance, **settings):
+        job = load_code_location(db_url, monkeypatch, **settings).resolve_job_def(JOB)
+        yesterday = (dt.datetime.now(UTC) - dt.timedelta(days=1)).date().isoformat()
+        result = job.execute_in_process(partition_key=yesterday, instance=instance)
+        return {e.check_name: e for e in result.get_asset_check_evaluations()}
+
+    return run
+
+
+def long_ago(days: float) -> dt.datetime:
+    return dt.datetime.now(UTC) - dt.timedelta(days=days)
+
+
+@contextlib.contextmanager
+def slow_batches(engine, seconds: float):
+    """Every batch's DELETE takes at least ``seconds`` (a statement-level BEFORE DELETE trigger
+    that sleeps, dropped on exit): the time budget runs out during the first batch, for real."""
+    with engine.begin() as conn:
+        conn.execute(sa.text(
+            "CREATE FUNCTION favorites.slow_batch() RETURNS trigger LANGUAGE plpgsql AS "
+            f"$$ BEGIN PERFORM pg_sleep({seconds}); RETURN NULL; END $$"))
+        conn.execute(sa.text(
+            "CREATE TRIGGER slow_batch BEFORE DELETE ON favorites.favorites "
+            "FOR EACH STATEMENT EXECUTE FUNCTION favorites.slow_batch()"))
+    try:
+        yield
+    finally:
+        with engine.begin() as conn:
+            conn.execute(sa.text("DROP TRIGGER IF EXISTS slow_batch ON favorites.favorites"))
+            conn.execute(sa.text("DROP FUNCTION IF EXISTS favorites.slow_batch()"))
+
+
+def test_overdue_check_passes_when_the_run_drained_the_backlog(run, rows):
+    rows.add_many(50, updated_at=long_ago(500))
+    rows.add_many(10, updated_at=long_ago(900), user_id=4)  # account rows never count
+    with dg.instance_for_test() as instance:
+        checks = run(instance)
+    assert checks[OVERDUE].passed
+    assert checks[OVERDUE].metadata["overdueGuestRows"].value == 0
+
+
+def test_overdue_check_fails_with_error_severity_when_guest_rows_are_left(run, rows):
+    rows.add_many(50, updated_at=long_ago(500))
+    rows.add_many(5, updated_at=long_ago(365.5))  # prunable, but within the day of slack
+    # The shortest budget a policy may have (PT1S), and a first batch that outlasts it.
+    with slow_batches(rows.engine, 1.5), dg.instance_for_test() as instance:
+        # A run out of time after its first batch of 10 leaves 40 of the 50 old rows.
+        checks = run(instance, batch_size=10, max_run_duration=dt.timedelta(seconds=1))
+    check = checks[OVERDUE]
+    assert not check.passed
+    assert check.severity == dg.AssetCheckSeverity.ERROR
+    assert check.metadata["overdueGuestRows"].value == 40
+
+
+def test_spike_check_warns_on_a_run_far_above_the_recent_median(run, rows):
+    with dg.instance_for_test() as instance:
+        for _ in range(3):
+            rows.add_many(100, updated_at=long_ago(400))
+            assert run(instance)[SPIKE].passed  # too little history, or no spike
+        rows.add_many(3000, updated_at=long_ago(400))
+        normal_growth = run(instance)[SPIKE]
+        rows.add_many(20_000, updated_at=long_ago(400))
+        spike = run(instance)[SPIKE]
+    assert normal_growth.passed  # 3,000 is 30x the median but under median + 10,000 rows
+    assert not spike.passed
+    assert spike.severity == dg.AssetCheckSeverity.WARN
+    assert spike.metadata["deletedTotal"].value == 20_000
+    assert spike.metadata["median"].value == 100
+
+
+def test_spike_check_needs_history_before_it_can_fail(run, rows):
+    rows.add_many(30_000, updated_at=long_ago(400))
+    with dg.instance_for_test() as instance:
+        check = run(instance)[SPIKE]
+    assert check.passed
+    assert "earlier current-day runs" in check.description
+
+
+BACKFILL = """
+mutation($params: LaunchBackfillParams!) { launchPartitionBackfill(backfillParams: $params) {
+  __typename ... on LaunchBackfillSuccess { backfillId } ... on PythonError { message } } }
+"""
+
+
+def test_a_backfill_of_past_days_is_never_red_and_does_not_skew_the_spike_baseline(
+        dagster_storage_url, db_url, rows, monkeypatch):
+    """The README's flow, on three days rather than a week: a backfill of past days launched as
+    the UI launches it, run by the backfill daemon on a PostgreSQL-backed instance, after three
+    normal days. Each check records one result per run, for the run's own day, and none fails;
+    the next normal day is no spike although the backfill's runs deleted 0 rows (counted in,
+    they would bring the median of the six runs down to 10,000)."""
+    from dagster._core.execution.backfill import BulkActionStatus
+    from dagster_graphql.test.utils import execute_dagster_graphql
+
+    from favorites_maintenance.pipeline.partitions import daily_partitions
+    from favorites_maintenance_tests.helpers.daemon import backfill_pass, code_location, pg_instance
+
+    # The code server started below inherits this environment: the same settings.
+    job = load_code_location(db_url, monkeypatch).resolve_job_def(JOB)
+    yesterday = daily_partitions.get_last_partition_key()
+    days = daily_partitions.get_partition_keys()[-5:-2]  # three past days, none current
+    with pg_instance(dagster_storage_url, run_in_process=True) as instance:
+        for _ in range(3):  # three normal days, 20,000 expired rows each
+            expired_guests(rows, 20_000)
+            assert job.execute_in_process(partition_key=yesterday, instance=instance).success
+        # Idle for 365.5 days: overdue for today's cutoff, not for any backfilled day's.
+        rows.add_many(20, updated_at=long_ago(366.5))
+        with code_location(instance) as workspace:
+            launched = execute_dagster_graphql(workspace.create_request_context(), BACKFILL, {
+                "params": {"assetSelection": [{"path": list(ASSET_KEY.path)}],
+                           "partitionNames": days}})
+            backfill_id = launched.data["launchPartitionBackfill"]["backfillId"]
+            for _ in range(10):
+                backfill_pass(workspace)
+                if instance.get_backfill(backfill_id).status != BulkActionStatus.REQUESTED:
+                    break
+            assert instance.get_backfill(backfill_id).status == BulkActionStatus.COMPLETED_SUCCESS
+        backfill_runs = instance.get_runs(dg.RunsFilter(tags={"dagster/backfill": backfill_id}))
+        assert sorted(r.tags["dagster/partition"] for r in backfill_runs) == days
+        assert all(r.status == dg.DagsterRunStatus.SUCCESS for r in backfill_runs)
+        assert rows.count() == 20  # the backfilled days deleted nothing (their cutoffs are older)
+
+        expired_guests(rows, 20_000)
+        normal = job.execute_in_process(partition_key=yesterday, instance=instance)
+        history = {name: instance.event_log_storage.get_asset_check_execution_history(
+                       dg.AssetCheckKey(ASSET_KEY, name), limit=100)
+                   for name in (OVERDUE, SPIKE, "no_rows_skipped")}
+
+    for name, records in history.items():
+        # One record per run and check, for the run's own day, none left planned or skipped.
+        assert len(records) == 3 + 3 + 1, name
+        assert {r.status.value for r in records} == {"SUCCEEDED"}, name
+        by_run = {r.run_id: r.partition for r in records}
+        assert {by_run[r.run_id] for r in backfill_runs} == set(days), name
+        assert by_run[normal.run_id] == yesterday
+    spike = history[SPIKE][0].event.dagster_event.asset_check_evaluation_data
+    assert spike.metadata["deletedTotal"].value == 20_020
+    assert spike.metadata["median"].value == 20_000  # the three normal days only
+
+
+def expired_guests(rows, n: int) -> None:
+    """Insert ``n`` guest rows idle for 400 days, in one statement."""
+    with rows.engine.begin() as conn:
+        conn.execute(sa.text(
+            "INSERT INTO favorites.favorites (anonymous_id, item_id, created_at, updated_at) "
+            "SELECT gen_random_uuid(), i, now() - interval '400 days', now() - interval '400 days' "
+            "FROM generate_series(1, :n) AS i"), {"n": n})

@@ -1,0 +1,134 @@
+"""The code location loads, as Dagster loads it, and refuses bad settings; no module of the
+package builds definitions when it is imported."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import dagster as dg
+from dagster._core.definitions.reconstruct import repository_def_from_target_def
+from dagster._core.workspace.autodiscovery import loadable_targets_from_python_module
+from dagster._utils.test.definitions import LazyDefinitions
+
+from favorites_maintenance.retention.defaults import DATABASE_URL_VAR
+from favorites_maintenance_tests.helpers.jobs import (
+    ASSET_KEY,
+    JOB,
+    guest_settings_env,
+    load_code_location,
+)
+
+ROOT = Path(__file__).resolve().parents[2]
+DAGSTER = str(Path(sys.executable).parent / "dagster")
+SENSORS = ("guest_favorites_cleanup_stale_sensor", "guest_favorites_cleanup_failure_sensor",
+           "guest_favorites_cleanup_tick_failure_sensor")
+CHECKS = {"no_guest_row_older_than_retention_plus_one_day", "deleted_total_spike",
+          "no_rows_skipped"}
+
+
+def validate(env_extra: dict, home: Path) -> subprocess.CompletedProcess:
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("FAVORITES_", "DAGSTER_"))}
+    env.update(env_extra, DAGSTER_HOME=str(home))  # an empty home: a throwaway local instance
+    return subprocess.run([DAGSTER, "definitions", "validate", "-w", "workspace.yaml"],
+                          cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
+
+
+def test_every_definition_resolves(monkeypatch):
+    defs = load_code_location(monkeypatch=monkeypatch, cron="15 2 * * *")
+    dg.Definitions.validate_loadable(defs)
+    assert defs.resolve_job_def(JOB)
+    schedule = defs.resolve_schedule_def("guest_favorites_cleanup_schedule")
+    assert schedule.cron_schedule == "15 2 * * *"
+    assert schedule.execution_timezone == "UTC"
+    assert schedule.default_status == dg.DefaultScheduleStatus.RUNNING
+    for name in SENSORS:
+        assert defs.resolve_sensor_def(name).default_status == dg.DefaultSensorStatus.RUNNING
+    asset = defs.resolve_assets_def(ASSET_KEY)
+    assert {k.name for k in defs.resolve_asset_graph().asset_check_keys} == CHECKS
+    [spec] = asset.specs
+    assert spec.freshness_policy is not None
+
+
+def test_dagster_finds_the_one_code_location_and_it_holds_every_guest_favorites_definition(
+        monkeypatch):
+    """``favorites_maintenance.definitions`` as Dagster's module loader reads it
+    (``workspace.yaml``'s ``python_module``): one loadable target, the ``@dg.definitions``
+    function ``defs``, whose repository holds the whole guest-favorites surface and the four
+    resources (``defs/resources.py``'s three, and ``retention``)."""
+    monkeypatch.setenv(DATABASE_URL_VAR, "postgresql+psycopg://app@127.0.0.1:1/favorites")
+    guest_settings_env(monkeypatch)
+    [target] = loadable_targets_from_python_module("favorites_maintenance.definitions",
+                                                   working_directory=str(ROOT))
+    assert target.attribute == "defs"
+    assert isinstance(target.target_definition, LazyDefinitions)
+    repo = repository_def_from_target_def(target.target_definition)
+
+    assert JOB in {job.name for job in repo.get_all_jobs()}
+    [schedule] = repo.schedule_defs
+    assert (schedule.name, schedule.cron_schedule, schedule.job_name) == (
+        "guest_favorites_cleanup_schedule", "0 3 * * *", JOB)
+    assert {s.name for s in repo.sensor_defs} == set(SENSORS)
+    assert set(repo.assets_defs_by_key) == {ASSET_KEY}
+    assert {k.name for k in repo.asset_graph.asset_check_keys if k.asset_key == ASSET_KEY} \
+        == CHECKS
+    assert set(repo.get_top_level_resources()) == {"database", "alerts", "metrics", "retention"}
+    # The purge runs in the policy's own concurrency pool.
+    purge = repo.get_job(JOB).graph.node_named("favorites__guest_favorites_cleanup") \
+        .definition.node_named("purge").definition
+    assert purge.pool == "guest_favorites_cleanup"
+
+
+#: Imports every module of the package (``__main__`` runs the command line: not imported) and
+#: prints, as JSON, each module attribute that is a Dagster definition.
+_IMPORT_EVERY_MODULE = """
+import importlib, json, pkgutil
+import dagster as dg
+from dagster._core.definitions.unresolved_asset_job_definition import (
+    UnresolvedAssetJobDefinition)
+import favorites_maintenance as package
+
+KINDS = (dg.AssetsDefinition, dg.AssetChecksDefinition, dg.JobDefinition,
+         UnresolvedAssetJobDefinition, dg.GraphDefinition, dg.OpDefinition,
+         dg.SensorDefinition, dg.ScheduleDefinition, dg.Definitions, dg.RepositoryDefinition)
+modules = [m.name for m in pkgutil.walk_packages(package.__path__, package.__name__ + ".")
+           if m.name.rsplit(".", 1)[-1] != "__main__"]
+found = []
+for name in modules:
+    module = importlib.import_module(name)
+    found += [f"{name}.{attr}: {type(value).__name__}" for attr, value in vars(module).items()
+              if isinstance(value, KINDS)]
+print(json.dumps({"modules": modules, "definitions": found}))
+"""
+
+
+def test_no_module_of_the_package_builds_definitions_at_import():
+    """Definitions exist only once the code location loads: importing every module, in a fresh
+    interpreter and with an invalid policy setting (which any policy built at import would
+    refuse), builds none and fails on none."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("FAVORITES_", "DAGSTER_"))}
+    env["FAVORITES_GUEST_RETENTION_CRON"] = "0 3 * * * *"
+    proc = subprocess.run([sys.executable, "-c", _IMPORT_EVERY_MODULE], cwd=ROOT, env=env,
+                          capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    imported = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert {"favorites_maintenance.definitions", "favorites_maintenance.defs.resources",
+            "favorites_maintenance.pipeline.assets", "favorites_maintenance.pipeline.sensors",
+            "favorites_maintenance.pipeline.schedules", "favorites_maintenance.pipeline.jobs",
+            "favorites_maintenance.pipeline.checks"} <= set(imported["modules"])
+    assert imported["definitions"] == []
+
+
+def test_dagster_loads_the_workspace(tmp_path):
+    proc = validate({"FAVORITES_DATABASE_URL": "postgresql+psycopg://app@127.0.0.1:1/favorites"},
+                    tmp_path)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+
+
+def test_dagster_refuses_the_workspace_on_a_bad_setting(tmp_path):
+    proc = validate({"FAVORITES_GUEST_RETENTION_CRON": "0 3 * * * *"}, tmp_path)
+    assert proc.returncode != 0
+    assert "FAVORITES_GUEST_RETENTION_CRON: '0 3 * * * *' has 6 fields" in proc.stdout + proc.stderr

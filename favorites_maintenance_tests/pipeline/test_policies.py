@@ -1,0 +1,381 @@
+"""Retention policies as data: a second policy, declared in YAML alone, on a table of another
+shape (a uuid key, a text guard, other column names), runs beside guest favorites through
+Dagster, with its own asset, job, schedule, sensors, checks and pool.
+
+The policies are loaded the way the code location loads them (a defs folder of
+``favorites_maintenance.RetentionPolicy`` components), from a sandbox folder holding the real
+``guest_favorites/defs.yaml`` and a ``guest_carts/defs.yaml`` written here.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import json
+import shutil
+from pathlib import Path
+
+import dagster as dg
+import pytest
+import sqlalchemy as sa
+import yaml
+from dagster.components.testing import create_defs_folder_sandbox
+
+import favorites_maintenance.defs
+from favorites_maintenance.components.policy_tree import PolicyLoadError, load_policies
+from favorites_maintenance.definitions import code_location
+from favorites_maintenance.pipeline.partitions import daily_partitions
+from favorites_maintenance.pipeline.resources import AlertSink
+from favorites_maintenance.retention.defaults import DATABASE_URL_VAR
+from favorites_maintenance_tests.helpers.jobs import failure_text, guest_settings_env, run_report
+
+UTC = dt.timezone.utc
+PARTITION = "2026-06-15"
+#: End of PARTITION: the anchor of both policies' cutoffs.
+ANCHOR = dt.datetime(2026, 6, 16, tzinfo=UTC)
+DEFS = Path(favorites_maintenance.defs.__file__).parent
+GUEST_FAVORITES_YAML = DEFS / "guest_favorites" / "defs.yaml"
+#: The resources every policy shares (``database``, ``alerts``, ``metrics``).
+RESOURCES_PY = DEFS / "resources.py"
+
+CARTS = {
+    "name": "guest_carts",
+    "table": "carts.guest_carts",
+    "key_column": "cart_uuid",
+    "age_column": "touched_at",
+    "null_columns": ["customer_ref"],
+    "retention_days": 30,
+    "batch_size": 100,
+    # Fixed batches, so the batch count is known.
+    "target_batch_duration": "PT0S",
+    "cron": "15 4 * * *",
+    "stale_after": "PT24H",
+}
+
+
+def write_policy(defs_folder: Path, attributes: dict, folder_name: str = "guest_carts") -> None:
+    folder = defs_folder / folder_name
+    folder.mkdir()
+    (folder / "defs.yaml").write_text(yaml.safe_dump(
+        {"type": "favorites_maintenance.RetentionPolicy", "attributes": attributes}))
+
+
+@pytest.fixture
+def sandbox():
+    """A defs folder with the real guest_favorites policy and the real shared resources
+    (``defs/resources.py``); tests add more."""
+    with create_defs_folder_sandbox() as sandbox:
+        (sandbox.defs_folder_path / "guest_favorites").mkdir()
+        shutil.copy(GUEST_FAVORITES_YAML, sandbox.defs_folder_path / "guest_favorites")
+        shutil.copy(RESOURCES_PY, sandbox.defs_folder_path)
+        yield sandbox
+
+
+@pytest.fixture
+def carts(engine):
+    """``carts.guest_carts``: 250 guest carts idle 40 days before the partition's end (30-day
+    retention: prunable), 50 customer carts as old, 30 guest carts idle 5 days."""
+    with engine.begin() as conn:
+        conn.exec_driver_sql("""
+            CREATE SCHEMA carts;
+            CREATE TABLE carts.guest_carts (
+                cart_uuid uuid PRIMARY KEY DEFAULT gen_random_uuid(),
+                customer_ref text NULL,
+                touched_at timestamptz NOT NULL,
+                items int NOT NULL DEFAULT 1);
+            CREATE INDEX ON carts.guest_carts (touched_at, cart_uuid)
+                WHERE customer_ref IS NULL;""")
+        insert = sa.text("INSERT INTO carts.guest_carts (customer_ref, touched_at) "
+                         "SELECT :ref, :at FROM generate_series(1, :n)")
+        conn.execute(insert, {"ref": None, "at": ANCHOR - dt.timedelta(days=40), "n": 250})
+        conn.execute(insert, {"ref": "cust-7", "at": ANCHOR - dt.timedelta(days=40), "n": 50})
+        conn.execute(insert, {"ref": None, "at": ANCHOR - dt.timedelta(days=5), "n": 30})
+    yield
+    with engine.begin() as conn:
+        conn.exec_driver_sql("DROP SCHEMA carts CASCADE")
+
+
+def carts_left(engine) -> dict[str, int]:
+    with engine.connect() as conn:
+        rows = conn.execute(sa.text(
+            "SELECT coalesce(customer_ref, 'guest') || ':' || "
+            "(CASE WHEN touched_at < :cutoff THEN 'old' ELSE 'recent' END), count(*) "
+            "FROM carts.guest_carts GROUP BY 1"),
+            {"cutoff": ANCHOR - dt.timedelta(days=30)}).all()
+    return dict(rows)
+
+
+def test_a_second_policy_from_yaml_alone_gets_the_whole_surface_under_its_own_names(
+        sandbox, carts, rows, engine, db_url, monkeypatch):
+    monkeypatch.setenv(DATABASE_URL_VAR, db_url.render_as_string(hide_password=False))
+    guest_settings_env(monkeypatch)  # the guest-favorites policy at its defaults
+    write_policy(sandbox.defs_folder_path, CARTS)
+    old_guests = set(rows.add_many(40, updated_at=ANCHOR - dt.timedelta(days=400)))
+    accounts = set(rows.add_many(10, updated_at=ANCHOR - dt.timedelta(days=400), user_id=3))
+
+    with sandbox.build_component_tree() as tree:
+        defs = code_location(tree)
+
+    carts_key = dg.AssetKey(["carts", "guest_carts_cleanup"])
+    guest_key = dg.AssetKey(["favorites", "guest_favorites_cleanup"])
+    graph = defs.resolve_asset_graph()
+    assert graph.get_all_asset_keys() == {carts_key, guest_key}
+    assert {c.name for c in graph.asset_check_keys if c.asset_key == carts_key} == {
+        "no_guest_row_older_than_retention_plus_one_day", "deleted_total_spike",
+        "no_rows_skipped"}
+    assert defs.resolve_job_def("guest_carts_cleanup_job")
+    assert defs.resolve_schedule_def("guest_carts_cleanup_schedule").cron_schedule == "15 4 * * *"
+    assert defs.resolve_schedule_def("guest_favorites_cleanup_schedule").cron_schedule == \
+        "0 3 * * *"
+    for name in ("guest_carts_cleanup_stale_sensor", "guest_carts_cleanup_failure_sensor",
+                 "guest_carts_cleanup_tick_failure_sensor",
+                 "guest_favorites_cleanup_stale_sensor", "guest_favorites_cleanup_failure_sensor",
+                 "guest_favorites_cleanup_tick_failure_sensor"):
+        assert defs.resolve_sensor_def(name)
+    carts_job = defs.resolve_job_def("guest_carts_cleanup_job")
+    purge_op = carts_job.graph.node_named("carts__guest_carts_cleanup").definition \
+        .node_named("purge").definition
+    assert purge_op.pool == "guest_carts_cleanup"
+    # The global asset job holds both graphs: their ops may not share a definition name.
+    assert defs.resolve_implicit_global_asset_job_def()
+
+    with dg.instance_for_test() as instance:
+        result = carts_job.execute_in_process(partition_key=PARTITION, instance=instance)
+        assert result.success
+        run = run_report(result, asset_key=carts_key)
+        assert (run.deleted_total, run.batches, run.backlog_remaining) == (250, 3, 0)
+        assert (run.retention_days, run.batch_size) == (30, 100)
+        assert run.cutoff == (ANCHOR - dt.timedelta(days=30)).isoformat()
+        checks = result.get_asset_check_evaluations()
+        assert {c.asset_key for c in checks} == {carts_key}
+        assert len(checks) == 3 and all(c.passed for c in checks), checks
+        # Only the guest carts past retention went; the customers' carts and the favorites
+        # table were not touched.
+        assert carts_left(engine) == {"cust-7:old": 50, "guest:recent": 30}
+        assert rows.ids() == old_guests | accounts
+
+        guest = defs.resolve_job_def("guest_favorites_cleanup_job").execute_in_process(
+            partition_key=PARTITION, instance=instance)
+        assert guest.success and run_report(guest).deleted_total == 40
+        assert rows.ids() == accounts
+        assert carts_left(engine) == {"cust-7:old": 50, "guest:recent": 30}
+
+        # Each staleness sensor watches its own asset: after a run of today's partition of
+        # carts (the 2026 day above is a backfill, which does not count), the carts sensor's
+        # clock starts at that success; the favorites one has seen none.
+        today = daily_partitions.get_last_partition_key()
+        assert carts_job.execute_in_process(partition_key=today, instance=instance).success
+        sent: list[str] = []
+
+        class Sink(AlertSink):
+            def send(self, text, *, log=None, level=40):
+                sent.append(text)
+                return True
+
+        last_success = {}
+        for name in ("guest_carts_cleanup_stale_sensor", "guest_favorites_cleanup_stale_sensor"):
+            with dg.build_sensor_context(instance=instance, resources={"alerts": Sink()}) as ctx:
+                defs.resolve_sensor_def(name)(ctx)
+                last_success[name] = json.loads(ctx.cursor)["lastSuccess"]
+        assert sent == []
+        assert last_success["guest_carts_cleanup_stale_sensor"] is not None
+        assert last_success["guest_favorites_cleanup_stale_sensor"] is None
+
+        # A failed carts run alerts through the carts failure sensor, not the favorites one.
+        with engine.begin() as conn:
+            conn.exec_driver_sql("ALTER TABLE carts.guest_carts RENAME COLUMN touched_at TO t")
+        failed = carts_job.execute_in_process(partition_key=PARTITION, instance=instance,
+                                              raise_on_error=False)
+        assert not failed.success
+        assert "carts.guest_carts has no column 'touched_at'" in failure_text(failed)
+        run = instance.get_run_by_id(failed.run_id)
+        [run_failure] = [e.dagster_event for e in instance.all_logs(failed.run_id)
+                         if e.dagster_event
+                         and e.dagster_event.event_type == dg.DagsterEventType.RUN_FAILURE]
+        for name, alerted in (("guest_carts_cleanup_failure_sensor", True),
+                              ("guest_favorites_cleanup_failure_sensor", False)):
+            sent.clear()
+            ctx = dg.build_run_status_sensor_context(
+                sensor_name=name, dagster_instance=instance, dagster_run=run,
+                dagster_event=run_failure, resources={"alerts": Sink()},
+            ).for_run_failure()
+            defs.resolve_sensor_def(name)(ctx)
+            assert bool(sent) == alerted, (name, sent)
+            if alerted:
+                assert f"guest_carts_cleanup_job run {failed.run_id}" in sent[0]
+
+
+def test_the_command_line_dry_run_takes_the_policy_by_name(rows, db_url):
+    from click.testing import CliRunner
+
+    from favorites_maintenance.cli import main
+
+    env = {DATABASE_URL_VAR: db_url.render_as_string(hide_password=False)}
+    rows.add_many(3, updated_at=ANCHOR - dt.timedelta(days=400))
+    ok = CliRunner().invoke(main, ["dry-run", "--policy", "guest_favorites"], env=env)
+    assert ok.exit_code == 0, ok.output
+    assert "policy     guest_favorites (favorites.favorites, user_id IS NULL)" in ok.output
+    assert "prunable   3 rows" in ok.output
+    unknown = CliRunner().invoke(main, ["dry-run", "--policy", "no_such_policy"], env=env)
+    assert unknown.exit_code == 2
+    # The list names every policy of defs/: guest_favorites, and any a checkout adds.
+    assert "--policy 'no_such_policy': no such policy; the policies are " in unknown.output
+    assert "guest_favorites" in unknown.output.split("the policies are ", 1)[1]
+
+
+@pytest.mark.parametrize("change, message", [
+    ({"null_columns": []}, "policy 'guest_carts': null_columns is empty"),
+    ({"table": 'carts."guest_carts"; DROP TABLE x'}, "is not a lower-case SQL identifier"),
+    ({"key_column": "Cart_UUID"}, "key_column 'Cart_UUID' is not a lower-case SQL identifier"),
+    ({"table": "guest_carts"}, "table 'guest_carts' must be written schema.table"),
+    ({"table": "db.carts.guest_carts"}, "table 'db.carts.guest_carts' must be written "
+                                        "schema.table"),
+    ({"retention_days": 0}, "policy guest_carts, retention_days: '0' must be greater than 0"),
+    ({"max_run_duration": "ten minutes"}, "policy guest_carts, max_run_duration: 'ten minutes' "
+                                          "is not a duration"),
+    ({"name": "Guest-Carts"}, "policy 'Guest-Carts': name must be snake_case"),
+    # Dagster's schema, through the component: the file, the line and the field.
+    ({"retention_dayz": 30}, "attributes.retention_dayz at "),
+    ({"name": "guest_favorites"}, "policy names must be unique, got ['guest_favorites', "
+                                  "'guest_favorites']"),
+])
+def test_a_malformed_policy_stops_the_load_naming_the_policy_field_and_value(
+        sandbox, change, message):
+    write_policy(sandbox.defs_folder_path, {**CARTS, **change})
+    with sandbox.build_component_tree() as tree:
+        with pytest.raises(PolicyLoadError) as refused:
+            load_policies(tree)
+    assert message in str(refused.value)
+
+
+@pytest.mark.parametrize("written, days", [
+    # As written, by the rules a variable's text is read with, not by YAML 1.1's (which reads
+    # 030 as 24, 1:30 as 90, yes as 1 and 0x1e as 30).
+    ("030", 30), ("30", 30), ("yes", None), ("1:30", None), ("0x1e", None), ("30.0", None),
+])
+def test_a_setting_means_what_its_yaml_text_says(sandbox, written, days):
+    folder = sandbox.defs_folder_path / "guest_carts"
+    folder.mkdir()
+    text = yaml.safe_dump({"type": "favorites_maintenance.RetentionPolicy",
+                           "attributes": {**CARTS, "retention_days": 1}})
+    (folder / "defs.yaml").write_text(text.replace("retention_days: 1",
+                                                   f"retention_days: {written}"))
+    with sandbox.build_component_tree() as tree:
+        if days is None:
+            with pytest.raises(PolicyLoadError, match=f"policy guest_carts, retention_days: "
+                                                      f"'{written}' is not a whole number"):
+                load_policies(tree)
+        else:
+            carts = {p.name: p for p in load_policies(tree)}["guest_carts"]
+            assert carts.settings.retention_days == days
+
+
+def carts_yaml(attributes_text: str) -> str:
+    """A guest-carts policy file whose ``attributes`` are written as ``attributes_text``."""
+    return f"type: favorites_maintenance.RetentionPolicy\nattributes:{attributes_text}\n"
+
+
+_RULE = ("\n  name: guest_carts\n  table: carts.guest_carts\n  key_column: cart_uuid"
+         "\n  age_column: touched_at\n  null_columns: [customer_ref]")
+_FLOW = ("{name: guest_carts, table: carts.guest_carts, key_column: cart_uuid, "
+         "age_column: touched_at, null_columns: [customer_ref]")
+
+
+@pytest.mark.parametrize("shape, attributes, days", [
+    # Every way YAML can write a value is read as written, never by YAML 1.1's number rules.
+    ("flow style", f" {_FLOW}, retention_days: 030}}", 30),
+    ("value on the next line", _RULE + "\n  retention_days:\n    030", 30),
+    ("an alias", _RULE + "\n  batch_size: &days 030\n  retention_days: *days", 30),
+    ("a quoted key", _RULE + '\n  "retention_days": 030', 30),
+    ("a comment", _RULE + "\n  retention_days: 030  # thirty", 30),
+    ("a plain value folded over two lines", _RULE + "\n  retention_days: 3\n    65", None),
+    ("flow style, hexadecimal", f" {_FLOW}, retention_days: 0x1e}}", None),
+])
+def test_a_setting_is_read_as_written_whatever_the_yaml_shape(sandbox, shape, attributes, days):
+    folder = sandbox.defs_folder_path / "guest_carts"
+    folder.mkdir()
+    (folder / "defs.yaml").write_text(carts_yaml(attributes))
+    with sandbox.build_component_tree() as tree:
+        if days is None:
+            with pytest.raises(PolicyLoadError, match="policy guest_carts, retention_days: "
+                                                      "'.*' is not a whole number"):
+                load_policies(tree)
+        else:
+            carts = {p.name: p for p in load_policies(tree)}["guest_carts"]
+            assert carts.settings.retention_days == days, shape
+
+
+def test_a_setting_written_twice_is_refused_not_the_last_one_taken(sandbox):
+    folder = sandbox.defs_folder_path / "guest_carts"
+    folder.mkdir()
+    (folder / "defs.yaml").write_text(carts_yaml(
+        _RULE + "\n  retention_days: 30\n  retention_days: 3"))
+    with sandbox.build_component_tree() as tree:
+        with pytest.raises(PolicyLoadError, match="policy guest_carts, retention_days: is "
+                                                  "written 2 times in the policy's defs.yaml"):
+            load_policies(tree)
+
+
+def test_an_unquoted_hh_mm_ss_duration_is_the_duration_it_says(sandbox):
+    folder = sandbox.defs_folder_path / "guest_carts"
+    folder.mkdir()
+    (folder / "defs.yaml").write_text(carts_yaml(
+        _RULE + "\n  stale_after: 48:00:00\n  max_run_duration: 00:10:00"))
+    with sandbox.build_component_tree() as tree:
+        carts = {p.name: p for p in load_policies(tree)}["guest_carts"]
+    assert carts.settings.stale_after == dt.timedelta(hours=48)
+    assert carts.settings.max_run_duration == dt.timedelta(minutes=10)
+
+
+@pytest.mark.parametrize("text, message", [
+    (carts_yaml(_RULE + "\n  retention_days:\t030"), "found character '\\t'"),
+    (carts_yaml(_RULE + "\n  retention_days: *nowhere"), "found undefined alias 'nowhere'"),
+    ("type: favorites_maintenance.RetentionPolicy\nowner: me\nattributes:" + _RULE,
+     "Extra inputs are not permitted"),
+])
+def test_a_file_that_is_not_a_policy_is_one_load_error_naming_the_file(sandbox, text, message):
+    folder = sandbox.defs_folder_path / "guest_carts"
+    folder.mkdir()
+    (folder / "defs.yaml").write_text(text)
+    with sandbox.build_component_tree() as tree:
+        with pytest.raises(PolicyLoadError) as refused:
+            load_policies(tree)
+    assert message in str(refused.value) and "guest_carts/defs.yaml" in str(refused.value)
+
+
+def test_a_short_stale_after_still_loads_with_the_shortest_freshness_dagster_takes(sandbox):
+    write_policy(sandbox.defs_folder_path, {**CARTS, "stale_after": "PT59S"})
+    with sandbox.build_component_tree() as tree:
+        defs = code_location(tree)
+    spec = defs.resolve_assets_def(dg.AssetKey(["carts", "guest_carts_cleanup"])).specs
+    [freshness] = [s.freshness_policy for s in spec]
+    assert freshness.fail_window.to_timedelta() == dt.timedelta(minutes=1)
+    assert freshness.warn_window is None
+
+
+def test_a_policy_setting_read_from_the_environment_is_reported_under_its_variable(
+        sandbox, monkeypatch):
+    write_policy(sandbox.defs_folder_path,
+                 {**CARTS, "retention_days": "{{ env.CARTS_RETENTION_DAYS }}"})
+    monkeypatch.setenv("CARTS_RETENTION_DAYS", "0")
+    with sandbox.build_component_tree() as tree:
+        with pytest.raises(PolicyLoadError, match="CARTS_RETENTION_DAYS: '0' must be greater"):
+            load_policies(tree)
+    monkeypatch.delenv("CARTS_RETENTION_DAYS")
+    with sandbox.build_component_tree() as tree:
+        carts = {p.name: p for p in load_policies(tree)}["guest_carts"]
+    assert carts.settings.retention_days == 365  # unset: the default
+
+
+def test_an_age_column_that_is_not_timestamptz_fails_the_first_run_naming_it(
+        sandbox, carts, engine, db_url, monkeypatch):
+    monkeypatch.setenv(DATABASE_URL_VAR, db_url.render_as_string(hide_password=False))
+    guest_settings_env(monkeypatch)  # the guest-favorites policy at its defaults
+    write_policy(sandbox.defs_folder_path, {**CARTS, "age_column": "items"})
+    with sandbox.build_component_tree() as tree:
+        defs = code_location(tree)
+    with dg.instance_for_test() as instance:
+        result = defs.resolve_job_def("guest_carts_cleanup_job").execute_in_process(
+            partition_key=PARTITION, instance=instance, raise_on_error=False)
+    assert not result.success
+    assert "carts.guest_carts.items is INTEGER" in failure_text(result)
+    assert carts_left(engine)["guest:old"] == 250

@@ -1,0 +1,112 @@
+"""Op retries on transient database errors, and none on the others."""
+
+from __future__ import annotations
+
+import datetime as dt
+import threading
+import time
+
+import dagster as dg
+import pytest
+import sqlalchemy as sa
+
+from favorites_maintenance_tests.helpers.jobs import JOB, load_code_location
+
+UTC = dt.timezone.utc
+PARTITION = (dt.datetime.now(UTC) - dt.timedelta(days=1)).date().isoformat()
+OLD = dt.datetime.now(UTC) - dt.timedelta(days=400)
+
+
+@pytest.fixture
+def job(db_url, monkeypatch):
+    return load_code_location(db_url, monkeypatch).resolve_job_def(JOB)
+
+
+def retry_config(max_retries: int) -> dict:
+    return {"ops": {"favorites__guest_favorites_cleanup": {"ops": {"purge": {"config": {
+        "max_retries": max_retries, "retry_delay_seconds": 0.2}}}}}}
+
+
+class TableLock:
+    """ACCESS EXCLUSIVE on the table (a migration, say), held by the test's own session until
+    :meth:`release`, or until the run has been put up for its first retry."""
+
+    def __init__(self, engine):
+        self.conn = engine.connect()
+        self.conn.begin()
+        self.conn.execute(sa.text("LOCK TABLE favorites.favorites IN ACCESS EXCLUSIVE MODE"))
+
+    def release(self):
+        if self.conn is not None:
+            self.conn.rollback()
+            self.conn.close()
+            self.conn = None
+
+    def release_after_first_retry(self, instance) -> threading.Thread:
+        def watch():
+            deadline = time.monotonic() + 120
+            while time.monotonic() < deadline:
+                runs = instance.get_runs(limit=1)
+                if runs and step_events(instance, runs[0].run_id,
+                                        dg.DagsterEventType.STEP_UP_FOR_RETRY):
+                    break
+                time.sleep(0.05)
+            self.release()
+
+        thread = threading.Thread(target=watch, daemon=True)
+        thread.start()
+        return thread
+
+
+def step_events(instance, run_id, event_type):
+    return [e for e in instance.all_logs(run_id)
+            if e.dagster_event and e.dagster_event.event_type == event_type]
+
+
+def test_a_lock_timeout_is_retried_and_the_run_then_succeeds(job, engine, rows):
+    rows.add_many(300, updated_at=OLD)
+    lock = TableLock(engine)  # outlasts the purge's 2 s lock_timeout, released for the retry
+    try:
+        with dg.instance_for_test() as instance:
+            watcher = lock.release_after_first_retry(instance)
+            result = job.execute_in_process(partition_key=PARTITION, instance=instance,
+                                            run_config=retry_config(3))
+            retries = step_events(instance, result.run_id,
+                                  dg.DagsterEventType.STEP_UP_FOR_RETRY)
+            warnings = [e.user_message for e in instance.all_logs(result.run_id)
+                        if "transient database error" in (e.user_message or "")]
+            watcher.join()
+    finally:
+        lock.release()
+    assert result.success
+    assert len(retries) >= 1
+    assert "lock_not_available" in warnings[0]
+    assert rows.count() == 0
+
+
+def test_retries_run_out_and_the_run_fails(job, engine, rows):
+    rows.add_many(10, updated_at=OLD)
+    lock = TableLock(engine)  # held through every attempt
+    try:
+        with dg.instance_for_test() as instance:
+            result = job.execute_in_process(partition_key=PARTITION, instance=instance,
+                                            run_config=retry_config(1), raise_on_error=False)
+            retries = step_events(instance, result.run_id,
+                                  dg.DagsterEventType.STEP_UP_FOR_RETRY)
+    finally:
+        lock.release()
+    assert not result.success
+    assert len(retries) == 1
+    assert rows.count() == 10
+
+
+def test_a_missing_table_is_not_retried(job, engine):
+    with engine.begin() as conn:
+        conn.execute(sa.text("DROP TABLE favorites.favorites"))
+    with dg.instance_for_test() as instance:
+        result = job.execute_in_process(partition_key=PARTITION, instance=instance,
+                                        run_config=retry_config(3), raise_on_error=False)
+        retries = step_events(instance, result.run_id, dg.DagsterEventType.STEP_UP_FOR_RETRY)
+    assert not result.success
+    assert retries == []
+

@@ -1,0 +1,291 @@
+"""The staleness and failure alerts over run histories built at chosen times."""
+
+from __future__ import annotations
+
+import datetime as dt
+import json
+import time
+import threading
+import uuid
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+import dagster as dg
+import pytest
+import sqlalchemy as sa
+from dagster._core.test_utils import freeze_time
+
+from favorites_maintenance.components.policy_tree import load_policies
+from favorites_maintenance.pipeline.resources import AlertSink
+from favorites_maintenance.pipeline.sensors import build_stale_sensor
+from favorites_maintenance.retention.defaults import DATABASE_URL_VAR
+from favorites_maintenance_tests.helpers.jobs import JOB, POLICY, load_code_location
+
+UTC = dt.timezone.utc
+H = 3600.0
+# A Monday, 03:00 UTC: the default schedule's tick time.
+T0 = dt.datetime(2026, 10, 5, 3, 0, tzinfo=UTC).timestamp()
+
+
+class Webhook:
+    """A local Slack-compatible endpoint recording what it receives."""
+
+    def __init__(self):
+        self.messages: list[str] = []
+        self.status = 200
+        hook = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def do_POST(self):
+                body = self.rfile.read(int(self.headers["Content-Length"]))
+                hook.messages.append(json.loads(body)["text"])
+                self.send_response(hook.status)
+                self.end_headers()
+
+            def log_message(self, *args):
+                pass
+
+        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.url = f"http://127.0.0.1:{self.server.server_port}/hook"
+        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+
+    def close(self):
+        self.server.shutdown()
+        self.server.server_close()
+
+
+@pytest.fixture
+def webhook():
+    hook = Webhook()
+    yield hook
+    hook.close()
+
+
+@pytest.fixture
+def defs(db_url, monkeypatch):
+    return load_code_location(db_url, monkeypatch)
+
+
+@pytest.fixture
+def job(defs):
+    return defs.resolve_job_def(JOB)
+
+
+def guest_policy():
+    """The guest-favorites policy, as the code location reads it from ``defs/``."""
+    [policy] = [p for p in load_policies() if p.name == POLICY]
+    return policy
+
+
+class Watch:
+    """Evaluates the sensor at chosen instants, carrying its cursor from tick to tick."""
+
+    def __init__(self, instance, webhook, stale_after=dt.timedelta(hours=48)):
+        self.instance = instance
+        self.webhook = webhook
+        self.now = T0
+        self.cursor = None
+        self.sensor = build_stale_sensor(guest_policy(), stale_after, clock=lambda: self.now)
+        self.sink = AlertSink(webhook_url=webhook.url, attempts=2, timeout_seconds=2)
+
+    def tick(self, at: float) -> str:
+        self.now = at
+        ctx = dg.build_sensor_context(instance=self.instance, cursor=self.cursor,
+                                      resources={"alerts": self.sink})
+        result = self.sensor(ctx)
+        self.cursor = ctx.cursor
+        return result.skip_message
+
+
+def run_at(job, instance, at: float, partition: str | None = None, **kwargs):
+    """Run the real job with Dagster's clock frozen at ``at`` (epoch seconds)."""
+    if partition is None:  # the schedule's choice: the day before
+        partition = (dt.datetime.fromtimestamp(at, UTC) - dt.timedelta(days=1)).date().isoformat()
+    with freeze_time(at):
+        return job.execute_in_process(partition_key=partition, instance=instance,
+                                      raise_on_error=False, **kwargs)
+
+
+def test_fresh_deployment_alerts_only_after_the_threshold_then_once(webhook):
+    with dg.instance_for_test() as instance:
+        watch = Watch(instance, webhook)
+        assert watch.tick(T0) == "fresh"
+        assert watch.tick(T0 + 47 * H) == "fresh"
+        assert webhook.messages == []
+        assert watch.tick(T0 + 49 * H) == "alerted"
+        assert watch.tick(T0 + 50 * H) == "stale, already alerted"
+        assert watch.tick(T0 + 80 * H) == "stale, already alerted"
+    assert len(webhook.messages) == 1
+    assert "no successful run for more than 48 h" in webhook.messages[0]
+
+
+def test_47h_after_a_success_is_fresh_49h_alerts_and_a_new_success_resolves(job, webhook):
+    with dg.instance_for_test() as instance:
+        watch = Watch(instance, webhook)
+        assert watch.tick(T0 - 100 * H) == "fresh"  # deployed long ago
+        assert run_at(job, instance, T0).success
+        assert watch.tick(T0 + 47 * H) == "fresh"
+        assert watch.tick(T0 + 49 * H) == "alerted"
+        assert run_at(job, instance, T0 + 50 * H).success
+        assert watch.tick(T0 + 50.5 * H) == "resolved"
+        assert watch.tick(T0 + 51 * H) == "fresh"
+    assert len(webhook.messages) == 2
+    assert webhook.messages[1].startswith("guest_favorites_cleanup: resolved")
+
+
+def test_failed_runs_and_old_partition_backfills_do_not_reset_the_clock(job, webhook, engine):
+    with dg.instance_for_test() as instance:
+        watch = Watch(instance, webhook)
+        watch.tick(T0 - 100 * H)
+        assert run_at(job, instance, T0).success
+        # A backfill of a day three weeks back succeeds at T0 + 40 h: not a current success.
+        assert run_at(job, instance, T0 + 40 * H, partition="2026-09-14").success
+        # A run at T0 + 45 h fails: the table is gone.
+        with engine.begin() as conn:
+            conn.execute(sa.text("ALTER TABLE favorites.favorites RENAME TO gone"))
+        failed = run_at(job, instance, T0 + 45 * H)
+        assert failed.dagster_run.status == dg.DagsterRunStatus.FAILURE
+        assert watch.tick(T0 + 49 * H) == "alerted"
+
+
+def test_a_large_history_of_other_jobs_does_not_count(job, webhook):
+    with dg.instance_for_test() as instance:
+        for _ in range(1000):
+            instance.add_run(dg.DagsterRun(job_name="some_other_job", run_id=str(uuid.uuid4()),
+                                           status=dg.DagsterRunStatus.SUCCESS))
+        watch = Watch(instance, webhook)
+        watch.tick(T0 - 100 * H)
+        assert watch.tick(T0) == "alerted"
+
+
+def test_a_failing_webhook_never_crashes_the_tick(webhook, caplog):
+    webhook.status = 500
+    with dg.instance_for_test() as instance:
+        watch = Watch(instance, webhook)
+        watch.tick(T0)
+        assert watch.tick(T0 + 49 * H) == "alerted"  # logged even though the POST failed
+    assert len(webhook.messages) == 2  # two attempts
+    assert webhook.url not in caplog.text
+
+
+def test_an_unreachable_webhook_never_crashes_the_tick(webhook):
+    webhook.close()
+    with dg.instance_for_test() as instance:
+        watch = Watch(instance, webhook)
+        watch.tick(T0)
+        assert watch.tick(T0 + 49 * H) == "alerted"
+
+
+def test_a_failed_run_alerts_through_the_sink(defs, job, webhook, engine):
+    with engine.begin() as conn:
+        conn.execute(sa.text("DROP TABLE favorites.favorites"))
+    with dg.instance_for_test() as instance:
+        result = run_at(job, instance, T0)
+        run = instance.get_run_by_id(result.run_id)
+        [failure] = [e.dagster_event for e in instance.all_logs(result.run_id)
+                     if e.dagster_event and e.dagster_event.event_type == dg.DagsterEventType.RUN_FAILURE]
+        ctx = dg.build_run_status_sensor_context(
+            sensor_name="guest_favorites_cleanup_failure_sensor", dagster_instance=instance,
+            dagster_run=run, dagster_event=failure,
+            resources={"alerts": AlertSink(webhook_url=webhook.url)},
+        ).for_run_failure()
+        defs.resolve_sensor_def("guest_favorites_cleanup_failure_sensor")(ctx)
+    [message] = webhook.messages
+    assert result.run_id in message and "failed" in message and "2026-10-04" in message
+
+
+def test_raising_the_threshold_after_an_alert_resolves_it_without_a_success(webhook):
+    with dg.instance_for_test() as instance:
+        watch = Watch(instance, webhook)
+        watch.tick(T0)
+        assert watch.tick(T0 + 49 * H) == "alerted"
+        cursor = watch.cursor
+        raised = Watch(instance, webhook, stale_after=dt.timedelta(hours=72))
+        raised.cursor = cursor
+        assert raised.tick(T0 + 50 * H) == "resolved"
+        assert raised.tick(T0 + 73 * H) == "alerted"
+    assert "within the threshold of 72 h" in webhook.messages[1]
+
+
+def test_without_a_cursor_the_clock_is_the_last_success_in_the_history(job, webhook):
+    """A new deployment, a reset or renamed sensor, a migrated instance: the first tick finds
+    the last successful current run, however old, and alerts at once when it is stale."""
+    stale_after = dt.timedelta(seconds=2)
+    with dg.instance_for_test() as instance:
+        yesterday = (dt.datetime.now(UTC) - dt.timedelta(days=1)).date().isoformat()
+        assert job.execute_in_process(partition_key=yesterday, instance=instance).success
+        time.sleep(3)  # the run is now older than stale_after
+        sensor = build_stale_sensor(guest_policy(), stale_after)
+        sink = AlertSink(webhook_url=webhook.url, attempts=1)
+        ctx = dg.build_sensor_context(instance=instance, resources={"alerts": sink})
+        assert sensor(ctx).skip_message == "alerted"
+        again = dg.build_sensor_context(instance=instance, cursor=ctx.cursor,
+                                        resources={"alerts": sink})
+        assert sensor(again).skip_message == "stale, already alerted"
+    [message] = webhook.messages
+    assert "no successful run for more than 0.000555556 h" in message
+    assert "last successful run at" in message
+
+
+def test_without_a_cursor_a_success_months_ago_alerts_on_the_first_tick(job, webhook):
+    with dg.instance_for_test() as instance:
+        assert run_at(job, instance, T0 - 24 * 3600 * 70).success  # 70 days before T0
+        # Later, a week of old days backfilled: none of them restarts the clock.
+        for day in range(7):
+            assert run_at(job, instance, T0 - 6 * H,
+                          partition=f"2026-09-{10 + day:02d}").success
+        watch = Watch(instance, webhook)
+        assert watch.tick(T0) == "alerted"
+        assert "last successful run at 2026-07-27T03:00:00+00:00" in webhook.messages[0]
+
+
+def test_without_a_cursor_and_no_success_ever_the_clock_starts_at_the_first_tick(job, webhook):
+    with dg.instance_for_test() as instance:
+        assert run_at(job, instance, T0 - 6 * H, partition="2026-09-01").success  # a backfill
+        watch = Watch(instance, webhook)
+        assert watch.tick(T0) == "fresh"
+        assert watch.tick(T0 + 47 * H) == "fresh"
+        assert watch.tick(T0 + 49 * H) == "alerted"
+        assert "none since watching began at 2026-10-05T03:00:00+00:00" in webhook.messages[0]
+
+
+def test_a_failed_schedule_tick_alerts_once_then_resolves(dagster_storage_url, db_url, webhook,
+                                                          monkeypatch):
+    """The code location served without FAVORITES_DATABASE_URL: the scheduler's tick fails
+    before any run exists. The tick-failure sensor, in the same daemon pass, alerts once; the
+    location served again with the variable set, the next tick succeeds and it resolves."""
+    from favorites_maintenance_tests.helpers.daemon import code_location, pg_instance, scheduler_and_sensors
+
+    monkeypatch.delenv(DATABASE_URL_VAR, raising=False)
+    monkeypatch.setenv("FAVORITES_GUEST_RETENTION_CRON", "* * * * *")
+    monkeypatch.setenv("FAVORITES_ALERT_WEBHOOK_URL", webhook.url)
+    start = dt.datetime(2026, 10, 5, 3, 0, 30, tzinfo=UTC)
+    minute = dt.timedelta(minutes=1)
+    with pg_instance(dagster_storage_url) as instance:
+        with code_location(instance) as workspace:
+            scheduler_and_sensors(workspace, start)  # the scheduler first sees the schedule
+            assert webhook.messages == []
+            scheduler_and_sensors(workspace, start + minute)  # the 03:01 tick fails
+            assert len(webhook.messages) == 1
+            scheduler_and_sensors(workspace, start + 2 * minute)  # fails again: same episode
+            assert len(webhook.messages) == 1
+            assert instance.get_runs() == []
+        monkeypatch.setenv(DATABASE_URL_VAR, db_url.render_as_string(hide_password=False))
+        with code_location(instance) as workspace:
+            scheduler_and_sensors(workspace, start + 3 * minute)
+            [run] = instance.get_runs()  # the 03:03 tick created its run
+            assert run.tags["dagster/partition"] == "2026-10-04"
+        sensor_ticks = _ticks(instance, "guest_favorites_cleanup_tick_failure_sensor")
+    failed, resolved = webhook.messages
+    assert failed.startswith("guest_favorites_cleanup_schedule: the tick at "
+                             "2026-10-05T03:01:00+00:00 failed and started no cleanup run")
+    assert "FAVORITES_DATABASE_URL" in failed and "not set" in failed
+    assert resolved.startswith("guest_favorites_cleanup_schedule: resolved, the tick at "
+                               "2026-10-05T03:03:00+00:00 succeeded")
+    assert [t.skip_reason for t in sensor_ticks][:3] == [
+        "resolved", "failing, already alerted", "alerted"]
+
+
+def _ticks(instance, name):
+    """The ticks of instigator ``name``, newest first."""
+    [state] = [s for s in instance.all_instigator_state() if s.instigator_name == name]
+    return instance.get_ticks(state.instigator_origin_id, state.selector_id)

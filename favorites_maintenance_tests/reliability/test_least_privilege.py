@@ -1,0 +1,104 @@
+"""Least privilege: the shipped role holds only what the job needs, and the job runs under it."""
+
+from __future__ import annotations
+
+import dagster as dg
+import pytest
+import sqlalchemy as sa
+
+from favorites_maintenance.retention.least_privilege import least_privilege_sql
+from favorites_maintenance_tests.reliability.conftest import (
+    FRESH,
+    OLD,
+    materialization,
+    run_job,
+)
+
+
+def refuse_updates_by(engine, role: str) -> None:
+    """A statement trigger of the test table that fails any UPDATE issued by ``role``."""
+    with engine.begin() as conn:
+        conn.exec_driver_sql(f"""
+            CREATE FUNCTION favorites.refuse_update() RETURNS trigger LANGUAGE plpgsql AS $$
+            BEGIN
+                IF current_user = '{role}' THEN
+                    RAISE EXCEPTION 'the cleanup role issued an UPDATE';
+                END IF;
+                RETURN NULL;
+            END $$;
+            CREATE TRIGGER refuse_update BEFORE UPDATE ON favorites.favorites
+                FOR EACH STATEMENT EXECUTE FUNCTION favorites.refuse_update();""")
+
+
+def privileges(engine, role: str) -> set[tuple[str, str]]:
+    with engine.connect() as conn:
+        rows = conn.execute(sa.text("""
+            SELECT privilege_type, '*' FROM information_schema.table_privileges
+             WHERE grantee = :r
+            UNION
+            SELECT privilege_type, column_name FROM information_schema.column_privileges
+             WHERE grantee = :r
+            UNION
+            SELECT 'USAGE', nspname FROM pg_namespace
+             WHERE has_schema_privilege(:r, oid, 'USAGE') AND nspname = 'favorites'
+            UNION
+            SELECT 'CREATE', nspname FROM pg_namespace
+             WHERE has_schema_privilege(:r, oid, 'CREATE') AND nspname = 'favorites'
+        """), {"r": role}).all()
+    return {tuple(r) for r in rows}
+
+
+def test_the_shipped_role_holds_only_what_the_job_needs(engine, roles):
+    url = roles.create("cleanup", least_privilege=True)
+    role = url.username
+    assert privileges(engine, role) == {
+        ("USAGE", "favorites"),
+        ("SELECT", "id"), ("SELECT", "user_id"), ("SELECT", "updated_at"),
+        ("DELETE", "*"),
+        # Required by PostgreSQL for FOR UPDATE SKIP LOCKED; never used (see the next test).
+        ("UPDATE", "updated_at"),
+    }
+    with engine.connect() as conn:
+        attrs = conn.execute(sa.text(
+            "SELECT rolsuper, rolcreatedb, rolcreaterole, rolinherit, rolreplication, "
+            "rolbypassrls, rolcanlogin FROM pg_roles WHERE rolname = :r"), {"r": role}).one()
+    assert tuple(attrs) == (False, False, False, False, False, False, True)
+
+
+def test_the_whole_job_runs_under_the_least_privilege_role_and_never_updates(
+        db_url, engine, rows, roles, monkeypatch):
+    url = roles.create("cleanup", least_privilege=True)
+    refuse_updates_by(engine, url.username)
+    prunable = set(rows.add_many(2500, updated_at=OLD))
+    keep = set(rows.add_many(100, updated_at=FRESH)) | set(
+        rows.add_many(100, updated_at=OLD, user_id=5))
+
+    with dg.instance_for_test() as instance:
+        result = run_job(url, instance, monkeypatch=monkeypatch, batch_size=1000)
+        assert result.success
+        meta = materialization(result)
+    assert meta["deletedTotal"] == len(prunable) and meta["batches"] == 3
+    assert meta["backlogRemaining"] == 0
+    assert rows.ids() == keep
+
+    # The role cannot read what is private, nor write anything but deletions.
+    as_role = sa.create_engine(url)
+    try:
+        for forbidden in ("SELECT note FROM favorites.favorites",
+                          "SELECT anonymous_id FROM favorites.favorites",
+                          "SELECT * FROM favorites.favorites",
+                          "INSERT INTO favorites.favorites (user_id, item_id) VALUES (1, 1)",
+                          "UPDATE favorites.favorites SET user_id = 1",
+                          "TRUNCATE favorites.favorites",
+                          "CREATE TABLE favorites.x (i int)"):
+            with pytest.raises(sa.exc.ProgrammingError, match="permission denied"):
+                with as_role.begin() as conn:
+                    conn.exec_driver_sql(forbidden)
+    finally:
+        as_role.dispose()
+
+
+def test_the_sql_takes_the_role_name_as_a_quoted_identifier():
+    text = least_privilege_sql('odd"name')
+    assert 'CREATE ROLE "odd""name" LOGIN' in text
+    assert ':"role"' not in text

@@ -1,0 +1,178 @@
+"""Privacy: whatever fails, no anonymous id, no note and no password is logged or recorded.
+
+Every failure path of the other reliability tests is run here on rows whose ``anonymous_id``
+and ``note`` hold sentinel values, as a role whose password is a sentinel too. Everything that
+could carry text is collected: Python log records of every logger at DEBUG (SQLAlchemy and
+psycopg included), what reached stdout/stderr, Dagster's event log (messages, errors with their
+causes and stacks, metadata values) and the exceptions raised by the core.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import socket
+
+import dagster as dg
+import pytest
+import sqlalchemy as sa
+
+from favorites_maintenance.retention import SkippedRowsError, purge
+from favorites_maintenance.retention.database import create_engine
+from favorites_maintenance.retention.schema import dev_favorites
+from favorites_maintenance_tests.reliability.conftest import (
+    CUTOFF,
+    FRESH,
+    OLD,
+    SENTINEL_ANON,
+    SENTINEL_NOTE,
+    everything_dagster_recorded,
+    in_thread,
+    run_job,
+    sleeping_backend,
+    slow_delete,
+)
+
+PASSWORD = "SENTINEL-PASSWORD-q8Zr"
+SENTINELS = (SENTINEL_ANON, SENTINEL_NOTE, PASSWORD)
+
+
+def seed(engine, n: int = 250) -> None:
+    """Prunable and kept guest rows, all carrying the sentinels; one marked to be slow."""
+    step = dt.timedelta(seconds=1)
+    with engine.begin() as conn:
+        conn.execute(sa.insert(dev_favorites), [
+            {"user_id": None, "anonymous_id": SENTINEL_ANON, "item_id": i,
+             "note": "SLOW" if i == 120 else SENTINEL_NOTE,
+             "created_at": OLD + i * step, "updated_at": OLD + i * step} for i in range(n)])
+        conn.execute(sa.insert(dev_favorites), [
+            {"user_id": None, "anonymous_id": SENTINEL_ANON, "item_id": i, "note": SENTINEL_NOTE,
+             "created_at": FRESH, "updated_at": FRESH} for i in range(10)])
+
+
+def refuse_deletes_quoting_the_row(engine) -> None:
+    """A service-side trigger whose error quotes the row: message, DETAIL, HINT and CONTEXT."""
+    with engine.begin() as conn:
+        conn.execute(sa.text("""
+            CREATE FUNCTION favorites.refuse_delete() RETURNS trigger LANGUAGE plpgsql AS $$
+            BEGIN
+                RAISE EXCEPTION 'cannot delete favorite of %: %', OLD.anonymous_id, OLD.note
+                    USING DETAIL = 'row ' || OLD.anonymous_id || ' / ' || OLD.note,
+                          HINT = OLD.note;
+            END $$;
+            CREATE TRIGGER refuse_delete BEFORE DELETE ON favorites.favorites
+                FOR EACH ROW EXECUTE FUNCTION favorites.refuse_delete();"""))
+
+
+class Collected:
+    def __init__(self, caplog, capfd):
+        self.caplog, self.capfd = caplog, capfd
+        self.texts: list[str] = []
+
+    def run(self, url, instance, monkeypatch, **settings):
+        result = run_job(url, instance, monkeypatch=monkeypatch, **settings)
+        self.texts.append(everything_dagster_recorded(instance, result.run_id))
+        self.texts.extend(repr(e) for e in result.all_events)
+        return result
+
+    def assert_clean(self):
+        out, err = self.capfd.readouterr()
+        everything = "\n".join([*self.texts, self.caplog.text, out, err])
+        assert everything.strip()  # something was collected
+        for sentinel in SENTINELS:
+            assert sentinel not in everything, sentinel
+
+
+@pytest.fixture
+def collected(all_logs, capfd):
+    return Collected(all_logs, capfd)
+
+
+@pytest.fixture
+def role_url(roles, engine):
+    url = roles.create("private", least_privilege=True, password=PASSWORD)
+    assert url.password == PASSWORD
+    return url
+
+
+def test_no_failure_path_logs_a_private_value_or_the_password(
+        db_url, engine, roles, role_url, collected, monkeypatch):
+    seed(engine)
+    collected.caplog.clear()
+    with dg.instance_for_test() as instance:
+        # 1. The backend killed in the middle of a batch.
+        with slow_delete(engine, seconds=30):
+            def kill():
+                pid = sleeping_backend(engine)
+                with engine.connect() as conn:
+                    conn.execute(sa.text("SELECT pg_terminate_backend(:p)"), {"p": pid})
+            killer, _ = in_thread(kill)
+            assert not collected.run(role_url, instance, monkeypatch, batch_size=50).success
+            killer.join(10)
+
+        # 2. A statement timeout of the role.
+        with engine.begin() as conn:
+            conn.exec_driver_sql(f'ALTER ROLE "{role_url.username}" '
+                                 "SET statement_timeout = '200ms'")
+        with slow_delete(engine, seconds=3):
+            assert not collected.run(role_url, instance, monkeypatch, batch_size=50).success
+        with engine.begin() as conn:
+            conn.exec_driver_sql(f'ALTER ROLE "{role_url.username}" RESET statement_timeout')
+
+        # 3. A trigger of the favorites service refusing the delete, quoting the row.
+        refuse_deletes_quoting_the_row(engine)
+        assert not collected.run(role_url, instance, monkeypatch).success
+        with engine.begin() as conn:
+            conn.exec_driver_sql("DROP TRIGGER refuse_delete ON favorites.favorites")
+
+        # 4. A missing permission (the row-lock privilege revoked).
+        with engine.begin() as conn:
+            conn.exec_driver_sql(f'REVOKE UPDATE (updated_at) ON favorites.favorites '
+                                 f'FROM "{role_url.username}"')
+        assert not collected.run(role_url, instance, monkeypatch).success
+
+        # 5. An unreachable server, the password in the URL.
+        sock = socket.create_server(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+        sock.close()
+        unreachable = role_url.set(host="127.0.0.1", port=port, query={})
+        assert not collected.run(unreachable, instance, monkeypatch).success
+
+        # 6. The table gone.
+        with engine.begin() as conn:
+            conn.exec_driver_sql("ALTER TABLE favorites.favorites RENAME TO gone")
+        assert not collected.run(db_url.set(password=PASSWORD), instance, monkeypatch).success
+        with engine.begin() as conn:
+            conn.exec_driver_sql("ALTER TABLE favorites.gone RENAME TO favorites")
+
+        # And the run that succeeds in the end.
+        assert collected.run(db_url.set(password=PASSWORD), instance, monkeypatch).success
+    collected.assert_clean()
+
+
+def test_core_errors_never_carry_the_row_the_database_quoted(engine, collected):
+    seed(engine, n=20)
+    refuse_deletes_quoting_the_row(engine)
+    collected.caplog.clear()
+    # Every row fails: the batch is split down to single rows, each skipped by its key, until
+    # the table is taken for blocked.
+    with pytest.raises(SkippedRowsError) as raised:
+        purge(engine, CUTOFF, batch_size=10, max_run_duration=dt.timedelta(minutes=1))
+    err = raised.value
+    assert "raise_exception (SQLSTATE P0001)" in str(err)
+    assert err.__cause__ is None and err.__suppress_context__
+    collected.texts += [str(err), repr(err), repr(err.report)]
+    collected.assert_clean()
+
+
+def test_a_bad_password_or_host_never_echoes_the_password(db_url, collected):
+    for url in (db_url.set(password=PASSWORD, database="no_such_db"),
+                db_url.set(password=PASSWORD, host="127.0.0.1", port=1, query={})):
+        engine = create_engine(url)
+        try:
+            with pytest.raises(Exception) as raised:
+                purge(engine, CUTOFF, batch_size=10, max_run_duration=dt.timedelta(minutes=1))
+            collected.texts += [str(raised.value), repr(raised.value), repr(engine),
+                                str(engine.url)]
+        finally:
+            engine.dispose()
+    collected.assert_clean()

@@ -1,0 +1,175 @@
+"""The table's columns are checked before the first batch, not assumed.
+
+The production table belongs to another service. A ``timestamp without time zone`` age column
+would shift the cutoff by the session's time zone, a ``NOT NULL`` guard would make the job
+delete nothing forever, a non-unique key would let a batch's key stand for another row: each is
+refused with the column, its type and the fix, by the job and by ``dry-run`` alike. A missing
+partial index is only a warning.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+
+import dagster as dg
+import pytest
+import sqlalchemy as sa
+from click.testing import CliRunner
+
+from favorites_maintenance.cli import main
+from favorites_maintenance.retention.schema import RECOMMENDED_INDEX_SQL
+from favorites_maintenance.retention.defaults import DATABASE_URL_VAR
+from favorites_maintenance_tests.reliability.conftest import (
+    CUTOFF,
+    OLD,
+    PARTITION,
+    error_text,
+    materialization,
+    run_job,
+    step_failure,
+)
+
+THREE_HOURS = dt.timedelta(hours=3)
+
+
+def recreate(engine, *, updated_at: str = "timestamptz NOT NULL",
+             user_id: str = "bigint", key: str = "bigint PRIMARY KEY",
+             index: bool = True) -> None:
+    """Replace the dev table by one of another shape (same column names)."""
+    with engine.begin() as conn:
+        conn.exec_driver_sql("DROP TABLE favorites.favorites")
+        conn.exec_driver_sql(
+            f"CREATE TABLE favorites.favorites (id {key}, user_id {user_id}, anonymous_id uuid, "
+            f"note text, updated_at {updated_at})")
+        if index:
+            conn.exec_driver_sql(RECOMMENDED_INDEX_SQL.replace(" CONCURRENTLY", ""))
+
+
+def insert(engine, rows: list[tuple[int, int | None, str]]) -> None:
+    """``(id, user_id, updated_at literal)`` rows."""
+    with engine.begin() as conn:
+        for row_id, user_id, updated_at in rows:
+            conn.execute(sa.text(
+                "INSERT INTO favorites.favorites (id, user_id, anonymous_id, updated_at) "
+                "VALUES (:id, :user_id, gen_random_uuid(), CAST(:updated_at AS text)::"
+                "timestamptz)"), {"id": row_id, "user_id": user_id, "updated_at": updated_at})
+
+
+def ids(engine) -> set[int]:
+    with engine.connect() as conn:
+        return set(conn.exec_driver_sql("SELECT id FROM favorites.favorites").scalars())
+
+
+def dry_run(db_url):
+    return CliRunner().invoke(main, ["dry-run", "--partition", PARTITION], env={
+        DATABASE_URL_VAR: sa.make_url(db_url).render_as_string(hide_password=False)})
+
+
+def test_a_timestamp_without_time_zone_is_refused_by_the_job_and_the_dry_run(
+        db_url, engine, monkeypatch):
+    recreate(engine, updated_at="timestamp NOT NULL")
+    with engine.begin() as conn:
+        conn.exec_driver_sql(f'ALTER DATABASE "{sa.make_url(db_url).database}" '
+                             "SET timezone = 'America/New_York'")
+    # UTC wall-clock times, 3 h either side of the cutoff.
+    utc = dt.timezone.utc
+    older = (CUTOFF - THREE_HOURS).astimezone(utc).replace(tzinfo=None).isoformat()
+    newer = (CUTOFF + THREE_HOURS).astimezone(utc).replace(tzinfo=None).isoformat()
+    with engine.begin() as conn:
+        conn.execute(sa.text("INSERT INTO favorites.favorites (id, updated_at) VALUES "
+                             "(1, CAST(:a AS timestamp)), (2, CAST(:b AS timestamp))"),
+                     {"a": older, "b": newer})
+
+    with dg.instance_for_test() as instance:
+        result = run_job(db_url, instance, monkeypatch=monkeypatch)
+
+    assert not result.success
+    step, error = step_failure(result)
+    assert step.endswith("purge")
+    text = error_text(error)
+    assert "TableShapeError" in text
+    assert "favorites.favorites.updated_at is TIMESTAMP WITHOUT TIME ZONE" in text
+    assert ("ALTER TABLE favorites.favorites ALTER COLUMN updated_at TYPE timestamptz USING "
+            "updated_at AT TIME ZONE 'UTC'") in text
+    assert ids(engine) == {1, 2}  # nothing deleted, hours early or otherwise
+
+    out = dry_run(db_url)
+    assert out.exit_code == 2
+    assert "updated_at is TIMESTAMP WITHOUT TIME ZONE" in out.output
+    assert "prunable" not in out.output
+
+
+@pytest.mark.parametrize("shape, column, said", [
+    ({"updated_at": "date NOT NULL"}, "updated_at",
+     "favorites.favorites.updated_at is DATE"),
+    ({"user_id": "bigint NOT NULL"}, "user_id",
+     "favorites.favorites.user_id is NOT NULL, so no row can ever be a guest row"),
+    ({"key": "bigint NOT NULL"}, "id", "favorites.favorites.id is not unique"),
+])
+def test_other_shapes_the_rule_cannot_use_are_refused_naming_the_column(
+        db_url, engine, monkeypatch, shape, column, said):
+    recreate(engine, **shape)
+
+    with dg.instance_for_test() as instance:
+        result = run_job(db_url, instance, monkeypatch=monkeypatch)
+
+    assert not result.success
+    text = error_text(step_failure(result)[1])
+    assert said in text
+    assert dry_run(db_url).exit_code == 2 and said in dry_run(db_url).output
+
+
+def test_a_key_unique_with_the_age_column_is_enough(db_url, engine, monkeypatch):
+    # The primary key of a table partitioned by updated_at must include it.
+    recreate(engine, key="bigint")
+    with engine.begin() as conn:
+        conn.exec_driver_sql("ALTER TABLE favorites.favorites ADD PRIMARY KEY (id, updated_at)")
+    insert(engine, [(1, None, OLD.isoformat()), (2, 5, OLD.isoformat())])
+
+    with dg.instance_for_test() as instance:
+        result = run_job(db_url, instance, monkeypatch=monkeypatch)
+
+    assert result.success
+    assert ids(engine) == {2}
+
+
+def test_a_missing_partial_index_is_a_warning_with_the_statement_to_run(
+        db_url, engine, monkeypatch):
+    recreate(engine, index=False)
+    insert(engine, [(1, None, OLD.isoformat()), (2, 5, OLD.isoformat())])
+
+    with dg.instance_for_test() as instance:
+        result = run_job(db_url, instance, monkeypatch=monkeypatch)
+        warnings = [e.user_message for e in instance.all_logs(result.run_id)
+                    if e.level == 30 and "partial index" in e.user_message]
+
+    assert result.success
+    assert materialization(result)["deletedTotal"] == 1
+    assert len(warnings) == 1 and RECOMMENDED_INDEX_SQL in warnings[0]
+    out = dry_run(db_url)
+    assert out.exit_code == 0
+    assert "warning:" in out.stderr and RECOMMENDED_INDEX_SQL in out.stderr
+
+
+def test_a_view_in_place_of_the_table_is_refused_naming_it(db_url, engine, monkeypatch):
+    with engine.begin() as conn:
+        conn.exec_driver_sql("ALTER TABLE favorites.favorites RENAME TO base")
+        conn.exec_driver_sql("CREATE VIEW favorites.favorites AS SELECT * FROM favorites.base")
+    with dg.instance_for_test() as instance:
+        result = run_job(db_url, instance, monkeypatch=monkeypatch)
+    assert "favorites.favorites is a view" in error_text(step_failure(result)[1])
+
+
+def test_a_nullable_key_is_refused_and_a_timestamptz_domain_is_accepted(
+        db_url, engine, monkeypatch):
+    recreate(engine, key="bigint UNIQUE")
+    out = dry_run(db_url)
+    assert out.exit_code == 2 and "favorites.favorites.id is nullable" in out.output
+
+    with engine.begin() as conn:
+        conn.exec_driver_sql("CREATE DOMAIN favorites.instant AS timestamptz")
+    recreate(engine, updated_at="favorites.instant NOT NULL")
+    insert(engine, [(1, None, OLD.isoformat()), (2, 5, OLD.isoformat())])
+    with dg.instance_for_test() as instance:
+        result = run_job(db_url, instance, monkeypatch=monkeypatch)
+    assert result.success and ids(engine) == {2}
