@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import datetime as dt
 import itertools
 import os
@@ -108,3 +109,22 @@ class Rows:
 @pytest.fixture
 def rows(engine) -> Rows:
     return Rows(engine)
+
+
+@contextlib.contextmanager
+def slow_batches(engine, seconds: float):
+    """Every batch's DELETE takes at least ``seconds`` (a statement-level BEFORE DELETE trigger
+    that sleeps, dropped on exit): the time budget runs out during the first batch, for real."""
+    with engine.begin() as conn:
+        conn.execute(sa.text(
+            "CREATE FUNCTION favorites.slow_batch() RETURNS trigger LANGUAGE plpgsql AS "
+            f"$$ BEGIN PERFORM pg_sleep({seconds}); RETURN NULL; END $$"))
+        conn.execute(sa.text(
+            "CREATE TRIGGER slow_batch BEFORE DELETE ON favorites.favorites "
+            "FOR EACH STATEMENT EXECUTE FUNCTION favorites.slow_batch()"))
+    try:
+        yield
+    finally:
+        with engine.begin() as conn:
+            conn.execute(sa.text("DROP TRIGGER IF EXISTS slow_batch ON favorites.favorites"))
+            conn.execute(sa.text("DROP FUNCTION IF EXISTS favorites.slow_batch()"))

@@ -5,12 +5,12 @@ from __future__ import annotations
 import datetime as dt
 import time
 
-import contextlib
 
 import dagster as dg
 import pytest
 import sqlalchemy as sa
 
+from favorites_maintenance_tests.conftest import slow_batches
 from favorites_maintenance_tests.helpers.jobs import (
     ASSET_KEY,
     JOB,
@@ -31,25 +31,6 @@ MICRO = dt.timedelta(microseconds=1)
 @pytest.fixture
 def defs(db_url, monkeypatch):
     return load_code_location(db_url, monkeypatch, retention_days=365, batch_size=1000)
-
-
-@contextlib.contextmanager
-def slow_batches(engine, seconds: float):
-    """Every batch's DELETE takes at least ``seconds`` (a statement-level BEFORE DELETE trigger
-    that sleeps, dropped on exit): the time budget runs out during the first batch, for real."""
-    with engine.begin() as conn:
-        conn.execute(sa.text(
-            "CREATE FUNCTION favorites.slow_batch() RETURNS trigger LANGUAGE plpgsql AS "
-            f"$$ BEGIN PERFORM pg_sleep({seconds}); RETURN NULL; END $$"))
-        conn.execute(sa.text(
-            "CREATE TRIGGER slow_batch BEFORE DELETE ON favorites.favorites "
-            "FOR EACH STATEMENT EXECUTE FUNCTION favorites.slow_batch()"))
-    try:
-        yield
-    finally:
-        with engine.begin() as conn:
-            conn.execute(sa.text("DROP TRIGGER IF EXISTS slow_batch ON favorites.favorites"))
-            conn.execute(sa.text("DROP FUNCTION IF EXISTS favorites.slow_batch()"))
 
 
 def test_a_run_deletes_the_prunable_rows_and_records_what_it_did(defs, rows):

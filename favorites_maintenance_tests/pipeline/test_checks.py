@@ -2,13 +2,13 @@
 
 from __future__ import annotations
 
-import contextlib
 import datetime as dt
 
 import dagster as dg
 import pytest
 import sqlalchemy as sa
 
+from favorites_maintenance_tests.conftest import slow_batches
 from favorites_maintenance_tests.helpers.jobs import ASSET_KEY, JOB, load_code_location
 
 UTC = dt.timezone.utc
@@ -29,25 +29,6 @@ def run(db_url, monkeypatch):
 
 def long_ago(days: float) -> dt.datetime:
     return dt.datetime.now(UTC) - dt.timedelta(days=days)
-
-
-@contextlib.contextmanager
-def slow_batches(engine, seconds: float):
-    """Every batch's DELETE takes at least ``seconds`` (a statement-level BEFORE DELETE trigger
-    that sleeps, dropped on exit): the time budget runs out during the first batch, for real."""
-    with engine.begin() as conn:
-        conn.execute(sa.text(
-            "CREATE FUNCTION favorites.slow_batch() RETURNS trigger LANGUAGE plpgsql AS "
-            f"$$ BEGIN PERFORM pg_sleep({seconds}); RETURN NULL; END $$"))
-        conn.execute(sa.text(
-            "CREATE TRIGGER slow_batch BEFORE DELETE ON favorites.favorites "
-            "FOR EACH STATEMENT EXECUTE FUNCTION favorites.slow_batch()"))
-    try:
-        yield
-    finally:
-        with engine.begin() as conn:
-            conn.execute(sa.text("DROP TRIGGER IF EXISTS slow_batch ON favorites.favorites"))
-            conn.execute(sa.text("DROP FUNCTION IF EXISTS favorites.slow_batch()"))
 
 
 def test_overdue_check_passes_when_the_run_drained_the_backlog(run, rows):
