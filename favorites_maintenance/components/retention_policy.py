@@ -176,7 +176,7 @@ class RetentionPolicy(dg.Component, dg.Resolvable, _PolicyFields):
         null_columns: the guard, one column at least; a row is deleted only while all of them
             are NULL (a delete without its guard is refused).
         metrics_prefix: snake_case start of the names of the gauges each run pushes to a
-            Prometheus Pushgateway (README, "Metrics"); default ``<name>_cleanup``.
+            Prometheus Pushgateway (docs/metrics.md); default ``<name>_cleanup``.
         (settings): one optional field per policy setting, see
             :class:`~favorites_maintenance.config.policy_settings.PolicySettings` (README,
             "Configuration").

@@ -130,7 +130,7 @@ def build_asset_checks(policy: Policy) -> list[dg.AssetChecksDefinition]:
         """Read this run's ``skippedRows`` and ``skippedCauses``; any skipped row fails (WARN).
 
         Skipped rows are retried by every run; they stay until the reference or trigger that
-        blocks them is dealt with (README, runbook: "rows are skipped").
+        blocks them is dealt with (docs/runbook.md: "Rows are skipped").
         """
         metadata = _this_runs_materialization(context, asset_key)
         if metadata is None:

@@ -170,7 +170,7 @@ def build_stale_sensor(policy: Policy, stale_after: dt.timedelta | None = None,
                     else f"none since watching began at {_utc(since)}")
             alerts.send(f"{cleanup}: no successful run for more than "
                         f"{_hours(stale_after)} (checked at {_utc(now)}; {seen}). "
-                        f"See the runbook in README.md.", log=context.log)
+                        f"See the runbook in docs/runbook.md.", log=context.log)
             alerted_at = now
             outcome = "alerted"
         elif not stale and alerted_at is not None:

@@ -9,7 +9,7 @@ retention core's batch spans cost a call each and record nothing.
 
 :func:`run_span` is the span of one purge (one attempt of a policy's purge op), named
 ``<policy>.cleanup``; the retention core's batch spans (:mod:`favorites_maintenance.retention.
-spans`) are its children. README, "Traces", lists every attribute.
+spans`) are its children. docs/traces.md lists every attribute.
 
 This module imports no Dagster: the op passes what it knows of the run.
 """

@@ -110,8 +110,8 @@ def no_progress(conn: sa.Connection, rule: RetentionRule, report: PurgeReport, m
     found = f" Found on {table}: {'; '.join(causes)}." if causes else ""
     message = (f"{what}: something swallows the deletes, so the run is not a success.{found} "
                f"Likely causes: row-level security (SELECT ... FOR UPDATE also needs an UPDATE "
-               f"policy for the job's role, and DELETE a DELETE policy: see README, "
-               f"'Production databases'); a BEFORE DELETE trigger that returns NULL; a rule "
+               f"policy for the job's role, and DELETE a DELETE policy: see "
+               f"docs/production-databases.md); a BEFORE DELETE trigger that returns NULL; a rule "
                f"that does not fit the table.")
     log.error("%s", message)
     return NoProgressError(message, report, tuple(causes))

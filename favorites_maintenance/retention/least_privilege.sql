@@ -25,7 +25,7 @@
 -- With row-level security enabled on the table, the role also needs the policies of
 -- row_level_security.sql (next to this file): without an UPDATE policy FOR UPDATE locks nothing.
 --
--- Optional, for the purge's health indicators (README, "Sharing the database"): reading the
+-- Optional, for the purge's health indicators (docs/sharing-the-database.md): reading the
 -- replay position of other sessions' standbys (pg_stat_replication) and an autovacuum's
 -- progress on the table (pg_stat_progress_vacuum) needs the privileges of pg_read_all_stats,
 -- part of pg_monitor. Without them the purge logs once that it skips those two indicators and

@@ -1,4 +1,4 @@
-"""Who may delete what, through the UI: a deployment as README's "Deploying" runs it.
+"""Who may delete what, through the UI: a deployment as docs/deploying.md runs it.
 
 One deployment serves the module: Dagster's storage and the favorites database on the embedded
 PostgreSQL server (the repository's ``dagster.yaml``), ``dagster-daemon run``, the operator's

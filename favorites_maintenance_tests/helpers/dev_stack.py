@@ -189,7 +189,7 @@ def graphql(url: str, query: str, variables: dict | None = None) -> dict:
 
 @dataclass
 class DagsterService:
-    """One process of a deployment as ``README.md`` ("Deploying") runs it: ``dagster-webserver``
+    """One process of a deployment as ``docs/deploying.md`` runs it: ``dagster-webserver``
     or ``dagster-daemon run`` over ``workspace.yaml``, with its own environment.
 
     Attributes:
