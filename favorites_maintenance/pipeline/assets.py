@@ -82,7 +82,7 @@ def build_cleanup_asset(policy: Policy) -> dg.AssetsDefinition:
         return cutoff
 
     @dg.op(name=f"{policy.name}_purge", pool=policy.pool,
-           description=f"Delete prunable rows of {rule.qualified_name} ({rule.guard_sql}) in "
+           description=f"Delete prunable rows of {rule.qualified_name} ({rule.predicate_sql}) in "
                        "SKIP LOCKED batch transactions.")
     def purge(context: dg.OpExecutionContext, config: PurgeConfig, database: FavoritesDatabase,
               retention: RunLimits, metrics: MetricsPush, cutoff: dt.datetime) -> RunReport:
@@ -122,9 +122,11 @@ def build_cleanup_asset(policy: Policy) -> dg.AssetsDefinition:
         kinds={"postgres"},
         description=(
             f"Stale rows removed from {rule.qualified_name} by retention policy "
-            f"{policy.name}: rows with {rule.guard_sql} idle ({rule.age.name}) longer than "
-            f"{policy.settings.retention_days} days, deleted in SKIP LOCKED batches. A "
-            "partition is one daily run; its metadata says what was deleted and what is left."
+            f"{policy.name}: rows "
+            + (f"with {rule.guard_sql} " if rule.guards else "(no guard: whoever owns them) ")
+            + f"whose {rule.age.name} is more than {policy.settings.retention_days} days "
+            "past, deleted in SKIP LOCKED batches. A partition is one daily run; its metadata "
+            "says what was deleted and what is left."
         ),
     )
     def cleanup():
