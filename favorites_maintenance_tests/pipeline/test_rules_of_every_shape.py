@@ -29,7 +29,11 @@ from favorites_maintenance.pipeline.run_report import RunReport
 from favorites_maintenance.retention.defaults import DATABASE_URL_VAR
 from favorites_maintenance.retention.rule import RetentionRule
 from favorites_maintenance.retention.statements import batch_statement
-from favorites_maintenance_tests.helpers.jobs import guest_settings_env, purge_retries, run_report
+from favorites_maintenance_tests.helpers.jobs import (
+    guest_settings_env,
+    purge_retries,
+    run_report,
+)
 
 UTC = dt.timezone.utc
 DEFS = Path(favorites_maintenance.defs.__file__).parent

@@ -16,7 +16,11 @@ from favorites_maintenance.pipeline.partitions import daily_partitions
 from favorites_maintenance.retention.defaults import DATABASE_URL_VAR
 from favorites_maintenance.retention.errors import InvalidArgumentError, TableShapeError
 from favorites_maintenance.testing import prunable_keys, prunable_rows
-from favorites_maintenance_tests.helpers.jobs import guest_settings_env, run_job, run_report
+from favorites_maintenance_tests.helpers.jobs import (
+    guest_settings_env,
+    run_job,
+    run_report,
+)
 
 UTC = dt.timezone.utc
 MICRO = dt.timedelta(microseconds=1)
