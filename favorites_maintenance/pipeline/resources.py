@@ -109,6 +109,8 @@ class RunLimits(dg.ConfigurableResource):
         try:
             return policy.settings.launched(**changed)
         except ValueError:
+            if "batch_size" not in changed:
+                raise
             raise dg.Failure(_above_cap(changed["batch_size"], [policy])) from None
 
 

@@ -10,12 +10,19 @@ adaptive size grows at every batch where it may, and never shrinks for a slow on
 from __future__ import annotations
 
 import datetime as dt
+import shutil
+from pathlib import Path
 
 import dagster as dg
 import pytest
 import sqlalchemy as sa
+import yaml
+from dagster.components.testing import create_defs_folder_sandbox
+
+import favorites_maintenance.defs
 
 from favorites_maintenance_tests.helpers.jobs import (
+    failure_text,
     load_code_location,
     purge_retries,
     run_partition,
@@ -153,3 +160,40 @@ def test_a_launch_may_lower_an_explicit_max_never_raise_it(
         assert lowered.success
         assert run_report(lowered).batch_size_mode == "fixed"
     assert transactions() == [250, 250, 100]
+
+
+def test_above_the_cap_of_one_policy_only_that_policys_run_refuses_the_launch(
+        db_url, monkeypatch, rows, transactions):
+    # A second policy on the same table, capped at 400 rows; guest favorites has no cap.
+    defs_folder = Path(favorites_maintenance.defs.__file__).parent
+    old = set(rows.add_many(600, updated_at=OLD))
+    with create_defs_folder_sandbox() as sandbox:
+        (sandbox.defs_folder_path / "guest_favorites").mkdir()
+        shutil.copy(defs_folder / "guest_favorites" / "defs.yaml",
+                    sandbox.defs_folder_path / "guest_favorites")
+        shutil.copy(defs_folder / "resources.py", sandbox.defs_folder_path)
+        (sandbox.defs_folder_path / "capped_favorites").mkdir()
+        (sandbox.defs_folder_path / "capped_favorites" / "defs.yaml").write_text(yaml.safe_dump(
+            {"type": "favorites_maintenance.RetentionPolicy", "attributes": {
+                "name": "capped_favorites", "table": "favorites.favorites", "key_column": "id",
+                "age_column": "updated_at", "null_columns": ["user_id"],
+                "batch_size": 100, "batch_size_max": 400}}))
+        with sandbox.build_component_tree() as tree:
+            defs = load_code_location(db_url, monkeypatch, tree=tree,
+                                      target_batch_duration=TARGET)
+    launch = {"resources": {"retention": {"config": {"batch_size": 500}}}}
+    with dg.instance_for_test() as instance:
+        capped = run_partition(defs, instance, PARTITION, job="capped_favorites_cleanup_job",
+                               run_config={**launch, **purge_retries(
+                                   0, asset_key=dg.AssetKey(["favorites",
+                                                             "capped_favorites_cleanup"]))},
+                               raise_on_error=False)
+        assert not capped.success
+        assert ("batch_size=500 refused: it is above policy capped_favorites, batch_size_max "
+                "(400 rows)") in failure_text(capped)
+        assert rows.ids() == old
+
+        guest = run_partition(defs, instance, PARTITION,
+                              run_config={**launch, **purge_retries(0)})
+        assert guest.success and run_report(guest).batch_size_mode == "fixed"
+    assert transactions() == [500, 100]
