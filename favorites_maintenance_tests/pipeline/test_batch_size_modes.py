@@ -20,7 +20,6 @@ import yaml
 from dagster.components.testing import create_defs_folder_sandbox
 
 import favorites_maintenance.defs
-
 from favorites_maintenance_tests.helpers.jobs import (
     failure_text,
     load_code_location,
