@@ -69,13 +69,14 @@ def _load_policy(name: str):
     return policies[name]
 
 
-def _partition_cutoff(partition: str | None, retention_days: int) -> dt.datetime:
-    """The cutoff a run of daily ``partition`` would use now (``None``: a run without a
-    partition), as the job computes it; exits naming ``--partition`` when it is no key."""
-    from favorites_maintenance.pipeline.partitions import partition_cutoff
+def _prunable_rows(policy, partition: str | None):
+    """What ``policy``'s rule matches for a run of daily ``partition`` now (``None``: a run
+    without a partition), the cutoff as the job computes it; exits naming ``--partition`` when
+    it is no key."""
+    from favorites_maintenance.testing import prunable_rows
 
     try:
-        return partition_cutoff(partition, retention_days)
+        return prunable_rows(policy, partition=partition)
     except ValueError as exc:
         _fail(f"--partition {exc}")
 
@@ -146,12 +147,11 @@ def demo(rows: int, pretend: bool, policy_name: str) -> None:
 def dry_run(partition: str | None, policy_name: str) -> None:
     """Report how many rows the policy's rule matches now, deleting nothing.
 
-    Reads FAVORITES_DATABASE_URL and the policy's settings like the job does.
+    Reads FAVORITES_DATABASE_URL and the policy's settings like the job does, and counts with
+    the function policy tests use (favorites_maintenance.testing).
     """
-    from favorites_maintenance.retention.backlog import measure_backlog
-    from favorites_maintenance.retention.database import create_engine
-    from favorites_maintenance.retention.errors import BacklogError, TableShapeError, describe
-    from favorites_maintenance.retention.table_check import check_table
+    from favorites_maintenance.retention.database import create_engine, limit_transaction
+    from favorites_maintenance.retention.errors import TableShapeError, describe
 
     settings = _check_deployment_settings()
     try:
@@ -161,29 +161,31 @@ def dry_run(partition: str | None, policy_name: str) -> None:
     policy = _load_policy(policy_name)
     rule = policy.rule
     retention_days = policy.settings.retention_days
-    cutoff = _partition_cutoff(partition, retention_days)
+    prunable = _prunable_rows(policy, partition)
+    cutoff = prunable.cutoff
     engine = create_engine(url)
     try:
-        # The same check of the table the job makes before its first batch.
-        with engine.connect() as conn:
-            findings = check_table(conn, rule)
-        backlog = measure_backlog(engine, cutoff, rule)
+        with engine.connect() as conn, conn.begin():
+            # Bounded like the job's reads: never queued without limit behind a lock.
+            limit_transaction(conn)
+            # The same check of the table the job makes before its first batch.
+            findings = prunable.check(conn)
+            count, oldest_age = prunable.count(conn)
     except TableShapeError as exc:
         _fail(str(exc))
-    except (BacklogError, sa.exc.DBAPIError) as exc:
-        reason = (exc if isinstance(exc, BacklogError)
-                  else f"could not read {rule.qualified_name}: {describe(exc)}")
-        _fail(f"{reason} (database {settings.database_url_safe}: check FAVORITES_DATABASE_URL, "
-              "the server and the table)")
+    except sa.exc.DBAPIError as exc:
+        _fail(f"could not read {rule.qualified_name}: {describe(exc)} (database "
+              f"{settings.database_url_safe}: check FAVORITES_DATABASE_URL, the server and the "
+              "table)")
     finally:
         engine.dispose()
     for warning in findings.warnings:
         click.secho(f"warning: {warning}", fg="yellow", err=True)
-    oldest = backlog.oldest_age.isoformat() if backlog.oldest_age else "none"
+    oldest = oldest_age.isoformat() if oldest_age else "none"
     _echo(f"database   {settings.database_url_safe}")
-    _echo(f"policy     {policy.name} ({rule.qualified_name}, {rule.guard_sql})")
+    _echo(f"policy     {policy.name} ({rule.qualified_name}, {rule.guard_sql or 'no guard'})")
     _echo(f"cutoff     {cutoff.isoformat()} (retention {retention_days} days)")
-    _echo(f"prunable   {backlog.remaining:,} rows (oldest {rule.age.name}: {oldest})")
+    _echo(f"prunable   {count:,} rows (oldest {rule.age.name}: {oldest})")
     _echo("nothing deleted (dry run)")
 
 
@@ -243,9 +245,9 @@ def dev(port: int, rows: int, reseed: bool, debug: bool) -> None:
               help="Size of the seeded data set (the memory check also runs at 10% of it).")
 @click.option("--strategies", default="A,B,C,D,A2,A4", show_default=True,
               help="Comma-separated subset of A, B, C, D, A2, A4, J (the job through "
-                   "Dagster), A_durable (A with synchronous_commit on), A_fixed (A at a fixed "
-                   "batch size) and A_lock_first (A locking every batch's rows before deleting "
-                   "them), run in that order.")
+                   "Dagster), A_durable (A with synchronous_commit on), A_fixed (A with an "
+                   "explicit batch size: no batch above it) and A_lock_first (A locking every "
+                   "batch's rows before deleting them), run in that order.")
 @click.option("--idle-seconds", default=5.0, show_default=True, type=click.FloatRange(min=0.5),
               help="Idle window of the user workload before each purge.")
 @click.option("--repeat", default=1, show_default=True, type=click.IntRange(min=1),

@@ -21,11 +21,13 @@ import sqlalchemy as sa
 from sqlalchemy.engine import URL
 
 from favorites_maintenance.bench.server import drop_database
+from favorites_maintenance.config.policy_settings import DEFAULT_BATCH_SIZE_MAX
 from favorites_maintenance.pipeline.partitions import daily_partitions
 from favorites_maintenance.retention.defaults import DATABASE_URL_VAR
 
 # The guest-favorites policy's variables (defs/guest_favorites/defs.yaml).
 BATCH_SIZE_VAR = "FAVORITES_GUEST_RETENTION_BATCH_SIZE"
+BATCH_SIZE_MAX_VAR = "FAVORITES_GUEST_RETENTION_BATCH_SIZE_MAX"
 MAX_RUN_DURATION_VAR = "FAVORITES_GUEST_RETENTION_MAX_RUN_DURATION"
 RETENTION_DAYS_VAR = "FAVORITES_GUEST_RETENTION_DAYS"
 
@@ -49,7 +51,8 @@ def run_job(url: URL, cutoff: dt.datetime, batch_size: int, max_run_s: float) ->
             after it with ``_dagster`` appended, on the same server, dropped afterwards.
         cutoff: the bench's cutoff; it must fall a whole number of days before the end of
             :data:`PARTITION`.
-        batch_size: rows per batch (``FAVORITES_GUEST_RETENTION_BATCH_SIZE``).
+        batch_size: rows of the first batch (``FAVORITES_GUEST_RETENTION_BATCH_SIZE``); the
+            size adapts up to the default max as A's does (``..._BATCH_SIZE_MAX`` set to it).
         max_run_s: the purge's time budget, in seconds.
 
     Returns:
@@ -80,6 +83,8 @@ def run_job(url: URL, cutoff: dt.datetime, batch_size: int, max_run_s: float) ->
         os.environ.update({
             DATABASE_URL_VAR: url.render_as_string(hide_password=False),
             BATCH_SIZE_VAR: str(batch_size),
+            # An explicit batch size alone would bound every batch: J adapts as A does.
+            BATCH_SIZE_MAX_VAR: str(max(batch_size, DEFAULT_BATCH_SIZE_MAX)),
             RETENTION_DAYS_VAR: str(int(days)),
             MAX_RUN_DURATION_VAR: f"PT{max_run_s:g}S",
         })

@@ -21,7 +21,7 @@ from favorites_maintenance.config.policy_settings import (
 
 STRATEGIES = ("A", "B", "C", "D", "A2", "A4", "J")
 #: Not run by default, to measure what a choice of A's gives: A with ``synchronous_commit`` on;
-#: A at a fixed batch size (no target time per batch); A locking every batch's rows before
+#: A with an explicit batch size (no batch above it); A locking every batch's rows before
 #: deleting them (no optimistic batches).
 EXTRA_STRATEGIES = ("A_durable", "A_fixed", "A_lock_first")
 #: Workers of each strategy (A2 and A4 run A in that many processes at once).
@@ -50,11 +50,12 @@ def _purge_a(strategy: str, engine: sa.Engine, url: str, cutoff: dt.datetime, ba
     from favorites_maintenance.retention.health import HealthLimits
     from favorites_maintenance.retention.purge import purge
 
-    # As the job calls it at the default settings; A_fixed as it does with
-    # FAVORITES_GUEST_RETENTION_TARGET_BATCH_DURATION=PT0S (every batch 1000 rows).
-    adaptive = {"health": HealthLimits()} if strategy == "A_fixed" else {
-        "batch_size_max": DEFAULT_BATCH_SIZE_MAX,
-        "target_batch_duration": DEFAULT_TARGET_BATCH_DURATION, "health": HealthLimits()}
+    # As the job calls it at the default settings (batch size mode adaptive: from batch_size
+    # up to the default max); A_fixed as it does with FAVORITES_GUEST_RETENTION_BATCH_SIZE set
+    # (mode fixed: no batch above batch_size, smaller ones when a batch is slow).
+    largest = batch_size if strategy == "A_fixed" else DEFAULT_BATCH_SIZE_MAX
+    adaptive = {"batch_size_max": largest, "target_batch_duration": DEFAULT_TARGET_BATCH_DURATION,
+                "health": HealthLimits()}
     report = purge(engine, cutoff, batch_size=batch_size,
                    max_run_duration=dt.timedelta(seconds=max_run_s),
                    should_stop=lambda: False,

@@ -9,11 +9,13 @@ One folder per policy, ``favorites_maintenance/defs/<policy>/defs.yaml``::
       key_column: cart_uuid             # unique key (bigint, uuid, text, ...)
       age_column: touched_at            # timestamptz
       null_columns: [customer_ref]      # the guard: rows with all of them NULL are guest rows
+                                        # ([] on purpose: no guard, every old row is prunable)
       retention_days: 30                # optional, like every setting below
       cron: "{{ env.GUEST_CARTS_CLEANUP_CRON }}"
 
 The rule's fields (``name``, ``table``, ``key_column``, ``age_column``, ``null_columns``) are
-required. The optional settings are the fields of
+required; ``null_columns: []`` declares a rule with no guard, and a policy that leaves the field
+out is refused (a forgotten guard would delete account rows). The optional settings are the fields of
 :class:`~favorites_maintenance.config.policy_settings.PolicySettings`, declared there once; this
 component takes its fields, their types and their descriptions from that table. A setting may
 come from the environment through the component's templating (``"{{ env.X }}"``: an unset
@@ -26,7 +28,7 @@ A literal setting is read as its text in the file, not as YAML 1.1 reads it (``0
 
 Errors, at load (the code location does not load):
 
-- a name that is not an identifier, an empty ``null_columns``, a value out of bounds:
+- a name that is not an identifier, ``null_columns`` left out, a value out of bounds:
   :class:`~favorites_maintenance.config.policy.PolicyError` or
   :class:`~favorites_maintenance.config.parsers.SettingsError`, naming the policy, the field (or
   the variable it was read from) and the value;
@@ -150,7 +152,10 @@ class _RuleFields(dg.Model):
     table: str = Field(description="schema.table")
     key_column: str = Field(description="unique, NOT NULL key column")
     age_column: str = Field(description="timestamptz column compared with the cutoff")
-    null_columns: list[str] = Field(description="guard: columns that must all be NULL")
+    # Optional in the schema only so that leaving it out gets a message of its own (below).
+    null_columns: list[str] | None = Field(
+        default=None, description="required: the guard, columns that must all be NULL for a "
+        "row to be prunable; [] on purpose for a rule with no guard")
     metrics_prefix: str | None = Field(default=None, description="start of the Prometheus "
                                        "gauges' names (default <name>_cleanup)")
 
@@ -173,8 +178,9 @@ class RetentionPolicy(dg.Component, dg.Resolvable, _PolicyFields):
         table: ``schema.table``, lower-case identifiers.
         key_column: a unique, NOT NULL key; batches are ordered and matched by it.
         age_column: the ``timestamptz`` column compared with the cutoff.
-        null_columns: the guard, one column at least; a row is deleted only while all of them
-            are NULL (a delete without its guard is refused).
+        null_columns: the guard; a row is deleted only while all of them are NULL. ``[]``,
+            written on purpose, is a rule with no guard: every row whose ``age_column`` is
+            before the cutoff is deleted, whoever owns it. Left out: refused.
         metrics_prefix: snake_case start of the names of the gauges each run pushes to a
             Prometheus Pushgateway (docs/metrics.md); default ``<name>_cleanup``.
         (settings): one optional field per policy setting, see
@@ -189,10 +195,17 @@ class RetentionPolicy(dg.Component, dg.Resolvable, _PolicyFields):
         """The validated :class:`~favorites_maintenance.config.policy.Policy`.
 
         Raises:
-            PolicyError: a malformed name, table, column or guard, naming the policy.
+            PolicyError: a malformed name, table, column or guard, or ``null_columns`` left
+                out, naming the policy.
             SettingsError: a setting out of bounds, naming the policy and the field (or its
                 variable) and the value.
         """
+        if self.null_columns is None:
+            raise PolicyError(
+                f"policy {self.name!r}: null_columns is missing. Name the guard columns a row "
+                "must have NULL to be deleted (null_columns: [user_id]), or write "
+                "null_columns: [] on purpose for a rule with no guard, which deletes every row "
+                f"whose {self.age_column} is older than the retention, whoever owns it")
         try:
             rule = RetentionRule.define(self.table, key_column=self.key_column,
                                         age_column=self.age_column,

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import dataclasses
 import datetime as dt
+import enum
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -56,7 +57,8 @@ DEFAULT_BATCH_SIZE = 1000
 DEFAULT_CRON = "0 3 * * *"
 DEFAULT_MAX_RUN_DURATION = dt.timedelta(minutes=10)
 DEFAULT_STALE_AFTER = dt.timedelta(hours=48)
-#: The largest batch the adaptive batch size may reach (never below the first batch's size).
+#: The largest batch the adaptive batch size may reach when neither batch_size nor
+#: batch_size_max is set (never below the first batch's size).
 DEFAULT_BATCH_SIZE_MAX = 10_000
 #: Wall time one batch transaction aims at; 0 turns adaptation off (every batch the first size).
 DEFAULT_TARGET_BATCH_DURATION = dt.timedelta(milliseconds=200)
@@ -97,6 +99,26 @@ def setting(default: Any, parse: Callable[[str], Any], yaml_type: Any, descripti
                                                                bounds, **launch)})
 
 
+class BatchSizeMode(str, enum.Enum):
+    """How a run sizes its batches (the run's ``batchSizeMode`` metadata).
+
+    - ``fixed``: no batch has more than ``batch_size`` rows; the size may shrink below it (a
+      slow batch, sessions waiting on its locks), never grow past it. ``batch_size`` set and
+      ``batch_size_max`` not, a launch's ``batch_size``, or ``target_batch_duration`` zero
+      (then every batch has ``batch_size`` rows).
+    - ``capped``: ``batch_size_max`` set: the size adapts between ``batch_size`` and it.
+    - ``adaptive``: neither set: the size adapts from the default first size toward the
+      default max (1,000 to 10,000 rows).
+    """
+
+    FIXED = "fixed"
+    CAPPED = "capped"
+    ADAPTIVE = "adaptive"
+
+    def __str__(self) -> str:
+        return self.value
+
+
 _DURATION_FORMS = "ISO 8601 (PT10M) or HH:MM:SS"
 #: Unquoted, YAML 1.1 reads ``48:00:00`` as the number 172800: accepted, then read as written.
 _DURATION_YAML = str | int | float
@@ -109,15 +131,23 @@ class PolicySettings:
     Read a policy's settings with :func:`parse_policy_settings`; the declarations below are
     the only list of them (see the module docstring). Durations are :class:`datetime.timedelta`,
     sizes rows, lags bytes.
+
+    ``explicit`` (not a setting) names the settings that were set rather than defaulted: a
+    literal in the policy's YAML, its variable set (and not empty), or a launch's run limit.
+    An explicit ``batch_size`` is the bound of every batch unless ``batch_size_max`` is set
+    too (:attr:`batch_size_mode`); ``batch_size_max`` always holds the largest size a batch of
+    the run may have, rows.
     """
 
     retention_days: int = setting(
         DEFAULT_RETENTION_DAYS, int_between(1, MAX_RETENTION_DAYS), int,
-        "retention period in days: a row idle longer than this is prunable",
+        "retention period in days: a row whose age column is further past than this is "
+        "prunable",
         f"1 to {MAX_RETENTION_DAYS:,}")
     batch_size: int = setting(
         DEFAULT_BATCH_SIZE, int_between(1, MAX_BATCH_SIZE), int,
-        "rows of the first batch transaction",
+        "rows per batch transaction: set, no batch has more (a batch may shrink under load); "
+        "unset, the first batch's size, which then adapts",
         f"1 to {MAX_BATCH_SIZE:,}",
         launch="batch_size", launch_bounds=(1, MAX_BATCH_SIZE))
     cron: str = setting(
@@ -139,8 +169,8 @@ class PolicySettings:
         f"{iso_duration(MIN_DURATION)} to {iso_duration(MAX_STALE_AFTER)}, " + _DURATION_FORMS)
     batch_size_max: int = setting(
         None, int_between(1, MAX_BATCH_SIZE), int,
-        "the largest batch the adaptive batch size may reach (default: 10,000, or batch_size "
-        "if larger)",
+        "set, the batch size adapts between batch_size and it (unset: batch_size when that is "
+        "set, else 10,000)",
         f"batch_size to {MAX_BATCH_SIZE:,}")
     target_batch_duration: dt.timedelta = setting(
         DEFAULT_TARGET_BATCH_DURATION, duration_up_to(MAX_TARGET_BATCH_DURATION), _DURATION_YAML,
@@ -162,16 +192,60 @@ class PolicySettings:
         f"{iso_duration(MIN_DURATION)} to {iso_duration(MAX_RUN_DURATION_LIMIT)}, "
         + _DURATION_FORMS)
 
+    explicit: frozenset[str] = field(default=frozenset())
+
     def __post_init__(self):
-        # Unset, the max is the default max, or the first batch's size when that is larger.
-        if self.batch_size_max is None or self.batch_size_max < self.batch_size:
-            floor = DEFAULT_BATCH_SIZE_MAX if self.batch_size_max is None else self.batch_size
-            object.__setattr__(self, "batch_size_max", max(floor, self.batch_size))
+        object.__setattr__(self, "explicit", frozenset(self.explicit))
+        # Unset, the max is batch_size when that was set (an explicit size is the bound), else
+        # the default max, or the first batch's size when that is larger.
+        if self.batch_size_max is None:
+            largest = (self.batch_size if "batch_size" in self.explicit
+                       else max(DEFAULT_BATCH_SIZE_MAX, self.batch_size))
+            object.__setattr__(self, "batch_size_max", largest)
+        elif self.batch_size_max < self.batch_size:
+            object.__setattr__(self, "batch_size_max", self.batch_size)
+
+    @property
+    def batch_size_mode(self) -> BatchSizeMode:
+        """How the run sizes its batches (see :class:`BatchSizeMode`)."""
+        if not self.target_batch_duration or self.batch_size_max <= self.batch_size:
+            return BatchSizeMode.FIXED
+        if "batch_size_max" in self.explicit:
+            return BatchSizeMode.CAPPED
+        return BatchSizeMode.ADAPTIVE
+
+    def launched(self, **values: Any) -> PolicySettings:
+        """These settings with the run limits a launch set for one run (setting name -> typed
+        value: ``batch_size`` rows, ``max_run_duration`` a timedelta), the others kept.
+
+        A launch's ``batch_size`` is explicit: it bounds every batch of the run (mode
+        ``fixed``), as the policy's own explicit ``batch_size`` does, whatever the policy's
+        mode.
+
+        Raises:
+            ValueError: a ``batch_size`` above an explicit ``batch_size_max`` (a launch never
+                raises the policy's cap), or a name that is not a policy setting.
+        """
+        unknown = sorted(set(values) - set(SETTINGS))
+        if unknown:
+            raise ValueError(f"unknown policy settings {unknown!r}")
+        if not values:
+            return self
+        changed = dict(values)
+        if "batch_size" in values:
+            size = values["batch_size"]
+            if "batch_size_max" in self.explicit and size > self.batch_size_max:
+                raise ValueError(f"batch_size {size} is above batch_size_max "
+                                 f"({self.batch_size_max}), the largest batch the policy "
+                                 "allows; a launch may lower the bound, never raise it")
+            changed["batch_size_max"] = size
+        return dataclasses.replace(self, **changed, explicit=self.explicit | set(values))
 
 
 #: Every policy setting: field name -> its declaration, in declaration order.
 SETTINGS: dict[str, Setting] = {f.name: f.metadata["setting"]
-                                for f in dataclasses.fields(PolicySettings)}
+                                for f in dataclasses.fields(PolicySettings)
+                                if "setting" in f.metadata}
 
 #: The run limits a launch may set: run-config key -> the setting it stands in for.
 LAUNCH_LIMITS: dict[str, str] = {s.launch: name for name, s in SETTINGS.items() if s.launch}
@@ -188,7 +262,8 @@ def parse_policy_settings(values: Mapping[str, str | int | None],
 
     This is where every value is checked: each setting by its declared parser, then the one
     rule between two settings (``batch_size_max`` is at least ``batch_size``). A missing or
-    ``None`` value takes the default; an empty or blank string is an error.
+    ``None`` value takes the default; an empty or blank string is an error. The values given
+    are the settings' :attr:`PolicySettings.explicit` ones.
 
     Args:
         values: field name of :class:`PolicySettings` -> raw value.
@@ -212,7 +287,8 @@ def parse_policy_settings(values: Mapping[str, str | int | None],
         raise SettingsError(labels.get("batch_size_max", "batch_size_max"),
                             f"'{largest}' is below {labels.get('batch_size', 'batch_size')} "
                             f"({first}), the first batch's size; the max must be at least that")
-    return PolicySettings(**parsed)
+    return PolicySettings(**parsed, explicit=frozenset(
+        name for name, raw in values.items() if raw is not None))
 
 
 def markdown_table() -> str:

@@ -95,7 +95,8 @@ def run_demo(env: LocalEnvironment, *, rows: int, pretend: bool, policy: Policy,
     echo(f"run {result.run_id} succeeded")
     echo(f"  rows deleted      {run.deleted_total:>12,}")
     largest = run.batch_size_max or run.batch_size
-    echo(f"  batches           {run.batches:>12,}  (batch size {run.batch_size:,}"
+    mode = f"{run.batch_size_mode}: " if run.batch_size_mode else ""
+    echo(f"  batches           {run.batches:>12,}  ({mode}batch size {run.batch_size:,}"
           + (f" first, {largest:,} largest)" if largest != run.batch_size else ")"))
     echo(f"  duration          {run.duration_ms:>12,} ms")
     echo(f"  backlog remaining {run.backlog_remaining:>12,}  (stop reason: "

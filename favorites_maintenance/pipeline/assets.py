@@ -17,6 +17,7 @@ import datetime as dt
 import dagster as dg
 
 from favorites_maintenance.config.policy import Policy
+from favorites_maintenance.config.policy_settings import BatchSizeMode, PolicySettings
 from favorites_maintenance.pipeline.partitions import daily_partitions, run_cutoff
 from favorites_maintenance.pipeline.purge_op import PurgeConfig, run_purge_op
 from favorites_maintenance.pipeline.resources import FavoritesDatabase, MetricsPush, RunLimits
@@ -42,6 +43,15 @@ def freshness_policy(stale_after: dt.timedelta) -> dg.FreshnessPolicy:
         fail_window=fail, warn_window=warn if warn >= FRESHNESS_MIN_WINDOW else None)
 
 
+def _batch_sizes(settings: PolicySettings) -> str:
+    """How the run sizes its batches, for the run's first log line."""
+    mode = settings.batch_size_mode
+    if mode is BatchSizeMode.FIXED:
+        return f"fixed: at most {settings.batch_size} rows a batch"
+    return (f"{mode}: from {settings.batch_size} up to {settings.batch_size_max} rows, target "
+            f"{settings.target_batch_duration.total_seconds() * 1000:g} ms a batch")
+
+
 def build_cleanup_asset(policy: Policy) -> dg.AssetsDefinition:
     """The cleanup asset of ``policy``: key ``<schema>/<name>_cleanup``, daily partitions, the
     graph ``compute_cutoff -> purge -> measure_backlog``, and a freshness policy (fail after
@@ -56,7 +66,7 @@ def build_cleanup_asset(policy: Policy) -> dg.AssetsDefinition:
     asset_key = dg.AssetKey(list(policy.asset_key_path))
 
     def settings_of(limits: RunLimits):
-        return limits.apply(policy.settings)
+        return limits.apply(policy)
 
     @dg.op(name=f"{policy.name}_compute_cutoff",
            description="The cutoff instant: min(now, end of the partition window) - retention "
@@ -68,14 +78,11 @@ def build_cleanup_asset(policy: Policy) -> dg.AssetsDefinition:
         context.log.info(f"run started: run_id={context.run_id} policy={policy.name} "
                          f"table={rule.qualified_name} cutoff={cutoff.isoformat()} "
                          f"retention_days={settings.retention_days} "
-                         f"batch_size={settings.batch_size}"
-                         + (f" (adaptive up to {settings.batch_size_max}, target "
-                            f"{settings.target_batch_duration.total_seconds() * 1000:g} ms)"
-                            if settings.target_batch_duration else ""))
+                         f"batch_size={settings.batch_size} ({_batch_sizes(settings)})")
         return cutoff
 
     @dg.op(name=f"{policy.name}_purge", pool=policy.pool,
-           description=f"Delete prunable rows of {rule.qualified_name} ({rule.guard_sql}) in "
+           description=f"Delete prunable rows of {rule.qualified_name} ({rule.predicate_sql}) in "
                        "SKIP LOCKED batch transactions.")
     def purge(context: dg.OpExecutionContext, config: PurgeConfig, database: FavoritesDatabase,
               retention: RunLimits, metrics: MetricsPush, cutoff: dt.datetime) -> RunReport:
@@ -115,9 +122,11 @@ def build_cleanup_asset(policy: Policy) -> dg.AssetsDefinition:
         kinds={"postgres"},
         description=(
             f"Stale rows removed from {rule.qualified_name} by retention policy "
-            f"{policy.name}: rows with {rule.guard_sql} idle ({rule.age.name}) longer than "
-            f"{policy.settings.retention_days} days, deleted in SKIP LOCKED batches. A "
-            "partition is one daily run; its metadata says what was deleted and what is left."
+            f"{policy.name}: rows "
+            + (f"with {rule.guard_sql} " if rule.guards else "(no guard: whoever owns them) ")
+            + f"whose {rule.age.name} is more than {policy.settings.retention_days} days "
+            "past, deleted in SKIP LOCKED batches. A partition is one daily run; its metadata "
+            "says what was deleted and what is left."
         ),
     )
     def cleanup():

@@ -1,7 +1,9 @@
 """Asset checks of a policy's cleanup asset, for the SLOs of the table and of the runs; they run
 in every run of the job. :func:`build_asset_checks` builds them for one policy; the names are the
 same for every policy (checks are named per asset). Below, a *guest row* is a row whose guard
-columns are all NULL (``user_id IS NULL`` for guest favorites).
+columns are all NULL (``user_id IS NULL`` for guest favorites); a policy with no guard
+(``null_columns: []``) has no guest rows, only rows, and its freshness check is named
+``no_row_older_than_retention_plus_one_day``, its count ``overdueRows``.
 
 The checks are partitioned like the asset, so each run records exactly one result per check,
 for its own day. (An unpartitioned check on this partitioned asset gets two rows in Dagster's
@@ -51,24 +53,35 @@ _PAGE = 50
 _MAX_PAGES = 4
 
 
+def overdue_check_name(policy: Policy) -> str:
+    """The name of ``policy``'s freshness check:
+    ``no_guest_row_older_than_retention_plus_one_day``, or
+    ``no_row_older_than_retention_plus_one_day`` for a rule with no guard."""
+    noun = policy.rule.row_noun.replace(" ", "_")
+    return f"no_{noun}_older_than_retention_plus_one_day"
+
+
 def build_asset_checks(policy: Policy) -> list[dg.AssetChecksDefinition]:
     """The three asset checks of ``policy``'s cleanup asset (see the module docstring)."""
     asset_key = dg.AssetKey(list(policy.asset_key_path))
     rule = policy.rule
+    noun = rule.row_noun
+    which = f"with {rule.guard_sql} " if rule.guards else ""
+    overdue_key = "overdueGuestRows" if rule.guards else "overdueRows"
 
     @dg.asset_check(
         asset=asset_key,
         partitions_def=daily_partitions,
-        name="no_guest_row_older_than_retention_plus_one_day",
-        description=(f"SLO: after a day's run, no row with {rule.guard_sql} idle longer than "
-                     "the retention period plus one day, measured from that run's cutoff."),
+        name=overdue_check_name(policy),
+        description=(f"SLO: after a day's run, no row {which}whose {rule.age.name} is more than "
+                     "the retention period plus one day past, measured from that run's cutoff."),
     )
     def overdue_rows(
             context: dg.AssetCheckExecutionContext,
             database: FavoritesDatabase) -> dg.AssetCheckResult:
-        """Count guest rows older than ``cutoff - 1 day``, where ``cutoff`` is the run's own
-        (``min(now, end of its day) - Days``, UTC), through the backlog measurement; any such
-        row fails (ERROR)."""
+        """Count the rows the rule admits older than ``cutoff - 1 day``, where ``cutoff`` is the
+        run's own (``min(now, end of its day) - Days``, UTC), through the backlog measurement;
+        any such row fails (ERROR)."""
         cutoff = run_cutoff(context, policy.settings.retention_days)
         limit = cutoff - dt.timedelta(days=1)
         overdue = measure_backlog(database.engine, limit, rule)
@@ -77,12 +90,12 @@ def build_asset_checks(policy: Policy) -> list[dg.AssetChecksDefinition]:
             passed=overdue.remaining == 0,
             severity=dg.AssetCheckSeverity.ERROR,
             metadata={
-                "overdueGuestRows": overdue.remaining,
+                overdue_key: overdue.remaining,
                 "oldestOverdueUpdatedAt": oldest.isoformat() if oldest else "none",
                 "cutoff": cutoff.isoformat(),
                 "limit": limit.isoformat(),
             },
-            description=(f"{overdue.remaining} guest rows are older than this run's cutoff "
+            description=(f"{overdue.remaining} {noun}s are older than this run's cutoff "
                          f"minus one day ({limit.isoformat()})" if overdue.remaining else None),
         )
 

@@ -15,6 +15,6 @@ def build_job(policy: Policy):
         policy.job_name,
         selection=dg.AssetSelection.assets(dg.AssetKey(list(policy.asset_key_path))),
         description=f"Delete stale rows of {policy.rule.qualified_name} "
-                    f"({policy.rule.guard_sql}) for one daily partition.",
+                    f"({policy.rule.predicate_sql}) for one daily partition.",
     )
 

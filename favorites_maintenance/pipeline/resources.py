@@ -13,7 +13,6 @@ run config never show it.
 
 from __future__ import annotations
 
-import dataclasses
 import datetime as dt
 import logging
 import time
@@ -84,7 +83,9 @@ class RunLimits(dg.ConfigurableResource):
 
     Served by :func:`deployed_retention`, which checks a launch's values against the bounds of
     the settings they stand in for (:data:`~favorites_maintenance.config.policy_settings.
-    LAUNCH_LIMITS`: ``batch_size`` in rows, ``max_run_duration_seconds`` in seconds).
+    LAUNCH_LIMITS`: ``batch_size`` in rows, ``max_run_duration_seconds`` in seconds). A
+    launch's ``batch_size`` bounds every batch of its run (batch size mode ``fixed``), and may
+    not exceed a ``batch_size_max`` the policy sets.
 
     Attributes:
         limits: run-config key -> the value the launch gave, already checked.
@@ -93,14 +94,40 @@ class RunLimits(dg.ConfigurableResource):
     limits: dict[str, float] = Field(default_factory=dict,
                                      description="Run limits set by the launch, checked.")
 
-    def apply(self, settings: PolicySettings) -> PolicySettings:
-        """``settings`` with the limits this launch set, the rest unchanged."""
+    def apply(self, policy: Policy) -> PolicySettings:
+        """``policy``'s settings with the limits this launch set, the rest unchanged.
+
+        Raises:
+            dagster.Failure: the launch's ``batch_size`` is above the policy's explicit
+                ``batch_size_max`` (named by its variable or field); nothing is deleted.
+        """
         changed = {}
         for key, value in self.limits.items():
             name = LAUNCH_LIMITS[key]
             changed[name] = (dt.timedelta(seconds=value)
                              if SETTINGS[name].launch_unit == "seconds" else int(value))
-        return dataclasses.replace(settings, **changed)
+        try:
+            return policy.settings.launched(**changed)
+        except ValueError:
+            if "batch_size" not in changed:
+                raise
+            raise dg.Failure(_above_cap(changed["batch_size"], [policy])) from None
+
+
+def _above_cap(value: float, policies: Sequence[Policy]) -> str:
+    """Why a launch's ``batch_size`` of ``value`` rows is refused for ``policies``."""
+    caps = "; ".join(f"{p.label('batch_size_max')} ({p.settings.batch_size_max:,} rows"
+                     + (f", policy {p.name}" if len(policies) > 1 else "") + ")"
+                     for p in policies)
+    return (f"batch_size={value:g} refused: it is above {caps}, the largest batch the "
+            f"deployment allows, read from {_WHERE}. A launch may lower the batch size, never "
+            "raise that cap.")
+
+
+def _capped_below(value: Any, policies: Sequence[Policy]) -> list[Policy]:
+    """The policies whose explicit ``batch_size_max`` is below a launch's ``batch_size``."""
+    return [p for p in policies if _is_number(value) and "batch_size_max" in p.settings.explicit
+            and value > p.settings.batch_size_max]
 
 
 def health_limits(settings: PolicySettings) -> HealthLimits:
@@ -141,7 +168,10 @@ def deployed_retention(policies: Sequence[Policy]) -> dg.ResourceDefinition:
     table (``batch_size``, rows, 1 to 100,000; ``max_run_duration_seconds``, seconds, 1 to
     3,000), within the bounds of the settings they stand in for
     (``FAVORITES_GUEST_RETENTION_BATCH_SIZE`` and ``FAVORITES_GUEST_RETENTION_MAX_RUN_DURATION``
-    for the guest-favorites policy); left out, each policy's own applies. The retention days
+    for the guest-favorites policy); left out, each policy's own applies. A ``batch_size``
+    bounds every batch of the run; one above a policy's explicit ``batch_size_max`` is refused
+    (at launch when it is above every policy's, else when that policy's run starts, before it
+    deletes anything). The retention days
     are the deployment's: a ``retention_days`` other than a policy's deployed value is refused
     (a deployed value is accepted and changes nothing: the retention is never taken from a
     launch), and so is any other key. The table, the guard and the age column are the
@@ -195,6 +225,10 @@ def deployed_retention(policies: Sequence[Policy]) -> dg.ResourceDefinition:
                 raise _refuse(
                     f"{key}={shown!r} refused: it must be between {low:,g} and {high:,g}, "
                     f"the bounds of {_labels(policies, setting)}.", config)
+            if setting == "batch_size" and len(_capped_below(value, policies)) == len(policies):
+                # Above the cap of every policy: refused now. Above some only, the run of
+                # such a policy refuses it before deleting anything (RunLimits.apply).
+                raise _refuse(_above_cap(value, policies), config)
             values[key] = value
         return {"limits": values}
 

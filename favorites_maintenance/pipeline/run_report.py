@@ -35,6 +35,10 @@ class RunReport:
         cutoff: the run's cutoff, ISO 8601 UTC [``cutoff``].
         retention_days: the policy's retention [``retentionDays``].
         batch_size: rows of the first batch [``batchSize``].
+        batch_size_mode: how the run sized its batches: ``fixed`` (none above
+            ``batch_size``), ``capped`` (adapting up to an explicit ``batch_size_max``) or
+            ``adaptive`` (adapting up to the default max); empty in records older than it
+            [``batchSizeMode``].
         stop_reason: why the purge ended (``exhausted``, ``max_run_duration``,
             ``stop_requested``, ``db_unhealthy``) [``stopReason``].
         skipped_rows: prunable rows left in place because deleting them failed
@@ -61,6 +65,7 @@ class RunReport:
     cutoff: str = ""
     retention_days: int = 0
     batch_size: int = 0
+    batch_size_mode: str = ""
     stop_reason: str = ""
     skipped_rows: int = 0
     skipped_causes: str = _NONE
@@ -84,6 +89,7 @@ class RunReport:
             cutoff=report.cutoff.isoformat(),
             retention_days=settings.retention_days,
             batch_size=settings.batch_size,
+            batch_size_mode=settings.batch_size_mode.value,
             stop_reason=report.stop_reason.value,
             skipped_rows=report.skipped_rows,
             skipped_causes="; ".join(report.skipped_causes) or _NONE,
@@ -146,6 +152,7 @@ _KEYS = {
     "cutoff": "cutoff",
     "retention_days": "retentionDays",
     "batch_size": "batchSize",
+    "batch_size_mode": "batchSizeMode",
     "stop_reason": "stopReason",
     "skipped_rows": "skippedRows",
     "skipped_causes": "skippedCauses",

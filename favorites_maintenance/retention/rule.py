@@ -5,6 +5,9 @@ names its table and columns; :class:`RetentionRule` turns them into SQLAlchemy o
 guest-favorites rule, :data:`GUEST_FAVORITES`, prunes a row iff::
 
     user_id IS NULL AND updated_at < :cutoff
+
+A rule may have no guard column (every row older than the cutoff is prunable, whoever owns it),
+e.g. ``expires_at < :cutoff``.
 """
 
 from __future__ import annotations
@@ -29,7 +32,7 @@ _IDENTIFIER = re.compile(r"[a-z_][a-z0-9_$]{0,62}")
 
 
 class RuleError(InvalidArgumentError):
-    """A retention rule is malformed (an identifier that is not one, no guard column)."""
+    """A retention rule is malformed (an identifier that is not one, a column named twice)."""
 
 
 @dataclass(frozen=True, eq=False)
@@ -41,16 +44,20 @@ class RetentionRule:
 
     The guard is rendered literally, never as a bound parameter, so the planner can prove that
     a partial index ``(<age>, <key>) WHERE <guard> IS NULL`` serves the query. Every DELETE the
-    project issues is built by :meth:`delete_prunable`, which always carries this predicate. A
-    rule without a guard column is refused: a delete without its predicate would empty the
-    table.
+    project issues is built by :meth:`delete_prunable`, which always carries this predicate.
+
+    A rule with no guard column (a policy's ``null_columns: []``, written on purpose) prunes
+    every row whose age column is before the cutoff, whoever owns it; its predicate is the age
+    comparison alone, which is always there, so no DELETE without a predicate can be built. An
+    age column may hold future instants (an expiry): such rows are never before the cutoff,
+    which is in the past.
 
     Attributes:
         table: the table as the job sees it: only the key, the guards, the age and ``ctid``.
         key: the unique key the batches are ordered and matched by (type left open: bigint,
             uuid, text; values are only ever read back and rebound).
         age: the ``timestamptz`` column compared with the cutoff.
-        guards: the columns that must be NULL (one at least).
+        guards: the columns that must be NULL; empty for a rule with no guard.
     """
 
     table: sa.Table
@@ -66,9 +73,11 @@ class RetentionRule:
         The names become SQLAlchemy ``Table``/``Column`` objects, quoted by the dialect
         wherever they reach SQL; none is ever formatted into a statement's text.
 
+        ``null_columns`` empty is a rule with no guard (see the class).
+
         Raises:
             RuleError: ``table`` is not ``schema.table``, a name is not a lower-case SQL
-                identifier, a column is named twice, or ``null_columns`` is empty.
+                identifier, or a column is named twice.
         """
         schema, dot, name = table.partition(".")
         if not dot or not schema or not name or "." in name:
@@ -79,9 +88,6 @@ class RetentionRule:
             if not isinstance(value, str) or not _IDENTIFIER.fullmatch(value):
                 raise RuleError(f"{what} {value!r} is not a lower-case SQL identifier "
                                 "(letters, digits, _; at most 63 characters)")
-        if not null_columns:
-            raise RuleError("null_columns is empty: a rule needs at least one column that must "
-                            "be NULL, or its DELETE would match every old row")
         names = [key_column, age_column, *null_columns]
         if len(set(names)) != len(names) or "ctid" in names:
             raise RuleError(f"columns {names!r} must be distinct, and none may be ctid")
@@ -125,15 +131,29 @@ class RetentionRule:
     def recommended_index_sql(self) -> str:
         """The partial index each batch is written for, to run outside a transaction (it does
         not block writes): ``(<age>, <key>) WHERE <guard>``, the keyset order of the batches
-        under the rule's literal guard."""
+        under the rule's literal guard; ``(<age>, <key>)`` for a rule with no guard."""
         return (f"CREATE INDEX CONCURRENTLY IF NOT EXISTS {self.index_name} ON "
-                f"{self.qualified_name} ({self.age.name}, {self.key.name}) "
-                f"WHERE {self.guard_sql}")
+                f"{self.qualified_name} ({self.age.name}, {self.key.name})"
+                + (f" WHERE {self.guard_sql}" if self.guards else ""))
 
     @property
     def guard_sql(self) -> str:
-        """The guard as SQL text, for messages and index definitions: ``user_id IS NULL``."""
+        """The guard as SQL text, for messages and index definitions: ``user_id IS NULL``
+        (empty for a rule with no guard)."""
         return " AND ".join(f"{c.name} IS NULL" for c in self.guards)
+
+    @property
+    def predicate_sql(self) -> str:
+        """The whole predicate as text, for messages (never for SQL): ``user_id IS NULL AND
+        updated_at < cutoff``, or ``expires_at < cutoff`` for a rule with no guard."""
+        return " AND ".join([*(f"{c.name} IS NULL" for c in self.guards),
+                             f"{self.age.name} < cutoff"])
+
+    @property
+    def row_noun(self) -> str:
+        """What messages call a row the guard admits: ``guest row`` (every guard column NULL),
+        or ``row`` for a rule with no guard, which admits every row."""
+        return "guest row" if self.guards else "row"
 
     def prunable(self, cutoff: dt.datetime) -> sa.ColumnElement[bool]:
         """The prunable predicate ``<guards> IS NULL AND <age> < :cutoff``.

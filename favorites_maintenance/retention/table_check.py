@@ -13,8 +13,9 @@ guest-favorites rule's columns name the roles (another rule names its own):
   index on it alone, or on ``(id, updated_at)`` as a table partitioned by ``updated_at`` must
   have it): the keyset and the DELETE match rows by it, so a duplicate key could stand for
   another row: refused;
-- the recommended partial index exists: without it each batch scans more than it deletes, so
-  a warning with the ``CREATE INDEX`` to run, not a failure.
+- the recommended partial index exists (a plain index on ``(<age>, <key>)`` for a rule with no
+  guard): without it each batch scans more than it deletes, so a warning with the ``CREATE
+  INDEX`` to run, not a failure.
 
 The catalogs are readable by every role, so the check needs no privilege the job lacks.
 """
@@ -118,8 +119,11 @@ def check_table(conn: sa.Connection, rule: RetentionRule = GUEST_FAVORITES) -> T
                if ix["column_names"][:1] == [age_column]
                and _clauses(ix.get("dialect_options", {}).get("postgresql_where")) == guard]
     has_index = bool(partial)
+    # A rule with no guard wants a plain index.
+    index = (f"partial index on ({age_column}, {key_column}) WHERE {rule.guard_sql}"
+             if rule.guards else f"index on ({age_column}, {key_column})")
     warnings = () if has_index else (
-        f"{table} has no partial index on ({age_column}, {key_column}) WHERE {rule.guard_sql}: "
+        f"{table} has no {index}: "
         f"each batch reads more than it deletes. Create it (it does not block writes): "
         f"{rule.recommended_index_sql}",)
     return TableFindings(table=table, has_recommended_index=has_index, warnings=warnings,

@@ -48,9 +48,10 @@ def test_a_small_bench_writes_every_strategy_and_deletes_exactly_the_prunable_ro
     # Deciles need 10 batches: D's stay at 200 rows (A's grow, and may be fewer).
     assert len(report["strategies"]["D"]["deciles"]) == 10
 
-    # A_fixed keeps every batch at the first size beside the adaptive A.
+    # A_fixed, the explicit batch size, never runs a batch above it (a slow one may run
+    # smaller); the adaptive A grows past it.
     fixed, adaptive = report["strategies"]["A_fixed"], report["strategies"]["A"]
     assert fixed["batch_size_max"] == 200
-    assert fixed["batches"] == report["prunable_rows"] // 200 + 1
-    assert adaptive["batch_size_max"] >= 200 and report["target_batch_ms"] == 200
+    assert fixed["batches"] >= -(-report["prunable_rows"] // 200)
+    assert adaptive["batch_size_max"] > 200 and report["target_batch_ms"] == 200
     assert "A_fixed: largest batch 200 rows" in table

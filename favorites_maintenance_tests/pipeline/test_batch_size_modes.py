@@ -1,0 +1,198 @@
+"""An explicit batch size is the bound of every batch transaction; unset, the size adapts.
+
+Each test runs ``guest_favorites_cleanup_job`` through Dagster against a real PostgreSQL whose
+table carries an ``AFTER DELETE`` row trigger recording the deleting transaction's id, so the
+rows of every committed transaction are counted by the server itself. The target time per
+batch is the longest one (10 s): batches of a few milliseconds are then far under it, so the
+adaptive size grows at every batch where it may, and never shrinks for a slow one.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import shutil
+from pathlib import Path
+
+import dagster as dg
+import pytest
+import sqlalchemy as sa
+import yaml
+from dagster.components.testing import create_defs_folder_sandbox
+
+import favorites_maintenance.defs
+from favorites_maintenance_tests.helpers.jobs import (
+    failure_text,
+    load_code_location,
+    purge_retries,
+    run_partition,
+    run_report,
+)
+
+UTC = dt.timezone.utc
+PARTITION = "2026-06-15"
+CUTOFF = dt.datetime(2026, 6, 16, tzinfo=UTC) - dt.timedelta(days=365)
+OLD = CUTOFF - dt.timedelta(days=30)
+#: Adaptation on, and no batch of this test near the target.
+TARGET = dt.timedelta(seconds=10)
+BATCH_SIZE_MAX_VAR = "FAVORITES_GUEST_RETENTION_BATCH_SIZE_MAX"
+
+
+@pytest.fixture
+def transactions(engine):
+    """Rows deleted per transaction, in commit order: read after the run."""
+    with engine.begin() as conn:
+        conn.execute(sa.text(
+            "CREATE TABLE favorites.deleted_by (txid bigint NOT NULL, seq bigserial)"))
+        conn.execute(sa.text(
+            "CREATE FUNCTION favorites.record_delete() RETURNS trigger LANGUAGE plpgsql AS "
+            "$$ BEGIN INSERT INTO favorites.deleted_by (txid) VALUES (txid_current()); "
+            "RETURN OLD; END $$"))
+        conn.execute(sa.text(
+            "CREATE TRIGGER record_delete AFTER DELETE ON favorites.favorites "
+            "FOR EACH ROW EXECUTE FUNCTION favorites.record_delete()"))
+
+    def read() -> list[int]:
+        with engine.connect() as conn:
+            return list(conn.execute(sa.text(
+                "SELECT count(*) FROM favorites.deleted_by GROUP BY txid "
+                "ORDER BY min(seq)")).scalars())
+
+    return read
+
+
+def run(db_url, monkeypatch, instance, launch: dict | None = None, **settings):
+    defs = load_code_location(db_url, monkeypatch, retention_days=365, **settings)
+    config = purge_retries(0)
+    if launch is not None:
+        config["resources"] = {"retention": {"config": launch}}
+    return run_partition(defs, instance, PARTITION, run_config=config, raise_on_error=False)
+
+
+@pytest.mark.parametrize("batch_size, rows_to_delete, expected", [
+    # What an explicit batch size promises: at most that many rows in any transaction.
+    (5, 50, [5] * 10),
+    (1, 3, [1, 1, 1]),
+    (1000, 2500, [1000, 1000, 500]),
+])
+def test_an_explicit_batch_size_bounds_every_transaction(
+        db_url, monkeypatch, rows, transactions, batch_size, rows_to_delete, expected):
+    old = set(rows.add_many(rows_to_delete, updated_at=OLD))
+    accounts = set(rows.add_many(20, updated_at=OLD, user_id=7))
+    with dg.instance_for_test() as instance:
+        result = run(db_url, monkeypatch, instance, batch_size=batch_size,
+                     target_batch_duration=TARGET)
+        assert result.success
+        report = run_report(result)
+    assert transactions() == expected
+    assert (report.batch_size_mode, report.batch_size, report.batch_size_max) == (
+        "fixed", batch_size, batch_size)
+    assert (report.deleted_total, report.batches) == (rows_to_delete, len(expected))
+    assert rows.ids() == accounts and not old & rows.ids()
+
+
+def test_batch_size_max_set_adapts_between_the_two(db_url, monkeypatch, rows, transactions):
+    rows.add_many(1500, updated_at=OLD)
+    with dg.instance_for_test() as instance:
+        result = run(db_url, monkeypatch, instance, batch_size=100, batch_size_max=400,
+                     target_batch_duration=TARGET)
+        assert result.success
+        report = run_report(result)
+    sizes = transactions()
+    # Fast batches grow the size (at most doubling) up to the max, and never past it.
+    assert sizes == [100, 200, 400, 400, 400]
+    assert (report.batch_size_mode, report.batch_size_first, report.batch_size_max) == (
+        "capped", 100, 400)
+    assert rows.count() == 0
+
+
+def test_neither_set_adapts_from_the_default_first_size(db_url, monkeypatch, rows, transactions):
+    rows.add_many(7000, updated_at=OLD)
+    with dg.instance_for_test() as instance:
+        result = run(db_url, monkeypatch, instance, target_batch_duration=TARGET)
+        assert result.success
+        report = run_report(result)
+    assert transactions() == [1000, 2000, 4000]
+    # batchSizeMax is the largest size a batch ran with: the last one, which found no row.
+    assert (report.batch_size_mode, report.batch_size, report.batch_size_max) == (
+        "adaptive", 1000, 8000)
+
+
+def test_a_zero_target_keeps_every_batch_at_batch_size_whatever_the_max(
+        db_url, monkeypatch, rows, transactions):
+    rows.add_many(700, updated_at=OLD)
+    with dg.instance_for_test() as instance:
+        result = run(db_url, monkeypatch, instance, batch_size=200, batch_size_max=1000,
+                     target_batch_duration=dt.timedelta(0))
+        assert result.success
+        report = run_report(result)
+    assert transactions() == [200, 200, 200, 100]
+    assert report.batch_size_mode == "fixed"
+
+
+def test_a_launch_batch_size_bounds_its_run(db_url, monkeypatch, rows, transactions):
+    rows.add_many(1000, updated_at=OLD)
+    with dg.instance_for_test() as instance:
+        # The policy adapts (nothing set); the launch's batch size is explicit for its run.
+        result = run(db_url, monkeypatch, instance, launch={"batch_size": 300},
+                     target_batch_duration=TARGET)
+        assert result.success
+        report = run_report(result)
+    assert transactions() == [300, 300, 300, 100]
+    assert (report.batch_size_mode, report.batch_size, report.batch_size_max) == (
+        "fixed", 300, 300)
+
+
+def test_a_launch_may_lower_an_explicit_max_never_raise_it(
+        db_url, monkeypatch, rows, transactions):
+    old = set(rows.add_many(600, updated_at=OLD))
+    with dg.instance_for_test() as instance:
+        with pytest.raises(dg.DagsterInvalidConfigError) as refused:
+            run(db_url, monkeypatch, instance, launch={"batch_size": 500}, batch_size=100,
+                batch_size_max=400, target_batch_duration=TARGET)
+        assert instance.get_runs() == []
+        assert "batch_size=500 refused: it is above " \
+               f"{BATCH_SIZE_MAX_VAR} (400 rows)" in str(refused.value)
+        assert rows.ids() == old
+
+        lowered = run(db_url, monkeypatch, instance, launch={"batch_size": 250},
+                      batch_size=100, batch_size_max=400, target_batch_duration=TARGET)
+        assert lowered.success
+        assert run_report(lowered).batch_size_mode == "fixed"
+    assert transactions() == [250, 250, 100]
+
+
+def test_above_the_cap_of_one_policy_only_that_policys_run_refuses_the_launch(
+        db_url, monkeypatch, rows, transactions):
+    # A second policy on the same table, capped at 400 rows; guest favorites has no cap.
+    defs_folder = Path(favorites_maintenance.defs.__file__).parent
+    old = set(rows.add_many(600, updated_at=OLD))
+    with create_defs_folder_sandbox() as sandbox:
+        (sandbox.defs_folder_path / "guest_favorites").mkdir()
+        shutil.copy(defs_folder / "guest_favorites" / "defs.yaml",
+                    sandbox.defs_folder_path / "guest_favorites")
+        shutil.copy(defs_folder / "resources.py", sandbox.defs_folder_path)
+        (sandbox.defs_folder_path / "capped_favorites").mkdir()
+        (sandbox.defs_folder_path / "capped_favorites" / "defs.yaml").write_text(yaml.safe_dump(
+            {"type": "favorites_maintenance.RetentionPolicy", "attributes": {
+                "name": "capped_favorites", "table": "favorites.favorites", "key_column": "id",
+                "age_column": "updated_at", "null_columns": ["user_id"],
+                "batch_size": 100, "batch_size_max": 400}}))
+        with sandbox.build_component_tree() as tree:
+            defs = load_code_location(db_url, monkeypatch, tree=tree,
+                                      target_batch_duration=TARGET)
+    launch = {"resources": {"retention": {"config": {"batch_size": 500}}}}
+    with dg.instance_for_test() as instance:
+        capped = run_partition(defs, instance, PARTITION, job="capped_favorites_cleanup_job",
+                               run_config={**launch, **purge_retries(
+                                   0, asset_key=dg.AssetKey(["favorites",
+                                                             "capped_favorites_cleanup"]))},
+                               raise_on_error=False)
+        assert not capped.success
+        assert ("batch_size=500 refused: it is above policy capped_favorites, batch_size_max "
+                "(400 rows)") in failure_text(capped)
+        assert rows.ids() == old
+
+        guest = run_partition(defs, instance, PARTITION,
+                              run_config={**launch, **purge_retries(0)})
+        assert guest.success and run_report(guest).batch_size_mode == "fixed"
+    assert transactions() == [500, 100]
