@@ -57,10 +57,10 @@ def code_location(tree: dg.ComponentTree | None = None,
         raise PolicyLoadError(f"policy names must be unique, got {sorted(names)!r}")
     check_database_urls(p.database_url_env for p in policies)
     with quiet_previews():
-        component_defs = tree.build_defs()
+        component_defs = [tree.build_defs(),
+                          *(policy_definitions(policy) for policy in extra_policies)]
     return dg.Definitions.merge(
-        component_defs,
-        *(policy_definitions(policy) for policy in extra_policies),
+        *component_defs,
         dg.Definitions(resources={"retention": deployed_retention(policies),
                                   **deployed_databases(policies)}),
     )
