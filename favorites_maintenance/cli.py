@@ -127,7 +127,7 @@ def demo(rows: int, pretend: bool, policy_name: str) -> None:
     `dev` shows it). FAVORITES_DATABASE_URL is ignored: demo never touches another database.
 
     With --policy, the policy's job runs instead, on the policy's own embedded database:
-    archive_guest_favorites runs on the second one, favorites_archive, seeded the same way;
+    eu_guest_favorites runs on the second one, favorites_eu, seeded the same way;
     any other policy's table must already exist in the embedded "favorites" database.
     """
     from favorites_maintenance.local.demo import DemoError, run_demo
@@ -211,7 +211,7 @@ def dev(port: int, rows: int, reseed: bool, debug: bool) -> None:
     """Run the Dagster UI and daemon on the embedded PostgreSQL server until Ctrl-C.
 
     The server holds Dagster's storage, the favorites database and a second one,
-    favorites_archive, with the policy archive_guest_favorites on it (dev only): two policies on
+    favorites_eu, with the policy eu_guest_favorites on it (dev only): two policies on
     two databases. The dev tables are created and seeded when empty (--reseed: always; the
     second database gets a tenth of --rows). Data lives in .favorites-maintenance/ of the
     checkout. An exported FAVORITES_DATABASE_URL is ignored: dev only ever touches its embedded
@@ -222,9 +222,9 @@ def dev(port: int, rows: int, reseed: bool, debug: bool) -> None:
                                                  ensure_pool_limits, prepare_dev_table,
                                                  run_dagster_dev, ui_address)
     from favorites_maintenance.local.processes import port_is_free
-    from favorites_maintenance.local.second_database import (ARCHIVE_DATABASE, ARCHIVE_POLICY,
-                                                             ARCHIVE_URL_VAR, local_policies,
-                                                             prepare_archive_table,
+    from favorites_maintenance.local.second_database import (EU_DATABASE, EU_POLICY,
+                                                             EU_URL_VAR, local_policies,
+                                                             prepare_eu_table,
                                                              write_workspace)
     from favorites_maintenance.retention.database import create_engine
 
@@ -238,16 +238,16 @@ def dev(port: int, rows: int, reseed: bool, debug: bool) -> None:
             prepare_dev_table(engine, rows, _echo, reseed=reseed)
         finally:
             engine.dispose()
-        prepare_archive_table(max(1000, rows // 10), _echo, reseed=reseed)
+        prepare_eu_table(max(1000, rows // 10), _echo, reseed=reseed)
         policies = local_policies()
         limits = ensure_pool_limits(policies)
         _echo(f"Dagster instance: {env.dagster_home} (pools "
               + ", ".join(f"{pool}: {limit}" for pool, limit in limits.items())
               + " run at a time)")
         _echo(f"Dagster UI: {ui_address(port)}  (asset page: {asset_page(port)})")
-        [archive] = [p for p in policies if p.name == ARCHIVE_POLICY]
-        _echo(f"second database: {ARCHIVE_DATABASE} ({ARCHIVE_URL_VAR}), policy {archive.name} "
-              f"(asset page: {ui_address(port)}/assets/{'/'.join(archive.asset_key_path)})")
+        [eu] = [p for p in policies if p.name == EU_POLICY]
+        _echo(f"second database: {EU_DATABASE} ({EU_URL_VAR}), policy {eu.name} "
+              f"(asset page: {ui_address(port)}/assets/{'/'.join(eu.asset_key_path)})")
         _echo("press Ctrl-C to stop the UI, the daemon and the database server")
         code = run_dagster_dev(dagster_dev_command(write_workspace(env.state_dir), port),
                                cwd=env.dagster_home, echo=_echo, debug=debug)

@@ -1,9 +1,9 @@
 """The second database of ``favorites-maintenance dev`` and ``demo``: two policies on two
 databases, to see in the UI.
 
-The embedded server holds a second favorites database, ``favorites_archive``, whose URL the
-local commands export as ``FAVORITES_ARCHIVE_DATABASE_URL`` (an exported value is replaced: the
-local commands only ever touch their embedded server). The policy ``archive_guest_favorites``
+The embedded server holds a second favorites database, ``favorites_eu``, whose URL the
+local commands export as ``FAVORITES_EU_DATABASE_URL`` (an exported value is replaced: the
+local commands only ever touch their embedded server). The policy ``eu_guest_favorites``
 (``second_database_defs/``) names that variable in its ``database_url_env``, so it gets its own
 database resource, its own database pool and its own run tag beside ``guest_favorites``, and
 its runs go in parallel with those of ``guest_favorites``.
@@ -24,19 +24,19 @@ import dagster as dg
 from favorites_maintenance.local.embedded import EmbeddedPostgres
 
 #: The second database on the embedded server, its variable, and the policy on it.
-ARCHIVE_DATABASE = "favorites_archive"
-ARCHIVE_URL_VAR = "FAVORITES_ARCHIVE_DATABASE_URL"
-ARCHIVE_POLICY = "archive_guest_favorites"
+EU_DATABASE = "favorites_eu"
+EU_URL_VAR = "FAVORITES_EU_DATABASE_URL"
+EU_POLICY = "eu_guest_favorites"
 #: The location name of the deployed code location: dev's UI reads the same.
 LOCATION_NAME = "favorites_maintenance"
 
 
-def export_archive_database(server: EmbeddedPostgres) -> None:
-    """Create the ``favorites_archive`` database on ``server`` if missing and export its URL as
-    ``FAVORITES_ARCHIVE_DATABASE_URL`` in this process's environment (child processes, the
+def export_eu_database(server: EmbeddedPostgres) -> None:
+    """Create the ``favorites_eu`` database on ``server`` if missing and export its URL as
+    ``FAVORITES_EU_DATABASE_URL`` in this process's environment (child processes, the
     code server and the runs, inherit it)."""
-    url = server.ensure_database(ARCHIVE_DATABASE)
-    os.environ[ARCHIVE_URL_VAR] = url.render_as_string(hide_password=False)
+    url = server.ensure_database(EU_DATABASE)
+    os.environ[EU_URL_VAR] = url.render_as_string(hide_password=False)
 
 
 def second_tree() -> dg.ComponentTree:
@@ -88,7 +88,7 @@ def write_workspace(folder: Path) -> Path:
     return path
 
 
-def prepare_archive_table(rows: int, echo: Callable[[str], None], reseed: bool = False) -> None:
+def prepare_eu_table(rows: int, echo: Callable[[str], None], reseed: bool = False) -> None:
     """Create and seed the dev table of the second database as ``dev`` does the first one's
     (:func:`~favorites_maintenance.local.dev.prepare_dev_table`), ``rows`` rows when it is
     empty; its lines start with the database's name."""
@@ -96,9 +96,9 @@ def prepare_archive_table(rows: int, echo: Callable[[str], None], reseed: bool =
     from favorites_maintenance.local.dev import prepare_dev_table
     from favorites_maintenance.retention.database import create_engine
 
-    engine = create_engine(require_database_url(ARCHIVE_URL_VAR))
+    engine = create_engine(require_database_url(EU_URL_VAR))
     try:
-        prepare_dev_table(engine, rows, lambda line: echo(f"{ARCHIVE_DATABASE}: {line}"),
+        prepare_dev_table(engine, rows, lambda line: echo(f"{EU_DATABASE}: {line}"),
                           reseed=reseed)
     finally:
         engine.dispose()

@@ -152,13 +152,13 @@ def test_dev_serves_two_policies_on_two_databases(stack):
     """The second embedded database and its policy: their own asset, job, resource and run
     tag, beside the guest-favorites policy."""
     out = stack.output()
-    assert ("second database: favorites_archive (FAVORITES_ARCHIVE_DATABASE_URL), policy "
-            "archive_guest_favorites") in out
-    assert "database_favorites_archive_database_url: 1" in out  # its pool, written by dev
+    assert ("second database: favorites_eu (FAVORITES_EU_DATABASE_URL), policy "
+            "eu_guest_favorites") in out
+    assert "database_favorites_eu_database_url: 1" in out  # its pool, written by dev
     assets = {"/".join(n["assetKey"]["path"]): n["jobNames"]
               for n in stack.graphql(ASSETS)["assetNodes"]}
-    assert "archive_guest_favorites_cleanup_job" in assets[
-        "favorites/archive_guest_favorites_cleanup"]
+    assert "eu_guest_favorites_cleanup_job" in assets[
+        "favorites/eu_guest_favorites_cleanup"]
     assert "guest_favorites_cleanup_job" in assets["favorites/guest_favorites_cleanup"]
 
 

@@ -1,6 +1,6 @@
 """Two policies on two databases, through the UI: the code location ``dev`` serves
-(``guest_favorites`` on ``FAVORITES_DATABASE_URL`` and ``archive_guest_favorites`` on
-``FAVORITES_ARCHIVE_DATABASE_URL``), run by ``dagster-daemon run`` and read from
+(``guest_favorites`` on ``FAVORITES_DATABASE_URL`` and ``eu_guest_favorites`` on
+``FAVORITES_EU_DATABASE_URL``), run by ``dagster-daemon run`` and read from
 ``dagster-webserver`` as ``test_ui_access.py`` reads it, through GraphQL over HTTP. Each URL
 holds a sentinel password of its own; neither URL reaches anything the webserver serves.
 """
@@ -18,8 +18,8 @@ import sqlalchemy as sa
 
 from favorites_maintenance.config.policy import DATABASE_TAG
 from favorites_maintenance.local.second_database import (
-    ARCHIVE_POLICY,
-    ARCHIVE_URL_VAR,
+    EU_POLICY,
+    EU_URL_VAR,
     write_workspace,
 )
 from favorites_maintenance.pipeline.partitions import daily_partitions
@@ -43,12 +43,12 @@ from favorites_maintenance_tests.helpers.dev_stack import ROOT, DagsterService, 
 pytestmark = pytest.mark.e2e
 
 UTC = dt.timezone.utc
-PASSWORDS = {DATABASE_URL_VAR: "pw-FIRST-3a71e0", ARCHIVE_URL_VAR: "pw-ARCHIVE-c28f5d"}
+PASSWORDS = {DATABASE_URL_VAR: "pw-FIRST-3a71e0", EU_URL_VAR: "pw-EU-c28f5d"}
 JOBS = {DATABASE_URL_VAR: "guest_favorites_cleanup_job",
-        ARCHIVE_URL_VAR: f"{ARCHIVE_POLICY}_cleanup_job"}
+        EU_URL_VAR: f"{EU_POLICY}_cleanup_job"}
 NOW = dt.datetime.now(UTC)
 PARTITION = daily_partitions.get_last_partition_key()
-NO_RETRY = {f"favorites__{ARCHIVE_POLICY}_cleanup": {"ops": {"purge": {"config": {
+NO_RETRY = {f"favorites__{EU_POLICY}_cleanup": {"ops": {"purge": {"config": {
     "max_retries": 0}}}}}
 
 
@@ -135,34 +135,34 @@ def test_two_databases_run_apart_and_no_url_reaches_the_ui(deployment, pg_server
     for variable, (_, rows) in databases.items():
         assert rows.ids() == kept[variable]  # each run deleted in its own database only
 
-    # The archive database refuses connections: its run fails naming its variable; the other
+    # The eu database refuses connections: its run fails naming its variable; the other
     # policy's run, launched beside it, succeeds.
-    archive_db = databases[ARCHIVE_URL_VAR][0]
+    eu_db = databases[EU_URL_VAR][0]
     admin = sa.create_engine(pg_server.url("postgres"), isolation_level="AUTOCOMMIT")
     try:
         with admin.connect() as conn:
-            conn.execute(sa.text(f'ALTER DATABASE "{archive_db}" ALLOW_CONNECTIONS false'))
+            conn.execute(sa.text(f'ALTER DATABASE "{eu_db}" ALLOW_CONNECTIONS false'))
         try:
-            failed_id = launch(JOBS[ARCHIVE_URL_VAR], NO_RETRY)
+            failed_id = launch(JOBS[EU_URL_VAR], NO_RETRY)
             fine_id = launch(JOBS[DATABASE_URL_VAR])
             assert finished(failed_id)["status"] == "FAILURE"
             assert finished(fine_id)["status"] == "SUCCESS"
         finally:
             with admin.connect() as conn:
-                conn.execute(sa.text(f'ALTER DATABASE "{archive_db}" ALLOW_CONNECTIONS true'))
+                conn.execute(sa.text(f'ALTER DATABASE "{eu_db}" ALLOW_CONNECTIONS true'))
     finally:
         admin.dispose()
     failure = json.dumps(read(LOGS, {"runId": failed_id}))
-    assert f"policy {ARCHIVE_POLICY}: its database is {ARCHIVE_URL_VAR}" in failure
+    assert f"policy {EU_POLICY}: its database is {EU_URL_VAR}" in failure
     assert "not currently accepting connections" in failure
 
     # Everything an operator looks at, for both policies.
     resources = {r["name"]: r for r in read(RESOURCES, {"selector": SELECTOR})[
         "allTopLevelResourceDetailsOrError"]["results"]}
     assert DATABASE_URL_VAR in resources["database"]["description"]
-    archive_resource = resources["database_favorites_archive_database_url"]
-    assert ARCHIVE_URL_VAR in archive_resource["description"]
-    assert ARCHIVE_POLICY in archive_resource["description"]
+    eu_resource = resources["database_favorites_eu_database_url"]
+    assert EU_URL_VAR in eu_resource["description"]
+    assert EU_POLICY in eu_resource["description"]
     for job in JOBS.values():
         read(LAUNCHPAD, {"selector": {**SELECTOR, "pipelineName": job}, "repository": SELECTOR,
                          "partition": PARTITION, "set": f"{job}_partition_set"})
