@@ -54,13 +54,15 @@ def _policy_option(command):
     )(command)
 
 
-def _load_policy(name: str):
+def _load_policy(name: str, *, local: bool = False):
     """The policy ``name`` of ``favorites_maintenance/defs/`` (its settings validated), or exit
-    with an error naming the known ones."""
+    with an error naming the known ones; ``local``: also the policy of the second embedded
+    database of ``demo`` and ``dev``."""
     from favorites_maintenance.components.policy_tree import PolicyLoadError, load_policies
+    from favorites_maintenance.local.second_database import local_policies
 
     try:
-        policies = {p.name: p for p in load_policies()}
+        policies = {p.name: p for p in (local_policies() if local else load_policies())}
     except PolicyLoadError as exc:
         _fail(str(exc))
     if name not in policies:
@@ -124,13 +126,14 @@ def demo(rows: int, pretend: bool, policy_name: str) -> None:
     data in pgdata/, the Dagster instance in dagster_home/ (the run stays in its history, as
     `dev` shows it). FAVORITES_DATABASE_URL is ignored: demo never touches another database.
 
-    With --policy, the policy's job runs instead; only guest_favorites has a dev table to seed,
-    so another policy's table must already exist in the embedded "favorites" database.
+    With --policy, the policy's job runs instead, on the policy's own embedded database:
+    eu_guest_favorites runs on the second one, favorites_eu, seeded the same way;
+    any other policy's table must already exist in the embedded "favorites" database.
     """
     from favorites_maintenance.local.demo import DemoError, run_demo
 
     _check_deployment_settings()
-    policy = _load_policy(policy_name)
+    policy = _load_policy(policy_name, local=True)
     env = _start_local_environment("demo")
     try:
         run_demo(env, rows=rows, pretend=pretend, policy=policy, echo=_echo)
@@ -147,18 +150,22 @@ def demo(rows: int, pretend: bool, policy_name: str) -> None:
 def dry_run(partition: str | None, policy_name: str) -> None:
     """Report how many rows the policy's rule matches now, deleting nothing.
 
-    Reads FAVORITES_DATABASE_URL and the policy's settings like the job does, and counts with
+    Reads the policy's database from the variable its database_url_env names
+    (FAVORITES_DATABASE_URL by default) and its settings like the job does, and counts with
     the function policy tests use (favorites_maintenance.testing).
     """
+    from favorites_maintenance.config.deployment import require_database_url
+    from favorites_maintenance.config.parsers import safe_url
     from favorites_maintenance.retention.database import create_engine, limit_transaction
     from favorites_maintenance.retention.errors import TableShapeError, describe
 
-    settings = _check_deployment_settings()
+    _check_deployment_settings()
+    policy = _load_policy(policy_name)
+    variable = policy.database_url_env
     try:
-        url = settings.require_database_url()
+        url = require_database_url(variable)
     except SettingsError as exc:
         _fail(str(exc))
-    policy = _load_policy(policy_name)
     rule = policy.rule
     retention_days = policy.settings.retention_days
     prunable = _prunable_rows(policy, partition)
@@ -175,14 +182,14 @@ def dry_run(partition: str | None, policy_name: str) -> None:
         _fail(str(exc))
     except sa.exc.DBAPIError as exc:
         _fail(f"could not read {rule.qualified_name}: {describe(exc)} (database "
-              f"{settings.database_url_safe}: check FAVORITES_DATABASE_URL, the server and the "
+              f"{safe_url(url)}: check {variable}, the server and the "
               "table)")
     finally:
         engine.dispose()
     for warning in findings.warnings:
         click.secho(f"warning: {warning}", fg="yellow", err=True)
     oldest = oldest_age.isoformat() if oldest_age else "none"
-    _echo(f"database   {settings.database_url_safe}")
+    _echo(f"database   {safe_url(url)} ({variable})")
     _echo(f"policy     {policy.name} ({rule.qualified_name}, {rule.guard_sql or 'no guard'})")
     _echo(f"cutoff     {cutoff.isoformat()} (retention {retention_days} days)")
     _echo(f"prunable   {count:,} rows (oldest {rule.age.name}: {oldest})")
@@ -203,16 +210,22 @@ def dry_run(partition: str | None, policy_name: str) -> None:
 def dev(port: int, rows: int, reseed: bool, debug: bool) -> None:
     """Run the Dagster UI and daemon on the embedded PostgreSQL server until Ctrl-C.
 
-    The server holds Dagster's storage and the favorites database; the dev table is created and
-    seeded when empty (--reseed: always). Data lives in .favorites-maintenance/ of the checkout.
-    An exported FAVORITES_DATABASE_URL is ignored: dev only ever touches its embedded database.
-    The terminal gets INFO and above (--debug: everything), without colour when it is not a
-    terminal.
+    The server holds Dagster's storage, the favorites database and a second one,
+    favorites_eu, with the policy eu_guest_favorites on it (dev only): two policies on
+    two databases. The dev tables are created and seeded when empty (--reseed: always; the
+    second database gets a tenth of --rows). Data lives in .favorites-maintenance/ of the
+    checkout. An exported FAVORITES_DATABASE_URL is ignored: dev only ever touches its embedded
+    databases. The terminal gets INFO and above (--debug: everything), without colour when it
+    is not a terminal.
     """
     from favorites_maintenance.local.dev import (asset_page, dagster_dev_command,
                                                  ensure_pool_limits, prepare_dev_table,
                                                  run_dagster_dev, ui_address)
     from favorites_maintenance.local.processes import port_is_free
+    from favorites_maintenance.local.second_database import (EU_DATABASE, EU_POLICY,
+                                                             EU_URL_VAR, local_policies,
+                                                             prepare_eu_table,
+                                                             write_workspace)
     from favorites_maintenance.retention.database import create_engine
 
     _check_deployment_settings()
@@ -225,13 +238,18 @@ def dev(port: int, rows: int, reseed: bool, debug: bool) -> None:
             prepare_dev_table(engine, rows, _echo, reseed=reseed)
         finally:
             engine.dispose()
-        limits = ensure_pool_limits()
+        prepare_eu_table(max(1000, rows // 10), _echo, reseed=reseed)
+        policies = local_policies()
+        limits = ensure_pool_limits(policies)
         _echo(f"Dagster instance: {env.dagster_home} (pools "
               + ", ".join(f"{pool}: {limit}" for pool, limit in limits.items())
               + " run at a time)")
         _echo(f"Dagster UI: {ui_address(port)}  (asset page: {asset_page(port)})")
+        [eu] = [p for p in policies if p.name == EU_POLICY]
+        _echo(f"second database: {EU_DATABASE} ({EU_URL_VAR}), policy {eu.name} "
+              f"(asset page: {ui_address(port)}/assets/{'/'.join(eu.asset_key_path)})")
         _echo("press Ctrl-C to stop the UI, the daemon and the database server")
-        code = run_dagster_dev(dagster_dev_command(env.root / "workspace.yaml", port),
+        code = run_dagster_dev(dagster_dev_command(write_workspace(env.state_dir), port),
                                cwd=env.dagster_home, echo=_echo, debug=debug)
     finally:
         env.stop()

@@ -12,6 +12,7 @@ One folder per policy, ``favorites_maintenance/defs/<policy>/defs.yaml``::
                                         # ([] on purpose: no guard, every old row is prunable)
       retention_days: 30                # optional, like every setting below
       cron: "{{ env.GUEST_CARTS_CLEANUP_CRON }}"
+      database_url_env: CARTS_DATABASE_URL   # optional: the variable holding its database's URL
 
 The rule's fields (``name``, ``table``, ``key_column``, ``age_column``, ``null_columns``) are
 required; ``null_columns: []`` declares a rule with no guard, and a policy that leaves the field
@@ -136,6 +137,12 @@ def _attributes_at(text: str, line: int) -> tuple[yaml.MappingNode, dict] | None
     return None
 
 
+def _as_text(context: dg.ResolutionContext, raw: Any) -> str | None:
+    """A field taken as written, never rendered: ``database_url_env`` names a variable, and
+    rendering ``{{ env.X }}`` would put the URL it holds into the definitions."""
+    return None if raw is None else str(raw)
+
+
 def _setting_field(name: str) -> tuple[Any, Any]:
     declared = SETTINGS[name]
     # inject_before_resolve=False: the resolver sees "{{ env.X }}" itself, to name X.
@@ -158,6 +165,10 @@ class _RuleFields(dg.Model):
         "row to be prunable; [] on purpose for a rule with no guard")
     metrics_prefix: str | None = Field(default=None, description="start of the Prometheus "
                                        "gauges' names (default <name>_cleanup)")
+    database_url_env: Annotated[str | None, dg.Resolver(
+        _as_text, model_field_type=str | None, inject_before_resolve=False,
+        description="the environment variable holding the SQLAlchemy URL of the policy's "
+                    "database, by name (default FAVORITES_DATABASE_URL)")] = Field(default=None)
 
 
 #: The optional setting fields after the rule's, one per :class:`PolicySettings` field.
@@ -183,6 +194,10 @@ class RetentionPolicy(dg.Component, dg.Resolvable, _PolicyFields):
             before the cutoff is deleted, whoever owns it. Left out: refused.
         metrics_prefix: snake_case start of the names of the gauges each run pushes to a
             Prometheus Pushgateway (docs/metrics.md); default ``<name>_cleanup``.
+        database_url_env: the name of the environment variable holding the SQLAlchemy URL of
+            the policy's database (default ``FAVORITES_DATABASE_URL``); the URL itself never
+            appears in the YAML. Policies naming one variable share its resource and its
+            concurrency pool (README, "Adding a retention policy").
         (settings): one optional field per policy setting, see
             :class:`~favorites_maintenance.config.policy_settings.PolicySettings` (README,
             "Configuration").
@@ -212,6 +227,11 @@ class RetentionPolicy(dg.Component, dg.Resolvable, _PolicyFields):
                                         null_columns=self.null_columns)
         except RuleError as exc:
             raise PolicyError(f"policy {self.name!r}: {exc}") from None
+        if self.database_url_env and (template := _ENV_TEMPLATE.match(self.database_url_env)):
+            raise PolicyError(
+                f"policy {self.name!r}: database_url_env is written as a template; write the "
+                f"variable's name itself (database_url_env: {template.group(1)}): a template "
+                "would put the URL it holds into the definitions, where the UI shows it")
         given: dict[str, SettingValue] = {
             name: value for name in SETTINGS if (value := getattr(self, name)) is not None}
         for name, value in given.items():
@@ -225,7 +245,9 @@ class RetentionPolicy(dg.Component, dg.Resolvable, _PolicyFields):
             {name: value.text for name, value in given.items() if value.text is not None},
             {name: labels.get(name, f"policy {self.name}, {name}") for name in SETTINGS})
         return Policy(self.name, rule, settings, labels=labels,
-                      metrics_prefix=self.metrics_prefix)
+                      metrics_prefix=self.metrics_prefix,
+                      **({"database_url_env": self.database_url_env}
+                         if self.database_url_env is not None else {}))
 
     def build_defs(self, context: dg.ComponentLoadContext) -> dg.Definitions:
         """The policy's asset and checks, job, schedule and three sensors (the resources are

@@ -1,5 +1,8 @@
 """The deployment's settings: where the databases, the alert webhook and the Pushgateway are.
 
+A policy's database is the URL held by the variable its ``database_url_env`` names
+(``FAVORITES_DATABASE_URL`` by default): :func:`load_database_url` reads and validates it.
+
 These are not a policy's: they come from ``FAVORITES_*`` environment variables of the process
 serving the code location, never from a policy's YAML or a run's config, and each is a secret
 or may hold one (a password, a token). Dagster receives them as ``dg.EnvVar`` references
@@ -13,7 +16,7 @@ This module imports no Dagster.
 from __future__ import annotations
 
 import os
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 
 from sqlalchemy.engine import URL
@@ -79,3 +82,43 @@ def load_deployment_settings(environ: Mapping[str, str] | None = None) -> Deploy
         metrics_pushgateway_url=read_optional(environ, METRICS_PUSHGATEWAY_URL_VAR,
                                               parse_pushgateway_url),
     )
+
+
+def load_database_url(variable: str = DATABASE_URL_VAR,
+                      environ: Mapping[str, str] | None = None) -> URL | None:
+    """The validated SQLAlchemy URL held by ``variable`` in ``environ`` (default
+    ``os.environ``), the ``postgresql+psycopg`` driver pinned; ``None`` when it is unset.
+
+    Raises:
+        SettingsError: under ``variable``: set but empty, or not a usable URL (a password
+            never shown).
+    """
+    environ = os.environ if environ is None else environ
+    return read_optional(environ, variable,
+                         lambda raw: parse_database_url(raw, variable=variable))
+
+
+def require_database_url(variable: str = DATABASE_URL_VAR,
+                         environ: Mapping[str, str] | None = None) -> URL:
+    """:func:`load_database_url`, for a command that needs the database now.
+
+    Raises:
+        SettingsError: under ``variable``: unset, empty, or not a usable URL.
+    """
+    url = load_database_url(variable, environ)
+    if url is None:
+        raise SettingsError(variable, "is not set; give the SQLAlchemy URL of the policy's "
+                            "database (postgresql+psycopg://user:password@host/db)")
+    return url
+
+
+def check_database_urls(variables: Iterable[str],
+                        environ: Mapping[str, str] | None = None) -> None:
+    """Validate the database URL of each of ``variables`` that is set; an unset one is left to
+    the runs of its policies, which fail naming it.
+
+    Raises:
+        SettingsError: the first variable set to an invalid URL, named.
+    """
+    for variable in dict.fromkeys(variables):
+        load_database_url(variable, environ)

@@ -173,34 +173,39 @@ def iso_duration(value: dt.timedelta) -> str:
     return text + (f"{secs:g}S" if secs or text == "PT" else "")
 
 
-def parse_database_url(raw: str) -> URL:
-    """Parse a favorites database URL and pin the psycopg 3 driver.
+def parse_database_url(raw: str, variable: str = DATABASE_URL_VAR) -> URL:
+    """Parse the URL of a policy's database and pin the psycopg 3 driver.
 
     ``postgresql://`` and ``postgres://`` are taken to mean ``postgresql+psycopg://``.
 
     Driver options in the URL's query are checked as
     :func:`favorites_maintenance.retention.database.connect_options` takes them.
 
+    Args:
+        raw: the URL's text.
+        variable: the environment variable it was read from, named by every error
+            (``FAVORITES_DATABASE_URL`` unless the policy sets ``database_url_env``).
+
     Raises:
-        SettingsError: malformed (the text is not echoed: it may hold a password), another
-            driver or database (shown with the password masked), no database name, or a query
-            option the driver cannot take (named).
+        SettingsError: under ``variable``: malformed (the text is not echoed: it may hold a
+            password), another driver or database (shown with the password masked), no
+            database name, or a query option the driver cannot take (named).
     """
     try:
         url = make_url(raw)
     except (ArgumentError, ValueError):
-        raise SettingsError(DATABASE_URL_VAR, "is not a valid SQLAlchemy URL; expected "
+        raise SettingsError(variable, "is not a valid SQLAlchemy URL; expected "
                             "postgresql+psycopg://user:password@host:port/database") from None
     if url.host and "@" in url.host:
         # "u:p@ss@host" parses as password "p" on host "ss@host": part of the password would
         # show wherever the host does.
-        raise SettingsError(DATABASE_URL_VAR, "has an '@' in its host part; URL-encode an '@' "
+        raise SettingsError(variable, "has an '@' in its host part; URL-encode an '@' "
                             "in the password as %40")
     if url.drivername not in _ACCEPTED_DRIVERS:
-        raise SettingsError(DATABASE_URL_VAR, f"{safe_url(url)!r} uses driver "
+        raise SettingsError(variable, f"{safe_url(url)!r} uses driver "
                             f"{url.drivername!r}; expected {DRIVER!r}")
     if not url.database:
-        raise SettingsError(DATABASE_URL_VAR, f"{safe_url(url)!r} names no database")
+        raise SettingsError(variable, f"{safe_url(url)!r} names no database")
     # Driver options in the query are checked now, not when the first run connects.
     from favorites_maintenance.retention.database import connect_options
     from favorites_maintenance.retention.errors import ConnectOptionError
@@ -208,7 +213,7 @@ def parse_database_url(raw: str) -> URL:
     try:
         connect_options(url)
     except ConnectOptionError as exc:
-        raise SettingsError(DATABASE_URL_VAR, f"{safe_url(url)!r}: {exc}") from None
+        raise SettingsError(variable, f"{safe_url(url)!r}: {exc}") from None
     return url.set(drivername=DRIVER)
 
 

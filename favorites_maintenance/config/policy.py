@@ -17,6 +17,17 @@ concurrency pool                  ``<name>_cleanup``
 Prometheus metric names           ``<metrics_prefix>_*`` (default ``<name>_cleanup_*``)
 ================================  ============================================
 
+A policy's database is named by the environment variable holding its URL
+(``database_url_env``, default ``FAVORITES_DATABASE_URL``); the names derived from that
+variable are shared by every policy on it:
+
+================================  ============================================
+resource                          ``database`` (``FAVORITES_DATABASE_URL``), else
+                                  ``database_<variable in lower case>``
+concurrency pool                  ``database_<variable in lower case>``
+run tag                           ``favorites_maintenance/database: <variable>``
+================================  ============================================
+
 This module imports no Dagster: the command line uses it too.
 """
 
@@ -26,11 +37,33 @@ import re
 from dataclasses import dataclass, field
 
 from favorites_maintenance.config.policy_settings import PolicySettings
+from favorites_maintenance.retention.defaults import DATABASE_URL_VAR
 from favorites_maintenance.retention.rule import RetentionRule
 
 #: A policy name: snake_case, short enough that every derived name stays a valid Dagster name.
 _NAME = re.compile(r"[a-z][a-z0-9]*(?:_[a-z0-9]+)*")
 _MAX_NAME = 40
+#: The variable of a policy's database: upper case, short enough for a run tag's value.
+_VARIABLE = re.compile(r"[A-Z][A-Z0-9_]*")
+_MAX_VARIABLE = 63
+#: Text that may be echoed in an error: a name, which cannot be a URL.
+_IDENTIFIER = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+
+#: The run tag each run of a policy's job carries, its value the variable of the policy's
+#: database: ``dagster.yaml`` limits the runs in progress per value of it.
+DATABASE_TAG = "favorites_maintenance/database"
+
+
+def database_resource_key(variable: str) -> str:
+    """The resource serving the database of ``variable``: ``database`` for
+    ``FAVORITES_DATABASE_URL``, else ``database_<variable in lower case>``."""
+    return "database" if variable == DATABASE_URL_VAR else f"database_{variable.lower()}"
+
+
+def database_pool(variable: str) -> str:
+    """The concurrency pool of the database of ``variable``: ``database_<variable in lower
+    case>``; every run of a policy on it holds a slot (limit 1: one run per database)."""
+    return f"database_{variable.lower()}"
 
 
 class PolicyError(ValueError):
@@ -51,10 +84,13 @@ class Policy:
             messages call it (the variable it was read from, or ``policy P, field F``).
         metrics_prefix: what the names of the policy's Prometheus gauges start with
             (``<metrics_prefix>_deleted_rows``, ...); ``None`` (the default) is ``<name>_cleanup``.
+        database_url_env: the environment variable holding the SQLAlchemy URL of the policy's
+            database (its name, never the URL); default ``FAVORITES_DATABASE_URL``.
 
     Raises:
         PolicyError: ``name`` is not snake_case or is too long; ``metrics_prefix`` is not
-            snake_case.
+            snake_case; ``database_url_env`` is not an upper-case variable name (its value is
+            shown only when it is a name: it may hold a URL).
     """
 
     name: str
@@ -62,6 +98,7 @@ class Policy:
     settings: PolicySettings = field(default_factory=PolicySettings)
     labels: dict[str, str] = field(default_factory=dict, compare=False)
     metrics_prefix: str | None = None
+    database_url_env: str = DATABASE_URL_VAR
 
     def __post_init__(self):
         if not isinstance(self.name, str) or not _NAME.fullmatch(self.name) \
@@ -74,6 +111,16 @@ class Policy:
             # Snake case is a valid Prometheus metric name and the convention for one.
             raise PolicyError(f"policy {self.name!r}: metrics_prefix {self.metrics_prefix!r} "
                               "must be snake_case (a-z, 0-9, single underscores, a letter first)")
+        variable = self.database_url_env
+        if not isinstance(variable, str) or not _VARIABLE.fullmatch(variable) \
+                or len(variable) > _MAX_VARIABLE:
+            shown = (f"{variable!r}" if isinstance(variable, str)
+                     and _IDENTIFIER.fullmatch(variable) else "the value (not shown)")
+            raise PolicyError(f"policy {self.name!r}: database_url_env names the environment "
+                              "variable that holds the database's URL, never the URL itself: "
+                              f"A-Z, 0-9 and underscores, a letter first, at most "
+                              f"{_MAX_VARIABLE} characters (e.g. CARTS_DATABASE_URL); got "
+                              f"{shown}")
 
     def label(self, setting: str) -> str:
         """What a message calls ``setting``: its variable, or ``policy <name>, <setting>``."""
@@ -93,6 +140,21 @@ class Policy:
     def pool(self) -> str:
         """Concurrency pool of the purge: one run of the policy at a time."""
         return self.cleanup
+
+    @property
+    def database_key(self) -> str:
+        """The resource serving the policy's database (see :func:`database_resource_key`)."""
+        return database_resource_key(self.database_url_env)
+
+    @property
+    def database_pool(self) -> str:
+        """Concurrency pool of the policy's database (see :func:`database_pool`)."""
+        return database_pool(self.database_url_env)
+
+    @property
+    def pools(self) -> tuple[str, str]:
+        """Every pool a run of the policy holds: its own, then its database's."""
+        return (self.pool, self.database_pool)
 
     @property
     def job_name(self) -> str:

@@ -1,7 +1,8 @@
-"""The resources every policy shares: the favorites database, the alert sink and the metrics
-push, each reading its URL from the environment by ``dg.EnvVar`` when a run starts, so the UI
-and the run config never show it. The run limits a launch may set (``retention``) depend on
-every policy and are added by :mod:`favorites_maintenance.definitions`.
+"""The resources every policy shares: the alert sink and the metrics push, each reading its
+URL from the environment by ``dg.EnvVar`` when a run starts, so the UI and the run config never
+show it. The resources that depend on the policies, the run limits a launch may set
+(``retention``) and one database per variable the policies name (``database``, ...), are added
+by :mod:`favorites_maintenance.definitions`.
 
 The deployment's variables are validated here, when the code location loads: a malformed URL
 stops the load with a message naming the variable (a password never shown).
@@ -14,16 +15,14 @@ from favorites_maintenance.config.parsers import (
     ALERT_WEBHOOK_URL_VAR,
     METRICS_PUSHGATEWAY_URL_VAR,
 )
-from favorites_maintenance.pipeline.resources import AlertSink, MetricsPush, deployed_database
+from favorites_maintenance.pipeline.resources import AlertSink, MetricsPush
 
 
 @dg.definitions
 def resources() -> dg.Definitions:
-    """``database``, ``alerts`` and ``metrics``, by reference to their variables."""
+    """``alerts`` and ``metrics``, by reference to their variables."""
     settings = load_deployment_settings()
     return dg.Definitions(resources={
-        # What the job deletes is the deployment's: run config may not name a database.
-        "database": deployed_database(),
         # The webhook URL holds a token: pass it by reference, only when it is set.
         "alerts": AlertSink(webhook_url=dg.EnvVar(ALERT_WEBHOOK_URL_VAR)
                             if settings.alert_webhook_url else None),

@@ -9,11 +9,11 @@ from collections.abc import Callable
 
 import dagster as dg
 
-from favorites_maintenance.config.deployment import load_deployment_settings
+from favorites_maintenance.config.deployment import require_database_url
 from favorites_maintenance.config.policy import Policy
-from favorites_maintenance.definitions import code_location
 from favorites_maintenance.local.dev import seed_progress
 from favorites_maintenance.local.environment import LocalEnvironment
+from favorites_maintenance.local.second_database import local_code_location
 from favorites_maintenance.local.seed import seed_favorites, summarize
 from favorites_maintenance.pipeline.partitions import daily_partitions, partition_cutoff
 from favorites_maintenance.pipeline.run_report import RunReport
@@ -39,10 +39,12 @@ def run_demo(env: LocalEnvironment, *, rows: int, pretend: bool, policy: Policy,
     Raises:
         DemoError: the table is not usable, the run failed, or account rows changed.
     """
-    settings = load_deployment_settings()  # FAVORITES_DATABASE_URL: the embedded server
+    # The policy's own database (FAVORITES_DATABASE_URL, or the second one's variable): both
+    # are databases of the embedded server.
+    url = require_database_url(policy.database_url_env)
     retention_days = policy.settings.retention_days
     seeded = policy.rule == GUEST_FAVORITES
-    engine = create_engine(settings.require_database_url())
+    engine = create_engine(url)
     try:
         if seeded:
             echo(f"recreating favorites.favorites and seeding {rows:,} rows over three years ...")
@@ -66,8 +68,8 @@ def run_demo(env: LocalEnvironment, *, rows: int, pretend: bool, policy: Policy,
             prunable = measure_backlog(engine, cutoff, policy.rule)
         except (TableShapeError, BacklogError) as exc:
             raise DemoError(f"{exc}; demo --policy {policy.name} needs "
-                            f"{policy.rule.qualified_name} in the embedded 'favorites' database "
-                            "(README, \"Adding a retention policy\")") from None
+                            f"{policy.rule.qualified_name} in the embedded {url.database!r} "
+                            "database (README, \"Adding a retention policy\")") from None
         echo(f"  partition {partition}: cutoff {cutoff.isoformat()} "
               f"(retention {retention_days} days); the rule matches {prunable.remaining:,} rows")
         if pretend:
@@ -76,7 +78,7 @@ def run_demo(env: LocalEnvironment, *, rows: int, pretend: bool, policy: Policy,
 
         echo(f"running {policy.job_name} for partition {partition} "
               f"(Dagster instance: {env.dagster_home}) ...")
-        job = code_location().resolve_job_def(policy.job_name)
+        job = local_code_location().resolve_job_def(policy.job_name)
         with dg.DagsterInstance.get() as instance:
             result = job.execute_in_process(
                 partition_key=partition, instance=instance, raise_on_error=False,

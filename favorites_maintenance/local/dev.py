@@ -73,9 +73,10 @@ def seed_progress(rows: int, echo: Callable[[str], None]) -> Callable[[int], Non
     return progress
 
 
-def ensure_pool_limits() -> dict[str, int]:
-    """Write each policy's purge pool limit into the instance (``DAGSTER_HOME``) unless it is
-    there.
+def ensure_pool_limits(policies=None) -> dict[str, int]:
+    """Write the limit of each pool of ``policies`` (default: those of
+    ``favorites_maintenance/defs/``), the policy's own and its database's, into the instance
+    (``DAGSTER_HOME``) unless it is there.
 
     Dagster writes a pool's ``default_limit`` into its storage only while dequeuing the first
     run that uses the pool, after it has read the limits for that pass: on a fresh instance the
@@ -83,13 +84,14 @@ def ensure_pool_limits() -> dict[str, int]:
     before the daemon starts closes that window. A limit already set, e.g. from the UI, is kept.
 
     Returns:
-        Pool name -> its limit, one per policy of ``favorites_maintenance/defs/``.
+        Pool name -> its limit, each pool once, in the policies' order.
     """
     import dagster as dg
 
     from favorites_maintenance.components.policy_tree import load_policies
 
-    pools = [p.pool for p in load_policies()]
+    chosen = load_policies() if policies is None else policies
+    pools = list(dict.fromkeys(pool for policy in chosen for pool in policy.pools))
     with dg.DagsterInstance.get() as instance:
         storage = instance.event_log_storage
         known = storage.get_concurrency_keys()

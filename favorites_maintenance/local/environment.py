@@ -62,9 +62,10 @@ class LocalEnvironment:
         return self.state_dir / "dagster_home"
 
     def start(self) -> "LocalEnvironment":
-        """Start the server, create both databases, write ``DAGSTER_HOME/dagster.yaml`` and
-        export ``FAVORITES_DATABASE_URL``, ``DAGSTER_POSTGRES_URL`` and ``DAGSTER_HOME`` into
-        this process's environment (child processes inherit them).
+        """Start the server, create its databases, write ``DAGSTER_HOME/dagster.yaml`` and
+        export ``FAVORITES_DATABASE_URL``, ``FAVORITES_EU_DATABASE_URL`` (the second
+        database, :mod:`~favorites_maintenance.local.second_database`), ``DAGSTER_POSTGRES_URL``
+        and ``DAGSTER_HOME`` into this process's environment (child processes inherit them).
 
         An exported ``FAVORITES_DATABASE_URL`` is replaced (in this process only) by the embedded
         database, and :attr:`replaced_database_url` says so: the local commands recreate and seed
@@ -85,6 +86,10 @@ class LocalEnvironment:
         # happen to a database named by an exported FAVORITES_DATABASE_URL.
         self.replaced_database_url = DATABASE_URL_VAR in os.environ
         os.environ[DATABASE_URL_VAR] = favorites_url.render_as_string(False)
+        # The second database, its policy's (FAVORITES_EU_DATABASE_URL): embedded too.
+        from favorites_maintenance.local.second_database import export_eu_database
+
+        export_eu_database(self.server)
         # Nor may a local run overwrite the deployment's gauges or join its traces.
         self.ignored_variables = tuple(v for v in MONITORING_VARIABLES if v in os.environ)
         for variable in self.ignored_variables:

@@ -20,7 +20,12 @@ from favorites_maintenance.config.policy import Policy
 from favorites_maintenance.config.policy_settings import BatchSizeMode, PolicySettings
 from favorites_maintenance.pipeline.partitions import daily_partitions, run_cutoff
 from favorites_maintenance.pipeline.purge_op import PurgeConfig, run_purge_op
-from favorites_maintenance.pipeline.resources import FavoritesDatabase, MetricsPush, RunLimits
+from favorites_maintenance.pipeline.resources import (
+    FavoritesDatabase,
+    MetricsPush,
+    RunLimits,
+    name_database,
+)
 from favorites_maintenance.pipeline.run_report import RunReport
 from favorites_maintenance.retention.backlog import measure_backlog as count_backlog
 from favorites_maintenance.retention.errors import BacklogError
@@ -57,48 +62,62 @@ def build_cleanup_asset(policy: Policy) -> dg.AssetsDefinition:
     graph ``compute_cutoff -> purge -> measure_backlog``, and a freshness policy (fail after
     the policy's ``stale_after`` without a materialization, see :func:`freshness_policy`).
 
-    The ops read the ``database`` resource (:class:`~favorites_maintenance.pipeline.resources.
-    FavoritesDatabase`) and the ``retention`` resource (:class:`~favorites_maintenance.
-    pipeline.resources.RunLimits`: what a launch changed of the policy's batch size and time
-    budget).
+    The ops read the policy's database resource (:class:`~favorites_maintenance.pipeline.
+    resources.FavoritesDatabase`, key ``policy.database_key``: one per database variable) and
+    the ``retention`` resource (:class:`~favorites_maintenance.pipeline.resources.RunLimits`:
+    what a launch changed of the policy's batch size and time budget). The purge holds the
+    policy's pool and ``measure_backlog`` its database's: with the pools' run granularity, a
+    run holds both from start to end, whatever launched it (the schedule, the asset page, a
+    backfill).
     """
     rule = policy.rule
     asset_key = dg.AssetKey(list(policy.asset_key_path))
+    # The key is the database variable's, so the resource cannot be a parameter's name.
+    database_key = policy.database_key
 
     def settings_of(limits: RunLimits):
         return limits.apply(policy)
 
-    @dg.op(name=f"{policy.name}_compute_cutoff",
+    def database_of(context: dg.OpExecutionContext) -> FavoritesDatabase:
+        return getattr(context.resources, database_key)
+
+    @dg.op(name=f"{policy.name}_compute_cutoff", required_resource_keys={"retention"},
            description="The cutoff instant: min(now, end of the partition window) - retention "
                        "days.")
-    def compute_cutoff(context: dg.OpExecutionContext, retention: RunLimits) -> dt.datetime:
+    def compute_cutoff(context: dg.OpExecutionContext) -> dt.datetime:
         """Return the run's cutoff, a timezone-aware UTC datetime (see :func:`run_cutoff`)."""
-        settings = settings_of(retention)
+        settings = settings_of(context.resources.retention)
         cutoff = run_cutoff(context, settings.retention_days)
         context.log.info(f"run started: run_id={context.run_id} policy={policy.name} "
-                         f"table={rule.qualified_name} cutoff={cutoff.isoformat()} "
+                         f"table={rule.qualified_name} database={policy.database_url_env} "
+                         f"cutoff={cutoff.isoformat()} "
                          f"retention_days={settings.retention_days} "
                          f"batch_size={settings.batch_size} ({_batch_sizes(settings)})")
         return cutoff
 
     @dg.op(name=f"{policy.name}_purge", pool=policy.pool,
+           required_resource_keys={database_key, "retention", "metrics"},
            description=f"Delete prunable rows of {rule.qualified_name} ({rule.predicate_sql}) in "
-                       "SKIP LOCKED batch transactions.")
-    def purge(context: dg.OpExecutionContext, config: PurgeConfig, database: FavoritesDatabase,
-              retention: RunLimits, metrics: MetricsPush, cutoff: dt.datetime) -> RunReport:
+                       f"SKIP LOCKED batch transactions, on the database of "
+                       f"{policy.database_url_env}.")
+    def purge(context: dg.OpExecutionContext, config: PurgeConfig,
+              cutoff: dt.datetime) -> RunReport:
         """Run the batched purge and return its record for ``measure_backlog`` (see
         :func:`run_purge_op`)."""
-        return run_purge_op(context, config, database, policy, settings_of(retention),
-                            asset_key, cutoff, metrics=metrics)
+        return run_purge_op(context, config, database_of(context), policy,
+                            settings_of(context.resources.retention), asset_key, cutoff,
+                            metrics=context.resources.metrics)
 
     @dg.op(name=f"{policy.name}_measure_backlog", out=dg.Out(dg.Nothing),
+           pool=policy.database_pool, required_resource_keys={database_key, "metrics"},
            description="Count what the rule still matches and record the run's metadata.")
-    def measure_backlog(context: dg.OpExecutionContext, database: FavoritesDatabase,
-                        metrics: MetricsPush, cutoff: dt.datetime, report: RunReport) -> None:
+    def measure_backlog(context: dg.OpExecutionContext, cutoff: dt.datetime,
+                        report: RunReport) -> None:
         """Measure the backlog for the run's cutoff, attach the run metadata to the asset
         materialization and push the run's gauges (failed or not)."""
+        metrics: MetricsPush = context.resources.metrics
         try:
-            backlog = count_backlog(database.engine, cutoff, rule)
+            backlog = count_backlog(database_of(context).engine, cutoff, rule)
         except BacklogError as exc:
             context.log.error(f"run failed: run_id={context.run_id} after deleting "
                               f"{report.deleted_total} rows: {exc}")
@@ -106,6 +125,7 @@ def build_cleanup_asset(policy: Policy) -> dg.AssetsDefinition:
             context.log_event(dg.AssetObservation(asset_key=asset_key,
                                                   metadata=report.as_metadata()))
             metrics.push_run(context, policy, report, succeeded=False)
+            name_database(exc, policy)
             raise
         oldest = backlog.oldest_age
         context.log.info(f"run completed: deleted_total={report.deleted_total} "
@@ -125,8 +145,9 @@ def build_cleanup_asset(policy: Policy) -> dg.AssetsDefinition:
             f"{policy.name}: rows "
             + (f"with {rule.guard_sql} " if rule.guards else "(no guard: whoever owns them) ")
             + f"whose {rule.age.name} is more than {policy.settings.retention_days} days "
-            "past, deleted in SKIP LOCKED batches. A partition is one daily run; its metadata "
-            "says what was deleted and what is left."
+            f"past, deleted in SKIP LOCKED batches, on the database of "
+            f"{policy.database_url_env}. A partition is one daily run; its metadata says what "
+            "was deleted and what is left."
         ),
     )
     def cleanup():

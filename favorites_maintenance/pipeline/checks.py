@@ -35,7 +35,7 @@ import dagster as dg
 
 from favorites_maintenance.config.policy import Policy
 from favorites_maintenance.pipeline.partitions import daily_partitions, is_current, run_cutoff
-from favorites_maintenance.pipeline.resources import FavoritesDatabase
+from favorites_maintenance.pipeline.resources import FavoritesDatabase, name_database
 from favorites_maintenance.pipeline.run_report import RunReport
 from favorites_maintenance.retention.backlog import measure_backlog
 
@@ -75,16 +75,21 @@ def build_asset_checks(policy: Policy) -> list[dg.AssetChecksDefinition]:
         name=overdue_check_name(policy),
         description=(f"SLO: after a day's run, no row {which}whose {rule.age.name} is more than "
                      "the retention period plus one day past, measured from that run's cutoff."),
+        # The policy's own database: the key is its variable's (policy.database_key).
+        required_resource_keys={policy.database_key},
     )
-    def overdue_rows(
-            context: dg.AssetCheckExecutionContext,
-            database: FavoritesDatabase) -> dg.AssetCheckResult:
+    def overdue_rows(context: dg.AssetCheckExecutionContext) -> dg.AssetCheckResult:
         """Count the rows the rule admits older than ``cutoff - 1 day``, where ``cutoff`` is the
-        run's own (``min(now, end of its day) - Days``, UTC), through the backlog measurement;
-        any such row fails (ERROR)."""
+        run's own (``min(now, end of its day) - Days``, UTC), through the backlog measurement, on
+        the policy's database; any such row fails (ERROR)."""
         cutoff = run_cutoff(context, policy.settings.retention_days)
         limit = cutoff - dt.timedelta(days=1)
-        overdue = measure_backlog(database.engine, limit, rule)
+        database: FavoritesDatabase = getattr(context.resources, policy.database_key)
+        try:
+            overdue = measure_backlog(database.engine, limit, rule)
+        except Exception as exc:
+            name_database(exc, policy)
+            raise
         oldest = overdue.oldest_age
         return dg.AssetCheckResult(
             passed=overdue.remaining == 0,

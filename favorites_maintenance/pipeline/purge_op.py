@@ -16,7 +16,12 @@ from pydantic import Field
 from favorites_maintenance.config.policy import Policy
 from favorites_maintenance.config.policy_settings import PolicySettings
 from favorites_maintenance.pipeline import tracing
-from favorites_maintenance.pipeline.resources import FavoritesDatabase, MetricsPush, health_limits
+from favorites_maintenance.pipeline.resources import (
+    FavoritesDatabase,
+    MetricsPush,
+    health_limits,
+    name_database,
+)
 from favorites_maintenance.pipeline.run_log import core_logs_in_run_log, to_run_log
 from favorites_maintenance.pipeline.run_report import RunReport
 from favorites_maintenance.pipeline.stop_requests import StopRequests
@@ -167,9 +172,12 @@ class PurgeStep:
         batch_no = exc.batch_no if isinstance(exc, BatchError) else 0
         deleted_before = failed_report.deleted_total if failed_report else 0
         earlier = _committed_by_earlier_attempts(context)  # before this attempt's record
+        database = _failed_database(exc, self.policy)
         context.log.error(f"run failed: run_id={context.run_id} policy={self.policy.name} "
                           f"batch_no={batch_no} deleted_before={deleted_before} "
-                          f"database={_failed_database(exc)} error={error_summary(exc)}")
+                          f"database={database} error={error_summary(exc)}")
+        if database != "dagster_storage":
+            name_database(exc, self.policy)
         if deleted_before or (failed_report and failed_report.skipped_rows):
             # Those rows stay deleted: say so, and let a retry of this op count them.
             context.log_event(dg.AssetObservation(asset_key=self.asset_key, metadata={
@@ -227,9 +235,10 @@ def _committed_by_earlier_attempts(context: dg.OpExecutionContext) -> RunReport 
     return total
 
 
-def _failed_database(exc: BaseException) -> str:
-    """Which database an error came from, for the log: the core wraps every error of the
-    favorites database in its own exceptions, so a bare driver error here is Dagster's."""
+def _failed_database(exc: BaseException, policy: Policy) -> str:
+    """Which database an error came from, for the log: the variable of the policy's database,
+    or ``dagster_storage``. The core wraps every error of the policy's database in its own
+    exceptions, so a bare driver error here is Dagster's."""
     if not isinstance(exc, RetentionError) and is_database_error(exc):
         return "dagster_storage"
-    return "favorites"
+    return policy.database_url_env

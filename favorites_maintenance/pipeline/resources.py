@@ -1,20 +1,22 @@
-"""Resources: the favorites database, the run limits, the alert sink and the metrics push.
+"""Resources: the policies' databases, the run limits, the alert sink and the metrics push.
 
-All four are built in :mod:`favorites_maintenance.definitions`, from the validated settings and
-the policies. The job deletes rows for good, so what it deletes is decided by the deployment
-alone: :func:`deployed_database` serves the database as the code location's environment gives
-it, each policy's rule and retention days are its ``defs.yaml``, and a run's config (the
-launchpad, a re-execution, ``execute_in_process``) may set only the run limits
-(:func:`deployed_retention`), within the same bounds as the policy's own values. Anything else
-is refused when the run is launched, before a run exists, with a message naming the variable
-that configures it. The database URL reaches Dagster only as an ``EnvVar``, so the UI and the
-run config never show it.
+All are built in :mod:`favorites_maintenance.definitions` and
+:mod:`favorites_maintenance.defs.resources`, from the validated settings and the policies. The
+job deletes rows for good, so what it deletes is decided by the deployment alone:
+:func:`deployed_databases` serves one database per variable the policies name
+(``database_url_env``), as the code location's environment gives it; each policy's rule and
+retention days are its ``defs.yaml``; and a run's config (the launchpad, a re-execution,
+``execute_in_process``) may set only the run limits (:func:`deployed_retention`), within the
+same bounds as the policy's own values. Anything else is refused when the run is launched,
+before a run exists, with a message naming the variable that configures it. A database URL
+reaches Dagster only as an ``EnvVar``, so the UI and the run config never show it.
 """
 
 from __future__ import annotations
 
 import datetime as dt
 import logging
+import os
 import time
 from collections.abc import Mapping, Sequence
 from typing import Any
@@ -25,7 +27,7 @@ import sqlalchemy as sa
 from pydantic import Field, PrivateAttr
 
 from favorites_maintenance.config.parsers import SettingsError, parse_database_url
-from favorites_maintenance.config.policy import Policy
+from favorites_maintenance.config.policy import Policy, database_resource_key
 from favorites_maintenance.config.policy_settings import (
     LAUNCH_LIMITS,
     SETTINGS,
@@ -44,25 +46,28 @@ _alerts_log = logging.getLogger("favorites_maintenance.alerts")
 _WHERE = "the environment of the process serving the code location (README, \"Configuration\")"
 
 class FavoritesDatabase(dg.ConfigurableResource):
-    """The PostgreSQL database holding ``favorites.favorites``.
+    """The PostgreSQL database of one or more policies (their table lives there).
 
     Attributes:
         url: SQLAlchemy URL (``postgresql+psycopg://…``); a secret, pass it as
-            ``dg.EnvVar("FAVORITES_DATABASE_URL")``.
+            ``dg.EnvVar(url_env)``.
+        url_env: the environment variable ``url`` is read from, named by every error
+            (``FAVORITES_DATABASE_URL`` unless the policies set ``database_url_env``).
 
     The engine opens connections lazily, once per step, and is disposed when the step ends.
     """
 
     url: str
+    url_env: str = DATABASE_URL_VAR
     _engine: sa.Engine | None = PrivateAttr(default=None)
 
     def setup_for_execution(self, context: dg.InitResourceContext) -> None:
         try:
-            self._engine = create_engine(parse_database_url(self.url))
+            self._engine = create_engine(parse_database_url(self.url, variable=self.url_env))
         except SettingsError:
             raise
         except Exception:
-            raise SettingsError(DATABASE_URL_VAR, "could not be used to build an engine") from None
+            raise SettingsError(self.url_env, "could not be used to build an engine") from None
 
     def teardown_after_execution(self, context: dg.InitResourceContext) -> None:
         if self._engine is not None:
@@ -73,7 +78,7 @@ class FavoritesDatabase(dg.ConfigurableResource):
     def engine(self) -> sa.Engine:
         """The SQLAlchemy engine; only inside a step (after ``setup_for_execution``)."""
         if self._engine is None:
-            self._engine = create_engine(parse_database_url(self.url))
+            self._engine = create_engine(parse_database_url(self.url, variable=self.url_env))
         return self._engine
 
 
@@ -256,27 +261,64 @@ def _launch_field(key: str, policies: Sequence[Policy], default: float | None) -
                     f"{unit}, {low:,g} to {high:,g} ({_labels(policies, name)}).")
 
 
-def deployed_database() -> dg.ResourceDefinition:
-    """The ``database`` resource of the code location: the favorites database of
-    ``FAVORITES_DATABASE_URL`` (read by ``EnvVar`` when the run starts), which no run config
-    can change: any ``resources.database.config`` is refused at launch, naming the variable, so
-    a launch can neither point the job at another database nor leave a password in a run's
+def deployed_database(variable: str = DATABASE_URL_VAR,
+                      policies: Sequence[Policy] = ()) -> dg.ResourceDefinition:
+    """The resource serving the database of ``variable`` (read by ``EnvVar`` when the run
+    starts) to ``policies``, the policies naming it, which no run config can change: any
+    ``resources.<key>.config`` of a run that uses it is refused at launch, naming the variable,
+    so a launch can neither point a policy at another database nor leave a password in a run's
     config.
 
+    An unset ``variable`` refuses the launch of those policies' runs alone, naming it: the
+    code location still loads, and every other policy runs (Dagster resolves only the
+    resources a run uses).
+
     Raises (at launch):
-        dagster.DagsterInvalidConfigError: any key given in run config.
+        dagster.DagsterInvalidConfigError: any key given in run config; ``variable`` unset in
+            the environment of the process serving the code location.
     """
+    names = ", ".join(p.name for p in policies)
+    whose = f"the database of policy {names}" if len(policies) == 1 else (
+        f"the database of policies {names}" if policies else "the database")
+
     def at_launch(config: Mapping[str, Any]) -> dict[str, Any]:
         if config:
             raise _refuse(
-                f"{', '.join(sorted(config))} refused: the favorites database is not chosen at "
-                f"launch. It is {DATABASE_URL_VAR}, read from {_WHERE}.", config)
-        return {"url": {"env": DATABASE_URL_VAR}}  # resolved by Dagster when the run starts
+                f"{', '.join(sorted(config))} refused: {whose} is not chosen at launch. It is "
+                f"{variable}, read from {_WHERE}.", config)
+        if not os.environ.get(variable, "").strip():
+            raise _refuse(
+                f"{variable} is not set: it holds the URL of {whose}; set it in {_WHERE} "
+                "and restart that process. Policies on other databases are not affected.",
+                config)
+        # Resolved by Dagster when the run starts: the URL never enters the run's config.
+        return {"url": {"env": variable}, "url_env": variable}
 
-    return FavoritesDatabase(url=dg.EnvVar(DATABASE_URL_VAR)).get_resource_definition().configured(
-        at_launch, config_schema=dg.Permissive({}),
-        description=f"The favorites database: {DATABASE_URL_VAR} (by reference, never shown); "
-        "not settable at launch.")
+    return FavoritesDatabase(url=dg.EnvVar(variable), url_env=variable) \
+        .get_resource_definition().configured(
+            at_launch, config_schema=dg.Permissive({}),
+            description=f"{whose[0].upper()}{whose[1:]}: {variable} (by reference, never "
+                        "shown); not settable at launch.")
+
+
+def deployed_databases(policies: Sequence[Policy]) -> dict[str, dg.ResourceDefinition]:
+    """One database resource per variable ``policies`` name (``database_url_env``), under
+    its key (:func:`~favorites_maintenance.config.policy.database_resource_key`): policies on
+    one variable share one resource."""
+    by_variable: dict[str, list[Policy]] = {}
+    for policy in policies:
+        by_variable.setdefault(policy.database_url_env, []).append(policy)
+    return {database_resource_key(variable): deployed_database(variable, on)
+            for variable, on in by_variable.items()}
+
+
+def name_database(exc: BaseException, policy: Policy) -> None:
+    """Add to ``exc``, once, a note naming the variable of ``policy``'s database: Dagster shows
+    an error's notes with its message, in the run's log and the UI, so the operator reads which
+    database failed (the retention core knows engines, not variables)."""
+    note = f"policy {policy.name}: its database is {policy.database_url_env}"
+    if note not in getattr(exc, "__notes__", ()):
+        exc.add_note(note)
 
 
 class AlertSink(dg.ConfigurableResource):

@@ -1,15 +1,15 @@
 """Values the core owns and the settings layer reads from it.
 
 The core imports nothing from :mod:`favorites_maintenance.config`: the settings take their
-defaults for the core's limits, and the name of the variable the core tells an operator to
-check, from here.
+defaults for the core's limits, and the default variable of a policy's database, from here.
 """
 
 from __future__ import annotations
 
 import datetime as dt
 
-#: The environment variable holding the favorites database's URL (named in error messages).
+#: The environment variable holding the database's URL of a policy that names no other
+#: (``database_url_env``); the settings layer names it in error messages.
 DATABASE_URL_VAR = "FAVORITES_DATABASE_URL"
 
 #: Replication lag (bytes of WAL behind the primary) above which the purge pauses: 64 MiB.

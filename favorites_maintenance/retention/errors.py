@@ -26,8 +26,6 @@ from typing import TYPE_CHECKING
 
 import sqlalchemy as sa
 
-from favorites_maintenance.retention.defaults import DATABASE_URL_VAR
-
 if TYPE_CHECKING:
     from favorites_maintenance.retention.report import PurgeReport
 
@@ -393,15 +391,16 @@ class BatchError(PurgeError, DatabaseError):
 
 
 class ConnectError(PurgeError, DatabaseError):
-    """No usable connection to the favorites database; nothing was deleted.
+    """No usable connection to the policy's database; nothing was deleted. (The core knows
+    the engine, not the variable its URL came from: the Dagster layer names that.)
 
     Attributes:
         error: the database error, described without private data.
     """
 
     def __init__(self, error: ErrorDescription):
-        super().__init__(f"could not open a session on the favorites database (check "
-                         f"{DATABASE_URL_VAR} and the server): {error}", error)
+        super().__init__(f"could not open a session on the database (check its URL and the "
+                         f"server): {error}", error)
 
 
 class TableCheckError(PurgeError, DatabaseError):

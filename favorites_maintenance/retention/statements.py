@@ -240,8 +240,8 @@ DELETE_RULES = sa.text(
 def assert_primary(conn: sa.Connection) -> None:
     """Raise :class:`StandbyError` if ``conn`` is on a hot standby (``pg_is_in_recovery()``)."""
     if conn.execute(IS_IN_RECOVERY).scalar_one():
-        raise StandbyError("the favorites database connection reached a hot standby "
-                           "(pg_is_in_recovery() is true); point FAVORITES_DATABASE_URL at the "
+        raise StandbyError("the database connection reached a hot standby "
+                           "(pg_is_in_recovery() is true); point the database's URL at the "
                            "primary")
 
 

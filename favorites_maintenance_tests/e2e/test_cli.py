@@ -53,6 +53,17 @@ def test_demo_deletes_the_prunable_rows_and_leaves_account_rows(checkout):
     assert (checkout / ".favorites-maintenance" / "dagster_home" / "dagster.yaml").is_file()
 
 
+def test_demo_runs_the_policy_of_the_second_database_on_that_database(checkout):
+    proc = cli("demo", "--policy", "eu_guest_favorites", "--rows", "2000", cwd=checkout)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    out = proc.stdout + proc.stderr
+    assert "running eu_guest_favorites_cleanup_job" in out
+    assert "database=FAVORITES_EU_DATABASE_URL" in out  # the run's "run started" line
+    matched = int(re.search(r"the rule matches ([\d,]+) rows", out)[1].replace(",", ""))
+    assert matched > 0 and number("rows deleted", out) == matched
+    assert "(unchanged)" in out
+
+
 def test_demo_pretend_deletes_nothing(checkout):
     proc = cli("demo", "--rows", "5000", "--pretend", cwd=checkout)
     assert proc.returncode == 0, proc.stderr[-3000:]

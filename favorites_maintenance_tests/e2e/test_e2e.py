@@ -143,6 +143,25 @@ def test_dev_prints_the_ui_address_and_seeds_its_own_favorites_database(stack):
     assert schedule["scheduleState"]["status"] == "RUNNING"
 
 
+ASSETS = """
+{ assetNodes { assetKey { path } jobNames } }
+"""
+
+
+def test_dev_serves_two_policies_on_two_databases(stack):
+    """The second embedded database and its policy: their own asset, job, resource and run
+    tag, beside the guest-favorites policy."""
+    out = stack.output()
+    assert ("second database: favorites_eu (FAVORITES_EU_DATABASE_URL), policy "
+            "eu_guest_favorites") in out
+    assert "database_favorites_eu_database_url: 1" in out  # its pool, written by dev
+    assets = {"/".join(n["assetKey"]["path"]): n["jobNames"]
+              for n in stack.graphql(ASSETS)["assetNodes"]}
+    assert "eu_guest_favorites_cleanup_job" in assets[
+        "favorites/eu_guest_favorites_cleanup"]
+    assert "guest_favorites_cleanup_job" in assets["favorites/guest_favorites_cleanup"]
+
+
 def test_the_pool_keeps_a_second_run_queued_while_one_runs(stack):
     """A backfill of two days from the UI's API: one run at a time, whatever launched it
     (the schedule's runs of the job queue behind the backfill's, and the other way round)."""

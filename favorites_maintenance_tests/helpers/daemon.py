@@ -1,9 +1,9 @@
 """The Dagster daemon's own iterations, driven one at a time on a PostgreSQL-backed instance.
 
-The scheduler, the sensor daemon and the backfill daemon each run one pass over the code
-location, served by a real code server process (started with this process's environment, as
-``dagster-daemon`` starts it), at an instant the test chooses. These entry points are Dagster's
-own test helpers, not a stable API.
+The scheduler, the sensor daemon, the backfill daemon and the run queue's daemon each run one
+pass over the code location, served by a real code server process (started with this process's
+environment, as ``dagster-daemon`` starts it), at an instant the test chooses. These entry
+points are Dagster's own test helpers, not a stable API.
 """
 
 from __future__ import annotations
@@ -24,11 +24,13 @@ _log = logging.getLogger("favorites_maintenance_tests.helpers.daemon")
 
 
 @contextlib.contextmanager
-def pg_instance(storage_url: str, *, run_in_process: bool = False):
+def pg_instance(storage_url: str, *, run_in_process: bool = False,
+                overrides: dict | None = None):
     """A Dagster instance whose runs, events and ticks live in PostgreSQL at ``storage_url``
     (``postgresql+psycopg2://``). Runs are queued (nothing executes them) unless
-    ``run_in_process``: then a launched run executes at once, in this process."""
-    overrides = {"storage": {"postgres": {"postgres_url": storage_url}}}
+    ``run_in_process``: then a launched run executes at once, in this process. ``overrides``
+    adds instance settings (e.g. the ``concurrency`` block of ``dagster.yaml``)."""
+    overrides = {**(overrides or {}), "storage": {"postgres": {"postgres_url": storage_url}}}
     if run_in_process:
         overrides["run_coordinator"] = {"module": "dagster._core.run_coordinator",
                                         "class": "DefaultRunCoordinator"}
@@ -42,11 +44,12 @@ def pg_instance(storage_url: str, *, run_in_process: bool = False):
 
 
 @contextlib.contextmanager
-def code_location(instance: dg.DagsterInstance):
-    """The code location of ``workspace.yaml``, served by a code server process that inherits
-    this process's environment now (its ``FAVORITES_*`` variables)."""
-    target = ModuleTarget(module_name="favorites_maintenance.definitions", attribute=None,
-                          working_directory=None, location_name=LOCATION)
+def code_location(instance: dg.DagsterInstance, target: ModuleTarget | None = None):
+    """The code location of ``workspace.yaml`` (or of ``target``), served by a code server
+    process that inherits this process's environment now (its ``FAVORITES_*`` variables)."""
+    target = target or ModuleTarget(module_name="favorites_maintenance.definitions",
+                                    attribute=None, working_directory=None,
+                                    location_name=LOCATION)
     with create_test_daemon_workspace_context(target, instance) as workspace:
         yield workspace
 
@@ -56,6 +59,17 @@ def scheduler_and_sensors(workspace, at: dt.datetime) -> None:
     with freeze_time(at):
         list(launch_scheduled_runs(workspace, _log, at, {}))
         list(execute_sensor_iteration(workspace, _log, None, None))
+
+
+def dequeue_pass(workspace) -> None:
+    """One pass of the run queue's daemon: it launches the queued runs the instance's limits
+    (pools, ``tag_concurrency_limits``) admit now."""
+    from dagster._daemon.run_coordinator.queued_run_coordinator_daemon import (
+        QueuedRunCoordinatorDaemon,
+    )
+
+    with QueuedRunCoordinatorDaemon(interval_seconds=1) as daemon:
+        list(daemon.run_iteration(workspace))
 
 
 def backfill_pass(workspace) -> None:

@@ -203,18 +203,22 @@ class DagsterService:
 
     @classmethod
     def start(cls, command: str, args: list[str], env: dict[str, str], log: Path,
-              port: int | None = None) -> "DagsterService":
+              port: int | None = None, workspace: Path | None = None) -> "DagsterService":
+        """Start ``command`` over ``workspace`` (default: the repository's
+        ``workspace.yaml``)."""
         binary = str(Path(sys.executable).parent / command)
-        process = Process.start([binary, *args, "-w", str(ROOT / "workspace.yaml")], log=log,
+        workspace = workspace or ROOT / "workspace.yaml"
+        process = Process.start([binary, *args, "-w", str(workspace)], log=log,
                                 name=command, cwd=ROOT, env=env, stop_signal=signal.SIGINT,
                                 grace_s=60)
         return cls(process=process, port=port)
 
     @classmethod
-    def webserver(cls, env: dict[str, str], log: Path, *extra: str) -> "DagsterService":
+    def webserver(cls, env: dict[str, str], log: Path, *extra: str,
+                  workspace: Path | None = None) -> "DagsterService":
         port = processes.free_port()
         return cls.start("dagster-webserver", ["-h", "127.0.0.1", "-p", str(port), *extra],
-                         env, log, port)
+                         env, log, port, workspace)
 
     @property
     def proc(self) -> subprocess.Popen:

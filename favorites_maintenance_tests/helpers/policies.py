@@ -1,0 +1,113 @@
+"""Code locations of several policies, for the tests of policies on several databases: a defs
+folder holding the real ``guest_favorites/defs.yaml`` and ``resources.py`` plus the policies a
+test writes, loaded by :func:`favorites_maintenance.definitions.code_location` in this process
+(:meth:`PolicySandbox.code_location`) or served by a code server process
+(:meth:`PolicySandbox.location_target`, the way ``dagster-daemon`` and the webserver serve
+``workspace.yaml``).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import shutil
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import dagster as dg
+import yaml
+from dagster._core.workspace.load_target import ModuleTarget
+from dagster.components.testing import DefsFolderSandbox, create_defs_folder_sandbox
+
+import favorites_maintenance.defs
+from favorites_maintenance.definitions import code_location
+
+DEFS = Path(favorites_maintenance.defs.__file__).parent
+LOCATION = "favorites_maintenance"
+
+#: The code location module written into a sandbox: its defs folder, through code_location().
+_LOCATION_MODULE = '''"""A test's code location: the policies of the sibling defs folder."""
+import importlib
+from pathlib import Path
+
+import dagster as dg
+
+from favorites_maintenance.definitions import code_location
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+@dg.definitions
+def defs():
+    folder = importlib.import_module(__name__.rsplit(".", 1)[0] + ".defs")
+    return code_location(dg.ComponentTree(defs_module=folder, project_root=ROOT))
+'''
+
+
+def favorites_policy(name: str, **attributes) -> dict:
+    """The attributes of a policy on the dev table ``favorites.favorites`` (the guest rule, a
+    365-day retention, fixed batches), with ``attributes`` on top (``database_url_env``, ...)."""
+    return {"name": name, "table": "favorites.favorites", "key_column": "id",
+            "age_column": "updated_at", "null_columns": ["user_id"],
+            "target_batch_duration": "PT0S", **attributes}
+
+
+@dataclass
+class PolicySandbox:
+    """A defs folder: the real guest-favorites policy and shared resources, and more policies.
+
+    Attributes:
+        sandbox: Dagster's sandbox project (``src/<project>/defs`` inside).
+    """
+
+    sandbox: DefsFolderSandbox
+
+    @property
+    def defs_folder(self) -> Path:
+        return self.sandbox.defs_folder_path
+
+    def write_policy(self, attributes: dict) -> None:
+        """Add ``<name>/defs.yaml``, a ``favorites_maintenance.RetentionPolicy`` of
+        ``attributes``."""
+        folder = self.defs_folder / attributes["name"]
+        folder.mkdir()
+        (folder / "defs.yaml").write_text(yaml.safe_dump(
+            {"type": "favorites_maintenance.RetentionPolicy", "attributes": attributes}))
+
+    @contextlib.contextmanager
+    def tree(self) -> Iterator[dg.ComponentTree]:
+        """The component tree of the folder, importable while the block runs."""
+        with self.sandbox.build_component_tree() as tree:
+            yield tree
+
+    def code_location(self) -> dg.Definitions:
+        """The code location of the folder, loaded now in this process."""
+        with self.tree() as tree:
+            return code_location(tree)
+
+    def location_target(self) -> ModuleTarget:
+        """The folder's code location as a code server loads it (a module of the sandbox,
+        imported from its ``src``), under the deployed location's name."""
+        module = self.defs_folder.parent / "location.py"
+        if not module.exists():
+            module.write_text(_LOCATION_MODULE)
+        return ModuleTarget(module_name=f"{self.sandbox.project_name}.location", attribute=None,
+                            working_directory=str(self.sandbox.project_root / "src"),
+                            location_name=LOCATION)
+
+
+@contextlib.contextmanager
+def policy_sandbox(*policies: dict) -> Iterator[PolicySandbox]:
+    """A :class:`PolicySandbox` holding the real guest-favorites policy, the real shared
+    resources (``defs/resources.py``) and ``policies`` (attributes of each)."""
+    with create_defs_folder_sandbox() as made:
+        defs_folder = made.defs_folder_path
+        (defs_folder.parent / "__init__.py").touch()
+        (defs_folder / "__init__.py").touch()
+        (defs_folder / "guest_favorites").mkdir()
+        shutil.copy(DEFS / "guest_favorites" / "defs.yaml", defs_folder / "guest_favorites")
+        shutil.copy(DEFS / "resources.py", defs_folder)
+        sandbox = PolicySandbox(made)
+        for attributes in policies:
+            sandbox.write_policy(attributes)
+        yield sandbox
