@@ -82,6 +82,18 @@ def test_dagster_finds_the_one_code_location_and_it_holds_every_guest_favorites_
     assert purge.pool == "guest_favorites_cleanup"
 
 
+def test_every_run_of_the_policy_executes_in_its_run_worker(monkeypatch):
+    """The job and Dagster's implicit asset job (the UI's "Materialize", asset backfills) run
+    every step in the run worker's process; no node carries a declarative retry policy, which
+    that executor would turn a termination into a retry of."""
+    defs = load_code_location(monkeypatch=monkeypatch)
+    for job in (defs.resolve_job_def(JOB), defs.resolve_implicit_global_asset_job_def()):
+        assert job.executor_def is dg.in_process_executor, job.name
+        assert [node.name for node in job.graph.iterate_node_defs()
+                if isinstance(node, dg.OpDefinition) and node.retry_policy] == [], job.name
+        assert job.op_retry_policy is None, job.name
+
+
 #: Imports every module of the package (``__main__`` runs the command line: not imported) and
 #: prints, as JSON, each module attribute that is a Dagster definition.
 _IMPORT_EVERY_MODULE = """
