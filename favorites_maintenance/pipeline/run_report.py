@@ -128,7 +128,7 @@ class RunReport:
             metadata["backlogOldestUpdatedAt"] = self.backlog_oldest or _NONE
         return metadata
 
-    def as_reference(self) -> "RunReport":
+    def as_reference(self) -> RunReport:
         """The record of a day a range run covered but whose figures are on another day: every
         measure of the run's work (rows, batches, time, skipped rows, pauses, batch sizes) at 0;
         the cutoff, the settings, the stop reason and the backlog as the run's."""
