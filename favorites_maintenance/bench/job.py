@@ -1,8 +1,8 @@
 """Strategy ``J`` of ``favorites-maintenance bench``: the cleanup job as users run it.
 
-``guest_favorites_cleanup_job`` runs through Dagster with its default (multiprocess) executor on
-an instance whose storage is a PostgreSQL database of the bench's own server, against the same
-restored data set as the other strategies. The partition and the retention days are chosen so
+``guest_favorites_cleanup_job`` runs through Dagster with the executor it ships with (in process:
+every step in this process) on an instance whose storage is a PostgreSQL database of the
+bench's own server, against the same restored data set as the other strategies. The partition and the retention days are chosen so
 that the job's cutoff is the bench's cutoff. Imported only by its own purge process: the rest of
 :mod:`favorites_maintenance.bench` imports no Dagster.
 """
@@ -36,8 +36,8 @@ PARTITION = daily_partitions.get_first_partition_key()
 
 
 def cleanup_job() -> dg.JobDefinition:
-    """The job as the code location defines it, from the environment (reconstructable, so the
-    multiprocess executor's step processes build the same one)."""
+    """The job as the code location defines it, from the environment (reconstructable, as
+    ``execute_job`` wants it)."""
     from favorites_maintenance.definitions import code_location
 
     return code_location().resolve_job_def("guest_favorites_cleanup_job")

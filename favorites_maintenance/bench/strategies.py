@@ -184,7 +184,7 @@ def _run_worker(strategy, url, cutoff, batch_size, max_run_s, start, pipe) -> di
     return {
         "deleted": deleted, "durations": durations, "t0": t0, "t1": t1,
         "stop_reason": stop_reason, "rss_mb": _rss_mb(), "rss_before_mb": rss_before,
-        # J's purge runs in a step process of its own: only the server's total tells its WAL.
+        # J's purge runs on the job's own connections: only the server's total tells its WAL.
         "wal_bytes": (wal1 - wal0) if (wal0 is not None and wal1 is not None and pid0 == pid1
                                        and strategy != "J") else None,
         **extra,

@@ -5,6 +5,11 @@ policy, so runs can be launched and backfilled from the UI. Dagster puts only th
 output metadata on the asset materialization, so the purge report travels to
 ``measure_backlog``, which records it.
 
+A backfill runs as one run over its range of days (``BackfillPolicy.single_run()``): the purge
+goes once to the cutoff of the range's last day, and ``measure_backlog`` materializes every day
+of the range, the run's figures on the last one (:mod:`favorites_maintenance.pipeline.ranges`).
+A run of one day stays possible (the schedule's, or one day launched from the UI).
+
 Each policy has its own op definitions (``<name>_purge``, ...: Dagster refuses two definitions
 of one name in a code location, and the purge's concurrency pool is the policy's), used under
 the same node names in every graph: ``compute_cutoff``, ``purge``, ``measure_backlog``. Run
@@ -20,6 +25,11 @@ from favorites_maintenance.config.policy import Policy
 from favorites_maintenance.config.policy_settings import BatchSizeMode, PolicySettings
 from favorites_maintenance.pipeline.partitions import daily_partitions, run_cutoff
 from favorites_maintenance.pipeline.purge_op import PurgeConfig, run_purge_op
+from favorites_maintenance.pipeline.ranges import (
+    is_range_run,
+    range_text,
+    run_partitions,
+)
 from favorites_maintenance.pipeline.resources import (
     FavoritesDatabase,
     MetricsPush,
@@ -111,10 +121,11 @@ def build_cleanup_asset(policy: Policy) -> dg.AssetsDefinition:
     @dg.op(name=f"{policy.name}_measure_backlog", out=dg.Out(dg.Nothing),
            pool=policy.database_pool, required_resource_keys={database_key, "metrics"},
            description="Count what the rule still matches and record the run's metadata.")
-    def measure_backlog(context: dg.OpExecutionContext, cutoff: dt.datetime,
+    def measure_backlog(context: dg.AssetExecutionContext, cutoff: dt.datetime,
                         report: RunReport) -> None:
         """Measure the backlog for the run's cutoff, attach the run metadata to the asset
-        materialization and push the run's gauges (failed or not)."""
+        materialization (of each day of a range run: the run's figures on the last day, a
+        reference to it on the others) and push the run's gauges (failed or not)."""
         metrics: MetricsPush = context.resources.metrics
         try:
             backlog = count_backlog(database_of(context).engine, cutoff, rule)
@@ -128,16 +139,25 @@ def build_cleanup_asset(policy: Policy) -> dg.AssetsDefinition:
             name_database(exc, policy)
             raise
         oldest = backlog.oldest_age
+        partitions = run_partitions(context)
         context.log.info(f"run completed: deleted_total={report.deleted_total} "
                          f"batches={report.batches} duration_ms={report.duration_ms} "
-                         f"backlog={backlog.remaining}")
+                         f"backlog={backlog.remaining}"
+                         + (f" partitions={range_text(partitions)}" if partitions else ""))
         report = report.with_backlog(backlog.remaining, oldest.isoformat() if oldest else None)
-        context.add_output_metadata(report.as_metadata())
+        if is_range_run(context):
+            # Dagster materializes each day of the range with the output's metadata: give each
+            # day its own, so that no total is counted once per day.
+            for partition, metadata in report.range_metadata(partitions).items():
+                context.add_asset_metadata(metadata, partition_key=partition)
+        else:
+            context.add_output_metadata(report.as_metadata())
         metrics.push_run(context, policy, report, succeeded=True)
 
     @dg.graph_asset(
         key=asset_key,
         partitions_def=daily_partitions,
+        backfill_policy=dg.BackfillPolicy.single_run(),
         group_name="maintenance",
         kinds={"postgres"},
         description=(
@@ -146,8 +166,9 @@ def build_cleanup_asset(policy: Policy) -> dg.AssetsDefinition:
             + (f"with {rule.guard_sql} " if rule.guards else "(no guard: whoever owns them) ")
             + f"whose {rule.age.name} is more than {policy.settings.retention_days} days "
             f"past, deleted in SKIP LOCKED batches, on the database of "
-            f"{policy.database_url_env}. A partition is one daily run; its metadata says what "
-            "was deleted and what is left."
+            f"{policy.database_url_env}. A partition is one day; its metadata says what the "
+            "run that covered it deleted and what is left (a backfill is one run over its "
+            "days, its figures on the last)."
         ),
     )
     def cleanup():

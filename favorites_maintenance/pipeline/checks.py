@@ -5,8 +5,8 @@ columns are all NULL (``user_id IS NULL`` for guest favorites); a policy with no
 (``null_columns: []``) has no guest rows, only rows, and its freshness check is named
 ``no_row_older_than_retention_plus_one_day``, its count ``overdueRows``.
 
-The checks are partitioned like the asset, so each run records exactly one result per check,
-for its own day. (An unpartitioned check on this partitioned asset gets two rows in Dagster's
+The checks are partitioned like the asset, so each run records exactly one result per check
+for each day it covers. (An unpartitioned check on this partitioned asset gets two rows in Dagster's
 check history per run: the *planned* execution, stored under the run's partition, and the
 result, stored under none; the UI then shows the planned one as "Skipped".)
 
@@ -24,20 +24,38 @@ result, stored under none; the UI then shows the planned one as "Skipped".)
   delete 0, are left out of the baseline); it is a spike when it exceeds both ``SPIKE_FACTOR``
   times that median and the median plus :data:`SPIKE_MIN_ROWS` (so a quiet table going from 3
   to 40 rows is no spike). Fewer than :data:`SPIKE_MIN_HISTORY` earlier runs: passes, saying so.
+
+A range run (a single-run backfill) records one result per check for every day of its range:
+each day is judged by its own materialization, as a run of that day would be. The earlier days
+of a range hold a reference to the last day's record, whose figures they do not repeat
+(:meth:`~favorites_maintenance.pipeline.run_report.RunReport.range_metadata`): they pass the
+spike and skipped-rows checks saying so, are left out of the spike check's baseline, and the
+last day is checked with the run's figures. The overdue-rows check counts each day against
+that day's own cutoff.
 """
 
 
 import datetime as dt
 import statistics
 import warnings
+from collections.abc import Iterator, Mapping
 
 import dagster as dg
+from dagster._core.definitions.asset_checks.asset_check_evaluation import (
+    AssetCheckEvaluationTargetMaterializationData,
+)
 
 from favorites_maintenance.config.policy import Policy
-from favorites_maintenance.pipeline.partitions import daily_partitions, is_current, run_cutoff
+from favorites_maintenance.pipeline.partitions import (
+    daily_partitions,
+    is_current,
+    partition_cutoff,
+    run_cutoff,
+)
+from favorites_maintenance.pipeline.ranges import is_range_run, run_partitions
 from favorites_maintenance.pipeline.resources import FavoritesDatabase, name_database
-from favorites_maintenance.pipeline.run_report import RunReport
-from favorites_maintenance.retention.backlog import measure_backlog
+from favorites_maintenance.pipeline.run_report import ATTRIBUTED_KEY, RunReport
+from favorites_maintenance.retention.backlog import Backlog, measure_backlog
 
 # Partitioned checks are a preview feature of Dagster 1.13: say it once, here, not at every load.
 warnings.filterwarnings("ignore", message="Specifying a partitions_def on an AssetCheckSpec",
@@ -78,31 +96,32 @@ def build_asset_checks(policy: Policy) -> list[dg.AssetChecksDefinition]:
         # The policy's own database: the key is its variable's (policy.database_key).
         required_resource_keys={policy.database_key},
     )
-    def overdue_rows(context: dg.AssetCheckExecutionContext) -> dg.AssetCheckResult:
+    def overdue_rows(context: dg.AssetCheckExecutionContext) -> Iterator[CheckOutput]:
         """Count the rows the rule admits older than ``cutoff - 1 day``, where ``cutoff`` is the
         run's own (``min(now, end of its day) - Days``, UTC), through the backlog measurement, on
-        the policy's database; any such row fails (ERROR)."""
-        cutoff = run_cutoff(context, policy.settings.retention_days)
-        limit = cutoff - dt.timedelta(days=1)
+        the policy's database; any such row fails (ERROR). In a range run each day is counted
+        against its own cutoff."""
+        days = policy.settings.retention_days
+        cutoff = run_cutoff(context, days)
         database: FavoritesDatabase = getattr(context.resources, policy.database_key)
-        try:
-            overdue = measure_backlog(database.engine, limit, rule)
-        except Exception as exc:
-            name_database(exc, policy)
-            raise
-        oldest = overdue.oldest_age
-        return dg.AssetCheckResult(
-            passed=overdue.remaining == 0,
-            severity=dg.AssetCheckSeverity.ERROR,
-            metadata={
-                overdue_key: overdue.remaining,
-                "oldestOverdueUpdatedAt": oldest.isoformat() if oldest else "none",
-                "cutoff": cutoff.isoformat(),
-                "limit": limit.isoformat(),
-            },
-            description=(f"{overdue.remaining} {noun}s are older than this run's cutoff "
-                         f"minus one day ({limit.isoformat()})" if overdue.remaining else None),
-        )
+
+        def overdue_at(limit: dt.datetime) -> Backlog:
+            try:
+                return measure_backlog(database.engine, limit, rule)
+            except Exception as exc:
+                name_database(exc, policy)
+                raise
+
+        latest = overdue_at(cutoff - dt.timedelta(days=1))
+        results = {}
+        for partition in run_partitions(context)[:-1] if is_range_run(context) else []:
+            own = partition_cutoff(partition, days)
+            # An earlier day's limit is older: none of its rows is left if none is left at the
+            # last day's, so only a non-zero count needs a query of its own.
+            overdue = overdue_at(own - dt.timedelta(days=1)) if latest.remaining else latest
+            results[partition] = _overdue_result(own, overdue, overdue_key, noun)
+        results[_last_partition(context)] = _overdue_result(cutoff, latest, overdue_key, noun)
+        yield from _outcome(context, asset_key, overdue_check_name(policy), results)
 
     @dg.asset_check(
         asset=asset_key,
@@ -112,30 +131,12 @@ def build_asset_checks(policy: Policy) -> list[dg.AssetChecksDefinition]:
                      f"{SPIKE_HISTORY} current-day runs and that median + {SPIKE_MIN_ROWS:,} "
                      "rows."),
     )
-    def deleted_total_spike(context: dg.AssetCheckExecutionContext) -> dg.AssetCheckResult:
+    def deleted_total_spike(context: dg.AssetCheckExecutionContext) -> Iterator[CheckOutput]:
         """Compare this run's ``deletedTotal`` with the median of earlier current-day runs."""
+        results = _references(context, asset_key)
         current, history = _deleted_totals(context.instance, asset_key, context.run.run_id)
-        if current is None:
-            return dg.AssetCheckResult(passed=True, severity=dg.AssetCheckSeverity.WARN,
-                                       description="no materialization in this run to check")
-        if len(history) < SPIKE_MIN_HISTORY:
-            return dg.AssetCheckResult(
-                passed=True, severity=dg.AssetCheckSeverity.WARN,
-                metadata={"deletedTotal": current, "history": len(history)},
-                description=(f"only {len(history)} earlier current-day runs; a spike needs "
-                             f"{SPIKE_MIN_HISTORY}"))
-        median = statistics.median(history)
-        threshold = max(SPIKE_FACTOR * median, median + SPIKE_MIN_ROWS)
-        spike = current > threshold
-        return dg.AssetCheckResult(
-            passed=not spike,
-            severity=dg.AssetCheckSeverity.WARN,
-            metadata={"deletedTotal": current, "median": float(median),
-                      "threshold": float(threshold), "history": len(history)},
-            description=(f"deletedTotal {current:,} is above {threshold:,.0f} "
-                         f"({SPIKE_FACTOR:g}x / +{SPIKE_MIN_ROWS:,} the median {median:,.0f})"
-                         if spike else None),
-        )
+        results[_last_partition(context)] = _spike_result(current, history)
+        yield from _outcome(context, asset_key, "deleted_total_spike", results)
 
     @dg.asset_check(
         asset=asset_key,
@@ -144,40 +145,166 @@ def build_asset_checks(policy: Policy) -> list[dg.AssetChecksDefinition]:
         description="WARN when the run left prunable rows in place because deleting them "
                     "failed (a foreign key, a trigger) or had no effect.",
     )
-    def no_rows_skipped(context: dg.AssetCheckExecutionContext) -> dg.AssetCheckResult:
+    def no_rows_skipped(context: dg.AssetCheckExecutionContext) -> Iterator[CheckOutput]:
         """Read this run's ``skippedRows`` and ``skippedCauses``; any skipped row fails (WARN).
 
         Skipped rows are retried by every run; they stay until the reference or trigger that
         blocks them is dealt with (docs/runbook.md: "Rows are skipped").
         """
-        metadata = _this_runs_materialization(context, asset_key)
-        if metadata is None:
-            return dg.AssetCheckResult(passed=True, severity=dg.AssetCheckSeverity.WARN,
-                                       description="no materialization in this run to check")
-        run = RunReport.from_metadata(metadata)
-        skipped, causes = run.skipped_rows, run.skipped_causes
-        return dg.AssetCheckResult(
-            passed=skipped == 0,
-            severity=dg.AssetCheckSeverity.WARN,
-            metadata={"skippedRows": skipped, "skippedCauses": causes},
-            description=(f"{skipped} prunable rows could not be deleted: {causes}"
-                         if skipped else None),
-        )
+        results = _references(context, asset_key)
+        record = _run_materializations(context, asset_key).get(_last_partition(context))
+        results[_last_partition(context)] = _skipped_result(
+            record.asset_materialization.metadata if record else None)
+        yield from _outcome(context, asset_key, "no_rows_skipped", results)
 
     return [overdue_rows, deleted_total_spike, no_rows_skipped]
+
+
+#: What a check function yields: one result (a run of one day), or one evaluation per day and
+#: the check's output (a range run).
+CheckOutput = dg.AssetCheckResult | dg.AssetCheckEvaluation | dg.Output
+
+
+def _overdue_result(cutoff: dt.datetime, overdue: Backlog, key: str,
+                    noun: str) -> dg.AssetCheckResult:
+    """The overdue-rows result of a day whose cutoff is ``cutoff``, from the rows left older
+    than ``cutoff - 1 day`` (``overdue``: its count and oldest age); ``key`` is the count's
+    metadata key, ``noun`` what a row is called (``guest row``, or ``row``)."""
+    limit = cutoff - dt.timedelta(days=1)
+    oldest = overdue.oldest_age
+    return dg.AssetCheckResult(
+        passed=overdue.remaining == 0,
+        severity=dg.AssetCheckSeverity.ERROR,
+        metadata={
+            key: overdue.remaining,
+            "oldestOverdueUpdatedAt": oldest.isoformat() if oldest else "none",
+            "cutoff": cutoff.isoformat(),
+            "limit": limit.isoformat(),
+        },
+        description=(f"{overdue.remaining} {noun}s are older than this run's cutoff "
+                     f"minus one day ({limit.isoformat()})" if overdue.remaining else None),
+    )
+
+
+def _spike_result(current: int | None, history: list[int]) -> dg.AssetCheckResult:
+    """The spike result of a run that deleted ``current`` rows (``None``: it recorded no
+    materialization), against the ``history`` of earlier current-day runs."""
+    if current is None:
+        return dg.AssetCheckResult(passed=True, severity=dg.AssetCheckSeverity.WARN,
+                                   description="no materialization in this run to check")
+    if len(history) < SPIKE_MIN_HISTORY:
+        return dg.AssetCheckResult(
+            passed=True, severity=dg.AssetCheckSeverity.WARN,
+            metadata={"deletedTotal": current, "history": len(history)},
+            description=(f"only {len(history)} earlier current-day runs; a spike needs "
+                         f"{SPIKE_MIN_HISTORY}"))
+    median = statistics.median(history)
+    threshold = max(SPIKE_FACTOR * median, median + SPIKE_MIN_ROWS)
+    spike = current > threshold
+    return dg.AssetCheckResult(
+        passed=not spike,
+        severity=dg.AssetCheckSeverity.WARN,
+        metadata={"deletedTotal": current, "median": float(median),
+                  "threshold": float(threshold), "history": len(history)},
+        description=(f"deletedTotal {current:,} is above {threshold:,.0f} "
+                     f"({SPIKE_FACTOR:g}x / +{SPIKE_MIN_ROWS:,} the median {median:,.0f})"
+                     if spike else None),
+    )
+
+
+def _skipped_result(metadata: Mapping | None) -> dg.AssetCheckResult:
+    """The skipped-rows result of a run whose materialization recorded ``metadata``
+    (``None``: it recorded none)."""
+    if metadata is None:
+        return dg.AssetCheckResult(passed=True, severity=dg.AssetCheckSeverity.WARN,
+                                   description="no materialization in this run to check")
+    run = RunReport.from_metadata(metadata)
+    skipped, causes = run.skipped_rows, run.skipped_causes
+    return dg.AssetCheckResult(
+        passed=skipped == 0,
+        severity=dg.AssetCheckSeverity.WARN,
+        metadata={"skippedRows": skipped, "skippedCauses": causes},
+        description=(f"{skipped} prunable rows could not be deleted: {causes}"
+                     if skipped else None),
+    )
+
+
+def _last_partition(context: dg.AssetCheckExecutionContext) -> str | None:
+    """The day whose materialization holds the run's figures: the run's day, or the last day
+    of its range (``None`` for a run without a partition)."""
+    partitions = run_partitions(context)
+    return partitions[-1] if partitions else None
+
+
+def _references(context: dg.AssetCheckExecutionContext,
+                asset_key: dg.AssetKey) -> dict[str, dg.AssetCheckResult]:
+    """The passing result of each earlier day of a range run (none for a run of one day):
+    its materialization refers to the last day's, which is the one checked."""
+    if not is_range_run(context):
+        return {}
+    last = _last_partition(context)
+    return {partition: dg.AssetCheckResult(
+                passed=True, severity=dg.AssetCheckSeverity.WARN,
+                metadata={"deletedTotal": 0, ATTRIBUTED_KEY: last},
+                description=f"this run's figures are on {last}, the last day of its range")
+            for partition in run_partitions(context)[:-1]}
+
+
+def _run_materializations(context: dg.AssetCheckExecutionContext, asset_key: dg.AssetKey
+                          ) -> dict[str | None, dg.EventLogRecord]:
+    """The materialization records of this run, by partition (one read of at most as many
+    records as the run has days, newest first: this run's are the newest of its days)."""
+    partitions = run_partitions(context)
+    records = context.instance.fetch_materializations(
+        dg.AssetRecordsFilter(asset_key=asset_key, asset_partitions=partitions or None),
+        limit=max(len(partitions), 1) + SPIKE_HISTORY).records
+    found: dict[str | None, dg.EventLogRecord] = {}
+    for record in records:
+        if record.run_id == context.run.run_id and record.asset_materialization is not None:
+            found.setdefault(record.partition_key, record)
+    return found
+
+
+def _outcome(context: dg.AssetCheckExecutionContext, asset_key: dg.AssetKey, name: str,
+             results: dict[str | None, dg.AssetCheckResult]) -> Iterator[CheckOutput]:
+    """Yield a check's ``results`` (partition -> result) as Dagster records them.
+
+    A run of one day yields its one result. A range run yields an evaluation for each day,
+    each tied to that day's materialization in this run, then the check's output: Dagster
+    records a result of a range run under no partition, leaving every day's planned
+    execution unresolved.
+    """
+    if not is_range_run(context):
+        [result] = results.values()
+        yield result
+        return
+    materialized = _run_materializations(context, asset_key)
+    for partition, result in results.items():
+        record = materialized.get(partition)
+        yield dg.AssetCheckEvaluation(
+            asset_key=asset_key, check_name=name, passed=result.passed,
+            metadata=result.metadata, severity=result.severity,
+            description=result.description, blocking=False, partition=partition,
+            target_materialization_data=AssetCheckEvaluationTargetMaterializationData(
+                run_id=record.run_id, storage_id=record.storage_id,
+                timestamp=record.timestamp) if record else None)
+    yield dg.Output(None)
 
 
 def _deleted_totals(instance: dg.DagsterInstance, asset_key: dg.AssetKey,
                     run_id: str) -> tuple[int | None, list[int]]:
     """This run's ``deletedTotal`` and those of up to :data:`SPIKE_HISTORY` earlier current-day
-    materializations, newest first; at most ``_PAGE * _MAX_PAGES`` records are read."""
+    materializations, newest first; at most ``_PAGE * _MAX_PAGES`` records are read. A
+    reference (an earlier day of a range run) is neither: its run's figures are on another
+    day."""
     current, history = None, []
     cursor = None
     for _ in range(_MAX_PAGES):
         page = instance.fetch_materializations(asset_key, limit=_PAGE, cursor=cursor)
         for record in page.records:  # newest first
             mat = record.asset_materialization
-            if mat is None or "deletedTotal" not in mat.metadata:
+            if (mat is None or "deletedTotal" not in mat.metadata
+                    or RunReport.is_reference(mat.metadata)):
                 continue
             value = RunReport.from_metadata(mat.metadata).deleted_total
             if record.run_id == run_id:
@@ -188,14 +315,3 @@ def _deleted_totals(instance: dg.DagsterInstance, asset_key: dg.AssetKey,
             break
         cursor = page.cursor
     return current, history[:SPIKE_HISTORY]
-
-
-def _this_runs_materialization(context: dg.AssetCheckExecutionContext, asset_key: dg.AssetKey):
-    """Metadata of the asset's materialization in this run, or ``None``."""
-    records = context.instance.fetch_materializations(asset_key, limit=SPIKE_HISTORY + 1).records
-    for record in records:
-        mat = record.asset_materialization
-        if mat is not None and record.run_id == context.run.run_id:
-            return mat.metadata
-    return None
-

@@ -1,4 +1,5 @@
-"""The job that materializes a policy's cleanup asset, one daily partition per run.
+"""The job that materializes a policy's cleanup asset, one daily partition (or a range of them)
+per run, and the executor every run of the policy uses.
 
 Its partitioning is the asset's (:mod:`favorites_maintenance.pipeline.partitions`).
 """
@@ -7,12 +8,26 @@ import dagster as dg
 
 from favorites_maintenance.config.policy import DATABASE_TAG, Policy
 
+#: The executor of a policy's runs: every step in the run worker's own process, one after the
+#: other. The steps only talk to the database (a cutoff, a batched purge, a count, three
+#: checks), so a process per step would add a Python start and a code-location load per step
+#: (seconds each) to work that takes milliseconds. Set on each policy's definitions, so it is
+#: also the code location's default: Dagster's implicit asset job, which runs the UI's
+#: "Materialize" and asset backfills, uses it too. The steps of one run depend on each other in
+#: a line, so nothing runs in parallel either way.
+#:
+#: What termination needs under it: a purge that stops on request raises Dagster's interruption
+#: (the run ends CANCELED, see :mod:`favorites_maintenance.pipeline.purge_op`), and no op of the
+#: job carries a declarative ``RetryPolicy``, which the in-process executor would turn a
+#: termination into a retry of (the purge requests its retries explicitly).
+CLEANUP_EXECUTOR = dg.in_process_executor
+
 
 def build_job(policy: Policy):
     """``<name>_cleanup_job``: the cleanup asset of ``policy`` (and its checks), one daily
-    partition per run. Each of its runs carries the run tag ``favorites_maintenance/database``
-    with the variable of the policy's database (``dagster.yaml`` admits one such run per
-    value at a time)."""
+    partition per run (a range in a single-run backfill). Each of its runs carries the run tag
+    ``favorites_maintenance/database`` with the variable of the policy's database
+    (``dagster.yaml`` admits one such run per value at a time)."""
     return dg.define_asset_job(
         policy.job_name,
         selection=dg.AssetSelection.assets(dg.AssetKey(list(policy.asset_key_path))),
@@ -21,4 +36,3 @@ def build_job(policy: Policy):
                     f"{policy.database_url_env}.",
         tags={DATABASE_TAG: policy.database_url_env},
     )
-

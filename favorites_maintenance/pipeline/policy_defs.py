@@ -5,7 +5,7 @@ import dagster as dg
 from favorites_maintenance.config.policy import Policy
 from favorites_maintenance.pipeline.assets import build_cleanup_asset
 from favorites_maintenance.pipeline.checks import build_asset_checks
-from favorites_maintenance.pipeline.jobs import build_job
+from favorites_maintenance.pipeline.jobs import CLEANUP_EXECUTOR, build_job
 from favorites_maintenance.pipeline.schedules import build_schedule
 from favorites_maintenance.pipeline.sensors import (
     build_failure_sensor,
@@ -16,8 +16,10 @@ from favorites_maintenance.pipeline.sensors import (
 
 def policy_definitions(policy: Policy) -> dg.Definitions:
     """The cleanup asset of ``policy`` and its checks, the job, the schedule and the three
-    sensors. The resources they use are the code location's
-    (:mod:`favorites_maintenance.defs.resources`, :mod:`favorites_maintenance.definitions`)."""
+    sensors, run by :data:`~favorites_maintenance.pipeline.jobs.CLEANUP_EXECUTOR` (every
+    policy sets the same one, so it is the code location's default executor). The resources
+    they use are the code location's (:mod:`favorites_maintenance.defs.resources`,
+    :mod:`favorites_maintenance.definitions`)."""
     return dg.Definitions(
         assets=[build_cleanup_asset(policy)],
         asset_checks=build_asset_checks(policy),
@@ -25,4 +27,5 @@ def policy_definitions(policy: Policy) -> dg.Definitions:
         schedules=[build_schedule(policy)],
         sensors=[build_stale_sensor(policy), build_failure_sensor(policy),
                  build_tick_failure_sensor(policy)],
+        executor=CLEANUP_EXECUTOR,
     )

@@ -13,7 +13,7 @@ when they have one.
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -21,6 +21,10 @@ from favorites_maintenance.config.policy_settings import PolicySettings
 from favorites_maintenance.retention.purge import PurgeReport
 
 _NONE = "none"
+#: Metadata key of a range run's records: the range, ``first...last``.
+RANGE_KEY = "partitionRange"
+#: Metadata key of a reference: the partition whose record holds the run's figures.
+ATTRIBUTED_KEY = "attributedTo"
 
 
 @dataclass(frozen=True)
@@ -124,6 +128,37 @@ class RunReport:
             metadata["backlogOldestUpdatedAt"] = self.backlog_oldest or _NONE
         return metadata
 
+    def as_reference(self) -> RunReport:
+        """The record of a day a range run covered but whose figures are on another day: every
+        measure of the run's work (rows, batches, time, skipped rows, pauses, batch sizes) at 0;
+        the cutoff, the settings, the stop reason and the backlog as the run's."""
+        return dataclasses.replace(self, **_WORK_AT_ZERO)
+
+    def range_metadata(self, partitions: Sequence[str]) -> dict[str, dict[str, Any]]:
+        """Partition key -> the metadata of its materialization, for a run over ``partitions``
+        (a range, oldest first, at least one).
+
+        The last day holds the run's record; each earlier day a reference
+        (:meth:`as_reference`, plus ``attributedTo``: the last day), so that summing a key over
+        the range's materializations counts the run once. Every record names the range
+        (``partitionRange``: ``first...last``).
+
+        Raises:
+            ValueError: ``partitions`` is empty.
+        """
+        if not partitions:
+            raise ValueError("a range run covers at least one partition")
+        *earlier, last = partitions
+        span = {RANGE_KEY: f"{partitions[0]}...{last}"}
+        reference = {**self.as_reference().as_metadata(), **span, ATTRIBUTED_KEY: last}
+        return {**{p: dict(reference) for p in earlier}, last: {**self.as_metadata(), **span}}
+
+    @staticmethod
+    def is_reference(metadata: Mapping[str, Any]) -> bool:
+        """Whether materialization ``metadata`` is a reference to another day's record (see
+        :meth:`range_metadata`) rather than a run's own figures."""
+        return ATTRIBUTED_KEY in metadata
+
     @classmethod
     def from_metadata(cls, metadata: Mapping[str, Any]) -> "RunReport":
         """Read a record back from metadata written by :meth:`as_metadata` (raw values or
@@ -166,3 +201,17 @@ _KEYS = {
     "backlog_oldest": "backlogOldestUpdatedAt",
 }
 _BACKLOG = ("backlog_remaining", "backlog_oldest")
+#: What a reference (:meth:`RunReport.as_reference`) records of the run's work.
+_WORK_AT_ZERO = {
+    "deleted_total": 0,
+    "batches": 0,
+    "duration_ms": 0,
+    "batch_max_ms": 0.0,
+    "skipped_rows": 0,
+    "skipped_causes": _NONE,
+    "isolation_batches": 0,
+    "batch_size_first": 0,
+    "batch_size_max": 0,
+    "paused_ms": 0,
+    "throttled_by": _NONE,
+}

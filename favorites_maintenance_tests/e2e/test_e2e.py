@@ -70,6 +70,11 @@ query($key: AssetKeyInput!, $name: String!) {
 """
 CHECKS = ("no_guest_row_older_than_retention_plus_one_day", "deleted_total_spike",
           "no_rows_skipped")
+JOB_NAME = "guest_favorites_cleanup_job"
+LAUNCH_RUN = """
+mutation($params: ExecutionParams!) { launchRun(executionParams: $params) { __typename
+  ... on LaunchRunSuccess { run { runId } } ... on PythonError { message } } }
+"""
 BACKFILL = """
 mutation($params: LaunchBackfillParams!) { launchPartitionBackfill(backfillParams: $params) {
   __typename ... on LaunchBackfillSuccess { backfillId } ... on PythonError { message } } }
@@ -162,29 +167,45 @@ def test_dev_serves_two_policies_on_two_databases(stack):
     assert "guest_favorites_cleanup_job" in assets["favorites/guest_favorites_cleanup"]
 
 
+def launch_day(stack, partition: str) -> str:
+    """Launch the job for one day as the UI's launchpad does; return the run's id."""
+    launched = stack.graphql(LAUNCH_RUN, {"params": {
+        "selector": {"repositoryLocationName": LOCATION, "repositoryName": REPOSITORY,
+                     "jobName": JOB_NAME},
+        "runConfigData": {},
+        "executionMetadata": {"tags": [{"key": "dagster/partition", "value": partition}]}}})
+    assert launched["launchRun"]["__typename"] == "LaunchRunSuccess", launched
+    return launched["launchRun"]["run"]["runId"]
+
+
 def test_the_pool_keeps_a_second_run_queued_while_one_runs(stack):
-    """A backfill of two days from the UI's API: one run at a time, whatever launched it
-    (the schedule's runs of the job queue behind the backfill's, and the other way round)."""
+    """A backfill of two days from the UI's API, which is one run over both days, and two runs
+    of one day launched at the same moment: one run at a time, whatever launched it (the
+    schedule's runs of the job queue behind them, and the other way round)."""
     partitions = daily_partitions.get_partition_keys()[-4:-2]
     launched = stack.graphql(BACKFILL, {"params": {
         "assetSelection": [{"path": ASSET_PATH}], "partitionNames": partitions}})
     backfill_id = launched["launchPartitionBackfill"]["backfillId"]
     BACKFILLED[backfill_id] = partitions
+    days = [launch_day(stack, p) for p in partitions]
 
     snapshots = []
 
-    def backfill_done():
+    def all_done():
         current = runs(stack)
         snapshots.append([(r["runId"], r["status"]) for r in current])
-        mine = [r for r in current if r["tags"].get("dagster/backfill") == backfill_id]
-        return len(mine) == len(partitions) and all(r["status"] in ("SUCCESS", "FAILURE", "CANCELED")
+        mine = [r for r in current if r["tags"].get("dagster/backfill") == backfill_id
+                or r["runId"] in days]
+        return len(mine) == 3 and all(r["status"] in ("SUCCESS", "FAILURE", "CANCELED")
                                       for r in mine) and current
 
-    final = wait_for(backfill_done, timeout=200, interval=0.5, what="the backfill's runs")
+    final = wait_for(all_done, timeout=200, interval=0.5, what="the backfill's and the days' runs")
 
-    mine = [r for r in final if r["tags"].get("dagster/backfill") == backfill_id]
-    assert {r["status"] for r in mine} == {"SUCCESS"}
-    assert sorted(r["tags"]["dagster/partition"] for r in mine) == partitions
+    [backfill] = [r for r in final if r["tags"].get("dagster/backfill") == backfill_id]
+    assert backfill["status"] == "SUCCESS"
+    assert (backfill["tags"]["dagster/asset_partition_range_start"],
+            backfill["tags"]["dagster/asset_partition_range_end"]) == tuple(partitions)
+    assert {r["status"] for r in final if r["runId"] in days} == {"SUCCESS"}
     # Seen while polling: a run waiting in the queue while another one was in progress.
     assert any({"QUEUED"} <= {s for _, s in snap} and {"STARTING", "STARTED"} & {s for _, s in snap}
                for snap in snapshots), snapshots
@@ -195,23 +216,26 @@ def test_the_pool_keeps_a_second_run_queued_while_one_runs(stack):
                  r["startTime"], r["endTime"]) for r in finished]
     for earlier, later in zip(finished, finished[1:]):
         assert later["startTime"] >= earlier["endTime"], timeline
-    # Each backfill run's cutoff is its day's end minus the retention, never after now - Days.
-    by_run = {m["runId"]: m for m in materializations(stack)}
+    # The backfill's run materialized both days with one cutoff, the last day's end minus the
+    # retention, never after now - Days; its figures are on the last day, the other refers to it.
     now = dt.datetime.now(UTC)
-    for run in mine:
-        meta = by_run[run["runId"]]["metadata"]
-        end = daily_partitions.time_window_for_partition_key(run["tags"]["dagster/partition"]).end
+    end = daily_partitions.time_window_for_partition_key(partitions[-1]).end
+    mats = {m["partition"]: m["metadata"] for m in materializations(stack)
+            if m["runId"] == backfill["runId"]}
+    assert sorted(mats) == partitions
+    for meta in mats.values():
         cutoff = dt.datetime.fromisoformat(meta["cutoff"])
         assert cutoff == end - dt.timedelta(days=DAYS)
         assert cutoff <= now - dt.timedelta(days=DAYS)
+    assert mats[partitions[0]]["attributedTo"] == partitions[-1]
+    assert mats[partitions[0]]["deletedTotal"] == 0
     # Each check recorded one result per backfilled day, for that day, and none failed: a past
     # day is judged against its own cutoff, not today's.
     for name in CHECKS:
-        executions = check_executions(stack, name)
-        for run in mine:
-            [execution] = [e for e in executions if e["runId"] == run["runId"]]
-            assert execution["partition"] == run["tags"]["dagster/partition"], execution
-            assert execution["status"] == "SUCCEEDED", (name, execution)
+        executions = [e for e in check_executions(stack, name)
+                      if e["runId"] == backfill["runId"]]
+        assert sorted(e["partition"] for e in executions) == partitions, (name, executions)
+        assert {e["status"] for e in executions} == {"SUCCEEDED"}, (name, executions)
 
 
 def stop_schedule(stack) -> None:

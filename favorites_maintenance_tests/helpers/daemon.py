@@ -2,7 +2,9 @@
 
 The scheduler, the sensor daemon, the backfill daemon and the run queue's daemon each run one
 pass over the code location, served by a real code server process (started with this process's
-environment, as ``dagster-daemon`` starts it), at an instant the test chooses. These entry
+environment, as ``dagster-daemon`` starts it), at an instant the test chooses. A run the queue
+launches runs in a run worker process the code server starts, as in a deployment; a test
+launches and terminates it through the webserver's GraphQL API, as the UI does. These entry
 points are Dagster's own test helpers, not a stable API.
 """
 
@@ -11,6 +13,7 @@ from __future__ import annotations
 import contextlib
 import datetime as dt
 import logging
+import time
 
 import dagster as dg
 from dagster._core.test_utils import create_test_daemon_workspace_context, freeze_time
@@ -20,6 +23,18 @@ from dagster._daemon.sensor import execute_sensor_iteration
 from dagster._scheduler.scheduler import launch_scheduled_runs
 
 LOCATION = "favorites_maintenance"
+REPOSITORY = "__repository__"
+LAUNCH_RUN = """
+mutation($params: ExecutionParams!) { launchRun(executionParams: $params) { __typename
+  ... on LaunchRunSuccess { run { runId } } ... on PythonError { message }
+  ... on RunConfigValidationInvalid { errors { message } } } }
+"""
+TERMINATE_RUN = """
+mutation($runId: String!) { terminateRun(runId: $runId) { __typename
+  ... on TerminateRunFailure { message } ... on PythonError { message } } }
+"""
+FINISHED = (dg.DagsterRunStatus.SUCCESS, dg.DagsterRunStatus.FAILURE,
+            dg.DagsterRunStatus.CANCELED)
 _log = logging.getLogger("favorites_maintenance_tests.helpers.daemon")
 
 
@@ -75,3 +90,56 @@ def dequeue_pass(workspace) -> None:
 def backfill_pass(workspace) -> None:
     """One pass of the backfill daemon (it submits the runs of the next partitions)."""
     list(execute_backfill_iteration(workspace, _log))
+
+
+def _graphql(workspace, query: str, variables: dict) -> dict:
+    from dagster_graphql.test.utils import execute_dagster_graphql
+
+    result = execute_dagster_graphql(workspace.create_request_context(), query, variables)
+    assert not result.errors, result.errors
+    return result.data
+
+
+def launch_run(workspace, job: str, *, tags: dict[str, str],
+               run_config: dict | None = None) -> str:
+    """Launch ``job`` of the code location as the UI's launchpad does (the run is queued);
+    return the run's id."""
+    data = _graphql(workspace, LAUNCH_RUN, {"params": {
+        "selector": {"repositoryLocationName": LOCATION, "repositoryName": REPOSITORY,
+                     "jobName": job},
+        "runConfigData": run_config or {},
+        "executionMetadata": {"tags": [{"key": k, "value": v} for k, v in tags.items()]}}})
+    launched = data["launchRun"]
+    assert launched["__typename"] == "LaunchRunSuccess", launched
+    return launched["run"]["runId"]
+
+
+def terminate_run(workspace, run_id: str) -> None:
+    """Terminate the run as the UI's "Terminate" does: the run is marked CANCELING and its run
+    worker is interrupted through the code server."""
+    data = _graphql(workspace, TERMINATE_RUN, {"runId": run_id})
+    assert data["terminateRun"]["__typename"] == "TerminateRunSuccess", data
+
+
+def wait_until_finished(instance: dg.DagsterInstance, run_id: str,
+                        timeout: float = 180) -> dg.DagsterRun:
+    """The run once it has ended (SUCCESS, FAILURE or CANCELED), polled every 0.1 s.
+
+    Raises:
+        TimeoutError: it has not ended after ``timeout`` seconds.
+    """
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        run = instance.get_run_by_id(run_id)
+        if run is not None and run.status in FINISHED:
+            return run
+        time.sleep(0.1)
+    raise TimeoutError(f"run {run_id} still {run.status if run else 'missing'} after "
+                       f"{timeout:g} s")
+
+
+def step_processes(instance: dg.DagsterInstance, run_id: str) -> set[int]:
+    """The pids of the processes the run's steps started in, retries included (each
+    STEP_START or STEP_RESTARTED event carries the pid of the process that wrote it)."""
+    starts = {dg.DagsterEventType.STEP_START, dg.DagsterEventType.STEP_RESTARTED}
+    return {entry.dagster_event.pid for entry in instance.all_logs(run_id, of_type=starts)}

@@ -77,6 +77,38 @@ def test_spike_check_needs_history_before_it_can_fail(run, rows):
     assert "earlier current-day runs" in check.description
 
 
+def test_a_range_run_counts_once_in_the_spike_baseline(db_url, rows, monkeypatch):
+    """A single-run backfill of the last two days (both current) after two normal days: its
+    figures enter the baseline once, on its last day, and its earlier day, a reference, not at
+    all (as a 0 it would be a fourth run; copied onto both days, the range's figures would be
+    counted twice)."""
+    from favorites_maintenance.pipeline.partitions import daily_partitions
+
+    job = load_code_location(db_url, monkeypatch).resolve_job_def(JOB)
+    before_yesterday, yesterday = daily_partitions.get_partition_keys()[-2:]
+    with dg.instance_for_test() as instance:
+        for _ in range(2):
+            expired_guests(rows, 20_000)
+            assert job.execute_in_process(partition_key=yesterday, instance=instance).success
+        expired_guests(rows, 20_000)
+        ranged = job.execute_in_process(instance=instance, tags={
+            "dagster/asset_partition_range_start": before_yesterday,
+            "dagster/asset_partition_range_end": yesterday})
+        expired_guests(rows, 20_000)
+        normal = job.execute_in_process(partition_key=yesterday, instance=instance)
+    by_day = {e.partition: e for e in ranged.get_asset_check_evaluations()
+              if e.check_name == SPIKE}
+    assert set(by_day) == {before_yesterday, yesterday}
+    assert by_day[before_yesterday].passed
+    assert by_day[before_yesterday].metadata["attributedTo"].value == yesterday
+    assert by_day[yesterday].metadata["deletedTotal"].value == 20_000
+    assert by_day[yesterday].metadata["history"].value == 2
+    [spike] = [e for e in normal.get_asset_check_evaluations() if e.check_name == SPIKE]
+    assert spike.metadata["history"].value == 3
+    assert spike.metadata["median"].value == 20_000
+    assert spike.passed
+
+
 BACKFILL = """
 mutation($params: LaunchBackfillParams!) { launchPartitionBackfill(backfillParams: $params) {
   __typename ... on LaunchBackfillSuccess { backfillId } ... on PythonError { message } } }
@@ -86,10 +118,11 @@ mutation($params: LaunchBackfillParams!) { launchPartitionBackfill(backfillParam
 def test_a_backfill_of_past_days_is_never_red_and_does_not_skew_the_spike_baseline(
         dagster_storage_url, db_url, rows, monkeypatch):
     """The README's flow, on three days rather than a week: a backfill of past days launched as
-    the UI launches it, run by the backfill daemon on a PostgreSQL-backed instance, after three
-    normal days. Each check records one result per run, for the run's own day, and none fails;
-    the next normal day is no spike although the backfill's runs deleted 0 rows (counted in,
-    they would bring the median of the six runs down to 10,000)."""
+    the UI launches it, run by the backfill daemon on a PostgreSQL-backed instance as one run
+    over the three days, after three normal days. Each check records one result per day, for
+    that day, and none fails; the next normal day is no spike although the backfill deleted 0
+    rows (its three days counted in, they would bring the median of the six down to
+    10,000)."""
     from dagster._core.execution.backfill import BulkActionStatus
     from dagster_graphql.test.utils import execute_dagster_graphql
 
@@ -116,9 +149,10 @@ def test_a_backfill_of_past_days_is_never_red_and_does_not_skew_the_spike_baseli
                 if instance.get_backfill(backfill_id).status != BulkActionStatus.REQUESTED:
                     break
             assert instance.get_backfill(backfill_id).status == BulkActionStatus.COMPLETED_SUCCESS
-        backfill_runs = instance.get_runs(dg.RunsFilter(tags={"dagster/backfill": backfill_id}))
-        assert sorted(r.tags["dagster/partition"] for r in backfill_runs) == days
-        assert all(r.status == dg.DagsterRunStatus.SUCCESS for r in backfill_runs)
+        [backfill_run] = instance.get_runs(dg.RunsFilter(tags={"dagster/backfill": backfill_id}))
+        assert (backfill_run.tags["dagster/asset_partition_range_start"],
+                backfill_run.tags["dagster/asset_partition_range_end"]) == (days[0], days[-1])
+        assert backfill_run.status == dg.DagsterRunStatus.SUCCESS
         assert rows.count() == 20  # the backfilled days deleted nothing (their cutoffs are older)
 
         expired_guests(rows, 20_000)
@@ -128,12 +162,11 @@ def test_a_backfill_of_past_days_is_never_red_and_does_not_skew_the_spike_baseli
                    for name in (OVERDUE, SPIKE, "no_rows_skipped")}
 
     for name, records in history.items():
-        # One record per run and check, for the run's own day, none left planned or skipped.
+        # One record per day of each run and check, for that day, none left planned or skipped.
         assert len(records) == 3 + 3 + 1, name
         assert {r.status.value for r in records} == {"SUCCEEDED"}, name
-        by_run = {r.run_id: r.partition for r in records}
-        assert {by_run[r.run_id] for r in backfill_runs} == set(days), name
-        assert by_run[normal.run_id] == yesterday
+        assert sorted(r.partition for r in records if r.run_id == backfill_run.run_id) == days
+        assert [r.partition for r in records if r.run_id == normal.run_id] == [yesterday]
     spike = history[SPIKE][0].event.dagster_event.asset_check_evaluation_data
     assert spike.metadata["deletedTotal"].value == 20_020
     assert spike.metadata["median"].value == 20_000  # the three normal days only

@@ -82,6 +82,21 @@ def test_dagster_finds_the_one_code_location_and_it_holds_every_guest_favorites_
     assert purge.pool == "guest_favorites_cleanup"
 
 
+def test_every_run_of_the_policy_executes_in_its_run_worker_and_a_backfill_is_one_run(
+        monkeypatch):
+    """The job and Dagster's implicit asset job (the UI's "Materialize", asset backfills) run
+    every step in the run worker's process; no node carries a declarative retry policy, which
+    that executor would turn a termination into a retry of; a backfill of the asset is one run
+    over its range."""
+    defs = load_code_location(monkeypatch=monkeypatch)
+    for job in (defs.resolve_job_def(JOB), defs.resolve_implicit_global_asset_job_def()):
+        assert job.executor_def is dg.in_process_executor, job.name
+        assert [node.name for node in job.graph.iterate_node_defs()
+                if isinstance(node, dg.OpDefinition) and node.retry_policy] == [], job.name
+        assert job.op_retry_policy is None, job.name
+    assert defs.resolve_assets_def(ASSET_KEY).backfill_policy == dg.BackfillPolicy.single_run()
+
+
 #: Imports every module of the package (``__main__`` runs the command line: not imported) and
 #: prints, as JSON, each module attribute that is a Dagster definition.
 _IMPORT_EVERY_MODULE = """

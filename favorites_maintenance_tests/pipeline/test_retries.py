@@ -1,8 +1,10 @@
-"""Op retries on transient database errors, and none on the others."""
+"""Op retries on transient database errors, and none on the others, under the executor the job
+ships with (in process): in this process, and in a run worker the run queue launched."""
 
 from __future__ import annotations
 
 import datetime as dt
+import os
 import threading
 import time
 
@@ -10,7 +12,15 @@ import dagster as dg
 import pytest
 import sqlalchemy as sa
 
-from favorites_maintenance_tests.helpers.jobs import JOB, load_code_location
+from favorites_maintenance_tests.helpers.daemon import (
+    code_location,
+    dequeue_pass,
+    launch_run,
+    pg_instance,
+    step_processes,
+    wait_until_finished,
+)
+from favorites_maintenance_tests.helpers.jobs import ASSET_KEY, JOB, load_code_location
 
 UTC = dt.timezone.utc
 PARTITION = (dt.datetime.now(UTC) - dt.timedelta(days=1)).date().isoformat()
@@ -81,6 +91,39 @@ def test_a_lock_timeout_is_retried_and_the_run_then_succeeds(job, engine, rows):
     assert result.success
     assert len(retries) >= 1
     assert "lock_not_available" in warnings[0]
+    assert rows.count() == 0
+
+
+def test_a_run_worker_retries_the_purge_in_its_own_process_and_the_run_succeeds(
+        job, engine, rows, dagster_storage_url):
+    """As in a deployment: the run queue launches the run in a run worker process of the code
+    server (which inherits this environment); the first attempt of the purge times out on the
+    lock, the same process runs the second one, and the run's record counts the rows of
+    both."""
+    rows.add_many(300, updated_at=OLD)
+    lock = TableLock(engine)
+    try:
+        with pg_instance(dagster_storage_url) as instance, code_location(instance) as workspace:
+            watcher = lock.release_after_first_retry(instance)
+            run_id = launch_run(workspace, JOB, tags={"dagster/partition": PARTITION},
+                                run_config=retry_config(3))
+            dequeue_pass(workspace)
+            run = wait_until_finished(instance, run_id)
+            watcher.join()
+            retries = step_events(instance, run_id, dg.DagsterEventType.STEP_UP_FOR_RETRY)
+            restarts = step_events(instance, run_id, dg.DagsterEventType.STEP_RESTARTED)
+            workers = step_processes(instance, run_id)
+            [mat] = step_events(instance, run_id, dg.DagsterEventType.ASSET_MATERIALIZATION)
+    finally:
+        lock.release()
+    assert run.status == dg.DagsterRunStatus.SUCCESS
+    assert [e.step_key for e in retries] == ["favorites__guest_favorites_cleanup.purge"]
+    assert [e.step_key for e in restarts] == ["favorites__guest_favorites_cleanup.purge"]
+    [worker] = workers  # both attempts, and every other step, in the run worker
+    assert worker != os.getpid()
+    materialization = mat.dagster_event.step_materialization_data.materialization
+    assert materialization.asset_key == ASSET_KEY
+    assert materialization.metadata["deletedTotal"].value == 300
     assert rows.count() == 0
 
 

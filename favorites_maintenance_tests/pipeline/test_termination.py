@@ -1,4 +1,5 @@
-"""Termination mid-purge, under the executor the job ships with (multiprocess) and in process.
+"""Termination mid-purge, under the executor the job ships with (in process) and under the
+multiprocess executor (a deployment may choose it for a job of its own).
 
 Dagster terminates a run by interrupting its run worker (SIGINT; the multiprocess executor
 forwards it to the step processes). The purge must then finish or roll back the open batch
@@ -21,7 +22,16 @@ from favorites_maintenance.components.policy_tree import load_policies
 from favorites_maintenance.pipeline.resources import AlertSink
 from favorites_maintenance.pipeline.sensors import build_stale_sensor
 from favorites_maintenance.retention.defaults import DATABASE_URL_VAR
-from favorites_maintenance_tests.helpers.daemon import pg_instance
+from favorites_maintenance_tests.conftest import slow_batches
+from favorites_maintenance_tests.helpers.daemon import (
+    code_location,
+    dequeue_pass,
+    launch_run,
+    pg_instance,
+    step_processes,
+    terminate_run,
+    wait_until_finished,
+)
 from favorites_maintenance_tests.helpers.jobs import JOB, POLICY, guest_settings_env
 
 UTC = dt.timezone.utc
@@ -36,6 +46,11 @@ def cleanup_job():
     from favorites_maintenance.definitions import code_location
 
     return code_location().resolve_job_def(JOB)
+
+
+def multiprocess_cleanup_job():
+    """The same job with Dagster's multiprocess executor: a process per step."""
+    return cleanup_job().with_executor_def(dg.multiprocess_executor)
 
 
 def guest_policy():
@@ -89,13 +104,13 @@ class Terminator(threading.Thread):
             time.sleep(0.01)
 
 
-def assert_cancelled_cleanly(instance, run_id, engine, terminator):
+def assert_cancelled_cleanly(instance, run_id, engine, deleted_at_request):
     run = instance.get_run_by_id(run_id)
     assert run.status == dg.DagsterRunStatus.CANCELED
     deleted = ROWS - remaining(engine)
-    assert terminator.deleted_at_signal is not None
+    assert deleted_at_request is not None
     # At most the batch open at the request committed after it; nothing started later.
-    assert 0 <= deleted - terminator.deleted_at_signal <= BATCH
+    assert 0 <= deleted - deleted_at_request <= BATCH
     assert deleted % BATCH == 0  # every batch committed whole
     assert deleted < ROWS
     types = [e.dagster_event.event_type for e in instance.all_logs(run_id) if e.dagster_event]
@@ -128,16 +143,41 @@ def assert_cancelled_cleanly(instance, run_id, engine, terminator):
     return deleted
 
 
+def test_terminate_a_run_the_run_queue_launched_in_a_run_worker(many_old_guests,
+                                                                 dagster_storage_url):
+    """As in a deployment: the run queue launches the run in a run worker process of the code
+    server, which executes every step itself (the executor the job ships with), and the UI's
+    "Terminate" reaches that process through the code server. Each batch takes at least
+    0.1 s, far longer than the interrupt takes to arrive."""
+    engine = many_old_guests
+    with slow_batches(engine, 0.1), pg_instance(dagster_storage_url) as instance, \
+            code_location(instance) as workspace:
+        run_id = launch_run(workspace, JOB, tags={"dagster/partition": PARTITION})
+        dequeue_pass(workspace)
+        deadline = time.monotonic() + 120
+        while ROWS - remaining(engine) < 5 * BATCH and time.monotonic() < deadline:
+            time.sleep(0.01)
+        terminate_run(workspace, run_id)
+        # Rows gone once the request is recorded: only the batch open now may follow.
+        deleted_at_request = ROWS - remaining(engine)
+        wait_until_finished(instance, run_id)
+        # One process ran every step: the run worker, not this one.
+        [worker] = step_processes(instance, run_id)
+        assert worker != os.getpid()
+        assert_cancelled_cleanly(instance, run_id, engine, deleted_at_request)
+
+
 def test_terminate_under_the_multiprocess_executor(many_old_guests):
     engine = many_old_guests
     with dg.instance_for_test() as instance:
         terminator = Terminator(engine, instance)
         terminator.start()
-        with dg.execute_job(dg.reconstructable(cleanup_job), instance=instance,
+        with dg.execute_job(dg.reconstructable(multiprocess_cleanup_job), instance=instance,
                             tags={"dagster/partition": PARTITION}) as result:
             run_id = result.run_id
         terminator.join()
-        assert_cancelled_cleanly(instance, run_id, engine, terminator)
+        assert len(step_processes(instance, run_id)) > 1  # a process per step
+        assert_cancelled_cleanly(instance, run_id, engine, terminator.deleted_at_signal)
 
 
 def test_terminate_in_process(many_old_guests):
@@ -148,7 +188,7 @@ def test_terminate_in_process(many_old_guests):
         result = cleanup_job().execute_in_process(partition_key=PARTITION, instance=instance,
                                                   raise_on_error=False)
         terminator.join()
-        assert_cancelled_cleanly(instance, result.run_id, engine, terminator)
+        assert_cancelled_cleanly(instance, result.run_id, engine, terminator.deleted_at_signal)
 
 
 
