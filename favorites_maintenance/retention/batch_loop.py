@@ -256,7 +256,9 @@ class BatchLoop:
                 by_ctid = match_by_ctid(conn, rule)
         except sa.exc.DBAPIError as exc:
             error = describe(exc)
-            log.error("could not check the table before the first batch: %s", error)
+            # WARNING, as every line of the core about a failure: whether the run failed (or
+            # a retry follows) is its caller's to say.
+            log.warning("could not check the table before the first batch: %s", error)
             raise TableCheckError(error, rule.qualified_name) from None
         for warning in findings.warnings:
             log.warning("%s", warning)
@@ -357,7 +359,7 @@ class BatchLoop:
         self.stale_retries = 0
         if error.row_level and self._isolate(error, limit):
             return
-        log.error("batch %d failed and was rolled back: %s", self.batch_no, error)
+        log.warning("batch %d failed and was rolled back: %s", self.batch_no, error)
         raise BatchError(self.batch_no, self.report(StopReason.EXHAUSTED), error) from None
 
     def _lock_from_now(self) -> None:
@@ -463,7 +465,7 @@ class BatchLoop:
             # enough rows were selected, or at the end of the run.
             if self.selected_total >= max(self.options.batch_size, NO_PROGRESS_SAMPLE):
                 raise no_progress(self.conn, self.rule, self.report(StopReason.EXHAUSTED),
-                                  self.selected_total)
+                                  self.selected_total, batch_no=self.batch_no)
         else:
             self._check_skipped()
 
@@ -489,21 +491,22 @@ class BatchLoop:
                 f"the last {self.failed_in_a_row} prunable rows the purge tried all failed, "
                 f"with nothing deleted between them ({self.deleted_total} rows deleted "
                 f"before): the table looks blocked: {_causes_text(self.causes)}",
-                self.report(StopReason.EXHAUSTED)) from None
+                self.report(StopReason.EXHAUSTED), self.batch_no) from None
         if self.skipped > self.options.max_skipped_rows:
             raise SkippedRowsError(
                 f"more than {self.options.max_skipped_rows} prunable rows could not be deleted "
                 f"in one run ({self.deleted_total} were): {_causes_text(self.causes)}",
-                self.report(StopReason.EXHAUSTED)) from None
+                self.report(StopReason.EXHAUSTED), self.batch_no) from None
 
     def _finish(self) -> PurgeReport:
         """The last batch came back less than full: judge the run's progress, and report."""
         final = self.report(StopReason.EXHAUSTED)
         if self.deleted_total * 2 < self.selected_total:
-            raise no_progress(self.conn, self.rule, final, self.selected_total)
+            raise no_progress(self.conn, self.rule, final, self.selected_total,
+                              batch_no=self.batch_no)
         if not self.selected_total:
             check_zero_progress(self.conn, self.rule, self.cutoff, final,
-                                self.options.batch_size)
+                                self.options.batch_size, batch_no=self.batch_no)
         return final
 
 
@@ -533,5 +536,5 @@ def _reconnect(engine: sa.Engine, conn: sa.Connection) -> sa.Connection:
 
 def _connect_error(exc: sa.exc.DBAPIError) -> ConnectError:
     error = describe(exc)
-    log.error("no session on the favorites database: %s", error)
+    log.warning("no session on the favorites database: %s", error)
     return ConnectError(error)

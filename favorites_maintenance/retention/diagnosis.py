@@ -46,7 +46,7 @@ _HELD_KINDS = frozenset({ErrorKind.LOCK_NOT_AVAILABLE, ErrorKind.SERIALIZATION_F
 
 
 def check_zero_progress(conn: sa.Connection, rule: RetentionRule, cutoff: dt.datetime,
-                        report: PurgeReport, sample: int) -> None:
+                        report: PurgeReport, sample: int, batch_no: int = 0) -> None:
     """The purge locked no row: tell "every candidate is held by another session" (a backlog
     for the next run) from "the rule matches rows this role cannot lock" (a failure).
 
@@ -62,6 +62,7 @@ def check_zero_progress(conn: sa.Connection, rule: RetentionRule, cutoff: dt.dat
         rule, cutoff: the purge's rule and cutoff (a timezone-aware UTC instant).
         report: the report of the run, carried by the error.
         sample: how many candidates to look at, rows (the run's first batch size).
+        batch_no: the run's last batch, carried by the error.
 
     Raises:
         NoProgressError: candidates are visible and none is held by another session, yet none
@@ -90,15 +91,17 @@ def check_zero_progress(conn: sa.Connection, rule: RetentionRule, cutoff: dt.dat
     if locked:
         return  # released since the batch ran: the next run takes them
     raise no_progress(conn, rule, report, visible, locked_none=True,
-                      at_least=visible >= sample)
+                      at_least=visible >= sample, batch_no=batch_no)
 
 
 def no_progress(conn: sa.Connection, rule: RetentionRule, report: PurgeReport, matched: int,
-                *, locked_none: bool = False, at_least: bool = False) -> NoProgressError:
-    """The :class:`NoProgressError` (logged at ERROR, returned for the caller to raise) of a run
-    that selected ``matched`` rows but deleted at most half of them, or, with ``locked_none``,
-    whose rule matches ``matched`` unheld rows (``at_least``: that many or more) it could not
-    lock. Names what on the table can swallow deletes (:func:`swallowing_mechanisms`)."""
+                *, locked_none: bool = False, at_least: bool = False,
+                batch_no: int = 0) -> NoProgressError:
+    """The :class:`NoProgressError` (logged at WARNING: the caller logs the run's failure;
+    returned for the caller to raise) of a run that selected ``matched`` rows but deleted at
+    most half of them by batch ``batch_no``, or, with ``locked_none``, whose rule matches
+    ``matched`` unheld rows (``at_least``: that many or more) it could not lock. Names what on
+    the table can swallow deletes (:func:`swallowing_mechanisms`)."""
     table = rule.qualified_name
     causes = swallowing_mechanisms(conn, table)
     if locked_none:
@@ -113,8 +116,8 @@ def no_progress(conn: sa.Connection, rule: RetentionRule, report: PurgeReport, m
                f"policy for the job's role, and DELETE a DELETE policy: see "
                f"docs/production-databases.md); a BEFORE DELETE trigger that returns NULL; a rule "
                f"that does not fit the table.")
-    log.error("%s", message)
-    return NoProgressError(message, report, tuple(causes))
+    log.warning("%s", message)
+    return NoProgressError(message, report, tuple(causes), batch_no)
 
 
 def swallowing_mechanisms(conn: sa.Connection, table: str) -> list[str]:

@@ -424,11 +424,13 @@ class SkippedRowsError(PurgeError):
 
     Attributes:
         report: what the run did, ``skipped_rows`` and ``skipped_causes`` included.
+        batch_no: the batch (1-based) whose outcome ended the run.
     """
 
-    def __init__(self, message: str, report: PurgeReport):
+    def __init__(self, message: str, report: PurgeReport, batch_no: int = 0):
         super().__init__(message)
         self.report = report
+        self.batch_no = batch_no
 
 
 class NoProgressError(PurgeError):
@@ -440,9 +442,12 @@ class NoProgressError(PurgeError):
         report: what the run did.
         causes: the mechanisms found on the table that can swallow deletes (row-level
             security, ``BEFORE DELETE`` triggers, rules), named; empty when none is visible.
+        batch_no: the batch (1-based) after which the run was judged.
     """
 
-    def __init__(self, message: str, report: PurgeReport, causes: tuple[str, ...]):
+    def __init__(self, message: str, report: PurgeReport, causes: tuple[str, ...],
+                 batch_no: int = 0):
         super().__init__(message)
         self.report = report
         self.causes = causes
+        self.batch_no = batch_no

@@ -166,6 +166,8 @@ def test_a_table_where_every_row_fails_fails_the_run_naming_the_cause(
 
     with dg.instance_for_test() as instance:
         result = run_job(db_url, instance, monkeypatch=monkeypatch, batch_size=100)
+        [failed] = [e.user_message for e in instance.all_logs(result.run_id)
+                    if e.user_message.startswith("run failed")]
 
     assert not result.success
     step, error = step_failure(result)
@@ -173,6 +175,8 @@ def test_a_table_where_every_row_fails_fails_the_run_naming_the_cause(
     text = error_text(error)
     assert "SkippedRowsError" in text and "looks blocked" in text
     assert "raise_exception (SQLSTATE P0001) from function favorites.refuse_all()" in text
+    # The batch that ended the run: six halvings (100 -> 3 rows), then ten one-row batches.
+    assert "batch_no=16 " in failed
     assert rows.count() == 500
 
 
