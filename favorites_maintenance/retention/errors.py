@@ -53,6 +53,7 @@ class ErrorKind(str, enum.Enum):
     AUTHENTICATION_FAILED = "authentication_failed"
     UNKNOWN_DATABASE = "unknown_database"
     CONNECTION_LOST = "connection_lost"
+    TLS_ERROR = "tls_error"  # client-side: a certificate refused, a TLS file missing
     TOO_MANY_CONNECTIONS = "too_many_connections"
     INSUFFICIENT_RESOURCES = "insufficient_resources"
     STALE_STATEMENT = "stale_statement"
@@ -133,7 +134,8 @@ _SAFE_MESSAGE_KINDS = frozenset({
     ErrorKind.PERMISSION_DENIED, ErrorKind.UNDEFINED_TABLE, ErrorKind.UNDEFINED_COLUMN,
     ErrorKind.UNDEFINED_SCHEMA, ErrorKind.DEADLOCK_DETECTED, ErrorKind.SERIALIZATION_FAILURE,
     ErrorKind.READ_ONLY, ErrorKind.AUTHENTICATION_FAILED, ErrorKind.UNKNOWN_DATABASE,
-    ErrorKind.CONNECTION_LOST, ErrorKind.TOO_MANY_CONNECTIONS, ErrorKind.INSUFFICIENT_RESOURCES,
+    ErrorKind.CONNECTION_LOST, ErrorKind.TLS_ERROR, ErrorKind.TOO_MANY_CONNECTIONS,
+    ErrorKind.INSUFFICIENT_RESOURCES,
     ErrorKind.STALE_STATEMENT, ErrorKind.FEATURE_NOT_SUPPORTED,
     ErrorKind.RESTRICT_VIOLATION, ErrorKind.FOREIGN_KEY_VIOLATION, ErrorKind.NOT_NULL_VIOLATION,
     ErrorKind.CHECK_VIOLATION, ErrorKind.EXCLUSION_VIOLATION,
@@ -146,6 +148,14 @@ _SAFE_MESSAGE_KINDS = frozenset({
 ROW_LEVEL_CLASSES = frozenset({"23", "22", "P0", "09", "27", "2F", "38", "39"})
 
 _ROUTINE = re.compile(r"PL/pgSQL function ([^\s(]+)\(")
+
+#: libpq's words for a TLS session that cannot be set up: a server certificate refused (another
+#: authority, another host name, expired), a certificate or key file of the URL missing, no
+#: protocol in common. The same connection fails the same way until the URL or the server's
+#: certificate changes, unlike a connection lost mid-session over TLS ("SSL SYSCALL error",
+#: "SSL connection has been closed unexpectedly").
+_TLS_FAILURE = re.compile(r"certificate|does not match host name|ssl(v3)? alert|tlsv1(\.\d)? "
+                          r"alert|private key file|SSL support is not compiled", re.IGNORECASE)
 
 #: Kinds worth retrying as they are: the same statement may well succeed a moment later.
 TRANSIENT_KINDS = frozenset({
@@ -248,7 +258,8 @@ def describe(exc: BaseException) -> ErrorDescription:
     elif _is_disconnect(exc, orig):
         # libpq's own text ("server closed the connection unexpectedly", "connection to server
         # ... failed: Connection refused"): client-side, never row data nor a password.
-        kind = ErrorKind.CONNECTION_LOST
+        kind = (ErrorKind.TLS_ERROR if _TLS_FAILURE.search(str(orig))
+                else ErrorKind.CONNECTION_LOST)
         primary = _first_line(orig)
     objects = _schema_objects(diag)
     if kind is None:
