@@ -58,6 +58,7 @@ class ErrorKind(str, enum.Enum):
     INSUFFICIENT_RESOURCES = "insufficient_resources"
     STALE_STATEMENT = "stale_statement"
     FEATURE_NOT_SUPPORTED = "feature_not_supported"
+    OBJECT_NOT_IN_PREREQUISITE_STATE = "object_not_in_prerequisite_state"
     RESTRICT_VIOLATION = "restrict_violation"
     FOREIGN_KEY_VIOLATION = "foreign_key_violation"
     NOT_NULL_VIOLATION = "not_null_violation"
@@ -108,6 +109,9 @@ _KINDS: dict[str, ErrorKind] = {
     # A feature the statement needs is refused for this table (e.g. a DELETE rule, which
     # PostgreSQL does not apply to a DELETE ... RETURNING in WITH).
     "0A000": ErrorKind.FEATURE_NOT_SUPPORTED,
+    # A table the statement needs is not in the state it requires, e.g. one in a publication
+    # that publishes deletes and has no replica identity: PostgreSQL refuses every DELETE.
+    "55000": ErrorKind.OBJECT_NOT_IN_PREREQUISITE_STATE,
     # Row-level errors: one row of a batch cannot be deleted (a foreign key, a trigger, a
     # cascade into another table); the rest of the batch could.
     "23001": ErrorKind.RESTRICT_VIOLATION,
@@ -137,6 +141,7 @@ _SAFE_MESSAGE_KINDS = frozenset({
     ErrorKind.CONNECTION_LOST, ErrorKind.TLS_ERROR, ErrorKind.TOO_MANY_CONNECTIONS,
     ErrorKind.INSUFFICIENT_RESOURCES,
     ErrorKind.STALE_STATEMENT, ErrorKind.FEATURE_NOT_SUPPORTED,
+    ErrorKind.OBJECT_NOT_IN_PREREQUISITE_STATE,
     ErrorKind.RESTRICT_VIOLATION, ErrorKind.FOREIGN_KEY_VIOLATION, ErrorKind.NOT_NULL_VIOLATION,
     ErrorKind.CHECK_VIOLATION, ErrorKind.EXCLUSION_VIOLATION,
     ErrorKind.INTEGRITY_CONSTRAINT_VIOLATION,
