@@ -84,6 +84,7 @@ from favorites_maintenance.retention.spans import BatchSpans
 from favorites_maintenance.retention.statements import (
     BatchStatements,
     assert_primary,
+    assert_triggers_fire,
     match_by_ctid,
 )
 from favorites_maintenance.retention.table_check import check_table
@@ -240,11 +241,13 @@ class BatchLoop:
                            **(_health_report(self.monitor) if self.monitor is not None else {}))
 
     def _prepare(self) -> None:
-        """Refuse a standby, check the table's shape, and build the run's statements."""
+        """Refuse a standby and a session whose triggers do not fire, check the table's shape,
+        and build the run's statements."""
         conn, rule, options = self.conn, self.rule, self.options
         try:
             assert_primary(conn)
-            conn.rollback()  # end the autobegun transaction of the check
+            assert_triggers_fire(conn)
+            conn.rollback()  # end the autobegun transaction of the checks
         except sa.exc.DBAPIError as exc:
             raise _connect_error(exc) from None
         try:

@@ -388,6 +388,21 @@ class StandbyError(PurgeError):
     """The connection reached a hot standby (``pg_is_in_recovery()``); nothing was deleted."""
 
 
+class ReplicationRoleError(PurgeError):
+    """The session runs with ``session_replication_role = replica``: no trigger and no foreign
+    key fires, so a DELETE would leave rows referencing a deleted row (``ON DELETE RESTRICT``)
+    and skip the cascades; nothing was deleted.
+
+    Attributes:
+        source: where the value comes from, as ``pg_settings.source`` says (``database``,
+            ``user``, ``database user``, ``client``, ``configuration file``, ...).
+    """
+
+    def __init__(self, message: str, source: str):
+        super().__init__(message)
+        self.source = source
+
+
 class BatchError(PurgeError, DatabaseError):
     """A batch transaction failed and was rolled back whole; earlier batches stay committed.
 

@@ -69,9 +69,10 @@ def purge(
 ) -> PurgeReport:
     """Delete every prunable row older than ``cutoff``, one batch transaction at a time.
 
-    Before the first batch the table is checked (:func:`~favorites_maintenance.retention.
-    table_check.check_table`): a shape the rule cannot use is refused, a missing partial index
-    is logged as a warning.
+    Before the first batch the session and the table are checked (:func:`~favorites_maintenance.
+    retention.table_check.check_table`): a standby, ``session_replication_role = replica`` and a
+    shape the rule cannot use are refused, a missing or invalid partial index is logged as a
+    warning.
 
     A batch that fails on a row-level error (a foreign key ``RESTRICT``/``NO ACTION``, a
     trigger that raises, a violation raised by a cascade) is run again in halves, each in its
@@ -120,6 +121,8 @@ def purge(
 
     Raises:
         StandbyError: the connection is on a hot standby; nothing was deleted.
+        ReplicationRoleError: the session's ``session_replication_role`` is ``replica``
+            (triggers and foreign keys off); nothing was deleted.
         ConnectError: no session could be opened (or checked); nothing was deleted.
         TableCheckError: the table's shape could not be read (a lock held past
             ``lock_timeout``, a lost connection); nothing was deleted.

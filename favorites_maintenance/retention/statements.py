@@ -1,6 +1,7 @@
 """Every SQL statement the purge runs, built from the :class:`~favorites_maintenance.retention.
-rule.RetentionRule` with SQLAlchemy Core. Nothing here executes a statement except the two
-one-row catalog reads (:func:`assert_primary`, :func:`match_by_ctid`).
+rule.RetentionRule` with SQLAlchemy Core. Nothing here executes a statement except the
+one-row reads of the session and the catalogs (:func:`assert_primary`,
+:func:`assert_triggers_fire`, :func:`match_by_ctid`).
 
 Each batch is one statement, shown here for the guest-favorites rule (another rule names its
 own table, key, age and guard columns)::
@@ -59,7 +60,7 @@ from dataclasses import dataclass
 import sqlalchemy as sa
 from sqlalchemy.dialects.postgresql import TIMESTAMP
 
-from favorites_maintenance.retention.errors import StandbyError
+from favorites_maintenance.retention.errors import ReplicationRoleError, StandbyError
 from favorites_maintenance.retention.rule import RetentionRule
 
 
@@ -243,6 +244,41 @@ def assert_primary(conn: sa.Connection) -> None:
         raise StandbyError("the database connection reached a hot standby "
                            "(pg_is_in_recovery() is true); point the database's URL at the "
                            "primary")
+
+
+#: One row: the session's ``session_replication_role``, where it comes from, the database and
+#: the role (for the fix).
+_REPLICATION_ROLE = sa.text(
+    "SELECT setting, source, current_database(), current_user FROM pg_settings "
+    "WHERE name = 'session_replication_role'")
+
+#: How to undo ``session_replication_role = replica``, by where it was set
+#: (``pg_settings.source``); ``{db}`` and ``{role}`` are the session's.
+_REPLICATION_ROLE_FIX = {
+    "database": 'ALTER DATABASE "{db}" RESET session_replication_role',
+    "user": 'ALTER ROLE "{role}" RESET session_replication_role',
+    "database user": 'ALTER ROLE "{role}" IN DATABASE "{db}" RESET session_replication_role',
+    "client": "remove it from the options of FAVORITES_DATABASE_URL (or PGOPTIONS)",
+    "configuration file": "ALTER SYSTEM RESET session_replication_role, or remove it from "
+                          "postgresql.conf, then reload",
+}
+
+
+def assert_triggers_fire(conn: sa.Connection) -> None:
+    """Raise :class:`ReplicationRoleError` if the session's ``session_replication_role`` is
+    ``replica`` (set on the database, the role or the URL): triggers and foreign keys would not
+    fire, so the purge would delete rows that others still reference and skip their cascades.
+    """
+    setting, source, database, role = conn.execute(_REPLICATION_ROLE).one()
+    if setting != "replica":
+        return
+    fix = _REPLICATION_ROLE_FIX.get(source, "reset it where it is set").format(db=database,
+                                                                               role=role)
+    raise ReplicationRoleError(
+        f"session_replication_role is 'replica' for the job's sessions (set by: {source}): "
+        f"no trigger and no foreign key fires in that mode, so a DELETE would leave rows that "
+        f"reference a deleted row (ON DELETE RESTRICT) and skip its cascades. Nothing was "
+        f"deleted. Fix, as a superuser: {fix}", source)
 
 
 def match_by_ctid(conn: sa.Connection, rule: RetentionRule) -> bool:
