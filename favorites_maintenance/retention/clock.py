@@ -20,7 +20,7 @@ import sqlalchemy as sa
 from favorites_maintenance.retention.database import limit_transaction
 from favorites_maintenance.retention.errors import ConnectError, describe
 
-UTC = dt.timezone.utc
+UTC = dt.UTC
 
 #: A difference between this process's clock and the database server's above which a warning
 #: is given.

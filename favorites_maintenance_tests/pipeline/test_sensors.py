@@ -7,8 +7,8 @@ import json
 import time
 import threading
 import uuid
-from pathlib import Path
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
 
 import dagster as dg
 import pytest
@@ -332,7 +332,11 @@ def test_cursors_set_by_hand_leave_the_failure_alerts_working(dagster_storage_ur
     """The run-failure and tick-failure sensors given cursors they did not write, by
     ``dagster sensor cursor --set``: their ticks succeed, write their own cursors and send the
     alerts a fresh deployment would owe (the failed tick; the next failed run)."""
-    from favorites_maintenance_tests.helpers.daemon import code_location, pg_instance, scheduler_and_sensors
+    from favorites_maintenance_tests.helpers.daemon import (
+        code_location,
+        pg_instance,
+        scheduler_and_sensors,
+    )
 
     tick_sensor = "guest_favorites_cleanup_tick_failure_sensor"
     run_sensor = "guest_favorites_cleanup_failure_sensor"

@@ -270,10 +270,9 @@ def test_an_invalid_unique_index_is_no_proof_that_the_key_is_unique(db_url, engi
     # Two rows share id 1: the unique index's build fails on them and leaves it INVALID.
     insert(engine, [(1, None, OLD.isoformat()), (1, 5, OLD.isoformat()),
                     (2, None, OLD.isoformat())])
-    with engine.connect() as conn:
-        with pytest.raises(sa.exc.IntegrityError):
-            conn.execution_options(isolation_level="AUTOCOMMIT").exec_driver_sql(
-                "CREATE UNIQUE INDEX CONCURRENTLY favorites_id_idx ON favorites.favorites (id)")
+    with engine.connect() as conn, pytest.raises(sa.exc.IntegrityError):
+        conn.execution_options(isolation_level="AUTOCOMMIT").exec_driver_sql(
+            "CREATE UNIQUE INDEX CONCURRENTLY favorites_id_idx ON favorites.favorites (id)")
 
     with dg.instance_for_test() as instance:
         result = run_job(db_url, instance, monkeypatch=monkeypatch)
