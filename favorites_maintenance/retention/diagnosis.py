@@ -23,6 +23,8 @@ from favorites_maintenance.retention.rule import RetentionRule
 from favorites_maintenance.retention.statements import (
     BEFORE_DELETE_TRIGGERS,
     DELETE_RULES,
+    DELETE_TRIGGERS,
+    REFERENCING_KEYS,
     REPEATABLE_READ,
     ROW_SECURITY,
     candidate_keys,
@@ -138,3 +140,31 @@ def swallowing_mechanisms(conn: sa.Connection, table: str) -> list[str]:
     found += [f"BEFORE DELETE trigger {name}" for name in triggers]
     found += [f"DELETE rule {name}" for name in rules]
     return found
+
+
+_ON_DELETE = {"a": "NO ACTION", "r": "RESTRICT", "c": "CASCADE", "n": "SET NULL",
+              "d": "SET DEFAULT"}
+
+
+def delete_work(conn: sa.Connection, table: str) -> str:
+    """What deleting one row of ``table`` (``schema.table``) makes PostgreSQL do besides: the
+    foreign keys referencing it, with their ``ON DELETE`` action, and its DELETE triggers,
+    named (schema objects, never values); ``""`` when there is none or they cannot be read.
+    Why a delete runs past ``statement_timeout`` is usually there (a cascade over many
+    children, a child table without an index on its key, a slow trigger)."""
+    try:
+        with conn.begin():
+            keys = conn.execute(REFERENCING_KEYS, {"t": table}).all()
+            triggers = conn.execute(DELETE_TRIGGERS, {"t": table}).all()
+    except sa.exc.DBAPIError as exc:
+        log.warning("could not read what a delete from %s fires: %s", table, describe(exc))
+        return ""
+    parts = []
+    if keys:
+        parts.append("foreign keys " + ", ".join(
+            f"{name} on {child} (ON DELETE {_ON_DELETE.get(action, action)})"
+            for name, child, action in keys))
+    if triggers:
+        parts.append("DELETE triggers " + ", ".join(
+            f"{name} ({function})" for name, function in triggers))
+    return "; ".join(parts)

@@ -388,6 +388,23 @@ class StandbyError(PurgeError):
     """The connection reached a hot standby (``pg_is_in_recovery()``); nothing was deleted."""
 
 
+class TableChangedError(PurgeError, TableShapeError):
+    """The table's shape changed during the run into one the rule cannot use (a migration
+    between two batches); the batch that met it was rolled back, earlier batches stay
+    committed.
+
+    Attributes:
+        column: the column at fault.
+        batch_no: the batch (1-based) that was rolled back.
+        report: what the run had committed before it.
+    """
+
+    def __init__(self, message: str, column: str | None, batch_no: int, report: PurgeReport):
+        TableShapeError.__init__(self, message, column)
+        self.batch_no = batch_no
+        self.report = report
+
+
 class ReplicationRoleError(PurgeError):
     """The session runs with ``session_replication_role = replica``: no trigger and no foreign
     key fires, so a DELETE would leave rows referencing a deleted row (``ON DELETE RESTRICT``)
