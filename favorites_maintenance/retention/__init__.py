@@ -16,6 +16,7 @@ from favorites_maintenance.retention.errors import (
     RetentionError,
     SkippedRowsError,
     StandbyError,
+    TableChangedError,
     TableCheckError,
     TableShapeError,
 )
@@ -47,6 +48,7 @@ __all__ = [
     "SkippedRowsError",
     "StandbyError",
     "StopReason",
+    "TableChangedError",
     "TableCheckError",
     "TableShapeError",
     "check_table",
