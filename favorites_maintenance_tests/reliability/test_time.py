@@ -22,8 +22,10 @@ from dagster._core.test_utils import freeze_time
 
 from favorites_maintenance.cli import main
 from favorites_maintenance.retention.database import create_engine
+from favorites_maintenance.retention.errors import InvalidArgumentError
 from favorites_maintenance.retention.rule import compute_cutoff
 from favorites_maintenance.retention.schema import create_dev_schema
+from favorites_maintenance.testing import prunable_keys, prunable_rows
 from favorites_maintenance.retention.defaults import DATABASE_URL_VAR
 from favorites_maintenance_tests.conftest import Rows
 from favorites_maintenance_tests.helpers.jobs import load_code_location, run_partition
@@ -183,7 +185,8 @@ def test_a_host_clock_30_days_ahead_deletes_no_row_younger_than_the_retention(
     """A VM cloned from a template, a host not yet synchronised: the job's process is 30 days
     ahead of the database, whose clock wrote the rows' ages. The schedule runs the day before
     the host's "today"; the run still keeps every row younger than 365 days by the database's
-    clock, its checks agree, and the run's log and dry-run say that the clocks differ."""
+    clock, its checks, dry-run and the testing helper agree, and the run's log and dry-run say
+    that the clocks differ."""
     before = database_now(engine)
     host_now = before + dt.timedelta(days=30)
     young = set(rows.add_many(10, updated_at=before - dt.timedelta(days=350)))  # 380 by the host
@@ -193,6 +196,10 @@ def test_a_host_clock_30_days_ahead_deletes_no_row_younger_than_the_retention(
     partition = (host_now - dt.timedelta(days=1)).date().isoformat()
 
     with dg.instance_for_test() as instance, freeze_time(host_now):
+        # A policy's test that gives no now gets the job's: the database's.
+        keys_before = prunable_keys("guest_favorites", engine)
+        with pytest.raises(InvalidArgumentError, match="give now, or the database"):
+            prunable_rows("guest_favorites")
         result = run_partition(defs, instance, partition, raise_on_error=False)
         warnings = [e.user_message for e in instance.all_logs(result.run_id)
                     if e.level == logging.WARNING and "clock" in e.user_message]
@@ -200,6 +207,7 @@ def test_a_host_clock_30_days_ahead_deletes_no_row_younger_than_the_retention(
             DATABASE_URL_VAR: sa.make_url(db_url).render_as_string(hide_password=False)})
     after = database_now(engine)
 
+    assert sorted(keys_before) == sorted(old)
     assert result.success
     assert rows.ids() == young | accounts and not old & rows.ids()
     meta = materialization(result)
