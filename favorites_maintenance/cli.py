@@ -71,14 +71,18 @@ def _load_policy(name: str, *, local: bool = False):
     return policies[name]
 
 
-def _prunable_rows(policy, partition: str | None):
-    """What ``policy``'s rule matches for a run of daily ``partition`` now (``None``: a run
-    without a partition), the cutoff as the job computes it; exits naming ``--partition`` when
-    it is no key."""
+def _prunable_rows(policy, partition: str | None, engine: sa.Engine):
+    """What ``policy``'s rule matches for a run of daily ``partition`` now, by the clock of
+    ``engine``'s database server (``None``: a run without a partition), the cutoff as the job
+    computes it; exits naming ``--partition`` when it is no key.
+
+    Raises:
+        ConnectError: the database's clock could not be read.
+    """
     from favorites_maintenance.testing import prunable_rows
 
     try:
-        return prunable_rows(policy, partition=partition)
+        return prunable_rows(policy, partition=partition, database=engine)
     except ValueError as exc:
         _fail(f"--partition {exc}")
 
@@ -157,7 +161,13 @@ def dry_run(partition: str | None, policy_name: str) -> None:
     from favorites_maintenance.config.deployment import require_database_url
     from favorites_maintenance.config.parsers import safe_url
     from favorites_maintenance.retention.database import create_engine, limit_transaction
-    from favorites_maintenance.retention.errors import TableShapeError, describe
+    from favorites_maintenance.retention.errors import (
+        ConnectError,
+        ReplicationRoleError,
+        TableShapeError,
+        describe,
+    )
+    from favorites_maintenance.retention.statements import assert_triggers_fire
 
     _check_deployment_settings()
     policy = _load_policy(policy_name)
@@ -168,25 +178,30 @@ def dry_run(partition: str | None, policy_name: str) -> None:
         _fail(str(exc))
     rule = policy.rule
     retention_days = policy.settings.retention_days
-    prunable = _prunable_rows(policy, partition)
-    cutoff = prunable.cutoff
     engine = create_engine(url)
     try:
+        # "now" is the database server's clock, as for the job.
+        prunable = _prunable_rows(policy, partition, engine)
+        cutoff = prunable.cutoff
         with engine.connect() as conn, conn.begin():
             # Bounded like the job's reads: never queued without limit behind a lock.
             limit_transaction(conn)
-            # The same check of the table the job makes before its first batch.
+            # The same checks of the session and the table the job makes before its first
+            # batch.
+            assert_triggers_fire(conn)
             findings = prunable.check(conn)
             count, oldest_age = prunable.count(conn)
-    except TableShapeError as exc:
+    except (TableShapeError, ReplicationRoleError) as exc:
         _fail(str(exc))
-    except sa.exc.DBAPIError as exc:
-        _fail(f"could not read {rule.qualified_name}: {describe(exc)} (database "
+    except (ConnectError, sa.exc.DBAPIError) as exc:
+        error = exc.error if isinstance(exc, ConnectError) else describe(exc)
+        _fail(f"could not read {rule.qualified_name}: {error} (database "
               f"{safe_url(url)}: check {variable}, the server and the "
               "table)")
     finally:
         engine.dispose()
-    for warning in findings.warnings:
+    clock = prunable.clock.warning if prunable.clock is not None else None
+    for warning in ((clock,) if clock else ()) + findings.warnings:
         click.secho(f"warning: {warning}", fg="yellow", err=True)
     oldest = oldest_age.isoformat() if oldest_age else "none"
     _echo(f"database   {safe_url(url)} ({variable})")

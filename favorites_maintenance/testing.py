@@ -18,8 +18,9 @@ expired is prunable under a 30-day retention, one 29 days expired or not yet exp
 :func:`prunable_keys` deletes nothing. It finds the policy by name the way the code location
 does (``favorites_maintenance/defs/``, or a component tree given as ``tree``), checks the table
 as the job does before its first batch, derives the cutoff from ``now`` as the job's
-``compute_cutoff`` op does (:func:`~favorites_maintenance.pipeline.partitions.partition_cutoff`)
-and matches rows with the rule's own predicate, the one every batch's ``DELETE`` repeats.
+``compute_cutoff`` op does (:func:`~favorites_maintenance.pipeline.partitions.partition_cutoff`;
+without ``now``, from the database server's clock, as the job reads it) and matches rows with
+the rule's own predicate, the one every batch's ``DELETE`` repeats.
 ``favorites-maintenance dry-run`` counts with the same :class:`PrunableRows`.
 """
 
@@ -34,7 +35,9 @@ import sqlalchemy as sa
 
 from favorites_maintenance.components.policy_tree import load_policies
 from favorites_maintenance.config.policy import Policy
-from favorites_maintenance.pipeline.partitions import partition_cutoff
+from favorites_maintenance.pipeline.partitions import partition_cutoff, read_now
+from favorites_maintenance.retention.clock import ClockReading
+from favorites_maintenance.retention.errors import InvalidArgumentError
 from favorites_maintenance.retention.table_check import TableFindings, check_table
 
 __all__ = ["PrunableRows", "find_policy", "prunable_keys", "prunable_rows"]
@@ -48,12 +51,15 @@ class PrunableRows:
     Attributes:
         policy: the policy whose rule it is.
         cutoff: the timezone-aware UTC instant rows must be older than (strictly).
+        clock: the database server's clock the cutoff was derived from, with this host's
+            (its ``warning`` says when they disagree); ``None`` when ``now`` was given.
 
     Every method reads in the connection's current transaction and deletes nothing.
     """
 
     policy: Policy
     cutoff: dt.datetime
+    clock: ClockReading | None = None
 
     def statement(self) -> sa.Select:
         """``SELECT <key>, <age> FROM <table> WHERE <rule's predicate>``, unordered."""
@@ -102,7 +108,8 @@ def find_policy(policy: str | Policy, tree: dg.ComponentTree | None = None) -> P
 
 def prunable_rows(policy: str | Policy, *, now: dt.datetime | None = None,
                   partition: str | None = None,
-                  tree: dg.ComponentTree | None = None) -> PrunableRows:
+                  tree: dg.ComponentTree | None = None,
+                  database: sa.Engine | sa.Connection | None = None) -> PrunableRows:
     """The rows ``policy``'s rule matches at ``now``, the cutoff derived as the job derives
     it: ``min(now, end of partition) - retention_days`` (no ``partition``: ``now -
     retention_days``), a UTC instant.
@@ -110,17 +117,28 @@ def prunable_rows(policy: str | Policy, *, now: dt.datetime | None = None,
     Args:
         policy: a policy's name (looked up by :func:`find_policy`) or the policy.
         now: timezone-aware instant the run would start at; ``None``: the current instant, as
-            the job reads it.
+            the job reads it: the clock of ``database``'s server.
         partition: daily partition key (``YYYY-MM-DD``) of the run, or ``None``.
         tree: the component tree to find the policy in (default: ``defs/``).
+        database: engine or connection on the policy's database, whose clock is "now" when
+            ``now`` is not given (a connection is read in its current transaction).
 
     Raises:
         ValueError: ``partition`` is not a daily partition key.
-        InvalidArgumentError: a naive ``now``.
+        InvalidArgumentError: a naive ``now``, or neither ``now`` nor ``database``.
+        ConnectError: the database's clock could not be read.
         KeyError, PolicyLoadError: see :func:`find_policy`.
     """
     found = find_policy(policy, tree)
-    return PrunableRows(found, partition_cutoff(partition, found.settings.retention_days, now))
+    clock = None
+    if now is None:
+        if database is None:
+            raise InvalidArgumentError("give now, or the database whose clock is now (the job "
+                                       "reads the database server's, never this host's)")
+        clock = read_now(database)
+        now = clock.database
+    return PrunableRows(found, partition_cutoff(partition, found.settings.retention_days,
+                                                now=now), clock)
 
 
 def prunable_keys(policy_name: str | Policy, connection: sa.Connection | sa.Engine, *,
@@ -134,20 +152,24 @@ def prunable_keys(policy_name: str | Policy, connection: sa.Connection | sa.Engi
         connection: a connection on the policy's database (read in its current transaction,
             so rows it inserted and has not committed count), or an engine (a connection is
             opened for the call).
-        now, partition, tree: see :func:`prunable_rows`.
+        now, partition, tree: see :func:`prunable_rows`; without ``now``, the clock of
+            ``connection``'s database server.
 
     Returns:
         The key values (``int``, ``uuid.UUID``, ``str``, ... as the key column's type reads).
 
     Raises:
         TableShapeError: the table is not one the job would purge (named column, fix).
-        ValueError, InvalidArgumentError, KeyError, PolicyLoadError: see
+        ValueError, InvalidArgumentError, ConnectError, KeyError, PolicyLoadError: see
             :func:`prunable_rows`.
     """
-    rows = prunable_rows(policy_name, now=now, partition=partition, tree=tree)
     if isinstance(connection, sa.Engine):
         with connection.connect() as conn:
+            rows = prunable_rows(policy_name, now=now, partition=partition, tree=tree,
+                                 database=conn)
             rows.check(conn)
             return rows.keys(conn)
+    rows = prunable_rows(policy_name, now=now, partition=partition, tree=tree,
+                         database=connection)
     rows.check(connection)
     return rows.keys(connection)

@@ -15,7 +15,11 @@ from favorites_maintenance.local.dev import seed_progress
 from favorites_maintenance.local.environment import LocalEnvironment
 from favorites_maintenance.local.second_database import local_code_location
 from favorites_maintenance.local.seed import seed_favorites, summarize
-from favorites_maintenance.pipeline.partitions import daily_partitions, partition_cutoff
+from favorites_maintenance.pipeline.partitions import (
+    daily_partitions,
+    partition_cutoff,
+    read_now,
+)
 from favorites_maintenance.pipeline.run_report import RunReport
 from favorites_maintenance.retention.backlog import measure_backlog
 from favorites_maintenance.retention.database import create_engine
@@ -60,7 +64,7 @@ def run_demo(env: LocalEnvironment, *, rows: int, pretend: bool, policy: Policy,
                   "(only favorites.favorites has a dev table to seed)")
 
         partition = daily_partitions.get_last_partition_key()
-        cutoff = partition_cutoff(partition, retention_days)
+        cutoff = partition_cutoff(partition, retention_days, now=read_now(engine).database)
         try:
             # The same check of the table the job makes before its first batch.
             with engine.connect() as conn:

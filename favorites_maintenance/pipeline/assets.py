@@ -23,8 +23,16 @@ import dagster as dg
 
 from favorites_maintenance.config.policy import Policy
 from favorites_maintenance.config.policy_settings import BatchSizeMode, PolicySettings
-from favorites_maintenance.pipeline.partitions import daily_partitions, run_cutoff
-from favorites_maintenance.pipeline.purge_op import PurgeConfig, run_purge_op
+from favorites_maintenance.pipeline.partitions import (
+    daily_partitions,
+    run_cutoff,
+    run_now,
+)
+from favorites_maintenance.pipeline.purge_op import (
+    PurgeConfig,
+    attempt_failed,
+    run_purge_op,
+)
 from favorites_maintenance.pipeline.ranges import (
     is_range_run,
     range_text,
@@ -38,7 +46,7 @@ from favorites_maintenance.pipeline.resources import (
 )
 from favorites_maintenance.pipeline.run_report import RunReport
 from favorites_maintenance.retention.backlog import measure_backlog as count_backlog
-from favorites_maintenance.retention.errors import BacklogError
+from favorites_maintenance.retention.errors import BacklogError, ConnectError
 
 #: The freshness policy warns at this fraction of the policy's ``stale_after`` and fails at it:
 #: 26 h of 48 h for guest favorites, a daily run missed once with two hours of slack.
@@ -91,13 +99,23 @@ def build_cleanup_asset(policy: Policy) -> dg.AssetsDefinition:
     def database_of(context: dg.OpExecutionContext) -> FavoritesDatabase:
         return getattr(context.resources, database_key)
 
-    @dg.op(name=f"{policy.name}_compute_cutoff", required_resource_keys={"retention"},
+    @dg.op(name=f"{policy.name}_compute_cutoff",
+           required_resource_keys={database_key, "retention"},
            description="The cutoff instant: min(now, end of the partition window) - retention "
-                       "days.")
-    def compute_cutoff(context: dg.OpExecutionContext) -> dt.datetime:
-        """Return the run's cutoff, a timezone-aware UTC datetime (see :func:`run_cutoff`)."""
+                       "days, now by the database server's clock.")
+    def compute_cutoff(context: dg.OpExecutionContext, config: PurgeConfig) -> dt.datetime:
+        """Return the run's cutoff, a timezone-aware UTC datetime (see :func:`run_cutoff`).
+        A database that cannot be read fails the op, retried as the purge is for a
+        transient error (see :func:`attempt_failed`)."""
         settings = settings_of(context.resources.retention)
-        cutoff = run_cutoff(context, settings.retention_days)
+        try:
+            cutoff = run_cutoff(context, settings.retention_days,
+                                run_now(context, database_of(context).engine))
+        except ConnectError as exc:
+            retry = attempt_failed(context, config, policy, exc)
+            if retry is not None:
+                raise retry from exc
+            raise
         context.log.info(f"run started: run_id={context.run_id} policy={policy.name} "
                          f"table={rule.qualified_name} database={policy.database_url_env} "
                          f"cutoff={cutoff.isoformat()} "

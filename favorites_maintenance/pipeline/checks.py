@@ -51,6 +51,7 @@ from favorites_maintenance.pipeline.partitions import (
     is_current,
     partition_cutoff,
     run_cutoff,
+    run_now,
 )
 from favorites_maintenance.pipeline.ranges import is_range_run, run_partitions
 from favorites_maintenance.pipeline.resources import FavoritesDatabase, name_database
@@ -98,12 +99,13 @@ def build_asset_checks(policy: Policy) -> list[dg.AssetChecksDefinition]:
     )
     def overdue_rows(context: dg.AssetCheckExecutionContext) -> Iterator[CheckOutput]:
         """Count the rows the rule admits older than ``cutoff - 1 day``, where ``cutoff`` is the
-        run's own (``min(now, end of its day) - Days``, UTC), through the backlog measurement, on
-        the policy's database; any such row fails (ERROR). In a range run each day is counted
-        against its own cutoff."""
+        run's own (``min(now, end of its day) - Days``, UTC, now by the database server's
+        clock), through the backlog measurement, on the policy's database; any such row fails
+        (ERROR). In a range run each day is counted against its own cutoff."""
         days = policy.settings.retention_days
-        cutoff = run_cutoff(context, days)
         database: FavoritesDatabase = getattr(context.resources, policy.database_key)
+        now = run_now(context, database.engine)
+        cutoff = run_cutoff(context, days, now)
 
         def overdue_at(limit: dt.datetime) -> Backlog:
             try:
@@ -115,7 +117,7 @@ def build_asset_checks(policy: Policy) -> list[dg.AssetChecksDefinition]:
         latest = overdue_at(cutoff - dt.timedelta(days=1))
         results = {}
         for partition in run_partitions(context)[:-1] if is_range_run(context) else []:
-            own = partition_cutoff(partition, days)
+            own = partition_cutoff(partition, days, now=now)
             # An earlier day's limit is older: none of its rows is left if none is left at the
             # last day's, so only a non-zero count needs a query of its own.
             overdue = overdue_at(own - dt.timedelta(days=1)) if latest.remaining else latest

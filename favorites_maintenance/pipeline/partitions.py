@@ -1,13 +1,17 @@
 """Daily UTC partitions of the cleanup asset, and which runs of them are *current*.
 
 A run of partition ``D`` uses ``cutoff = min(now, end of D) - Days``, so a backfill of an old
-day deletes a subset of what today's run would.
+day deletes a subset of what today's run would. ``now`` is the database server's clock
+(:func:`read_now`), whatever this host's says.
 """
 
 import datetime as dt
 
 import dagster as dg
+import sqlalchemy as sa
+from dagster._time import get_current_datetime
 
+from favorites_maintenance.retention.clock import ClockReading, read_clock
 from favorites_maintenance.retention.rule import compute_cutoff
 
 #: One partition per UTC day; the first is the day the pipeline went into service.
@@ -32,12 +36,26 @@ def is_current(partition_key: str | None, at: float) -> bool:
     return window_end.timestamp() >= at - CURRENT_PARTITION_LAG.total_seconds()
 
 
-def partition_cutoff(partition_key: str | None, retention_days: int,
-                     now: dt.datetime | None = None) -> dt.datetime:
+def read_now(database: sa.Engine | sa.Connection) -> ClockReading:
+    """The run's "now": the database server's clock (``database``: an engine, or a connection
+    read in its current transaction), read with this host's clock as Dagster reads it (the
+    clock that picks a schedule's partition) for comparison. The one source of "now" of the
+    job's ``compute_cutoff`` op, its checks, ``demo``, ``dry-run`` and
+    :mod:`favorites_maintenance.testing`; the reading's ``warning`` says when the two clocks
+    disagree (see :mod:`~favorites_maintenance.retention.clock`).
+
+    Raises:
+        ConnectError: the database could not be read.
+    """
+    return read_clock(database, process_clock=get_current_datetime)
+
+
+def partition_cutoff(partition_key: str | None, retention_days: int, *,
+                     now: dt.datetime) -> dt.datetime:
     """The cutoff of a run of daily partition ``partition_key`` (``None``: a run without a
-    partition) at ``now`` (default: the current instant): ``min(now, end of the day) -
-    retention_days``, a UTC datetime. The one computation of a run's cutoff: the job's
-    ``compute_cutoff`` op, ``demo`` and ``dry-run`` all come here (see
+    partition) at ``now`` (the database server's instant, :func:`read_now`): ``min(now, end of
+    the day) - retention_days``, a UTC datetime. The one computation of a run's cutoff: the
+    job's ``compute_cutoff`` op, its checks, ``demo`` and ``dry-run`` all come here (see
     :func:`~favorites_maintenance.retention.rule.compute_cutoff`).
 
     Raises:
@@ -49,16 +67,31 @@ def partition_cutoff(partition_key: str | None, retention_days: int,
             raise ValueError(f"{partition_key!r} is not a daily partition key (YYYY-MM-DD, "
                              f"from {daily_partitions.get_first_partition_key()} to yesterday)")
         window_end = daily_partitions.time_window_for_partition_key(partition_key).end
-    return compute_cutoff(now or dt.datetime.now(dt.timezone.utc), retention_days, window_end)
+    return compute_cutoff(now, retention_days, window_end)
+
+
+def run_now(context: dg.OpExecutionContext | dg.AssetCheckExecutionContext,
+            engine: sa.Engine) -> dt.datetime:
+    """The database's "now" for the run of ``context`` (:func:`read_now` on ``engine``), with a
+    warning in the run's log when this host's clock disagrees.
+
+    Raises:
+        ConnectError: the database could not be read.
+    """
+    reading = read_now(engine)
+    if reading.warning:
+        context.log.warning(reading.warning)
+    return reading.database
 
 
 def run_cutoff(context: dg.OpExecutionContext | dg.AssetCheckExecutionContext,
-               retention_days: int) -> dt.datetime:
-    """The cutoff of the run of ``context`` (see :func:`partition_cutoff`); a run of a range of
-    days (a single-run backfill) uses its last day."""
+               retention_days: int, now: dt.datetime) -> dt.datetime:
+    """The cutoff of the run of ``context`` at ``now`` (the database's, :func:`run_now`; see
+    :func:`partition_cutoff`); a run of a range of days (a single-run backfill) uses its last
+    day."""
     key = None
     if context.has_partition_key:
         key = context.partition_key
     elif getattr(context, "has_partition_key_range", False):
         key = context.partition_key_range.end
-    return partition_cutoff(key, retention_days)
+    return partition_cutoff(key, retention_days, now=now)

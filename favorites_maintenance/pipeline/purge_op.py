@@ -30,7 +30,7 @@ from favorites_maintenance.retention.database import (
     is_database_error,
     transient_error_kind,
 )
-from favorites_maintenance.retention.errors import BatchError, PurgeError, RetentionError
+from favorites_maintenance.retention.errors import PurgeError, RetentionError
 from favorites_maintenance.retention.purge import BatchResult, PurgeReport, StopReason
 from favorites_maintenance.retention.purge import purge as run_purge
 
@@ -41,7 +41,9 @@ PROGRESS_EVERY_S = 5.0
 
 
 class PurgeConfig(dg.Config):
-    """Run config of the purge op (``ops.<schema>__<name>_cleanup.ops.purge.config``).
+    """Run config of the ops that reach the favorites database: the purge op
+    (``ops.<schema>__<name>_cleanup.ops.purge.config``) and ``compute_cutoff``, which reads
+    the database's clock (``...ops.compute_cutoff.config``).
 
     Attributes:
         max_retries: retries of the op after a transient database error (connection lost,
@@ -51,6 +53,37 @@ class PurgeConfig(dg.Config):
 
     max_retries: int = Field(default=3, ge=0)
     retry_delay_seconds: float = Field(default=5.0, ge=0)
+
+
+def attempt_failed(context: dg.OpExecutionContext, config: PurgeConfig, policy: Policy,
+                   exc: BaseException, *, batch_no: int = 0,
+                   deleted_before: int = 0) -> dg.RetryRequested | None:
+    """Log the failure of this attempt of an op and say whether a retry follows.
+
+    A transient database error (see :func:`~favorites_maintenance.retention.database.
+    transient_error_kind`) with retries left is logged at WARNING as a retry, and the
+    ``RetryRequested`` to raise is returned: a run that then succeeds has no ERROR line of
+    ours. Any other failure is the run's: ``run failed: ...`` at ERROR, and ``None``.
+
+    Args:
+        batch_no: the batch (1-based) the failure came from; 0 before the first.
+        deleted_before: rows this attempt had deleted and committed.
+    """
+    database = _failed_database(exc, policy)
+    fields = (f"run_id={context.run_id} policy={policy.name} batch_no={batch_no} "
+              f"deleted_before={deleted_before} database={database} "
+              f"error={error_summary(exc)}")
+    if database != "dagster_storage":
+        name_database(exc, policy)
+    kind = transient_error_kind(exc)
+    if kind is not None and context.retry_number < config.max_retries:
+        wait = config.retry_delay_seconds * 2 ** context.retry_number
+        context.log.warning(f"transient database error ({kind}); retry "
+                            f"{context.retry_number + 1}/{config.max_retries} in {wait:g} s: "
+                            f"attempt {context.retry_number + 1} failed: {fields}")
+        return dg.RetryRequested(max_retries=config.max_retries, seconds_to_wait=wait)
+    context.log.error(f"run failed: {fields}")
+    return None
 
 
 def run_purge_op(context: dg.OpExecutionContext, config: PurgeConfig,
@@ -167,30 +200,22 @@ class PurgeStep:
         """Log the failure, record what stays deleted, and request a retry for a transient
         error with retries left (raises ``RetryRequested``); otherwise push the run's gauges
         and return, so the caller re-raises ``exc``."""
-        context, settings, config = self.context, self.settings, self.config
+        context, settings = self.context, self.settings
         failed_report = getattr(exc, "report", None) if isinstance(exc, PurgeError) else None
-        batch_no = exc.batch_no if isinstance(exc, BatchError) else 0
+        # BatchError, SkippedRowsError and NoProgressError name the batch; errors before the
+        # first batch (a standby, the table's shape) have none.
+        batch_no = getattr(exc, "batch_no", 0) if isinstance(exc, PurgeError) else 0
         deleted_before = failed_report.deleted_total if failed_report else 0
         earlier = _committed_by_earlier_attempts(context)  # before this attempt's record
-        database = _failed_database(exc, self.policy)
-        context.log.error(f"run failed: run_id={context.run_id} policy={self.policy.name} "
-                          f"batch_no={batch_no} deleted_before={deleted_before} "
-                          f"database={database} error={error_summary(exc)}")
-        if database != "dagster_storage":
-            name_database(exc, self.policy)
+        retry = attempt_failed(context, self.config, self.policy, exc, batch_no=batch_no,
+                               deleted_before=deleted_before)
         if deleted_before or (failed_report and failed_report.skipped_rows):
             # Those rows stay deleted: say so, and let a retry of this op count them.
             context.log_event(dg.AssetObservation(asset_key=self.asset_key, metadata={
                 **RunReport.of_purge(failed_report, settings).as_metadata(),
                 "failedBatch": batch_no, "attempt": context.retry_number + 1}))
-        kind = transient_error_kind(exc)
-        if kind is not None and context.retry_number < config.max_retries:
-            wait = config.retry_delay_seconds * 2 ** context.retry_number
-            context.log.warning(f"transient database error ({kind}); retry "
-                                f"{context.retry_number + 1}/{config.max_retries} "
-                                f"in {wait:g} s")
-            raise dg.RetryRequested(max_retries=config.max_retries,
-                                    seconds_to_wait=wait) from exc
+        if retry is not None:
+            raise retry from exc
         if self.metrics is not None:
             this = (RunReport.of_purge(failed_report, settings) if failed_report
                     else RunReport(deleted_total=0, batches=0))

@@ -116,6 +116,44 @@ def latest_current_success(instance: dg.DagsterInstance, asset_key: dg.AssetKey,
     return None
 
 
+def _number(value) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
+
+
+def _read_cursor(context: dg.SensorEvaluationContext,
+                 valid: Callable[[dict], bool]) -> dict | None:
+    """The sensor's cursor as the JSON object it writes (``valid`` says whether an object is
+    one), or ``None`` when there is none or it is not one: a cursor set by hand (``dagster
+    sensor cursor --set``) or left by an older sensor of the same name. A cursor that cannot be
+    read is treated as none (the lookup of a fresh deployment), with a warning in the tick's
+    log, so the tick succeeds, writes its own cursor and sends the alerts it owes instead of
+    failing on every tick."""
+    if not context.cursor:
+        return None
+    try:
+        state = json.loads(context.cursor)
+    except ValueError:
+        state = None
+    if isinstance(state, dict) and valid(state):
+        return state
+    shown = context.cursor if len(context.cursor) <= 80 else context.cursor[:77] + "..."
+    context.log.warning(f"cursor {shown!r} is not one this sensor writes; treated as none, "
+                        "as on a fresh deployment")
+    return None
+
+
+def _stale_cursor(state: dict) -> bool:
+    # "firstSeen": cursors written before the clock remembered the last success.
+    return ((_number(state.get("since")) or _number(state.get("firstSeen")))
+            and all(state.get(k) is None or _number(state[k])
+                    for k in ("lastSuccess", "alertedAt")))
+
+
+def _tick_failure_cursor(state: dict) -> bool:
+    return "failingSince" in state and (state["failingSince"] is None
+                                        or _number(state["failingSince"]))
+
+
 def build_stale_sensor(policy: Policy, stale_after: dt.timedelta | None = None,
                        clock: Callable[[], float] = time.time) -> dg.SensorDefinition:
     """The staleness sensor of ``policy`` (``<name>_cleanup_stale_sensor``) for a threshold of
@@ -124,8 +162,9 @@ def build_stale_sensor(policy: Policy, stale_after: dt.timedelta | None = None,
     Alerts once per episode when no current success happened for ``stale_after``, and sends a
     resolution message when one returns. The clock starts at the last current success in the
     instance's history, however old; a tick without a cursor (a new deployment, a reset or
-    renamed sensor, a migrated instance) looks it up, and only when there never was one does
-    the clock start at that tick, so a fresh deployment alerts only after ``stale_after``.
+    renamed sensor, a migrated instance), or with one it cannot read (set by hand, left by an
+    older sensor of the same name), looks it up, and only when there never was one does the
+    clock start at that tick, so a fresh deployment alerts only after ``stale_after``.
 
     Args:
         policy: whose cleanup asset is watched.
@@ -149,10 +188,9 @@ def build_stale_sensor(policy: Policy, stale_after: dt.timedelta | None = None,
     )
     def stale_sensor(context: dg.SensorEvaluationContext, alerts: AlertSink):
         now = clock()
-        if context.cursor:
-            state = json.loads(context.cursor)
-            # "firstSeen": cursors written before the clock remembered the last success.
-            since = state.get("since", state.get("firstSeen", now))
+        state = _read_cursor(context, _stale_cursor)
+        if state is not None:
+            since = state["since"] if _number(state.get("since")) else state["firstSeen"]
             last = state.get("lastSuccess")
             alerted_at = state.get("alertedAt")
             recent = last_current_success(context.instance, asset_key, now, stale_after)
@@ -257,7 +295,7 @@ def build_tick_failure_sensor(policy: Policy) -> dg.SensorDefinition:
 
         Reads the newest finished tick of the schedule from the instance: one indexed query, however
         long the tick history. The cursor is JSON ``{"failingSince": epoch_s | null}``, the first
-        failed tick of the episode already alerted.
+        failed tick of the episode already alerted; a cursor it cannot read counts as none.
         """
         state = _schedule_state(context, schedule)
         ticks = [] if state is None else context.instance.get_ticks(
@@ -266,7 +304,8 @@ def build_tick_failure_sensor(policy: Policy) -> dg.SensorDefinition:
         if not ticks:
             return dg.SkipReason(f"{schedule} has no finished tick yet")
         [tick] = ticks
-        failing_since = json.loads(context.cursor).get("failingSince") if context.cursor else None
+        state = _read_cursor(context, _tick_failure_cursor)
+        failing_since = state["failingSince"] if state is not None else None
         if tick.status == TickStatus.FAILURE and failing_since is None:
             alerts.send(f"{schedule}: the tick at {_utc(tick.timestamp)} failed and started no "
                         f"cleanup run: {_error_summary(tick)}", log=context.log)

@@ -14,6 +14,7 @@ import sqlalchemy as sa
 from favorites_maintenance.retention.database import limit_transaction
 from favorites_maintenance.retention.errors import BacklogError, describe
 from favorites_maintenance.retention.rule import GUEST_FAVORITES, RetentionRule
+from favorites_maintenance.retention.unreadable import count_around_unreadable
 
 
 @dataclass(frozen=True)
@@ -38,7 +39,10 @@ def measure_backlog(engine: sa.Engine, cutoff: dt.datetime,
     (``lock_timeout`` 2 s, ``statement_timeout`` 30 s, or the session's shorter limits).
 
     Served by the rule's partial index (``(updated_at, id) WHERE user_id IS NULL`` for the
-    guest-favorites rule) when it exists.
+    guest-favorites rule) when it exists. When the count fails on a row this role cannot read
+    (a row-level security policy raising for it, a row the purge skips), it is counted around
+    such rows (:func:`~favorites_maintenance.retention.unreadable.count_around_unreadable`),
+    each counted as one.
 
     Raises:
         BacklogError: the database failed (described without private data).
@@ -46,9 +50,18 @@ def measure_backlog(engine: sa.Engine, cutoff: dt.datetime,
     """
     stmt = sa.select(sa.func.count(), sa.func.min(rule.age)).where(rule.prunable(cutoff))
     try:
-        with engine.begin() as conn:
-            limit_transaction(conn)  # never queue without limit behind a migration's lock
-            remaining, oldest = conn.execute(stmt).one()
+        with engine.connect() as conn:
+            try:
+                with conn.begin():
+                    limit_transaction(conn)  # never queue without limit behind a migration
+                    remaining, oldest = conn.execute(stmt).one()
+            except sa.exc.DBAPIError as exc:
+                error = describe(exc)
+                counted = (count_around_unreadable(conn, rule, cutoff) if error.row_level
+                           else None)
+                if counted is None:
+                    raise BacklogError(error) from None
+                remaining, oldest = counted
     except sa.exc.DBAPIError as exc:
         raise BacklogError(describe(exc)) from None
     return Backlog(cutoff=cutoff, remaining=remaining, oldest_age=oldest)

@@ -39,10 +39,18 @@ batch held. Before batches, at a bounded rate, the database's health is read
 (:mod:`~favorites_maintenance.retention.health`: replication lag, a VACUUM on the table, WAL
 rate); while an indicator is over its threshold the purge pauses with no transaction open.
 
-A batch that fails on a row-level error is split in halves from the same keyset position, each
-in its own transaction, down to single rows; a single row that still fails is skipped for the
-run. Why a run that deletes nothing, or far less than it selects, fails:
+A batch that fails on a row-level error, or that ``statement_timeout`` cancels, is split in
+halves from the same keyset position, each in its own transaction, down to single rows; a single
+row that still fails is skipped for the run (one whose very lookup fails, a row-level security
+policy raising for it, is located without being read: :mod:`~favorites_maintenance.retention.
+unreadable`). After a statement timeout the batches stay at a size that took about
+:data:`TIMEOUT_AIM` of the time the cancelled batch ran, judged again after every batch. Why a run
+that deletes nothing, or far less than it selects, fails:
 :mod:`~favorites_maintenance.retention.diagnosis`.
+
+Before each batch commits, one catalog read tells whether the table's columns changed since the
+table was checked (a migration between two batches); if they did, the table is checked again
+and a shape the rule cannot use rolls the batch back and ends the run.
 """
 
 from __future__ import annotations
@@ -65,6 +73,7 @@ from favorites_maintenance.retention.diagnosis import (
     NO_PROGRESS_SAMPLE,
     SWALLOWED,
     check_zero_progress,
+    delete_work,
     no_progress,
 )
 from favorites_maintenance.retention.errors import (
@@ -74,7 +83,9 @@ from favorites_maintenance.retention.errors import (
     ErrorKind,
     InvalidArgumentError,
     SkippedRowsError,
+    TableChangedError,
     TableCheckError,
+    TableShapeError,
     describe,
 )
 from favorites_maintenance.retention.health import HealthLimits, HealthMonitor, LockWatch, Outcome
@@ -84,9 +95,12 @@ from favorites_maintenance.retention.spans import BatchSpans
 from favorites_maintenance.retention.statements import (
     BatchStatements,
     assert_primary,
+    assert_triggers_fire,
     match_by_ctid,
+    table_shape,
 )
 from favorites_maintenance.retention.table_check import check_table
+from favorites_maintenance.retention.unreadable import locate_unreadable_row
 
 # The purge's log lines keep the purge's logger name, whichever module writes them.
 log = logging.getLogger("favorites_maintenance.retention.purge")
@@ -111,6 +125,10 @@ _MOVED_ROW_RETRIES = 5
 
 #: Runs of the same batch after a stale statement before the error is raised.
 _STALE_RETRIES = 3
+
+#: After a batch ran past ``statement_timeout``, batches aim at this share of the time it ran:
+#: enough margin that the next batch, a little slower, still finishes.
+TIMEOUT_AIM = 0.5
 
 #: Another session holds a row, or moved it to another partition since it was read.
 _CONFLICT_KINDS = frozenset({ErrorKind.LOCK_NOT_AVAILABLE, ErrorKind.SERIALIZATION_FAILURE})
@@ -187,7 +205,13 @@ class BatchLoop:
         self.sizes = BatchSizeController(options.batch_size,
                                          options.batch_size_max or options.batch_size,
                                          options.target_batch_duration)
-        self.size = self.sizes.size  # below sizes.size while failed batches are split
+        self.size = self.sizes.size  # below _full_size() while failed batches are split
+        # After a batch ran past statement_timeout: the largest batch expected to finish
+        # within it, and how long the cancelled batch ran, seconds.
+        self.timeout_cap: int | None = None
+        self.timeout_s = 0.0
+        self.delete_work: str | None = None  # what a delete fires, read at the first timeout
+        self.shape: tuple | None = None  # the table's columns as checked (table_shape)
         # Asked just before a batch's commit: always when the batch is slow, else at a
         # bounded rate.
         self.lock_watch = (LockWatch(slow_after=self.sizes.target_s / 2)
@@ -240,11 +264,13 @@ class BatchLoop:
                            **(_health_report(self.monitor) if self.monitor is not None else {}))
 
     def _prepare(self) -> None:
-        """Refuse a standby, check the table's shape, and build the run's statements."""
+        """Refuse a standby and a session whose triggers do not fire, check the table's shape,
+        and build the run's statements."""
         conn, rule, options = self.conn, self.rule, self.options
         try:
             assert_primary(conn)
-            conn.rollback()  # end the autobegun transaction of the check
+            assert_triggers_fire(conn)
+            conn.rollback()  # end the autobegun transaction of the checks
         except sa.exc.DBAPIError as exc:
             raise _connect_error(exc) from None
         try:
@@ -253,10 +279,13 @@ class BatchLoop:
                 limit_transaction(conn, lock_timeout=options.lock_timeout,
                                   statement_timeout=options.statement_timeout)
                 findings = check_table(conn, rule)
+                self.shape = table_shape(conn, rule)
                 by_ctid = match_by_ctid(conn, rule)
         except sa.exc.DBAPIError as exc:
             error = describe(exc)
-            log.error("could not check the table before the first batch: %s", error)
+            # WARNING, as every line of the core about a failure: whether the run failed (or
+            # a retry follows) is its caller's to say.
+            log.warning("could not check the table before the first batch: %s", error)
             raise TableCheckError(error, rule.qualified_name) from None
         for warning in findings.warnings:
             log.warning("%s", warning)
@@ -302,7 +331,8 @@ class BatchLoop:
         except sa.exc.DBAPIError as exc:
             error = describe(exc)
             span.failed(error)
-            self._on_error(error, limit, fast)  # raises unless the run goes on
+            # raises unless the run goes on
+            self._on_error(error, limit, fast, time.monotonic() - t0)
             return False
         finally:
             span.end()  # any other exception: the span still ends
@@ -314,7 +344,14 @@ class BatchLoop:
         # matches (the form every later batch falls back to), so row-level security
         # without an UPDATE policy fails the run at once rather than under contention.
         return (self.options.optimistic and self.after is not None and limit > 1
-                and self.size == self.sizes.size and not self.locking_left)
+                and self.size == self._full_size() and not self.locking_left)
+
+    def _full_size(self) -> int:
+        """The size of a batch when no failed batch is being split: the size controller's,
+        under the cap a statement timeout set."""
+        if self.timeout_cap is None:
+            return self.sizes.size
+        return min(self.sizes.size, self.timeout_cap)
 
     def _transaction(self, statement: sa.Select, limit: int, fast: bool,
                      t0: float) -> tuple[sa.Row, int]:
@@ -334,14 +371,41 @@ class BatchLoop:
             row = conn.execute(statement, {**(self.after or {}), "batch_size": limit}).one()
             if fast and row.deleted < row.selected:
                 tx.rollback()  # a row moved or was held: the locking form decides
+            if tx.is_active:
+                # After the statement, which holds the table's lock: no migration can commit
+                # between what this reads and what the batch ran against.
+                self._check_shape(conn)
             if tx.is_active and self.lock_watch is not None and self.lock_watch.due(
                     time.monotonic() - t0):
                 waiters = self.lock_watch.waiters(conn)
         return row, waiters
 
-    def _on_error(self, error: ErrorDescription, limit: int, fast: bool) -> None:
-        """A batch of ``limit`` rows failed and was rolled back: arrange to take it again,
-        split it or skip its row, or raise :class:`BatchError`."""
+    def _check_shape(self, conn: sa.Connection) -> None:
+        """Inside the batch transaction: check the table again if its columns changed since
+        it was checked; raise :class:`TableChangedError` (the batch rolls back) when the rule
+        can no longer use it."""
+        shape = table_shape(conn, self.rule)
+        if shape == self.shape:
+            return
+        try:
+            findings = check_table(conn, self.rule)
+        except TableShapeError as exc:
+            message = (f"{self.rule.qualified_name} changed during the run: batch "
+                       f"{self.batch_no} was rolled back and no batch follows "
+                       f"({self.deleted_total} rows deleted before stay deleted): {exc}")
+            log.warning("%s", message)
+            raise TableChangedError(message, exc.column, self.batch_no,
+                                    self.report(StopReason.EXHAUSTED)) from None
+        self.shape = shape
+        log.info("%s changed during the run; checked again at batch %d: the rule can still "
+                 "use it", self.rule.qualified_name, self.batch_no)
+        for warning in findings.warnings:
+            log.warning("%s", warning)
+
+    def _on_error(self, error: ErrorDescription, limit: int, fast: bool,
+                  elapsed: float) -> None:
+        """A batch of ``limit`` rows failed after ``elapsed`` seconds and was rolled back:
+        arrange to take it again, split it or skip its row, or raise :class:`BatchError`."""
         if fast and error.kind in _CONFLICT_KINDS:
             # Another session holds a row of the batch, or moved it to another partition
             # meanwhile: take the batch again with SKIP LOCKED, and keep to that form for a while.
@@ -355,9 +419,12 @@ class BatchLoop:
             self._retry_stale(error)
             return
         self.stale_retries = 0
+        if error.kind is ErrorKind.STATEMENT_TIMEOUT and self._isolate(error, limit):
+            self._cap_after_timeout(limit, elapsed)
+            return
         if error.row_level and self._isolate(error, limit):
             return
-        log.error("batch %d failed and was rolled back: %s", self.batch_no, error)
+        log.warning("batch %d failed and was rolled back: %s", self.batch_no, error)
         raise BatchError(self.batch_no, self.report(StopReason.EXHAUSTED), error) from None
 
     def _lock_from_now(self) -> None:
@@ -382,13 +449,20 @@ class BatchLoop:
         self.conn = _reconnect(self.engine, self.conn)
 
     def _isolate(self, error: ErrorDescription, limit: int) -> bool:
-        """A batch of ``limit`` rows failed on a row-level error: split it, or skip its one
-        row; whether the run goes on (not when a one-row batch failed before naming its row)."""
-        if self.size < self.sizes.size:
+        """A batch of ``limit`` rows failed on a row-level error or a statement timeout: split
+        it, or skip its one row; whether the run goes on (not when a one-row batch failed
+        before naming its row, and the row could not be located either)."""
+        if self.size < self._full_size():
             self.isolation_batches += 1
         if limit > 1:
             self._split(error, limit)
             return True
+        if self.row_key is None and error.row_level:
+            # The lookup of the row failed itself (a row-level security policy raising for
+            # it): find the row without reading it.
+            found = locate_unreadable_row(self.conn, self.rule, self.cutoff, self.after)
+            if found is not None:
+                self.row_key = _Candidate(key=found[1], age=found[0])
         if self.row_key is not None:
             self._skip_row(error)
             return True
@@ -397,15 +471,47 @@ class BatchLoop:
     def _split(self, error: ErrorDescription, limit: int) -> None:
         # The same keyset position, half the rows, own transaction.
         self.size = max(1, limit // 2)
-        log.info("batch %d failed on a row-level error (%s); splitting it into "
-                 "batches of %d rows", self.batch_no, error.cause, self.size)
+        what = ("ran past statement_timeout" if error.kind is ErrorKind.STATEMENT_TIMEOUT
+                else f"failed on a row-level error ({error.cause})")
+        log.info("batch %d %s; splitting it into batches of %d rows", self.batch_no, what,
+                 self.size)
+
+    def _cap_after_timeout(self, limit: int, elapsed: float) -> None:
+        """A batch of ``limit`` rows ran ``elapsed`` seconds, past ``statement_timeout``:
+        later batches stay below it (see :meth:`_follow_timeout`)."""
+        if limit == 1:
+            return  # that row's own cost, skipped: no reason to shrink the others
+        if self.timeout_cap is None:
+            log.warning("batch %d ran past statement_timeout (%.1f s) and was rolled back: its "
+                        "rows are taken again in smaller batches, down to one row; a row "
+                        "whose delete alone runs past it is skipped", self.batch_no, elapsed)
+        self.timeout_cap = min(self.timeout_cap or limit, max(1, limit // 2))
+        self.timeout_s = max(self.timeout_s, elapsed)
+
+    def _follow_timeout(self, selected: int, elapsed: float) -> None:
+        """After a statement timeout: the cap for the next batch, from the time this one of
+        ``selected`` rows took (aiming at :data:`TIMEOUT_AIM` of the cancelled batch's time,
+        growing at most twofold); lifted once it reaches the controller's size."""
+        aimed = selected * TIMEOUT_AIM * self.timeout_s / elapsed if elapsed > 0 else selected * 2
+        cap = max(1, int(min(aimed, selected * 2)))
+        self.timeout_cap = None if cap >= self.sizes.size else cap
 
     def _skip_row(self, error: ErrorDescription) -> None:
         """Skip the one row of a failed one-row batch and go on past it."""
         key = self.row_key
-        self._skip(1, error.cause, key.key)
+        self._skip(1, self._cause(error), key.key)
         self._check_skipped()
         self.after = {"after_age": key.age, "after_key": key.key}
+
+    def _cause(self, error: ErrorDescription) -> str:
+        """Why a row is skipped: the error's cause, and for a statement timeout what the row's
+        delete fires (foreign keys, triggers: schema objects, never values)."""
+        if error.kind is not ErrorKind.STATEMENT_TIMEOUT:
+            return error.cause
+        if self.delete_work is None:
+            self.delete_work = delete_work(self.conn, self.rule.qualified_name)
+        return (f"{error.cause}: deleting this one row takes longer than statement_timeout"
+                + (f" ({self.delete_work})" if self.delete_work else ""))
 
     def _on_success(self, row: sa.Row, limit: int, fast: bool, waiters: int,
                     t0: float) -> bool:
@@ -415,7 +521,7 @@ class BatchLoop:
         if fast and row.deleted < row.selected:
             self._lock_from_now()  # rolled back: the locking form takes the batch again
             return False
-        if self.locking_left and self.size == self.sizes.size:
+        if self.locking_left and self.size == self._full_size():
             self.locking_left -= 1
         elapsed = time.monotonic() - t0
         self.batch_max_s = max(self.batch_max_s, elapsed)
@@ -441,17 +547,21 @@ class BatchLoop:
     def _resize(self, selected: int, limit: int, waiters: int, elapsed: float) -> None:
         """The size of the next batch, after one of ``limit`` rows that selected ``selected``
         in ``elapsed`` seconds while ``waiters`` sessions waited on its locks."""
-        if self.size < self.sizes.size:
+        if self.timeout_cap is not None and selected:
+            self._follow_timeout(selected, elapsed)
+        if self.size < self._full_size():
             self.isolation_batches += 1
             # A piece went through: grow back toward the adaptive size (which does not
             # change while a failed batch is split).
-            self.size = min(self.sizes.size, self.size * 2)
+            self.size = min(self._full_size(), self.size * 2)
         elif selected >= limit and not waiters:
-            self.size = self.sizes.after_batch(selected, elapsed)
+            self.sizes.after_batch(selected, elapsed)
+            self.size = self._full_size()
         elif selected >= limit:
             # Someone waited on this batch's locks: whatever its time, the next is smaller.
             self.lock_waits += 1
-            self.size = self.sizes.lock_waiters(waiters)
+            self.sizes.lock_waiters(waiters)
+            self.size = self._full_size()
             log.info("batch %d held a lock %d other sessions waited on; next batch %d rows",
                      self.batch_no, waiters, self.size)
 
@@ -463,7 +573,7 @@ class BatchLoop:
             # enough rows were selected, or at the end of the run.
             if self.selected_total >= max(self.options.batch_size, NO_PROGRESS_SAMPLE):
                 raise no_progress(self.conn, self.rule, self.report(StopReason.EXHAUSTED),
-                                  self.selected_total)
+                                  self.selected_total, batch_no=self.batch_no)
         else:
             self._check_skipped()
 
@@ -489,22 +599,31 @@ class BatchLoop:
                 f"the last {self.failed_in_a_row} prunable rows the purge tried all failed, "
                 f"with nothing deleted between them ({self.deleted_total} rows deleted "
                 f"before): the table looks blocked: {_causes_text(self.causes)}",
-                self.report(StopReason.EXHAUSTED)) from None
+                self.report(StopReason.EXHAUSTED), self.batch_no) from None
         if self.skipped > self.options.max_skipped_rows:
             raise SkippedRowsError(
                 f"more than {self.options.max_skipped_rows} prunable rows could not be deleted "
                 f"in one run ({self.deleted_total} were): {_causes_text(self.causes)}",
-                self.report(StopReason.EXHAUSTED)) from None
+                self.report(StopReason.EXHAUSTED), self.batch_no) from None
 
     def _finish(self) -> PurgeReport:
         """The last batch came back less than full: judge the run's progress, and report."""
         final = self.report(StopReason.EXHAUSTED)
         if self.deleted_total * 2 < self.selected_total:
-            raise no_progress(self.conn, self.rule, final, self.selected_total)
+            raise no_progress(self.conn, self.rule, final, self.selected_total,
+                              batch_no=self.batch_no)
         if not self.selected_total:
             check_zero_progress(self.conn, self.rule, self.cutoff, final,
-                                self.options.batch_size)
+                                self.options.batch_size, batch_no=self.batch_no)
         return final
+
+
+@dataclass(frozen=True)
+class _Candidate:
+    """A one-row batch's row located without reading it (as the next-key lookup's row)."""
+
+    key: object
+    age: dt.datetime
 
 
 def _health_report(monitor: HealthMonitor) -> dict:
@@ -533,5 +652,5 @@ def _reconnect(engine: sa.Engine, conn: sa.Connection) -> sa.Connection:
 
 def _connect_error(exc: sa.exc.DBAPIError) -> ConnectError:
     error = describe(exc)
-    log.error("no session on the favorites database: %s", error)
+    log.warning("no session on the favorites database: %s", error)
     return ConnectError(error)

@@ -23,6 +23,8 @@ from favorites_maintenance.retention.rule import RetentionRule
 from favorites_maintenance.retention.statements import (
     BEFORE_DELETE_TRIGGERS,
     DELETE_RULES,
+    DELETE_TRIGGERS,
+    REFERENCING_KEYS,
     REPEATABLE_READ,
     ROW_SECURITY,
     candidate_keys,
@@ -46,7 +48,7 @@ _HELD_KINDS = frozenset({ErrorKind.LOCK_NOT_AVAILABLE, ErrorKind.SERIALIZATION_F
 
 
 def check_zero_progress(conn: sa.Connection, rule: RetentionRule, cutoff: dt.datetime,
-                        report: PurgeReport, sample: int) -> None:
+                        report: PurgeReport, sample: int, batch_no: int = 0) -> None:
     """The purge locked no row: tell "every candidate is held by another session" (a backlog
     for the next run) from "the rule matches rows this role cannot lock" (a failure).
 
@@ -62,6 +64,7 @@ def check_zero_progress(conn: sa.Connection, rule: RetentionRule, cutoff: dt.dat
         rule, cutoff: the purge's rule and cutoff (a timezone-aware UTC instant).
         report: the report of the run, carried by the error.
         sample: how many candidates to look at, rows (the run's first batch size).
+        batch_no: the run's last batch, carried by the error.
 
     Raises:
         NoProgressError: candidates are visible and none is held by another session, yet none
@@ -90,15 +93,17 @@ def check_zero_progress(conn: sa.Connection, rule: RetentionRule, cutoff: dt.dat
     if locked:
         return  # released since the batch ran: the next run takes them
     raise no_progress(conn, rule, report, visible, locked_none=True,
-                      at_least=visible >= sample)
+                      at_least=visible >= sample, batch_no=batch_no)
 
 
 def no_progress(conn: sa.Connection, rule: RetentionRule, report: PurgeReport, matched: int,
-                *, locked_none: bool = False, at_least: bool = False) -> NoProgressError:
-    """The :class:`NoProgressError` (logged at ERROR, returned for the caller to raise) of a run
-    that selected ``matched`` rows but deleted at most half of them, or, with ``locked_none``,
-    whose rule matches ``matched`` unheld rows (``at_least``: that many or more) it could not
-    lock. Names what on the table can swallow deletes (:func:`swallowing_mechanisms`)."""
+                *, locked_none: bool = False, at_least: bool = False,
+                batch_no: int = 0) -> NoProgressError:
+    """The :class:`NoProgressError` (logged at WARNING: the caller logs the run's failure;
+    returned for the caller to raise) of a run that selected ``matched`` rows but deleted at
+    most half of them by batch ``batch_no``, or, with ``locked_none``, whose rule matches
+    ``matched`` unheld rows (``at_least``: that many or more) it could not lock. Names what on
+    the table can swallow deletes (:func:`swallowing_mechanisms`)."""
     table = rule.qualified_name
     causes = swallowing_mechanisms(conn, table)
     if locked_none:
@@ -113,8 +118,8 @@ def no_progress(conn: sa.Connection, rule: RetentionRule, report: PurgeReport, m
                f"policy for the job's role, and DELETE a DELETE policy: see "
                f"docs/production-databases.md); a BEFORE DELETE trigger that returns NULL; a rule "
                f"that does not fit the table.")
-    log.error("%s", message)
-    return NoProgressError(message, report, tuple(causes))
+    log.warning("%s", message)
+    return NoProgressError(message, report, tuple(causes), batch_no)
 
 
 def swallowing_mechanisms(conn: sa.Connection, table: str) -> list[str]:
@@ -135,3 +140,31 @@ def swallowing_mechanisms(conn: sa.Connection, table: str) -> list[str]:
     found += [f"BEFORE DELETE trigger {name}" for name in triggers]
     found += [f"DELETE rule {name}" for name in rules]
     return found
+
+
+_ON_DELETE = {"a": "NO ACTION", "r": "RESTRICT", "c": "CASCADE", "n": "SET NULL",
+              "d": "SET DEFAULT"}
+
+
+def delete_work(conn: sa.Connection, table: str) -> str:
+    """What deleting one row of ``table`` (``schema.table``) makes PostgreSQL do besides: the
+    foreign keys referencing it, with their ``ON DELETE`` action, and its DELETE triggers,
+    named (schema objects, never values); ``""`` when there is none or they cannot be read.
+    Why a delete runs past ``statement_timeout`` is usually there (a cascade over many
+    children, a child table without an index on its key, a slow trigger)."""
+    try:
+        with conn.begin():
+            keys = conn.execute(REFERENCING_KEYS, {"t": table}).all()
+            triggers = conn.execute(DELETE_TRIGGERS, {"t": table}).all()
+    except sa.exc.DBAPIError as exc:
+        log.warning("could not read what a delete from %s fires: %s", table, describe(exc))
+        return ""
+    parts = []
+    if keys:
+        parts.append("foreign keys " + ", ".join(
+            f"{name} on {child} (ON DELETE {_ON_DELETE.get(action, action)})"
+            for name, child, action in keys))
+    if triggers:
+        parts.append("DELETE triggers " + ", ".join(
+            f"{name} ({function})" for name, function in triggers))
+    return "; ".join(parts)

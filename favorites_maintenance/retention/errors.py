@@ -53,10 +53,12 @@ class ErrorKind(str, enum.Enum):
     AUTHENTICATION_FAILED = "authentication_failed"
     UNKNOWN_DATABASE = "unknown_database"
     CONNECTION_LOST = "connection_lost"
+    TLS_ERROR = "tls_error"  # client-side: a certificate refused, a TLS file missing
     TOO_MANY_CONNECTIONS = "too_many_connections"
     INSUFFICIENT_RESOURCES = "insufficient_resources"
     STALE_STATEMENT = "stale_statement"
     FEATURE_NOT_SUPPORTED = "feature_not_supported"
+    OBJECT_NOT_IN_PREREQUISITE_STATE = "object_not_in_prerequisite_state"
     RESTRICT_VIOLATION = "restrict_violation"
     FOREIGN_KEY_VIOLATION = "foreign_key_violation"
     NOT_NULL_VIOLATION = "not_null_violation"
@@ -107,6 +109,9 @@ _KINDS: dict[str, ErrorKind] = {
     # A feature the statement needs is refused for this table (e.g. a DELETE rule, which
     # PostgreSQL does not apply to a DELETE ... RETURNING in WITH).
     "0A000": ErrorKind.FEATURE_NOT_SUPPORTED,
+    # A table the statement needs is not in the state it requires, e.g. one in a publication
+    # that publishes deletes and has no replica identity: PostgreSQL refuses every DELETE.
+    "55000": ErrorKind.OBJECT_NOT_IN_PREREQUISITE_STATE,
     # Row-level errors: one row of a batch cannot be deleted (a foreign key, a trigger, a
     # cascade into another table); the rest of the batch could.
     "23001": ErrorKind.RESTRICT_VIOLATION,
@@ -133,8 +138,10 @@ _SAFE_MESSAGE_KINDS = frozenset({
     ErrorKind.PERMISSION_DENIED, ErrorKind.UNDEFINED_TABLE, ErrorKind.UNDEFINED_COLUMN,
     ErrorKind.UNDEFINED_SCHEMA, ErrorKind.DEADLOCK_DETECTED, ErrorKind.SERIALIZATION_FAILURE,
     ErrorKind.READ_ONLY, ErrorKind.AUTHENTICATION_FAILED, ErrorKind.UNKNOWN_DATABASE,
-    ErrorKind.CONNECTION_LOST, ErrorKind.TOO_MANY_CONNECTIONS, ErrorKind.INSUFFICIENT_RESOURCES,
+    ErrorKind.CONNECTION_LOST, ErrorKind.TLS_ERROR, ErrorKind.TOO_MANY_CONNECTIONS,
+    ErrorKind.INSUFFICIENT_RESOURCES,
     ErrorKind.STALE_STATEMENT, ErrorKind.FEATURE_NOT_SUPPORTED,
+    ErrorKind.OBJECT_NOT_IN_PREREQUISITE_STATE,
     ErrorKind.RESTRICT_VIOLATION, ErrorKind.FOREIGN_KEY_VIOLATION, ErrorKind.NOT_NULL_VIOLATION,
     ErrorKind.CHECK_VIOLATION, ErrorKind.EXCLUSION_VIOLATION,
     ErrorKind.INTEGRITY_CONSTRAINT_VIOLATION,
@@ -146,6 +153,14 @@ _SAFE_MESSAGE_KINDS = frozenset({
 ROW_LEVEL_CLASSES = frozenset({"23", "22", "P0", "09", "27", "2F", "38", "39"})
 
 _ROUTINE = re.compile(r"PL/pgSQL function ([^\s(]+)\(")
+
+#: libpq's words for a TLS session that cannot be set up: a server certificate refused (another
+#: authority, another host name, expired), a certificate or key file of the URL missing, no
+#: protocol in common. The same connection fails the same way until the URL or the server's
+#: certificate changes, unlike a connection lost mid-session over TLS ("SSL SYSCALL error",
+#: "SSL connection has been closed unexpectedly").
+_TLS_FAILURE = re.compile(r"certificate|does not match host name|ssl(v3)? alert|tlsv1(\.\d)? "
+                          r"alert|private key file|SSL support is not compiled", re.IGNORECASE)
 
 #: Kinds worth retrying as they are: the same statement may well succeed a moment later.
 TRANSIENT_KINDS = frozenset({
@@ -248,7 +263,8 @@ def describe(exc: BaseException) -> ErrorDescription:
     elif _is_disconnect(exc, orig):
         # libpq's own text ("server closed the connection unexpectedly", "connection to server
         # ... failed: Connection refused"): client-side, never row data nor a password.
-        kind = ErrorKind.CONNECTION_LOST
+        kind = (ErrorKind.TLS_ERROR if _TLS_FAILURE.search(str(orig))
+                else ErrorKind.CONNECTION_LOST)
         primary = _first_line(orig)
     objects = _schema_objects(diag)
     if kind is None:
@@ -372,6 +388,38 @@ class StandbyError(PurgeError):
     """The connection reached a hot standby (``pg_is_in_recovery()``); nothing was deleted."""
 
 
+class TableChangedError(PurgeError, TableShapeError):
+    """The table's shape changed during the run into one the rule cannot use (a migration
+    between two batches); the batch that met it was rolled back, earlier batches stay
+    committed.
+
+    Attributes:
+        column: the column at fault.
+        batch_no: the batch (1-based) that was rolled back.
+        report: what the run had committed before it.
+    """
+
+    def __init__(self, message: str, column: str | None, batch_no: int, report: PurgeReport):
+        TableShapeError.__init__(self, message, column)
+        self.batch_no = batch_no
+        self.report = report
+
+
+class ReplicationRoleError(PurgeError):
+    """The session runs with ``session_replication_role = replica``: no trigger and no foreign
+    key fires, so a DELETE would leave rows referencing a deleted row (``ON DELETE RESTRICT``)
+    and skip the cascades; nothing was deleted.
+
+    Attributes:
+        source: where the value comes from, as ``pg_settings.source`` says (``database``,
+            ``user``, ``database user``, ``client``, ``configuration file``, ...).
+    """
+
+    def __init__(self, message: str, source: str):
+        super().__init__(message)
+        self.source = source
+
+
 class BatchError(PurgeError, DatabaseError):
     """A batch transaction failed and was rolled back whole; earlier batches stay committed.
 
@@ -424,11 +472,13 @@ class SkippedRowsError(PurgeError):
 
     Attributes:
         report: what the run did, ``skipped_rows`` and ``skipped_causes`` included.
+        batch_no: the batch (1-based) whose outcome ended the run.
     """
 
-    def __init__(self, message: str, report: PurgeReport):
+    def __init__(self, message: str, report: PurgeReport, batch_no: int = 0):
         super().__init__(message)
         self.report = report
+        self.batch_no = batch_no
 
 
 class NoProgressError(PurgeError):
@@ -440,9 +490,12 @@ class NoProgressError(PurgeError):
         report: what the run did.
         causes: the mechanisms found on the table that can swallow deletes (row-level
             security, ``BEFORE DELETE`` triggers, rules), named; empty when none is visible.
+        batch_no: the batch (1-based) after which the run was judged.
     """
 
-    def __init__(self, message: str, report: PurgeReport, causes: tuple[str, ...]):
+    def __init__(self, message: str, report: PurgeReport, causes: tuple[str, ...],
+                 batch_no: int = 0):
         super().__init__(message)
         self.report = report
         self.causes = causes
+        self.batch_no = batch_no

@@ -69,17 +69,21 @@ def purge(
 ) -> PurgeReport:
     """Delete every prunable row older than ``cutoff``, one batch transaction at a time.
 
-    Before the first batch the table is checked (:func:`~favorites_maintenance.retention.
-    table_check.check_table`): a shape the rule cannot use is refused, a missing partial index
-    is logged as a warning.
+    Before the first batch the session and the table are checked (:func:`~favorites_maintenance.
+    retention.table_check.check_table`): a standby, ``session_replication_role = replica`` and a
+    shape the rule cannot use are refused, a missing or invalid partial index is logged as a
+    warning.
 
     A batch that fails on a row-level error (a foreign key ``RESTRICT``/``NO ACTION``, a
-    trigger that raises, a violation raised by a cascade) is run again in halves, each in its
-    own transaction, from the same keyset position, down to single rows; a single row that
-    still fails is skipped for this run (its key logged at WARNING when it is a number, never
-    another column) and the purge goes on past it. Rows a batch locked but whose DELETE had no
-    effect are skipped the same way. A batch that fails because a schema change made a
-    prepared statement or a cached plan stale is run again at once on a new connection.
+    trigger that raises, a violation raised by a cascade, a row-level security policy that
+    raises) or that ``statement_timeout`` cancels is run again in halves, each in its own
+    transaction, from the same keyset position, down to single rows; a single row that still
+    fails is skipped for this run (its key logged at WARNING when it is a number, never
+    another column) and the purge goes on past it. After a statement timeout, batches stay at a
+    size that fits the limit. Rows a batch locked but whose DELETE had no effect are skipped
+    the same way. A batch that fails because a schema change made a prepared statement or a
+    cached plan stale is run again at once on a new connection; a schema change that leaves a
+    shape the rule cannot use rolls the batch back and ends the run.
 
     Args:
         engine: engine on the favorites database (the primary).
@@ -120,15 +124,20 @@ def purge(
 
     Raises:
         StandbyError: the connection is on a hot standby; nothing was deleted.
+        ReplicationRoleError: the session's ``session_replication_role`` is ``replica``
+            (triggers and foreign keys off); nothing was deleted.
         ConnectError: no session could be opened (or checked); nothing was deleted.
         TableCheckError: the table's shape could not be read (a lock held past
             ``lock_timeout``, a lost connection); nothing was deleted.
-        TableShapeError: the table lacks a column the rule needs or has the wrong type;
-            nothing was deleted.
+        TableShapeError: the table lacks a column the rule needs or has the wrong type, or
+            PostgreSQL would refuse every DELETE on it (a publication without replica
+            identity); nothing was deleted. Its subclass :class:`TableChangedError`: the shape
+            changed so during the run; earlier batches stay committed.
         BatchError: a batch failed; it was rolled back, earlier batches stay committed. The
             database error is described in its ``error`` (never chained: see the class).
-        SkippedRowsError: :data:`BLOCKED_AFTER` candidates in a row failed (a blocked table),
-            or more than ``max_skipped_rows`` did.
+        SkippedRowsError: :data:`BLOCKED_AFTER` candidates in a row failed (a blocked table,
+            or rows none of which can be deleted within ``statement_timeout``), or more than
+            ``max_skipped_rows`` did.
         NoProgressError: the rule matches rows no other session holds, yet the batches deleted
             none of them or far fewer than they selected.
         InvalidArgumentError: ``batch_size``, ``max_run_duration`` or ``max_skipped_rows`` out

@@ -59,8 +59,8 @@ class PurgeReport:
         stop_reason: why it ended.
         batch_max_s: the longest batch transaction, in seconds (0.0 when none ran).
         skipped_rows: prunable rows left in place because deleting them failed on a row-level
-            error (a foreign key, a trigger, a cascade) or had no effect; the next run tries
-            them again.
+            error (a foreign key, a trigger, a cascade), ran past ``statement_timeout`` alone,
+            or had no effect; the next run tries them again.
         skipped_causes: one entry per distinct cause of the skipped rows, naming the
             constraint, trigger function and table involved (schema objects, never values).
         isolation_batches: transactions spent splitting failed batches to isolate those rows.

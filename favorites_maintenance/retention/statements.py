@@ -1,6 +1,7 @@
 """Every SQL statement the purge runs, built from the :class:`~favorites_maintenance.retention.
-rule.RetentionRule` with SQLAlchemy Core. Nothing here executes a statement except the two
-one-row catalog reads (:func:`assert_primary`, :func:`match_by_ctid`).
+rule.RetentionRule` with SQLAlchemy Core. Nothing here executes a statement except the
+one-row reads of the session and the catalogs (:func:`assert_primary`,
+:func:`assert_triggers_fire`, :func:`match_by_ctid`, :func:`table_shape`).
 
 Each batch is one statement, shown here for the guest-favorites rule (another rule names its
 own table, key, age and guard columns)::
@@ -59,7 +60,7 @@ from dataclasses import dataclass
 import sqlalchemy as sa
 from sqlalchemy.dialects.postgresql import TIMESTAMP
 
-from favorites_maintenance.retention.errors import StandbyError
+from favorites_maintenance.retention.errors import ReplicationRoleError, StandbyError
 from favorites_maintenance.retention.rule import RetentionRule
 
 
@@ -138,6 +139,12 @@ def _after_position(rule: RetentionRule) -> list[sa.ColumnElement[bool]]:
         rule.age >= after_age,
         sa.tuple_(rule.age, rule.key) > sa.tuple_(after_age, sa.bindparam("after_key")),
     ]
+
+
+def keyset_position(rule: RetentionRule) -> list[sa.ColumnElement[bool]]:
+    """The predicate "past the keyset position" of a batch, ``:after_age`` and ``:after_key``
+    bound (what every statement after the first batch adds)."""
+    return _after_position(rule)
 
 
 def next_key_statement(rule: RetentionRule, cutoff: dt.datetime, keyset: bool) -> sa.Select:
@@ -231,6 +238,22 @@ BEFORE_DELETE_TRIGGERS = sa.text(
     "AND NOT tgisinternal AND tgenabled <> 'D' AND tgtype & 11 = 11 "
     "ORDER BY tgname")
 
+#: Foreign keys referencing ``:t``: constraint and table (``schema.name``), ON DELETE action
+#: (``a`` no action, ``r`` restrict, ``c`` cascade, ``n`` set null, ``d`` set default).
+REFERENCING_KEYS = sa.text(
+    "SELECT format('%I.%I', cn.nspname, con.conname), format('%I.%I', tn.nspname, t.relname), "
+    "       con.confdeltype "
+    "FROM pg_constraint con JOIN pg_class t ON t.oid = con.conrelid "
+    "JOIN pg_namespace tn ON tn.oid = t.relnamespace "
+    "JOIN pg_namespace cn ON cn.oid = con.connamespace "
+    "WHERE con.contype = 'f' AND con.confrelid = to_regclass(:t) AND con.conparentid = 0 "
+    "ORDER BY 1")
+
+#: Enabled DELETE triggers of ``:t`` (any timing, row or statement): name, function.
+DELETE_TRIGGERS = sa.text(
+    "SELECT tgname, tgfoid::regprocedure::text FROM pg_trigger WHERE tgrelid = to_regclass(:t) "
+    "AND NOT tgisinternal AND tgenabled <> 'D' AND tgtype & 8 = 8 ORDER BY tgname")
+
 #: DELETE rules of ``:t`` by name.
 DELETE_RULES = sa.text(
     "SELECT rulename FROM pg_rewrite WHERE ev_class = to_regclass(:t) "
@@ -243,6 +266,63 @@ def assert_primary(conn: sa.Connection) -> None:
         raise StandbyError("the database connection reached a hot standby "
                            "(pg_is_in_recovery() is true); point the database's URL at the "
                            "primary")
+
+
+#: One row: the session's ``session_replication_role``, where it comes from, the database and
+#: the role (for the fix).
+_REPLICATION_ROLE = sa.text(
+    "SELECT setting, source, current_database(), current_user FROM pg_settings "
+    "WHERE name = 'session_replication_role'")
+
+#: How to undo ``session_replication_role = replica``, by where it was set
+#: (``pg_settings.source``); ``{db}`` and ``{role}`` are the session's.
+_REPLICATION_ROLE_FIX = {
+    "database": 'ALTER DATABASE "{db}" RESET session_replication_role',
+    "user": 'ALTER ROLE "{role}" RESET session_replication_role',
+    "database user": 'ALTER ROLE "{role}" IN DATABASE "{db}" RESET session_replication_role',
+    "client": "remove it from the options of FAVORITES_DATABASE_URL (or PGOPTIONS)",
+    "configuration file": "ALTER SYSTEM RESET session_replication_role, or remove it from "
+                          "postgresql.conf, then reload",
+}
+
+
+def assert_triggers_fire(conn: sa.Connection) -> None:
+    """Raise :class:`ReplicationRoleError` if the session's ``session_replication_role`` is
+    ``replica`` (set on the database, the role or the URL): triggers and foreign keys would not
+    fire, so the purge would delete rows that others still reference and skip their cascades.
+    """
+    setting, source, database, role = conn.execute(_REPLICATION_ROLE).one()
+    if setting != "replica":
+        return
+    fix = _REPLICATION_ROLE_FIX.get(source, "reset it where it is set").format(db=database,
+                                                                               role=role)
+    raise ReplicationRoleError(
+        f"session_replication_role is 'replica' for the job's sessions (set by: {source}): "
+        f"no trigger and no foreign key fires in that mode, so a DELETE would leave rows that "
+        f"reference a deleted row (ON DELETE RESTRICT) and skip its cascades. Nothing was "
+        f"deleted. Fix, as a superuser: {fix}", source)
+
+
+#: The catalog entries a table check reads, in one row (none for a missing table): the
+#: relation's kind, each rule column's name, type, modifier and NOT NULL, the validated CHECK
+#: constraints. A migration that changes any of them changes the row.
+_TABLE_SHAPE = sa.text(
+    "SELECT c.relkind, "
+    "       ARRAY(SELECT format('%s %s %s %s', a.attname, a.atttypid, a.atttypmod, a.attnotnull) "
+    "               FROM pg_attribute a WHERE a.attrelid = c.oid AND a.attnum > 0 "
+    "                AND NOT a.attisdropped AND a.attname = ANY(CAST(:columns AS text[])) "
+    "              ORDER BY a.attname), "
+    "       ARRAY(SELECT oid FROM pg_constraint WHERE conrelid = c.oid AND contype = 'c' "
+    "                AND convalidated ORDER BY oid) "
+    "  FROM pg_class c WHERE c.oid = to_regclass(:t)")
+
+
+def table_shape(conn: sa.Connection, rule: RetentionRule) -> tuple | None:
+    """What the table check of ``rule`` depends on, as comparable values (``None`` for a
+    missing table): one catalog read, cheap enough for every batch."""
+    columns = [rule.key.name, rule.age.name, *(c.name for c in rule.guards)]
+    row = conn.execute(_TABLE_SHAPE, {"t": rule.qualified_name, "columns": columns}).first()
+    return None if row is None else (row[0], tuple(row[1]), tuple(row[2]))
 
 
 def match_by_ctid(conn: sa.Connection, rule: RetentionRule) -> bool:

@@ -7,15 +7,23 @@ guest-favorites rule's columns name the roles (another rule names its own):
 - the age column ``updated_at`` is ``timestamp with time zone``. A ``timestamp without time
   zone`` compared with the UTC cutoff is converted with the session's ``TimeZone``, which moves
   the cutoff by the zone's offset (east of UTC, rows are deleted hours early): refused;
-- each guard column (``user_id``) exists and is nullable (a ``NOT NULL`` guard can never match, so
-  the job would delete nothing and look healthy): refused;
-- the key column ``id`` exists and is unique (a primary key, a unique constraint or a unique
-  index on it alone, or on ``(id, updated_at)`` as a table partitioned by ``updated_at`` must
-  have it): the keyset and the DELETE match rows by it, so a duplicate key could stand for
+- each guard column (``user_id``) exists and can be NULL (a ``NOT NULL`` guard, by the column,
+  a validated ``CHECK (user_id IS NOT NULL)`` or a ``NOT NULL`` domain, can never match, so the
+  job would delete nothing and look healthy): refused;
+- the key column ``id`` exists and is unique (a primary key, a unique constraint or a valid
+  unique index on it alone, or on ``(id, updated_at)`` as a table partitioned by ``updated_at``
+  must have it): the keyset and the DELETE match rows by it, so a duplicate key could stand for
   another row: refused;
+- the table, or a partition of it, is not in a logical-replication publication that publishes
+  deletes while it has no replica identity: PostgreSQL refuses every ``DELETE`` on it
+  (SQLSTATE 55000), so the job could never purge it: refused, naming the publication and the
+  ``REPLICA IDENTITY`` fix;
 - the recommended partial index exists (a plain index on ``(<age>, <key>)`` for a rule with no
   guard): without it each batch scans more than it deletes, so a warning with the ``CREATE
-  INDEX`` to run, not a failure.
+  INDEX`` to run, not a failure. An index left INVALID by a failed ``CREATE INDEX
+  CONCURRENTLY`` is maintained but never used, and ``CREATE INDEX ... IF NOT EXISTS`` skips
+  it: it counts for nothing (neither as that index nor as proof of a unique key), with a
+  warning to drop it and create it again.
 
 The catalogs are readable by every role, so the check needs no privilege the job lacks.
 """
@@ -94,10 +102,20 @@ def check_table(conn: sa.Connection, rule: RetentionRule = GUEST_FAVORITES) -> T
             f"TABLE {table} ALTER COLUMN {age_column} TYPE timestamptz USING {age_column} AT "
             f"TIME ZONE 'UTC' (if it holds UTC wall-clock times)", column=age_column)
 
+    checks = _not_null_checks(conn, rule)
     for guard in rule.guards:
-        if not column(guard.name)["nullable"]:
+        guard_column = column(guard.name)
+        guard_type = guard_column["type"]
+        why = None
+        if not guard_column["nullable"]:
+            why = "is NOT NULL"
+        elif guard.name in checks:
+            why = f"is NOT NULL by CHECK constraint {checks[guard.name]}"
+        elif isinstance(guard_type, DOMAIN) and guard_type.not_null:
+            why = f"is of domain {guard_type.name}, which is NOT NULL"
+        if why:
             raise TableShapeError(
-                f"{table}.{guard.name} is NOT NULL, so no row can ever be a guest row "
+                f"{table}.{guard.name} {why}, so no row can ever be a guest row "
                 f"({rule.guard_sql}): the table is not the one the rule is written for",
                 column=guard.name)
 
@@ -106,40 +124,169 @@ def check_table(conn: sa.Connection, rule: RetentionRule = GUEST_FAVORITES) -> T
             f"{table}.{key_column} is nullable: a row without a key can never be matched by the "
             f"purge's DELETE. Fix: ALTER TABLE {table} ALTER COLUMN {key_column} SET NOT NULL",
             column=key_column)
-    if not _is_unique(inspector, rule):
+    indexes = inspector.get_indexes(name, schema=schema)
+    invalid = [ix for ix in indexes if _invalid(ix)]
+    if not _is_unique(inspector, rule, [ix for ix in indexes if not _invalid(ix)]):
+        broken = [ix["name"] for ix in invalid if ix["unique"]
+                  and set(ix["column_names"]) in _key_sets(rule)]
         raise TableShapeError(
-            f"{table}.{key_column} is not unique (no primary key, unique constraint or unique "
-            f"index on it alone): the purge matches locked rows by it. Fix: make it the primary "
-            f"key, or CREATE UNIQUE INDEX CONCURRENTLY ON {table} ({key_column})",
+            f"{table}.{key_column} is not unique (no primary key, unique constraint or valid "
+            f"unique index on it alone): the purge matches locked rows by it. "
+            + (f"Unique index {schema}.{broken[0]} is INVALID (a CREATE INDEX CONCURRENTLY that "
+               f"failed, often on a duplicate key): PostgreSQL does not enforce it. Fix: DROP "
+               f"INDEX CONCURRENTLY {schema}.{broken[0]}; then, once no key is duplicated, "
+               if broken else "Fix: make it the primary key, or ")
+            + f"CREATE UNIQUE INDEX CONCURRENTLY ON {table} ({key_column})",
             column=key_column)
+    _refuse_unpublishable(conn, rule, indexes)
 
     guard = sorted(_normalised(f"{c.name} IS NULL") for c in rule.guards)
-    partial = [ix["column_names"]
-               for ix in inspector.get_indexes(name, schema=schema)
-               if ix["column_names"][:1] == [age_column]
-               and _clauses(ix.get("dialect_options", {}).get("postgresql_where")) == guard]
+
+    def recommended(ix: dict) -> bool:
+        return (ix["column_names"][:1] == [age_column]
+                and _clauses(ix.get("dialect_options", {}).get("postgresql_where")) == guard)
+
+    partial = [ix["column_names"] for ix in indexes if recommended(ix) and not _invalid(ix)]
     has_index = bool(partial)
-    # A rule with no guard wants a plain index.
-    index = (f"partial index on ({age_column}, {key_column}) WHERE {rule.guard_sql}"
-             if rule.guards else f"index on ({age_column}, {key_column})")
-    warnings = () if has_index else (
-        f"{table} has no {index}: "
-        f"each batch reads more than it deletes. Create it (it does not block writes): "
-        f"{rule.recommended_index_sql}",)
-    return TableFindings(table=table, has_recommended_index=has_index, warnings=warnings,
+    warnings = [
+        f"index {schema}.{ix['name']} on {table} is INVALID (a CREATE INDEX CONCURRENTLY that "
+        f"failed): PostgreSQL keeps it up to date but never uses it, and CREATE INDEX ... IF "
+        f"NOT EXISTS skips it. Fix: DROP INDEX CONCURRENTLY {schema}.{ix['name']}; then "
+        f"{rule.recommended_index_sql}"
+        for ix in invalid if recommended(ix)]
+    if not has_index and not warnings:
+        # A rule with no guard wants a plain index.
+        index = (f"partial index on ({age_column}, {key_column}) WHERE {rule.guard_sql}"
+                 if rule.guards else f"index on ({age_column}, {key_column})")
+        warnings.append(
+            f"{table} has no {index}: each batch reads more than it deletes. Create it (it "
+            f"does not block writes): {rule.recommended_index_sql}")
+    return TableFindings(table=table, has_recommended_index=has_index, warnings=tuple(warnings),
                          keyset_index=any(c[:2] == [age_column, key_column] for c in partial))
 
 
-def _is_unique(inspector, rule: RetentionRule) -> bool:
-    schema, table = rule.table.schema, rule.table.name
+def _key_sets(rule: RetentionRule) -> tuple[set[str], set[str]]:
     # The DELETE matches on (key, age) as well, so a key unique with the age column (the
     # primary key of a table partitioned by it) identifies a row too.
-    allowed = ({rule.key.name}, {rule.key.name, rule.age.name})
+    return {rule.key.name}, {rule.key.name, rule.age.name}
+
+
+def _invalid(index: dict) -> bool:
+    return bool(index.get("dialect_options", {}).get("postgresql_invalid"))
+
+
+def _is_unique(inspector, rule: RetentionRule, valid_indexes: list[dict]) -> bool:
+    schema, table = rule.table.schema, rule.table.name
     keys = [inspector.get_pk_constraint(table, schema=schema).get("constrained_columns") or []]
     keys += [uc["column_names"] for uc in inspector.get_unique_constraints(table, schema=schema)]
-    keys += [ix["column_names"] for ix in inspector.get_indexes(table, schema=schema)
+    keys += [ix["column_names"] for ix in valid_indexes
              if ix["unique"] and not ix.get("dialect_options", {}).get("postgresql_where")]
-    return any(set(cols) in allowed and None not in cols for cols in keys)
+    return any(set(cols) in _key_sets(rule) and None not in cols for cols in keys)
+
+
+#: Validated CHECK constraints of ``:t`` (``schema.table``), as PostgreSQL prints them.
+_CHECKS = sa.text(
+    "SELECT conname, pg_get_constraintdef(oid) FROM pg_constraint "
+    "WHERE conrelid = to_regclass(:t) AND contype = 'c' AND convalidated ORDER BY conname")
+
+
+def _not_null_checks(conn: sa.Connection, rule: RetentionRule) -> dict[str, str]:
+    """Guard column -> the validated CHECK constraint that makes it NOT NULL (one whose
+    expression is ``<guard> IS NOT NULL``, alone or ANDed with others)."""
+    found = {}
+    for name, definition in conn.execute(_CHECKS, {"t": rule.qualified_name}):
+        expression = definition.removeprefix("CHECK ").removesuffix(" NO INHERIT")
+        for clause in _top_level_and(expression):
+            for guard in rule.guards:
+                if clause.lower() == f"{guard.name} is not null":
+                    found.setdefault(guard.name, f"{rule.table.schema}.{name}")
+    return found
+
+
+def _top_level_and(expression: str) -> list[str]:
+    """The operands of an expression's top-level ``AND``, outer parentheses removed:
+    ``((a IS NOT NULL) AND (b > 0))`` -> ``["a IS NOT NULL", "b > 0"]``; an ``OR`` at the top
+    level leaves the whole expression as one operand."""
+    expression = _unwrap(expression.strip())
+    parts, depth, start, i = [], 0, 0, 0
+    while i < len(expression):
+        char = expression[i]
+        if char == "(":
+            depth += 1
+        elif char == ")":
+            depth -= 1
+        elif char == "'":  # a literal: its text is not SQL
+            i = expression.index("'", i + 1) if "'" in expression[i + 1:] else len(expression)
+        elif depth == 0 and expression[i:i + 5].upper() == " AND ":
+            parts.append(expression[start:i])
+            start = i = i + 5
+            continue
+        i += 1
+    parts.append(expression[start:])
+    return [_unwrap(p.strip()) for p in parts]
+
+
+def _unwrap(expression: str) -> str:
+    """``expression`` without the parentheses that enclose all of it."""
+    while expression.startswith("(") and expression.endswith(")"):
+        depth = 0
+        for i, char in enumerate(expression):
+            depth += char == "("
+            depth -= char == ")"
+            if depth == 0 and i < len(expression) - 1:
+                return expression  # "(a) AND (b)": the first pair closes early
+        expression = expression[1:-1].strip()
+    return expression
+
+
+#: Leaves of ``:t`` (the table itself when it is not partitioned) that a publication publishing
+#: deletes covers (through the leaf or an ancestor) while they lack a replica identity:
+#: relation, ``relreplident``, the publications.
+_UNPUBLISHABLE = sa.text("""
+    SELECT format('%I.%I', n.nspname, c.relname), c.relreplident,
+           array_agg(DISTINCT p.pubname ORDER BY p.pubname)
+      FROM (SELECT to_regclass(:t) AS oid
+            UNION SELECT relid FROM pg_partition_tree(to_regclass(:t)) WHERE isleaf) AS leaf
+      JOIN pg_class c ON c.oid = leaf.oid AND c.relkind <> 'p'
+      JOIN pg_namespace n ON n.oid = c.relnamespace
+      JOIN pg_publication_tables pt
+        ON to_regclass(format('%I.%I', pt.schemaname, pt.tablename)) IN (
+           SELECT leaf.oid UNION SELECT relid FROM pg_partition_ancestors(leaf.oid))
+      JOIN pg_publication p ON p.pubname = pt.pubname AND p.pubdelete
+     WHERE c.relreplident <> 'f'
+       AND NOT EXISTS (SELECT 1 FROM pg_index i WHERE i.indrelid = c.oid AND i.indisvalid
+                       AND CASE c.relreplident WHEN 'd' THEN i.indisprimary
+                                               WHEN 'i' THEN i.indisreplident
+                                               ELSE false END)
+     GROUP BY 1, 2 ORDER BY 1
+""")
+
+_IDENTITY = {"d": "REPLICA IDENTITY DEFAULT and no primary key",
+             "n": "REPLICA IDENTITY NOTHING",
+             "i": "REPLICA IDENTITY USING INDEX of an index that is gone or invalid"}
+
+
+def _refuse_unpublishable(conn: sa.Connection, rule: RetentionRule, indexes: list[dict]) -> None:
+    """Raise :class:`TableShapeError` when a publication makes PostgreSQL refuse every DELETE
+    on the table or one of its partitions (see the module docstring)."""
+    found = conn.execute(_UNPUBLISHABLE, {"t": rule.qualified_name}).first()
+    if found is None:
+        return
+    relation, identity, publications = found
+    named = ", ".join(publications)
+    key_index = next((ix["name"] for ix in indexes if ix["unique"] and not _invalid(ix)
+                      and ix["column_names"] == [rule.key.name]
+                      and not ix.get("dialect_options", {}).get("postgresql_where")), None)
+    using = (f"USING INDEX {key_index}" if key_index and relation == rule.qualified_name
+             else "USING INDEX <a unique index on NOT NULL columns>")
+    raise TableShapeError(
+        f"{rule.qualified_name} cannot be purged: {relation} is in publication"
+        f"{'s' if len(publications) > 1 else ''} {named}, which publish"
+        f"{'' if len(publications) > 1 else 'es'} deletes, but has no replica identity "
+        f"({_IDENTITY.get(identity, identity)}), so PostgreSQL refuses every DELETE on it "
+        f"(SQLSTATE 55000). Fix, as the table's owner: ALTER TABLE {relation} REPLICA IDENTITY "
+        f"{using} (or REPLICA IDENTITY FULL, which logs whole rows), or leave it out of the "
+        f"publication (ALTER PUBLICATION {publications[0]} DROP TABLE {relation})")
 
 
 def _normalised(predicate: str | None) -> str:

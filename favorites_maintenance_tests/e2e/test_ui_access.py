@@ -43,8 +43,8 @@ PARTITION = daily_partitions.get_last_partition_key()
 SELECTOR = {"repositoryLocationName": LOCATION, "repositoryName": REPOSITORY}
 JOB_SELECTOR = {**SELECTOR, "jobName": JOB}
 WIDEN = {"retention_days": 1, "batch_size": 1000, "max_run_duration_seconds": 600}
-NO_RETRY = {"favorites__guest_favorites_cleanup": {"ops": {"purge": {"config": {
-    "max_retries": 0}}}}}
+NO_RETRY = {"favorites__guest_favorites_cleanup": {"ops": {
+    op: {"config": {"max_retries": 0}} for op in ("compute_cutoff", "purge")}}}
 
 LAUNCH = """
 mutation($params: ExecutionParams!) { launchRun(executionParams: $params) { __typename

@@ -80,9 +80,11 @@ def load_code_location(db_url=None, monkeypatch: pytest.MonkeyPatch | None = Non
 
 
 def purge_retries(retries: int, *, asset_key: dg.AssetKey = ASSET_KEY) -> dict:
-    """Run config giving the purge op ``retries`` retries on transient errors, without delay."""
-    return {"ops": {"__".join(asset_key.path): {"ops": {"purge": {
-        "config": {"max_retries": retries, "retry_delay_seconds": 0.0}}}}}}
+    """Run config giving the ops that reach the database (``compute_cutoff``, ``purge``)
+    ``retries`` retries on transient errors, without delay."""
+    config = {"config": {"max_retries": retries, "retry_delay_seconds": 0.0}}
+    return {"ops": {"__".join(asset_key.path): {"ops": {"compute_cutoff": config,
+                                                         "purge": config}}}}
 
 
 def run_partition(defs: dg.Definitions, instance: dg.DagsterInstance, partition: str, *,

@@ -4,6 +4,7 @@ ships with (in process): in this process, and in a run worker the run queue laun
 from __future__ import annotations
 
 import datetime as dt
+import logging
 import os
 import threading
 import time
@@ -83,14 +84,19 @@ def test_a_lock_timeout_is_retried_and_the_run_then_succeeds(job, engine, rows):
                                             run_config=retry_config(3))
             retries = step_events(instance, result.run_id,
                                   dg.DagsterEventType.STEP_UP_FOR_RETRY)
-            warnings = [e.user_message for e in instance.all_logs(result.run_id)
+            logs = instance.all_logs(result.run_id)
+            warnings = [e.user_message for e in logs
                         if "transient database error" in (e.user_message or "")]
+            errors = [e.user_message or e.message for e in logs if e.level >= logging.ERROR]
             watcher.join()
     finally:
         lock.release()
     assert result.success
     assert len(retries) >= 1
     assert "lock_not_available" in warnings[0]
+    assert "attempt 1 failed: run_id=" in warnings[0] and "batch_no=0" in warnings[0]
+    # A run that succeeded after a retry has no ERROR line: log-based alerts stay quiet.
+    assert errors == []
     assert rows.count() == 0
 
 
@@ -136,10 +142,17 @@ def test_retries_run_out_and_the_run_fails(job, engine, rows):
                                             run_config=retry_config(1), raise_on_error=False)
             retries = step_events(instance, result.run_id,
                                   dg.DagsterEventType.STEP_UP_FOR_RETRY)
+            ours = [(e.level, e.user_message) for e in instance.all_logs(result.run_id)
+                    if "failed: run_id=" in (e.user_message or "")]
     finally:
         lock.release()
     assert not result.success
     assert len(retries) == 1
+    # The first attempt's failure is a retry (WARNING), the last one's the run's (ERROR).
+    [(retry_level, retry_line), (failed_level, failed_line)] = ours
+    assert retry_level == logging.WARNING and retry_line.startswith("transient database error")
+    assert failed_level == logging.ERROR and failed_line.startswith("run failed: ")
+    assert "lock_not_available" in failed_line
     assert rows.count() == 10
 
 

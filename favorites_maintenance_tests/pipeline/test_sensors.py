@@ -8,12 +8,17 @@ import time
 import threading
 import uuid
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
 
 import dagster as dg
 import pytest
 import sqlalchemy as sa
+from click.testing import CliRunner
+from dagster._cli.sensor import sensor_cursor_command
+from dagster._core.scheduler.instigation import TickStatus
 from dagster._core.test_utils import freeze_time
 
+import favorites_maintenance
 from favorites_maintenance.components.policy_tree import load_policies
 from favorites_maintenance.pipeline.resources import AlertSink
 from favorites_maintenance.pipeline.sensors import build_stale_sensor
@@ -289,3 +294,88 @@ def _ticks(instance, name):
     """The ticks of instigator ``name``, newest first."""
     [state] = [s for s in instance.all_instigator_state() if s.instigator_name == name]
     return instance.get_ticks(state.instigator_origin_id, state.selector_id)
+
+
+#: Cursors no sensor of this project writes: set by hand, or left by an older sensor of the
+#: same name (another sensor's JSON, a number, a list).
+FOREIGN_CURSORS = ["5", "not json", "[1, 2]",
+                   '{"__class__": "RunStatusSensorCursor", "record_id": 9}']
+
+
+@pytest.mark.parametrize("cursor", FOREIGN_CURSORS)
+def test_a_cursor_the_staleness_sensor_did_not_write_is_treated_as_none(job, webhook, cursor):
+    """The tick looks the last success up in the history, as a fresh deployment's first tick
+    does, alerts at once, and writes its own cursor: the 48-hour alarm is not silenced."""
+    with dg.instance_for_test() as instance:
+        assert run_at(job, instance, T0 - 72 * H).success
+        watch = Watch(instance, webhook)
+        watch.cursor = cursor
+        assert watch.tick(T0) == "alerted"
+        assert json.loads(watch.cursor)["lastSuccess"] == T0 - 72 * H
+        assert watch.tick(T0 + H) == "stale, already alerted"
+    [message] = webhook.messages
+    assert "last successful run at 2026-10-02T03:00:00+00:00" in message
+
+
+def set_cursor(sensor: str, value: str) -> None:
+    """``dagster sensor cursor SENSOR --set VALUE -w workspace.yaml`` on the instance of
+    ``DAGSTER_HOME``."""
+    workspace = Path(favorites_maintenance.__file__).parent.parent / "workspace.yaml"
+    result = CliRunner().invoke(sensor_cursor_command, [
+        sensor, "--set", value, "-w", str(workspace)])
+    assert result.exit_code == 0, result.output
+    assert f'Set cursor state for sensor {sensor} to "{value}"' in result.output
+
+
+def test_cursors_set_by_hand_leave_the_failure_alerts_working(dagster_storage_url, db_url,
+                                                              engine, webhook, monkeypatch):
+    """The run-failure and tick-failure sensors given cursors they did not write, by
+    ``dagster sensor cursor --set``: their ticks succeed, write their own cursors and send the
+    alerts a fresh deployment would owe (the failed tick; the next failed run)."""
+    from favorites_maintenance_tests.helpers.daemon import (
+        code_location,
+        pg_instance,
+        scheduler_and_sensors,
+    )
+
+    tick_sensor = "guest_favorites_cleanup_tick_failure_sensor"
+    run_sensor = "guest_favorites_cleanup_failure_sensor"
+    monkeypatch.delenv(DATABASE_URL_VAR, raising=False)
+    monkeypatch.setenv("FAVORITES_GUEST_RETENTION_CRON", "* * * * *")
+    monkeypatch.setenv("FAVORITES_ALERT_WEBHOOK_URL", webhook.url)
+    start = dt.datetime(2026, 10, 5, 3, 0, 30, tzinfo=UTC)
+    minute = dt.timedelta(minutes=1)
+    with pg_instance(dagster_storage_url, run_in_process=True) as instance:
+        with code_location(instance) as workspace:  # served without FAVORITES_DATABASE_URL
+            scheduler_and_sensors(workspace, start)  # the sensors write their first cursors
+            scheduler_and_sensors(workspace, start + minute)  # the 03:01 tick fails: alerted
+            assert len(webhook.messages) == 1
+            set_cursor(tick_sensor, "[1, 2]")
+            set_cursor(run_sensor, "not json")
+            scheduler_and_sensors(workspace, start + 2 * minute)  # the 03:02 tick fails too
+            assert len(webhook.messages) == 2  # the cursor forgot the episode: alerted again
+        with engine.begin() as conn:
+            conn.execute(sa.text("DROP TABLE favorites.favorites"))  # runs will fail
+        monkeypatch.setenv(DATABASE_URL_VAR, db_url.render_as_string(hide_password=False))
+        with code_location(instance) as workspace:
+            # The 03:03 tick succeeds, its run fails, the failure sensor alerts in that pass.
+            scheduler_and_sensors(workspace, start + 3 * minute)
+            [run] = instance.get_runs()
+            assert run.status == dg.DagsterRunStatus.FAILURE
+        ticks = {name: _ticks(instance, name) for name in (tick_sensor, run_sensor)}
+        cursors = {name: _state(instance, name).instigator_data.cursor
+                   for name in (tick_sensor, run_sensor)}
+    assert all(t.status != TickStatus.FAILURE for name in ticks for t in ticks[name])
+    assert json.loads(cursors[tick_sensor]) == {"failingSince": None}
+    assert json.loads(cursors[run_sensor])["__class__"] == "RunStatusSensorCursor"
+    failed_ticks = [m for m in webhook.messages if "failed and started no cleanup run" in m]
+    assert [m.split(" failed")[0] for m in failed_ticks] == [
+        "guest_favorites_cleanup_schedule: the tick at 2026-10-05T03:01:00+00:00",
+        "guest_favorites_cleanup_schedule: the tick at 2026-10-05T03:02:00+00:00"]
+    [failed_run] = [m for m in webhook.messages if m.startswith("guest_favorites_cleanup_job run")]
+    assert run.run_id in failed_run and "failed" in failed_run
+
+
+def _state(instance, name):
+    [state] = [s for s in instance.all_instigator_state() if s.instigator_name == name]
+    return state

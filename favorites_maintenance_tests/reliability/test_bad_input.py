@@ -149,7 +149,8 @@ def test_an_unreachable_database_fails_the_run_naming_the_setting(monkeypatch):
         logs = "\n".join(e.user_message for e in instance.all_logs(result.run_id))
     assert not result.success and materialization(result) is None
     step, error = step_failure(result)
-    assert step.endswith("purge")
+    # The first op reads the database's clock for the cutoff: the run fails there.
+    assert step.endswith("compute_cutoff")
     text = error.message + (error.cause.message if error.cause else "")
     assert DATABASE_URL_VAR in text and "Connection refused" in text
     assert "run failed" in logs

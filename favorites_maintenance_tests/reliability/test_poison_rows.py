@@ -166,6 +166,8 @@ def test_a_table_where_every_row_fails_fails_the_run_naming_the_cause(
 
     with dg.instance_for_test() as instance:
         result = run_job(db_url, instance, monkeypatch=monkeypatch, batch_size=100)
+        [failed] = [e.user_message for e in instance.all_logs(result.run_id)
+                    if e.user_message.startswith("run failed")]
 
     assert not result.success
     step, error = step_failure(result)
@@ -173,6 +175,8 @@ def test_a_table_where_every_row_fails_fails_the_run_naming_the_cause(
     text = error_text(error)
     assert "SkippedRowsError" in text and "looks blocked" in text
     assert "raise_exception (SQLSTATE P0001) from function favorites.refuse_all()" in text
+    # The batch that ended the run: six halvings (100 -> 3 rows), then ten one-row batches.
+    assert "batch_no=16 " in failed
     assert rows.count() == 500
 
 
@@ -251,3 +255,44 @@ def test_a_referenced_row_at_an_instant_python_cannot_hold_is_skipped_once(engin
 
     assert (report.deleted_total, report.skipped_rows) == (len(ordinary), 1)
     assert rows.ids() == {1000000}
+
+
+def test_a_row_a_row_level_security_policy_raises_for_is_located_and_skipped(
+        db_url, engine, rows, roles, monkeypatch, all_logs):
+    """The policy's expression fails for one row (a division by zero), so even the one-row
+    lookup that names a row before its delete fails on it: the row is located without being
+    read, skipped and named by its key; the others are deleted."""
+    from favorites_maintenance.retention.least_privilege import apply_row_level_security
+
+    guest_rows_with_sentinels(rows, 40)
+    accounts = set(rows.add_many(5, updated_at=OLD, user_id=3))
+    poison = nth_oldest(engine, 23)
+    url = roles.create("cleanup", least_privilege=True)
+    apply_row_level_security(engine, url.username)
+    with engine.begin() as conn:
+        conn.exec_driver_sql("ALTER TABLE favorites.favorites ENABLE ROW LEVEL SECURITY")
+        conn.exec_driver_sql(
+            f'CREATE POLICY fragile ON favorites.favorites AS RESTRICTIVE TO "{url.username}" '
+            f"USING ((1.0 / (id - {poison})) IS NOT NULL)")
+
+    with dg.instance_for_test() as instance:
+        first = run_job(url, instance, monkeypatch=monkeypatch, batch_size=8)
+        second = run_job(url, instance, monkeypatch=monkeypatch, batch_size=8)
+        recorded = everything_dagster_recorded(instance, first.run_id)
+        messages = [e.user_message for e in instance.all_logs(first.run_id)]
+
+    assert first.success
+    meta = materialization(first)
+    assert (meta["deletedTotal"], meta["skippedRows"]) == (39, 1)
+    assert meta["skippedCauses"] == "data_exception (SQLSTATE 22012)"
+    # Counted around the row it cannot read, which the backlog and the SLO check count too.
+    assert meta["backlogRemaining"] == 1
+    overdue = {e.check_name: e for e in first.get_asset_check_evaluations()}[
+        "no_guest_row_older_than_retention_plus_one_day"]
+    assert overdue.metadata["overdueGuestRows"].value == 1
+    assert rows.ids() == {poison} | accounts
+    assert sum(f"skipped row id={poison} " in m for m in messages) == 1
+    # The next day: the row is located and skipped again, the run succeeds.
+    assert second.success and materialization(second)["skippedRows"] == 1
+    for text in (recorded, all_logs.text):
+        assert SENTINEL_NOTE not in text and SENTINEL_ANON not in text

@@ -17,7 +17,7 @@ import sqlalchemy as sa
 from click.testing import CliRunner
 
 from favorites_maintenance.cli import main
-from favorites_maintenance.retention.schema import RECOMMENDED_INDEX_SQL
+from favorites_maintenance.retention.schema import RECOMMENDED_INDEX_NAME, RECOMMENDED_INDEX_SQL
 from favorites_maintenance.retention.defaults import DATABASE_URL_VAR
 from favorites_maintenance_tests.reliability.conftest import (
     CUTOFF,
@@ -173,3 +173,140 @@ def test_a_nullable_key_is_refused_and_a_timestamptz_domain_is_accepted(
     with dg.instance_for_test() as instance:
         result = run_job(db_url, instance, monkeypatch=monkeypatch)
     assert result.success and ids(engine) == {2}
+
+
+def test_a_table_in_a_publication_without_replica_identity_is_refused_before_the_first_batch(
+        db_url, engine, monkeypatch):
+    # Unique but no primary key: REPLICA IDENTITY DEFAULT has nothing to identify rows by.
+    recreate(engine, key="bigint NOT NULL UNIQUE")
+    insert(engine, [(1, None, OLD.isoformat()), (2, 5, OLD.isoformat())])
+    with engine.begin() as conn:
+        conn.exec_driver_sql("CREATE PUBLICATION favorites_to_warehouse "
+                             "FOR TABLE favorites.favorites")
+
+    with dg.instance_for_test() as instance:
+        result = run_job(db_url, instance, monkeypatch=monkeypatch)
+        batches = [e.user_message for e in instance.all_logs(result.run_id)
+                   if e.user_message.startswith("batch ")]
+
+    assert not result.success and batches == []
+    step, error = step_failure(result)
+    assert step.endswith("purge")
+    text = error_text(error)
+    assert "TableShapeError" in text
+    said = ("favorites.favorites is in publication favorites_to_warehouse, which publishes "
+            "deletes, but has no replica identity (REPLICA IDENTITY DEFAULT and no primary key)")
+    fix = ("ALTER TABLE favorites.favorites REPLICA IDENTITY USING INDEX "
+           "favorites_id_key")
+    assert said in text and fix in text
+    assert ids(engine) == {1, 2}
+    out = dry_run(db_url)
+    assert out.exit_code == 2 and said in out.output and fix in out.output
+
+    with engine.begin() as conn:
+        conn.exec_driver_sql(fix)
+    with dg.instance_for_test() as instance:
+        assert run_job(db_url, instance, monkeypatch=monkeypatch).success
+    assert ids(engine) == {2}
+
+
+def test_a_publication_the_table_can_serve_changes_nothing(db_url, engine, rows, monkeypatch):
+    # The dev table has a primary key: REPLICA IDENTITY DEFAULT uses it.
+    rows.add_many(3, updated_at=OLD)
+    with engine.begin() as conn:
+        conn.exec_driver_sql("CREATE PUBLICATION everything FOR ALL TABLES")
+        conn.exec_driver_sql("CREATE PUBLICATION inserts_only FOR TABLE favorites.favorites "
+                             "WITH (publish = 'insert')")
+    with dg.instance_for_test() as instance:
+        result = run_job(db_url, instance, monkeypatch=monkeypatch)
+    assert result.success and materialization(result)["deletedTotal"] == 3
+
+
+def create_index_concurrently_that_fails(engine, sql: str) -> None:
+    """Run ``CREATE INDEX CONCURRENTLY`` as a migration would, and have it fail: a writer's
+    open transaction makes it wait, and its statement_timeout cancels it, which leaves the
+    index behind INVALID."""
+    writer = engine.connect()
+    builder = engine.connect().execution_options(isolation_level="AUTOCOMMIT")
+    try:
+        writer.begin()
+        writer.exec_driver_sql("UPDATE favorites.favorites SET note = note WHERE id = -1")
+        builder.exec_driver_sql("SET statement_timeout = '500ms'")
+        with pytest.raises(sa.exc.OperationalError, match="statement timeout"):
+            builder.exec_driver_sql(sql)
+    finally:
+        writer.rollback()
+        writer.close()
+        builder.close()
+
+
+def test_an_invalid_recommended_index_is_a_warning_with_the_fix(db_url, engine, monkeypatch):
+    recreate(engine, index=False)
+    insert(engine, [(1, None, OLD.isoformat()), (2, 5, OLD.isoformat())])
+    create_index_concurrently_that_fails(engine, RECOMMENDED_INDEX_SQL)
+    with engine.connect() as conn:  # the README's IF NOT EXISTS retry does nothing
+        conn.execution_options(isolation_level="AUTOCOMMIT").exec_driver_sql(
+            RECOMMENDED_INDEX_SQL)
+        assert conn.exec_driver_sql(
+            "SELECT indisvalid FROM pg_index WHERE indexrelid = "
+            f"'favorites.{RECOMMENDED_INDEX_NAME}'::regclass").scalar_one() is False
+
+    with dg.instance_for_test() as instance:
+        result = run_job(db_url, instance, monkeypatch=monkeypatch)
+        warnings = [e.user_message for e in instance.all_logs(result.run_id)
+                    if e.level == 30 and "INVALID" in e.user_message]
+
+    assert result.success and ids(engine) == {2}
+    fix = f"DROP INDEX CONCURRENTLY favorites.{RECOMMENDED_INDEX_NAME}; then {RECOMMENDED_INDEX_SQL}"
+    assert len(warnings) == 1 and fix in warnings[0]
+    assert f"index favorites.{RECOMMENDED_INDEX_NAME} on favorites.favorites is INVALID" in (
+        warnings[0])
+    out = dry_run(db_url)
+    assert out.exit_code == 0 and fix in out.stderr
+
+
+def test_an_invalid_unique_index_is_no_proof_that_the_key_is_unique(db_url, engine, monkeypatch):
+    recreate(engine, key="bigint NOT NULL")
+    # Two rows share id 1: the unique index's build fails on them and leaves it INVALID.
+    insert(engine, [(1, None, OLD.isoformat()), (1, 5, OLD.isoformat()),
+                    (2, None, OLD.isoformat())])
+    with engine.connect() as conn, pytest.raises(sa.exc.IntegrityError):
+        conn.execution_options(isolation_level="AUTOCOMMIT").exec_driver_sql(
+            "CREATE UNIQUE INDEX CONCURRENTLY favorites_id_idx ON favorites.favorites (id)")
+
+    with dg.instance_for_test() as instance:
+        result = run_job(db_url, instance, monkeypatch=monkeypatch)
+
+    assert not result.success
+    text = error_text(step_failure(result)[1])
+    assert "favorites.favorites.id is not unique" in text
+    assert ("Unique index favorites.favorites_id_idx is INVALID" in text
+            and "DROP INDEX CONCURRENTLY favorites.favorites_id_idx" in text)
+    with engine.connect() as conn:
+        assert conn.exec_driver_sql("SELECT count(*) FROM favorites.favorites").scalar() == 3
+    assert "is not unique" in dry_run(db_url).output
+
+
+@pytest.mark.parametrize("validated", [True, False])
+def test_a_guard_made_not_null_by_a_check_constraint_is_refused_like_a_not_null_column(
+        db_url, engine, monkeypatch, validated):
+    recreate(engine)
+    insert(engine, [(1, 5, OLD.isoformat())])
+    with engine.begin() as conn:
+        if not validated:  # old guest rows may remain: they are still prunable
+            insert(engine, [(2, None, OLD.isoformat())])
+        conn.exec_driver_sql(
+            "ALTER TABLE favorites.favorites ADD CONSTRAINT favorites_account_only CHECK "
+            f"(user_id IS NOT NULL AND id > 0){'' if validated else ' NOT VALID'}")
+
+    with dg.instance_for_test() as instance:
+        result = run_job(db_url, instance, monkeypatch=monkeypatch)
+
+    said = ("favorites.favorites.user_id is NOT NULL by CHECK constraint "
+            "favorites.favorites_account_only, so no row can ever be a guest row")
+    if validated:
+        assert not result.success and said in error_text(step_failure(result)[1])
+        out = dry_run(db_url)
+        assert out.exit_code == 2 and said in out.output
+    else:
+        assert result.success and ids(engine) == {1}

@@ -1,10 +1,12 @@
 """Time: the cutoff is one UTC instant whatever the process and session time zones, across
-daylight saving changes and leap years, and never later than now minus the retention."""
+daylight saving changes and leap years, and never later than now minus the retention, now
+being the database server's clock whatever this host's says."""
 
 from __future__ import annotations
 
 import datetime as dt
 import json
+import logging
 import os
 import random
 import subprocess
@@ -14,12 +16,19 @@ import time
 
 import dagster as dg
 import pytest
+import sqlalchemy as sa
+from click.testing import CliRunner
+from dagster._core.test_utils import freeze_time
 
+from favorites_maintenance.cli import main
 from favorites_maintenance.retention.database import create_engine
+from favorites_maintenance.retention.errors import InvalidArgumentError
 from favorites_maintenance.retention.rule import compute_cutoff
 from favorites_maintenance.retention.schema import create_dev_schema
+from favorites_maintenance.testing import prunable_keys, prunable_rows
 from favorites_maintenance.retention.defaults import DATABASE_URL_VAR
 from favorites_maintenance_tests.conftest import Rows
+from favorites_maintenance_tests.helpers.jobs import load_code_location, run_partition
 from favorites_maintenance_tests.reliability.conftest import materialization, run_job
 
 UTC = dt.timezone.utc
@@ -164,3 +173,52 @@ def test_a_run_of_the_latest_partition_never_cuts_later_than_now_minus_the_reten
     cutoff = dt.datetime.fromisoformat(materialization(result)["cutoff"])
     assert cutoff <= after - dt.timedelta(days=30)
     assert cutoff == expected_cutoff(partition, 30)
+
+
+def database_now(engine) -> dt.datetime:
+    with engine.connect() as conn:
+        return conn.execute(sa.text("SELECT clock_timestamp()")).scalar_one().astimezone(UTC)
+
+
+def test_a_host_clock_30_days_ahead_deletes_no_row_younger_than_the_retention(
+        db_url, engine, rows, monkeypatch):
+    """A VM cloned from a template, a host not yet synchronised: the job's process is 30 days
+    ahead of the database, whose clock wrote the rows' ages. The schedule runs the day before
+    the host's "today"; the run still keeps every row younger than 365 days by the database's
+    clock, its checks, dry-run and the testing helper agree, and the run's log and dry-run say
+    that the clocks differ."""
+    before = database_now(engine)
+    host_now = before + dt.timedelta(days=30)
+    young = set(rows.add_many(10, updated_at=before - dt.timedelta(days=350)))  # 380 by the host
+    old = set(rows.add_many(5, updated_at=before - dt.timedelta(days=366)))
+    accounts = set(rows.add_many(3, updated_at=before - dt.timedelta(days=900), user_id=7))
+    defs = load_code_location(db_url, monkeypatch)
+    partition = (host_now - dt.timedelta(days=1)).date().isoformat()
+
+    with dg.instance_for_test() as instance, freeze_time(host_now):
+        # A policy's test that gives no now gets the job's: the database's.
+        keys_before = prunable_keys("guest_favorites", engine)
+        with pytest.raises(InvalidArgumentError, match="give now, or the database"):
+            prunable_rows("guest_favorites")
+        result = run_partition(defs, instance, partition, raise_on_error=False)
+        warnings = [e.user_message for e in instance.all_logs(result.run_id)
+                    if e.level == logging.WARNING and "clock" in e.user_message]
+        dry = CliRunner().invoke(main, ["dry-run"], env={
+            DATABASE_URL_VAR: sa.make_url(db_url).render_as_string(hide_password=False)})
+    after = database_now(engine)
+
+    assert sorted(keys_before) == sorted(old)
+    assert result.success
+    assert rows.ids() == young | accounts and not old & rows.ids()
+    meta = materialization(result)
+    cutoff = dt.datetime.fromisoformat(meta["cutoff"])
+    assert before - dt.timedelta(days=365) <= cutoff <= after - dt.timedelta(days=365)
+    assert meta["deletedTotal"] == 5
+    checks = {e.check_name: e for e in result.get_asset_check_evaluations()}
+    assert checks["no_guest_row_older_than_retention_plus_one_day"].passed
+    # compute_cutoff and the SLO check each read the clock, and each says so.
+    assert warnings and all("is 30 days 0 h ahead of the database server's" in w
+                            for w in warnings)
+    assert dry.exit_code == 0, dry.output
+    assert "prunable   0 rows" in dry.stdout
+    assert "warning: this host's clock" in dry.stderr and "30 days 0 h ahead" in dry.stderr

@@ -54,9 +54,12 @@ def test_row_level_security_without_an_update_policy_fails_the_run(
 
     with dg.instance_for_test() as instance:
         result = run_job(url, instance, monkeypatch=monkeypatch)
+        [failed] = [e.user_message for e in instance.all_logs(result.run_id)
+                    if e.user_message.startswith("run failed")]
 
     text = failure_text(result)
     assert "NoProgressError" in text
+    assert "batch_no=1 " in failed  # the one batch, which locked nothing
     assert ("the rule matches 50 rows of favorites.favorites that no other session holds, yet "
             "the purge could lock none of them") in text
     assert "row-level security is enabled (2 policies)" in text
