@@ -56,6 +56,7 @@ from __future__ import annotations
 
 import datetime as dt
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import sqlalchemy as sa
 from sqlalchemy.dialects.postgresql import TIMESTAMP
@@ -63,9 +64,13 @@ from sqlalchemy.dialects.postgresql import TIMESTAMP
 from favorites_maintenance.retention.errors import ReplicationRoleError, StandbyError
 from favorites_maintenance.retention.rule import RetentionRule
 
+if TYPE_CHECKING:
+    from favorites_maintenance.retention.archive import Archive
+
 
 def batch_statement(rule: RetentionRule, cutoff: dt.datetime, keyset: bool,
-                    by_ctid: bool = True, lock_first: bool = True) -> sa.Select:
+                    by_ctid: bool = True, lock_first: bool = True,
+                    archive: Archive | None = None) -> sa.Select:
     """The one statement of a batch; ``:batch_size`` (rows, rendered inline at execution) and,
     with ``keyset``, the position ``:after_age`` (a UTC instant) and ``:after_key`` are bound.
 
@@ -74,6 +79,10 @@ def batch_statement(rule: RetentionRule, cutoff: dt.datetime, keyset: bool,
 
     ``lock_first=False`` gives the optimistic form: the candidates are read without
     ``FOR UPDATE SKIP LOCKED`` and the DELETE locks each row as it deletes it.
+
+    With ``archive``, the deleted rows move into it in the same statement and ``deleted``
+    counts the rows moved (:meth:`~favorites_maintenance.retention.archive.Archive.move`);
+    ``rule`` is then the archive's ``source_rule``, whose table has every column.
 
     Raises:
         InvalidArgumentError: ``cutoff`` is naive.
@@ -108,11 +117,10 @@ def batch_statement(rule: RetentionRule, cutoff: dt.datetime, keyset: bool,
         # SELECT on ctid: match by key. The age column is matched too: a table partitioned by
         # it has its primary key on (id, updated_at).
         match = sa.and_(rule.key == batch.c.key, rule.age == batch.c.age)
-    deleted = (
-        rule.delete_prunable(cutoff, match)
-        .returning(sa.literal_column("1"))
-        .cte("retention_deleted")
-    )
+    delete = rule.delete_prunable(cutoff, match)
+    # The one place a batch's rows go somewhere: nowhere, or into the archive.
+    deleted = (archive.move(delete) if archive is not None
+               else delete.returning(sa.literal_column("1")).cte("retention_deleted"))
     # The batch's last key and its size in one pass over it (a window count, then the top row).
     last = (
         sa.select(batch.c.age, batch.c.key, sa.func.count().over().label("selected"))
@@ -177,16 +185,20 @@ class BatchStatements:
     next_following: sa.Select
 
     @classmethod
-    def build(cls, rule: RetentionRule, cutoff: dt.datetime, by_ctid: bool) -> BatchStatements:
+    def build(cls, rule: RetentionRule, cutoff: dt.datetime, by_ctid: bool,
+              archive: Archive | None = None) -> BatchStatements:
         """Build every variant for ``rule`` and ``cutoff`` (a timezone-aware UTC instant);
-        ``by_ctid``: see :func:`match_by_ctid`."""
+        ``by_ctid``: see :func:`match_by_ctid`; ``archive``: where the batches move their rows
+        (``None``: they are deleted)."""
+        if archive is not None:
+            rule = archive.source_rule
+        moved = {"by_ctid": by_ctid, "archive": archive}
         return cls(
-            first=batch_statement(rule, cutoff, keyset=False, by_ctid=by_ctid),
-            following=batch_statement(rule, cutoff, keyset=True, by_ctid=by_ctid),
-            first_fast=batch_statement(rule, cutoff, keyset=False, by_ctid=by_ctid,
-                                       lock_first=False),
-            following_fast=batch_statement(rule, cutoff, keyset=True, by_ctid=by_ctid,
-                                           lock_first=False),
+            first=batch_statement(rule, cutoff, keyset=False, **moved),
+            following=batch_statement(rule, cutoff, keyset=True, **moved),
+            first_fast=batch_statement(rule, cutoff, keyset=False, lock_first=False, **moved),
+            following_fast=batch_statement(rule, cutoff, keyset=True, lock_first=False,
+                                           **moved),
             next_first=next_key_statement(rule, cutoff, keyset=False),
             next_following=next_key_statement(rule, cutoff, keyset=True),
         )
