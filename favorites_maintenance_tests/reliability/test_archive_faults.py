@@ -1,0 +1,158 @@
+"""Faults during a purge with an archive: a backend killed in the middle of a batch, a run
+terminated while a batch is open. Whatever happens, every row is in the table or in the
+archive: never both, never neither, and an archived row is the row as it was.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import os
+import signal
+import threading
+import time
+
+import dagster as dg
+import pytest
+import sqlalchemy as sa
+
+from favorites_maintenance.retention.defaults import DATABASE_URL_VAR
+from favorites_maintenance_tests.helpers import archive as shop
+from favorites_maintenance_tests.helpers.jobs import (
+    failure_text,
+    guest_settings_env,
+    materialization,
+    purge_retries,
+    run_partition,
+)
+from favorites_maintenance_tests.helpers.policies import policy_sandbox
+from favorites_maintenance_tests.reliability.conftest import in_thread, sleeping_backend
+
+BATCH = 10
+
+
+@pytest.fixture
+def env(db_url, engine, monkeypatch):
+    shop.create_items(engine)
+    monkeypatch.setenv(DATABASE_URL_VAR, db_url.render_as_string(hide_password=False))
+    monkeypatch.delenv(shop.RETENTION_VAR, raising=False)
+    guest_settings_env(monkeypatch)
+    return monkeypatch
+
+
+def shop_defs(batch_size: int) -> dg.Definitions:
+    with policy_sandbox(shop.policy(batch_size=batch_size)) as sandbox:
+        return sandbox.code_location()
+
+
+def run_shop(defs, instance) -> dg.ExecuteInProcessResult:
+    return run_partition(defs, instance, shop.PARTITION, job=shop.JOB, raise_on_error=False,
+                         run_config=purge_retries(0, asset_key=shop.ASSET_KEY))
+
+
+def assert_each_row_in_one_place(engine, original: dict[int, tuple]) -> tuple[set, set]:
+    """Every original row in exactly one of the table and the archive, archived as it was."""
+    in_table = shop.ids_of(engine, shop.TABLE)
+    in_archive = shop.ids_of(engine, shop.ARCHIVE)
+    assert len(in_archive) == len(set(in_archive)), "a row archived twice"
+    assert not set(in_table) & set(in_archive), "a row in both places"
+    assert set(in_table) | set(in_archive) == set(original), "a row in neither place"
+    assert shop.rows_of(engine, shop.ARCHIVE) == {i: original[i] for i in in_archive}
+    assert shop.rows_of(engine, shop.TABLE) == {i: original[i] for i in in_table}
+    return set(in_table), set(in_archive)
+
+
+def slow_row_trigger(engine, seconds: float) -> None:
+    """A batch sleeps ``seconds`` inside its DELETE when it reaches the row noted ``SLOW``."""
+    with engine.begin() as conn:
+        conn.exec_driver_sql(
+            "CREATE FUNCTION shop.slow_row() RETURNS trigger LANGUAGE plpgsql AS $$ BEGIN "
+            f"IF OLD.note = 'SLOW' THEN PERFORM pg_sleep({seconds}); END IF; RETURN OLD; "
+            "END $$; CREATE TRIGGER slow_row BEFORE DELETE ON shop.items FOR EACH ROW "
+            "EXECUTE FUNCTION shop.slow_row()")
+
+
+def test_a_backend_killed_mid_batch_leaves_each_row_in_one_place(env, engine):
+    shop.add_items(engine, 35, updated_at=shop.OLD)
+    shop.add_items(engine, 1, updated_at=shop.OLD + dt.timedelta(seconds=40), note="SLOW")  # batch 4
+    shop.add_items(engine, 34, updated_at=shop.OLD + dt.timedelta(seconds=50))
+    original = shop.rows_of(engine, shop.TABLE)
+    slow_row_trigger(engine, 30)
+    defs = shop_defs(BATCH)
+
+    def kill():
+        pid = sleeping_backend(engine)
+        with engine.connect() as conn:
+            return conn.execute(sa.text("SELECT pg_terminate_backend(:p)"), {"p": pid}).scalar()
+
+    with dg.instance_for_test() as instance:
+        killer, killed = in_thread(kill)
+        first = run_shop(defs, instance)
+        killer.join(30)
+        assert killed == [True]
+        assert not first.success
+        assert "batch 4 failed and was rolled back" in failure_text(first)
+        # Batches 1-3 moved; batch 4 rolled back whole, the rows it had deleted included.
+        in_table, in_archive = assert_each_row_in_one_place(engine, original)
+        assert len(in_archive) == 3 * BATCH
+
+        with engine.begin() as conn:
+            conn.exec_driver_sql("DROP TRIGGER slow_row ON shop.items")
+        second = run_shop(defs, instance)
+        assert second.success, failure_text(second)
+        meta = materialization(second, asset_key=shop.ASSET_KEY)
+    assert (meta["deletedTotal"], meta["archiveRows"]) == (len(in_table), 70)
+    assert assert_each_row_in_one_place(engine, original) == (set(), set(original))
+
+
+class Terminator(threading.Thread):
+    """Terminates the run as the UI's "Terminate" does (the run marked CANCELING, then SIGINT
+    to its worker, this process) while a batch is open, once five batches are archived."""
+
+    def __init__(self, engine, instance, after_rows: int):
+        super().__init__(daemon=True)
+        self.engine, self.instance, self.after_rows = engine, instance, after_rows
+        self.archived_at_signal = None
+
+    def run(self):
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline:
+            with self.engine.connect() as conn:
+                exists = conn.exec_driver_sql(
+                    "SELECT to_regclass('shop.items_archive') IS NOT NULL").scalar()
+                archived = conn.exec_driver_sql(
+                    "SELECT count(*) FROM shop.items_archive").scalar() if exists else 0
+                open_batch = conn.exec_driver_sql(
+                    "SELECT count(*) FROM pg_stat_activity WHERE wait_event = 'PgSleep' "
+                    "AND application_name = 'favorites-maintenance'").scalar()
+            if archived >= self.after_rows and open_batch:
+                [run] = self.instance.get_runs(limit=1)
+                self.instance.report_run_canceling(run)
+                self.archived_at_signal = archived
+                os.kill(os.getpid(), signal.SIGINT)
+                return
+            time.sleep(0.01)
+
+
+def test_a_run_terminated_with_a_batch_open_leaves_each_row_in_one_place(env, engine):
+    batch = 50
+    shop.add_items(engine, 1500, updated_at=shop.OLD)
+    original = shop.rows_of(engine, shop.TABLE)
+    with engine.begin() as conn:  # every batch stays open 0.2 s, inside its DELETE
+        conn.exec_driver_sql(
+            "CREATE FUNCTION shop.slow_batch() RETURNS trigger LANGUAGE plpgsql AS $$ BEGIN "
+            "PERFORM pg_sleep(0.2); RETURN NULL; END $$; CREATE TRIGGER slow_batch BEFORE "
+            "DELETE ON shop.items FOR EACH STATEMENT EXECUTE FUNCTION shop.slow_batch()")
+    defs = shop_defs(batch)
+    with dg.instance_for_test() as instance:
+        terminator = Terminator(engine, instance, after_rows=5 * batch)
+        terminator.start()
+        result = run_shop(defs, instance)
+        terminator.join(30)
+        run = instance.get_run_by_id(result.run_id)
+    assert run.status == dg.DagsterRunStatus.CANCELED
+    assert terminator.archived_at_signal is not None
+    _, in_archive = assert_each_row_in_one_place(engine, original)
+    # The batch open at the request committed whole, and none started after it.
+    assert len(in_archive) % batch == 0
+    assert 0 <= len(in_archive) - terminator.archived_at_signal <= batch
+    assert len(in_archive) < len(original)
