@@ -43,7 +43,6 @@ CREATE TABLE favorites.favorites_archive (
 	_retention_policy TEXT NOT NULL,
 	_retention_archived_at TIMESTAMP WITH TIME ZONE NOT NULL
 );
-CREATE INDEX favorites_archive_archived_at_idx ON favorites.favorites_archive (_retention_policy, _retention_archived_at);
-CREATE INDEX favorites_archive_run_idx ON favorites.favorites_archive (_retention_policy, _retention_run_id);
+CREATE INDEX favorites_archive_brin_idx ON favorites.favorites_archive USING brin (_retention_policy, _retention_run_id, _retention_archived_at) WITH (autosummarize = on);
 REVOKE ALL ON TABLE favorites.favorites_archive FROM PUBLIC;
 GRANT SELECT, INSERT, DELETE ON TABLE favorites.favorites_archive TO :"role";

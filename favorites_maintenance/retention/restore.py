@@ -1,13 +1,16 @@
 """Restore: move archived rows back into their table, one batch transaction at a time.
 
 The rows a run archived (by its run id), or those archived between two instants, go back as
-they were: every column the archive holds, in batches of one statement each::
+they were: every column the archive holds, in batches of one statement each. A batch is a range
+of the archive's pages (row addresses, a TID range scan: the archive's index is a BRIN one,
+which finds where the selection lies but not in key order), sized to hold about ``batch_size``
+of its rows::
 
     WITH restore_batch AS MATERIALIZED (
         SELECT DISTINCT ON (id) ctid, id FROM <archive>
          WHERE _retention_policy = :policy AND _retention_run_id = :run_id   -- or the instants
-           AND id > :after_key                                               -- after batch 1
-         ORDER BY id, _retention_archived_at DESC LIMIT :batch_size),
+           AND ctid >= :from_tid AND ctid < :to_tid                          -- the page range
+         ORDER BY id, _retention_archived_at DESC),
     restore_moved AS (
         DELETE FROM <archive> USING restore_batch
          WHERE <archive>.ctid = restore_batch.ctid
@@ -15,11 +18,12 @@ they were: every column the archive holds, in batches of one statement each::
         RETURNING <every column>),
     restore_inserted AS (INSERT INTO <table> (<every column but generated ones>)
                          SELECT ... FROM restore_moved RETURNING 1)
-    SELECT <rows in batch>, (SELECT count(*) FROM restore_inserted), <last key>
+    SELECT (SELECT count(*) FROM restore_batch), (SELECT count(*) FROM restore_inserted)
 
 so a row is either restored or left in the archive, never both and never neither. A row whose key
 exists in the table again (the application wrote it anew) is left in the archive and counted,
-never written over; of a key archived more than once, the latest version is the one restored.
+never written over. A key archived more than once (in a selection by instants) comes back once:
+the first version met in the archive's order, the latest when they share a page range.
 Generated columns are recomputed by the table; ``GENERATED ALWAYS`` identity keys are written
 with ``OVERRIDING SYSTEM VALUE``.
 
@@ -30,8 +34,8 @@ now), unless ``allow_prunable``: the usual fix is to correct the policy first. `
 counts and moves nothing. Counts only: no value of an archived row is ever logged or returned.
 
 A batch that fails on a row-level error (a foreign key whose parent is gone, a check the table
-gained) is taken again in halves down to single rows; a single row that still fails stays in the
-archive, counted with its cause.
+gained) is taken again on half the pages, down to one page, whose rows then go one at a time; a
+row that still fails stays in the archive, counted with its cause.
 """
 
 from __future__ import annotations
@@ -52,6 +56,7 @@ from favorites_maintenance.retention.archive import (
     POLICY_COLUMN,
     RUN_ID_COLUMN,
     Archive,
+    CatalogType,
     ArchiveTarget,
     TableColumn,
     check_archive,
@@ -65,6 +70,7 @@ from favorites_maintenance.retention.database import (
 )
 from favorites_maintenance.retention.errors import (
     ArchiveError,
+    ErrorDescription,
     ErrorKind,
     InvalidArgumentError,
     RestoreBatchError,
@@ -192,19 +198,27 @@ def _selected(t: sa.Table, policy: str, selection: Selection) -> list[sa.ColumnE
     return where
 
 
-def restore_statement(archive: Archive, rule: RetentionRule, selection: Selection,
-                      keyset: bool) -> sa.Select:
-    """The statement of one restore batch (see the module docstring); ``:batch_size`` (rows)
-    and, with ``keyset``, ``:after_key`` are bound at execution. It returns one row:
-    ``selected`` (rows in the batch), ``restored``, ``last_key`` (``None`` when empty)."""
+#: A row address, for the page ranges of a restore's batches.
+_TID = CatalogType("tid")
+
+
+def _address(name: str) -> sa.ColumnElement:
+    # A row address bound as its text, '(page,item)'.
+    return sa.cast(sa.bindparam(name, type_=sa.Text), _TID)
+
+
+def restore_statement(archive: Archive, rule: RetentionRule,
+                      selection: Selection) -> sa.Select:
+    """The statement of one restore batch (see the module docstring): the selection's rows at
+    addresses from ``:from_tid`` up to, not including, ``:to_tid`` (row addresses as text,
+    ``'(page,item)'``, bound at execution). It returns one row: ``selected`` (rows of the
+    selection in the range, one per key) and ``restored``."""
     a, s = archive.table, archive.source_rule.table
     key = rule.key.name
-    where = _selected(a, archive.target.policy, selection)
-    if keyset:
-        where.append(a.c[key] > sa.bindparam("after_key"))
+    where = [*_selected(a, archive.target.policy, selection),
+             a.c.ctid >= _address("from_tid"), a.c.ctid < _address("to_tid")]
     batch = (sa.select(a.c.ctid, a.c[key].label("key")).where(*where)
              .ext(distinct_on(a.c[key])).order_by(a.c[key], a.c[ARCHIVED_AT_COLUMN].desc())
-             .limit(sa.bindparam("batch_size", type_=sa.Integer, literal_execute=True))
              .cte("restore_batch").prefix_with("MATERIALIZED"))
     back = sa.select(sa.literal(1)).where(s.c[key] == a.c[key]).exists()
     names = [c.name for c in archive.columns if not c.generated]
@@ -214,14 +228,34 @@ def restore_statement(archive: Archive, rule: RetentionRule, selection: Selectio
                   if any(c.identity_always for c in archive.columns) else Insert)
     inserted = (insert_cls(s).from_select(names, sa.select(*(moved.c[n] for n in names)))
                 .returning(sa.literal_column("1")).cte("restore_inserted"))
-    last = (sa.select(batch.c.key, sa.func.count().over().label("selected"))
-            .order_by(batch.c.key.desc()).limit(1).subquery("last"))
-    one = sa.select(sa.literal(1).label("one")).subquery("one")
     return sa.select(
-        sa.func.coalesce(last.c.selected, 0).label("selected"),
-        sa.select(sa.func.count()).select_from(inserted).scalar_subquery().label("restored"),
-        last.c.key.label("last_key"),
-    ).select_from(one.outerjoin(last, sa.true()))
+        sa.select(sa.func.count()).select_from(batch).scalar_subquery().label("selected"),
+        sa.select(sa.func.count()).select_from(inserted).scalar_subquery().label("restored"))
+
+
+def _bounds(conn: sa.Connection, archive: Archive, selection: Selection) -> tuple[int, int]:
+    """The first and last page of the archive holding a row of the selection (``(0, -1)``
+    when none does)."""
+    a = archive.table
+    low, high = conn.execute(sa.select(
+        sa.cast(sa.func.min(a.c.ctid), sa.Text), sa.cast(sa.func.max(a.c.ctid), sa.Text))
+        .where(*_selected(a, archive.target.policy, selection))).one()
+    if low is None:
+        return 0, -1
+    return _page(low), _page(high)
+
+
+def _page(address: str) -> int:
+    return int(address.strip("()").split(",")[0])
+
+
+def _rows_per_page(conn: sa.Connection, archive: Archive) -> float:
+    """The archive's rows per page as the planner's statistics have them (50 when unknown)."""
+    a = archive.table
+    tuples, pages = conn.execute(sa.text(
+        "SELECT reltuples, relpages FROM pg_class WHERE oid = to_regclass(:t)"),
+        {"t": f"{a.schema}.{a.name}"}).one()
+    return tuples / pages if tuples and tuples > 0 and pages else 50.0
 
 
 def _counts(conn: sa.Connection, archive: Archive, rule: RetentionRule, selection: Selection,
@@ -318,41 +352,37 @@ def restore(engine: sa.Engine, rule: RetentionRule, target_table: str, policy: s
         if pretend:
             return report
         progress, stopped = _Progress(), False
-        statements = {keyset: restore_statement(archive, rule, selection, keyset)
-                      for keyset in (False, True)}
-        after, size, again = None, batch_size, 0
-        batch_no = 0
-        while True:
+        statement = restore_statement(archive, rule, selection)
+        with conn.begin():
+            page, last = _bounds(conn, archive, selection)
+            per_page = _rows_per_page(conn, archive)
+        pages = max(1, int(batch_size / per_page))
+        batch_no = again = 0
+        while page <= last:
             if should_stop():
                 stopped = True
                 break
-            batch_no += 1 if not again else 0
+            batch_no += 0 if again else 1
+            end = page + pages
             try:
-                with conn.begin():
-                    limit_transaction(conn, lock_timeout=lock_timeout,
-                                      statement_timeout=statement_timeout,
-                                      synchronous_commit=False)
-                    row = conn.execute(statements[after is not None],
-                                       {**({"after_key": after} if after is not None else {}),
-                                        "batch_size": size}).one()
+                row = _run_batch(conn, statement, f"({page},0)", f"({end},0)", lock_timeout,
+                                 statement_timeout)
             except sa.exc.DBAPIError as exc:
                 error = describe(exc)
                 if error.kind is ErrorKind.UNIQUE_VIOLATION and again < _UNIQUE_RETRIES:
                     again += 1  # a key came back since the check: the batch sees it now
                     continue
-                if error.row_level and size > 1:
-                    size = max(1, size // 2)  # the same position, half the rows
-                    again = 0
+                again = 0
+                if error.row_level and pages > 1:
+                    pages = max(1, pages // 2)  # the same place, half the pages
                     continue
-                if error.row_level and size == 1:
-                    # One row that cannot go back: it stays in the archive, past it we go.
-                    progress.failed += 1
-                    progress.causes[error.cause] = progress.causes.get(error.cause, 0) + 1
-                    after = _next_key(conn, archive, rule, selection, after)
-                    again = 0
-                    if after is None:
-                        break
-                    continue
+                if error.row_level:
+                    # One page: its rows one at a time, a row that cannot go back left.
+                    error = _one_by_one(conn, statement, archive, selection, page, progress,
+                                        lock_timeout, statement_timeout)
+                    if error is None:
+                        page = end
+                        continue
                 partial = _report(report, progress, conn, archive, selection, started, False)
                 log.warning("restore batch %d failed and was rolled back: %s", batch_no, error)
                 raise RestoreBatchError(batch_no, partial, error) from None
@@ -362,10 +392,10 @@ def restore(engine: sa.Engine, rule: RetentionRule, target_table: str, policy: s
             if row.selected:
                 log.debug("restore batch %d moved %d of %d rows back", batch_no, row.restored,
                           row.selected)
-            if row.selected < size:
-                break  # past this batch the selection is done
-            after = row.last_key
-            size = min(batch_size, size * 2)
+            page = end
+            # The next range sized toward batch_size rows, growing at most twofold.
+            pages = max(1, min(pages * 2, int(pages * batch_size / row.selected))
+                        if row.selected else pages * 2)
         final = _report(report, progress, conn, archive, selection, started, stopped)
     log.info("restore of policy %s, %s: %d rows moved back into %s in %d batches, %d left in "
              "the archive", policy, selection, final.restored_rows, rule.qualified_name,
@@ -373,16 +403,43 @@ def restore(engine: sa.Engine, rule: RetentionRule, target_table: str, policy: s
     return final
 
 
-def _next_key(conn: sa.Connection, archive: Archive, rule: RetentionRule,
-              selection: Selection, after) -> object | None:
-    """The key of the selection's next archived row past ``after``, or ``None``."""
-    a = archive.table
-    key = a.c[rule.key.name]
-    where = _selected(a, archive.target.policy, selection)
-    if after is not None:
-        where.append(key > sa.bindparam("after_key", after))
+def _run_batch(conn: sa.Connection, statement: sa.Select, from_tid: str, to_tid: str,
+               lock_timeout: dt.timedelta, statement_timeout: dt.timedelta) -> sa.Row:
     with conn.begin():
-        return conn.execute(sa.select(key).where(*where).order_by(key).limit(1)).scalar()
+        limit_transaction(conn, lock_timeout=lock_timeout, statement_timeout=statement_timeout,
+                          synchronous_commit=False)
+        return conn.execute(statement, {"from_tid": from_tid, "to_tid": to_tid}).one()
+
+
+def _one_by_one(conn: sa.Connection, statement: sa.Select, archive: Archive,
+                selection: Selection, page: int, progress: _Progress,
+                lock_timeout: dt.timedelta,
+                statement_timeout: dt.timedelta) -> ErrorDescription | None:
+    """The selection's rows of one archive ``page``, each in its own transaction; a row that
+    fails on a row-level error stays in the archive, counted with its cause. Another error
+    ends it: its description is returned (that row's transaction rolled back)."""
+    a = archive.table
+    with conn.begin():
+        items = list(conn.execute(
+            sa.select(sa.cast(a.c.ctid, sa.Text))
+            .where(*_selected(a, archive.target.policy, selection),
+                   a.c.ctid >= _address("from_tid"), a.c.ctid < _address("to_tid")),
+            {"from_tid": f"({page},0)", "to_tid": f"({page + 1},0)"}).scalars())
+    for address in items:
+        item = int(address.strip("()").split(",")[1])
+        try:
+            row = _run_batch(conn, statement, address, f"({page},{item + 1})", lock_timeout,
+                             statement_timeout)
+        except sa.exc.DBAPIError as exc:
+            error = describe(exc)
+            if not error.row_level:
+                return error
+            progress.failed += 1
+            progress.causes[error.cause] = progress.causes.get(error.cause, 0) + 1
+            continue
+        progress.restored += row.restored
+        progress.batches += 1 if row.restored else 0
+    return None
 
 
 def _report(start: RestoreReport, progress: _Progress, conn: sa.Connection, archive: Archive,

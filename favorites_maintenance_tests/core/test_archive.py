@@ -71,3 +71,28 @@ def test_archive_retention_deletes_only_its_own_policys_rows_past_it(items):
     assert len(shop.ids_of(engine, shop.ARCHIVE)) == 3  # the other policy's
     again = prune_archive(engine, shop.ARCHIVE, "other", 32, batch_size=2, max_duration=MINUTE)
     assert (again.deleted_total, again.rows) == (0, 3)
+
+
+def test_a_restore_leaves_the_rows_the_table_refuses_in_the_archive_counted(items):
+    from favorites_maintenance.retention.restore import Selection, restore
+
+    engine = items
+    ids = shop.add_items(engine, 200, updated_at=shop.OLD)
+    before = shop.rows_of(engine, shop.TABLE)
+    purge(engine, shop.CUTOFF, batch_size=50, max_run_duration=MINUTE, rule=RULE,
+          archive=ArchiveTarget(shop.ARCHIVE, shop.POLICY, "run-1"))
+    refused = set(sorted(ids)[::40])  # five rows the table now refuses
+    with engine.begin() as conn:
+        conn.exec_driver_sql(
+            "CREATE FUNCTION shop.refuse() RETURNS trigger LANGUAGE plpgsql AS $$ BEGIN "
+            f"IF NEW.id IN ({', '.join(map(str, refused))}) THEN RAISE EXCEPTION 'no'; END IF; "
+            "RETURN NEW; END $$; CREATE TRIGGER refuse BEFORE INSERT ON shop.items "
+            "FOR EACH ROW EXECUTE FUNCTION shop.refuse()")
+    report = restore(engine, RULE, shop.ARCHIVE, shop.POLICY, Selection(run_id="run-1"),
+                     retention_days=365, batch_size=20, allow_prunable=True)
+    assert (report.restored_rows, report.failed_rows, report.left_in_archive) == (195, 5, 5)
+    assert report.failed_causes == ("raise_exception (SQLSTATE P0001) from function "
+                                    "shop.refuse()",)
+    assert set(shop.ids_of(engine, shop.ARCHIVE)) == refused
+    assert shop.rows_of(engine, shop.TABLE) == {i: r for i, r in before.items()
+                                                if i not in refused}

@@ -75,28 +75,28 @@ def figures(result: dg.ExecuteInProcessResult) -> dict:
     return {}
 
 
-def over_deleted(engine, monkeypatch, instance):
-    """30 rows 100 days old deleted by the mistaken 30-day retention, 10 kept; the snapshot
+def over_deleted(engine, monkeypatch, instance, n: int = 30):
+    """``n`` rows 100 days old deleted by the mistaken 30-day retention, 10 kept; the snapshot
     of the table before, the purge's run."""
-    shop.add_items(engine, 30, updated_at=MID)
+    shop.add_items(engine, n, updated_at=MID)
     shop.add_items(engine, 5, updated_at=FRESH)
     shop.add_items(engine, 5, updated_at=MID, owner_id=9)
     before = shop.rows_of(engine, shop.TABLE)
     run = purge(defs_with_retention(monkeypatch, 30), instance)
-    assert materialization(run, asset_key=shop.ASSET_KEY)["deletedTotal"] == 30
+    assert materialization(run, asset_key=shop.ASSET_KEY)["deletedTotal"] == n
     return before, run
 
 
 def test_a_restore_of_a_run_puts_its_rows_back_as_they_were(env, engine):
     with dg.instance_for_test() as instance:
-        before, run = over_deleted(engine, env, instance)
+        before, run = over_deleted(engine, env, instance, n=300)
         archived = shop.rows_of(engine, shop.ARCHIVE)
         fixed = defs_with_retention(env, 365)  # the policy corrected first
 
         pretend = restore(fixed, instance, run_id=run.run_id, pretend=True, batch_size=8)
         assert pretend.success, failure_text(pretend)
         assert figures(pretend) | {"durationMs": 0} == {
-            "selectedRows": 30, "restorableRows": 30, "restoredRows": 0, "leftInArchive": 30,
+            "selectedRows": 300, "restorableRows": 300, "restoredRows": 0, "leftInArchive": 300,
             "keyExistsRows": 0, "prunableRows": 0, "failedRows": 0, "failedCauses": "none",
             "batches": 0, "durationMs": 0, "pretend": True}
         # --pretend changes nothing.
@@ -106,7 +106,8 @@ def test_a_restore_of_a_run_puts_its_rows_back_as_they_were(env, engine):
         done = restore(fixed, instance, run_id=run.run_id, batch_size=8)
         assert done.success, failure_text(done)
         meta = figures(done)
-        assert (meta["restoredRows"], meta["leftInArchive"], meta["batches"]) == (30, 0, 4)
+        assert (meta["restoredRows"], meta["leftInArchive"]) == (300, 0)
+        assert meta["batches"] > 1  # page ranges of about 8 rows: one page at least
         # Every column as it was: the identity key, arrays, jsonb, the enum; the generated
         # column recomputed to the same value.
         assert shop.rows_of(engine, shop.TABLE) == before
