@@ -366,8 +366,9 @@ def dev(port: int, rows: int, reseed: bool, debug: bool) -> None:
 @click.option("--strategies", default="A,B,C,D,A2,A4", show_default=True,
               help="Comma-separated subset of A, B, C, D, A2, A4, J (the job through "
                    "Dagster), A_durable (A with synchronous_commit on), A_fixed (A with an "
-                   "explicit batch size: no batch above it) and A_lock_first (A locking every "
-                   "batch's rows before deleting them), run in that order.")
+                   "explicit batch size: no batch above it), A_lock_first (A locking every "
+                   "batch's rows before deleting them) and A_archive (A moving every row into "
+                   "an archive table), run in that order.")
 @click.option("--idle-seconds", default=5.0, show_default=True, type=click.FloatRange(min=0.5),
               help="Idle window of the user workload before each purge.")
 @click.option("--repeat", default=1, show_default=True, type=click.IntRange(min=1),
