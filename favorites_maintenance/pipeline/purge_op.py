@@ -25,12 +25,12 @@ from favorites_maintenance.pipeline.resources import (
 from favorites_maintenance.pipeline.run_log import core_logs_in_run_log, to_run_log
 from favorites_maintenance.pipeline.run_report import RunReport
 from favorites_maintenance.pipeline.stop_requests import StopRequests
+from favorites_maintenance.retention.archive import ArchiveTarget, prune_archive
 from favorites_maintenance.retention.database import (
     error_summary,
     is_database_error,
     transient_error_kind,
 )
-from favorites_maintenance.retention.archive import ArchiveTarget, prune_archive
 from favorites_maintenance.retention.errors import PurgeError, RetentionError
 from favorites_maintenance.retention.purge import BatchResult, PurgeReport, StopReason
 from favorites_maintenance.retention.purge import purge as run_purge

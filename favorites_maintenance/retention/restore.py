@@ -56,11 +56,10 @@ from favorites_maintenance.retention.archive import (
     POLICY_COLUMN,
     RUN_ID_COLUMN,
     Archive,
-    CatalogType,
     ArchiveTarget,
-    TableColumn,
-    check_archive,
+    CatalogType,
     archive_table,
+    check_archive,
     table_columns,
 )
 from favorites_maintenance.retention.database import (
@@ -75,7 +74,6 @@ from favorites_maintenance.retention.errors import (
     InvalidArgumentError,
     RestoreBatchError,
     RestoreError,
-    TableShapeError,
     describe,
 )
 from favorites_maintenance.retention.rule import RetentionRule, compute_cutoff
@@ -478,5 +476,4 @@ def _checked_archive(conn: sa.Connection, rule: RetentionRule,
     return archive
 
 
-__all__ = ["RestoreReport", "Selection", "TableColumn", "TableShapeError", "restore",
-           "restore_statement"]
+__all__ = ["RestoreReport", "Selection", "restore", "restore_statement"]

@@ -50,6 +50,11 @@ form comes up short: :mod:`~favorites_maintenance.retention.batch_loop`).
 
 A one-row batch first locks and names its row with the *next-key* statement, so the row can be
 skipped if its delete fails.
+
+With an archive (a policy's ``archive_table``), every form is the same statement but for its
+``retention_deleted`` step, which returns every column and feeds an ``INSERT`` into the archive
+(:meth:`~favorites_maintenance.retention.archive.Archive.move`, the one place that differs), and
+``deleted`` counts the rows moved.
 """
 
 from __future__ import annotations

@@ -91,8 +91,8 @@ def test_a_restore_leaves_the_rows_the_table_refuses_in_the_archive_counted(item
     report = restore(engine, RULE, shop.ARCHIVE, shop.POLICY, Selection(run_id="run-1"),
                      retention_days=365, batch_size=20, allow_prunable=True)
     assert (report.restored_rows, report.failed_rows, report.left_in_archive) == (195, 5, 5)
-    assert report.failed_causes == ("raise_exception (SQLSTATE P0001) from function "
-                                    "shop.refuse()",)
+    assert report.failed_causes == (
+        "raise_exception (SQLSTATE P0001) from function shop.refuse()",)
     assert set(shop.ids_of(engine, shop.ARCHIVE)) == refused
     assert shop.rows_of(engine, shop.TABLE) == {i: r for i, r in before.items()
                                                 if i not in refused}

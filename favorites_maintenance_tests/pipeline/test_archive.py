@@ -125,8 +125,8 @@ def test_an_archive_missing_a_column_is_refused_before_any_delete(env, engine):
 
 @pytest.mark.parametrize("ddl, phrase", [
     ("ALTER TABLE shop.items_archive ALTER COLUMN price TYPE numeric(12, 2)",
-     "archive shop.items_archive column 'price' is numeric(12,2), but shop.items's is "
-     "numeric(10,2)"),
+     ("archive shop.items_archive column 'price' is numeric(12,2), but shop.items's is "
+      "numeric(10,2)")),
     ("ALTER TABLE shop.items_archive ADD COLUMN extra int",
      "archive shop.items_archive has a column 'extra' that shop.items has not"),
     ("ALTER TABLE shop.items_archive ADD PRIMARY KEY (id)",
@@ -180,10 +180,9 @@ def test_archived_rows_past_the_archive_retention_are_deleted_by_the_next_run(en
 
 
 @pytest.mark.parametrize("attributes, phrase", [
-    ({"archive_table": "items_archive"}, "archive_table 'items_archive' must be written "
-                                         "schema.table"),
-    ({"archive_table": "shop.Items"}, "archive_table 'Items' is not a lower-case SQL "
-                                      "identifier"),
+    ({"archive_table": "items_archive"},
+     "archive_table 'items_archive' must be written schema.table"),
+    ({"archive_table": "shop.Items"}, "archive_table 'Items' is not a lower-case SQL identifier"),
     ({"archive_table": "shop.items"}, "archive_table shop.items is the policy's own table"),
     ({"archive_table": None, "archive_retention_days": 30},
      "policy shop_items, archive_retention_days is set, but the policy has no archive_table"),

@@ -236,9 +236,9 @@ def test_an_archive_and_a_restore_never_log_an_archived_value(
         with engine.begin() as conn:
             conn.exec_driver_sql(
                 "INSERT INTO favorites.favorites (id, anonymous_id, item_id, note, updated_at) "
-                f"SELECT id, anonymous_id, 1, note, now() FROM favorites.favorites_archive "
+                "SELECT id, anonymous_id, 1, note, now() FROM favorites.favorites_archive "
                 "ORDER BY id LIMIT 1")
-            conn.exec_driver_sql(f"""
+            conn.exec_driver_sql("""
                 CREATE FUNCTION favorites.refuse_insert() RETURNS trigger LANGUAGE plpgsql AS $$
                 BEGIN
                     IF NEW.item_id % 2 = 0 THEN
