@@ -315,86 +315,95 @@ def restore(engine: sa.Engine, rule: RetentionRule, target_table: str, policy: s
         raise InvalidArgumentError(f"batch_size must be > 0, got {batch_size!r}")
     started = time.monotonic()
     target = ArchiveTarget(target_table, policy, selection.run_id or "restore")
-    with engine.connect() as conn:
-        assert_primary(conn)
-        conn.rollback()
-        with conn.begin():
-            limit_transaction(conn, lock_timeout=lock_timeout,
-                              statement_timeout=statement_timeout)
-            archive = _checked_archive(conn, rule, target)
-            now = conn.execute(sa.select(sa.func.now())).scalar_one()
-            counts = _counts(conn, archive, rule, selection,
-                             compute_cutoff(now, retention_days))
-        report = RestoreReport(
-            selected_rows=counts["selected"], restored_rows=0,
-            restorable_rows=counts["restorable"], left_in_archive=counts["selected"],
-            key_exists_rows=counts["key_exists"], prunable_rows=counts["prunable"],
-            pretend=pretend, duration_s=time.monotonic() - started)
-        if not report.selected_rows:
-            raise RestoreError(
-                f"{target_table} holds no row of policy {policy} {selection}: "
-                + ("an unknown run id, or a run that archived nothing (or whose rows were "
-                   "restored or are past the archive's retention)" if selection.run_id
-                   else "nothing was archived then") + "; nothing was moved", report)
-        if report.prunable_rows and not allow_prunable and not pretend:
-            raise RestoreError(
-                f"{report.prunable_rows} of the {report.selected_rows} rows to restore are "
-                f"prunable under the deployed rule ({rule.predicate_sql}, retention "
-                f"{retention_days} days): the next run would delete them again. Correct the "
-                f"policy first, or restore them anyway with --allow-prunable "
-                f"(allow_prunable: true); nothing was moved", report)
-        log.info("restore of policy %s, %s: %d archived rows, %d restorable, %d whose key "
-                 "exists in %s again, %d prunable%s", policy, selection, report.selected_rows,
-                 report.restorable_rows, report.key_exists_rows, rule.qualified_name,
-                 report.prunable_rows, " (pretend: nothing moved)" if pretend else "")
-        if pretend:
-            return report
-        progress, stopped = _Progress(), False
-        statement = restore_statement(archive, rule, selection)
-        with conn.begin():
-            page, last = _bounds(conn, archive, selection)
-            per_page = _rows_per_page(conn, archive)
-        pages = max(1, int(batch_size / per_page))
-        batch_no = again = 0
-        while page <= last:
-            if should_stop():
-                stopped = True
-                break
-            batch_no += 0 if again else 1
-            end = page + pages
-            try:
-                row = _run_batch(conn, statement, f"({page},0)", f"({end},0)", lock_timeout,
-                                 statement_timeout)
-            except sa.exc.DBAPIError as exc:
-                error = describe(exc)
-                if error.kind is ErrorKind.UNIQUE_VIOLATION and again < _UNIQUE_RETRIES:
-                    again += 1  # a key came back since the check: the batch sees it now
-                    continue
-                again = 0
-                if error.row_level and pages > 1:
-                    pages = max(1, pages // 2)  # the same place, half the pages
-                    continue
-                if error.row_level:
-                    # One page: its rows one at a time, a row that cannot go back left.
-                    error = _one_by_one(conn, statement, archive, selection, page, progress,
-                                        lock_timeout, statement_timeout)
-                    if error is None:
-                        page = end
+    try:
+        with engine.connect() as conn:
+            assert_primary(conn)
+            conn.rollback()
+            with conn.begin():
+                limit_transaction(conn, lock_timeout=lock_timeout,
+                                  statement_timeout=statement_timeout)
+                archive = _checked_archive(conn, rule, target)
+                now = conn.execute(sa.select(sa.func.now())).scalar_one()
+                counts = _counts(conn, archive, rule, selection,
+                                 compute_cutoff(now, retention_days))
+            report = RestoreReport(
+                selected_rows=counts["selected"], restored_rows=0,
+                restorable_rows=counts["restorable"], left_in_archive=counts["selected"],
+                key_exists_rows=counts["key_exists"], prunable_rows=counts["prunable"],
+                pretend=pretend, duration_s=time.monotonic() - started)
+            if not report.selected_rows:
+                raise RestoreError(
+                    f"{target_table} holds no row of policy {policy} {selection}: "
+                    + ("an unknown run id, or a run that archived nothing (or whose rows were "
+                       "restored or are past the archive's retention)" if selection.run_id
+                       else "nothing was archived then") + "; nothing was moved", report)
+            if report.prunable_rows and not allow_prunable and not pretend:
+                raise RestoreError(
+                    f"{report.prunable_rows} of the {report.selected_rows} rows to restore are "
+                    f"prunable under the deployed rule ({rule.predicate_sql}, retention "
+                    f"{retention_days} days): the next run would delete them again. Correct the "
+                    f"policy first, or restore them anyway with --allow-prunable "
+                    f"(allow_prunable: true); nothing was moved", report)
+            log.info("restore of policy %s, %s: %d archived rows, %d restorable, %d whose key "
+                     "exists in %s again, %d prunable%s", policy, selection, report.selected_rows,
+                     report.restorable_rows, report.key_exists_rows, rule.qualified_name,
+                     report.prunable_rows, " (pretend: nothing moved)" if pretend else "")
+            if pretend:
+                return report
+            progress, stopped = _Progress(), False
+            statement = restore_statement(archive, rule, selection)
+            with conn.begin():
+                page, last = _bounds(conn, archive, selection)
+                per_page = _rows_per_page(conn, archive)
+            pages = max(1, int(batch_size / per_page))
+            batch_no = again = 0
+            while page <= last:
+                if should_stop():
+                    stopped = True
+                    break
+                batch_no += 0 if again else 1
+                end = page + pages
+                try:
+                    row = _run_batch(conn, statement, f"({page},0)", f"({end},0)", lock_timeout,
+                                     statement_timeout)
+                except sa.exc.DBAPIError as exc:
+                    error = describe(exc)
+                    if error.kind is ErrorKind.UNIQUE_VIOLATION and again < _UNIQUE_RETRIES:
+                        again += 1  # a key came back since the check: the batch sees it now
                         continue
-                partial = _report(report, progress, conn, archive, selection, started, False)
-                log.warning("restore batch %d failed and was rolled back: %s", batch_no, error)
-                raise RestoreBatchError(batch_no, partial, error) from None
-            again = 0
-            progress.restored += row.restored
-            progress.batches += 1 if row.restored else 0
-            if row.selected:
-                log.debug("restore batch %d moved %d of %d rows back", batch_no, row.restored,
-                          row.selected)
-            page = end
-            # The next range sized toward batch_size rows, growing at most twofold.
-            pages = max(1, min(pages * 2, int(pages * batch_size / row.selected))
-                        if row.selected else pages * 2)
-        final = _report(report, progress, conn, archive, selection, started, stopped)
+                    again = 0
+                    if error.row_level and pages > 1:
+                        pages = max(1, pages // 2)  # the same place, half the pages
+                        continue
+                    if error.row_level:
+                        # One page: its rows one at a time, a row that cannot go back left.
+                        error = _one_by_one(conn, statement, archive, selection, page, progress,
+                                            lock_timeout, statement_timeout)
+                        if error is None:
+                            page = end
+                            continue
+                    partial = _report(report, progress, started, False)
+                    log.warning("restore batch %d failed and was rolled back: %s", batch_no, error)
+                    raise RestoreBatchError(batch_no, partial, error) from None
+                again = 0
+                progress.restored += row.restored
+                progress.batches += 1 if row.restored else 0
+                if row.selected:
+                    log.debug("restore batch %d moved %d of %d rows back", batch_no, row.restored,
+                              row.selected)
+                page = end
+                # The next range sized toward batch_size rows, growing at most twofold.
+                pages = max(1, min(pages * 2, int(pages * batch_size / row.selected))
+                            if row.selected else pages * 2)
+            final = _report(report, progress, started, stopped)
+    except sa.exc.DBAPIError as exc:
+        # Outside a batch (the checks, the counts, the archive's page bounds): nothing of it
+        # was moved; the batches before it stay restored.
+        error = describe(exc)
+        log.warning("restore of policy %s could not read %s or %s: %s", policy, target_table,
+                    rule.qualified_name, error)
+        raise RestoreError(f"restore could not read {target_table} or "
+                           f"{rule.qualified_name}: {error}") from None
     log.info("restore of policy %s, %s: %d rows moved back into %s in %d batches, %d left in "
              "the archive", policy, selection, final.restored_rows, rule.qualified_name,
              final.batches, final.left_in_archive)
@@ -440,15 +449,13 @@ def _one_by_one(conn: sa.Connection, statement: sa.Select, archive: Archive,
     return None
 
 
-def _report(start: RestoreReport, progress: _Progress, conn: sa.Connection, archive: Archive,
-            selection: Selection, started: float, stopped: bool) -> RestoreReport:
-    a = archive.table
-    with conn.begin():
-        left = conn.execute(sa.select(sa.func.count()).where(
-            *_selected(a, archive.target.policy, selection))).scalar_one()
+def _report(start: RestoreReport, progress: _Progress, started: float,
+            stopped: bool) -> RestoreReport:
+    # Only restored rows leave the archive (the policy's pool keeps its runs away meanwhile).
     return RestoreReport(
         selected_rows=start.selected_rows, restored_rows=progress.restored,
-        restorable_rows=start.restorable_rows, left_in_archive=left,
+        restorable_rows=start.restorable_rows,
+        left_in_archive=start.selected_rows - progress.restored,
         key_exists_rows=start.key_exists_rows, prunable_rows=start.prunable_rows,
         failed_rows=progress.failed, failed_causes=tuple(progress.causes),
         batches=progress.batches, duration_s=time.monotonic() - started, stopped=stopped)

@@ -106,28 +106,30 @@ def test_a_backend_killed_mid_batch_leaves_each_row_in_one_place(env, engine):
 
 class Terminator(threading.Thread):
     """Terminates the run as the UI's "Terminate" does (the run marked CANCELING, then SIGINT
-    to its worker, this process) while a batch is open, once five batches are archived."""
+    to its worker, this process) while a batch is open, once ``rows_in(table)`` reached
+    ``after_rows``; notes that count at the signal."""
 
-    def __init__(self, engine, instance, after_rows: int):
+    def __init__(self, engine, instance, table: str, after_rows: int):
         super().__init__(daemon=True)
-        self.engine, self.instance, self.after_rows = engine, instance, after_rows
-        self.archived_at_signal = None
+        self.engine, self.instance, self.table = engine, instance, table
+        self.after_rows = after_rows
+        self.rows_at_signal = None
 
     def run(self):
         deadline = time.monotonic() + 120
         while time.monotonic() < deadline:
             with self.engine.connect() as conn:
                 exists = conn.exec_driver_sql(
-                    "SELECT to_regclass('shop.items_archive') IS NOT NULL").scalar()
-                archived = conn.exec_driver_sql(
-                    "SELECT count(*) FROM shop.items_archive").scalar() if exists else 0
+                    f"SELECT to_regclass('{self.table}') IS NOT NULL").scalar()
+                rows = conn.exec_driver_sql(
+                    f"SELECT count(*) FROM {self.table}").scalar() if exists else 0
                 open_batch = conn.exec_driver_sql(
                     "SELECT count(*) FROM pg_stat_activity WHERE wait_event = 'PgSleep' "
                     "AND application_name = 'favorites-maintenance'").scalar()
-            if archived >= self.after_rows and open_batch:
+            if rows >= self.after_rows and open_batch:
                 [run] = self.instance.get_runs(limit=1)
                 self.instance.report_run_canceling(run)
-                self.archived_at_signal = archived
+                self.rows_at_signal = rows
                 os.kill(os.getpid(), signal.SIGINT)
                 return
             time.sleep(0.01)
@@ -144,15 +146,86 @@ def test_a_run_terminated_with_a_batch_open_leaves_each_row_in_one_place(env, en
             "DELETE ON shop.items FOR EACH STATEMENT EXECUTE FUNCTION shop.slow_batch()")
     defs = shop_defs(batch)
     with dg.instance_for_test() as instance:
-        terminator = Terminator(engine, instance, after_rows=5 * batch)
+        terminator = Terminator(engine, instance, shop.ARCHIVE, after_rows=5 * batch)
         terminator.start()
         result = run_shop(defs, instance)
         terminator.join(30)
         run = instance.get_run_by_id(result.run_id)
     assert run.status == dg.DagsterRunStatus.CANCELED
-    assert terminator.archived_at_signal is not None
+    assert terminator.rows_at_signal is not None
     _, in_archive = assert_each_row_in_one_place(engine, original)
     # The batch open at the request committed whole, and none started after it.
     assert len(in_archive) % batch == 0
-    assert 0 <= len(in_archive) - terminator.archived_at_signal <= batch
+    assert 0 <= len(in_archive) - terminator.rows_at_signal <= batch
     assert len(in_archive) < len(original)
+
+
+def test_a_backend_killed_mid_restore_batch_leaves_each_row_in_one_place(env, engine):
+    import datetime as dt
+
+    shop.add_items(engine, 400, updated_at=shop.OLD)
+    shop.add_items(engine, 1, updated_at=shop.OLD + dt.timedelta(hours=1), note="SLOW")
+    original = shop.rows_of(engine, shop.TABLE)
+    defs = shop_defs(100)
+    with engine.begin() as conn:  # a restored row noted SLOW sleeps in the table's trigger
+        conn.exec_driver_sql(
+            "CREATE FUNCTION shop.slow_insert() RETURNS trigger LANGUAGE plpgsql AS $$ BEGIN "
+            "IF NEW.note = 'SLOW' THEN PERFORM pg_sleep(30); END IF; RETURN NEW; END $$; "
+            "CREATE TRIGGER slow_insert BEFORE INSERT ON shop.items FOR EACH ROW "
+            "EXECUTE FUNCTION shop.slow_insert()")
+
+    def kill():
+        pid = sleeping_backend(engine)
+        with engine.connect() as conn:
+            return conn.execute(sa.text("SELECT pg_terminate_backend(:p)"), {"p": pid}).scalar()
+
+    def restore(run_id):
+        return defs.resolve_job_def(shop.RESTORE_JOB).execute_in_process(
+            run_config={"ops": {shop.RESTORE_OP: {"config": {
+                "run_id": run_id, "allow_prunable": True, "batch_size": 50}}}},
+            instance=instance, raise_on_error=False)
+
+    with dg.instance_for_test() as instance:
+        purged = run_shop(defs, instance)
+        assert purged.success, failure_text(purged)
+        killer, killed = in_thread(kill)
+        first = restore(purged.run_id)
+        killer.join(30)
+        assert killed == [True]
+        assert not first.success
+        assert "failed and was rolled back, its rows left in the archive" in failure_text(first)
+        in_table, in_archive = assert_each_row_in_one_place(engine, original)
+        assert in_archive  # the batch with the slow row, and those after it
+        with engine.begin() as conn:
+            conn.exec_driver_sql("DROP TRIGGER slow_insert ON shop.items")
+        second = restore(purged.run_id)
+        assert second.success, failure_text(second)
+    assert assert_each_row_in_one_place(engine, original) == (set(original), set())
+
+
+def test_a_restore_terminated_with_a_batch_open_ends_canceled_each_row_in_one_place(env,
+                                                                                   engine):
+    shop.add_items(engine, 1500, updated_at=shop.OLD)
+    original = shop.rows_of(engine, shop.TABLE)
+    defs = shop_defs(500)
+    with dg.instance_for_test() as instance:
+        purged = run_shop(defs, instance)
+        assert purged.success, failure_text(purged)
+        with engine.begin() as conn:  # every restore batch stays open 0.2 s in its INSERT
+            conn.exec_driver_sql(
+                "CREATE FUNCTION shop.slow_restore() RETURNS trigger LANGUAGE plpgsql AS $$ "
+                "BEGIN PERFORM pg_sleep(0.2); RETURN NULL; END $$; CREATE TRIGGER slow_restore "
+                "BEFORE INSERT ON shop.items FOR EACH STATEMENT "
+                "EXECUTE FUNCTION shop.slow_restore()")
+        terminator = Terminator(engine, instance, shop.TABLE, after_rows=200)
+        terminator.start()
+        result = defs.resolve_job_def(shop.RESTORE_JOB).execute_in_process(
+            run_config={"ops": {shop.RESTORE_OP: {"config": {
+                "run_id": purged.run_id, "allow_prunable": True, "batch_size": 50}}}},
+            instance=instance, raise_on_error=False)
+        terminator.join(30)
+        run = instance.get_run_by_id(result.run_id)
+    assert run.status == dg.DagsterRunStatus.CANCELED
+    assert terminator.rows_at_signal is not None
+    in_table, in_archive = assert_each_row_in_one_place(engine, original)
+    assert in_table and in_archive
