@@ -17,7 +17,8 @@ them into the archive in the same statement, so in the same transaction::
 A row is then either in the table or in the archive, never both and never neither, whatever
 fails and whenever the run is killed: the batch commits or rolls back whole. The values never
 leave the server. :meth:`Archive.move` is the one place a batch's ``DELETE ... RETURNING``
-becomes that move (:func:`~favorites_maintenance.retention.statements.batch_statement` calls it).
+becomes that move (every batch form reaches it through
+:func:`~favorites_maintenance.retention.statements.removed_rows`).
 
 The archive holds every column of the row as it was (same names, same types), plus three
 columns whose names start with ``_retention_``: the run that archived it, the policy, and the
@@ -431,7 +432,8 @@ def prune_archive(engine: sa.Engine, table: str, policy: str, retention_days: in
                   batch_size: int, max_duration: dt.timedelta,
                   should_stop: Callable[[], bool] = lambda: False,
                   lock_timeout: dt.timedelta = DEFAULT_LOCK_TIMEOUT,
-                  statement_timeout: dt.timedelta = DEFAULT_STATEMENT_TIMEOUT) -> ArchivePruneReport:
+                  statement_timeout: dt.timedelta = DEFAULT_STATEMENT_TIMEOUT,
+                  ) -> ArchivePruneReport:
     """Delete ``policy``'s rows of archive ``table`` archived more than ``retention_days`` ago
     (by the database's clock), at most ``batch_size`` rows a transaction, then
     count the policy's rows left. A missing archive has nothing to delete.

@@ -53,7 +53,7 @@ skipped if its delete fails.
 
 With an archive (a policy's ``archive_table``), every form is the same statement but for its
 ``retention_deleted`` step, which returns every column and feeds an ``INSERT`` into the archive
-(:meth:`~favorites_maintenance.retention.archive.Archive.move`, the one place that differs), and
+(:func:`removed_rows`, through :meth:`~favorites_maintenance.retention.archive.Archive.move`), and
 ``deleted`` counts the rows moved.
 """
 
@@ -122,10 +122,7 @@ def batch_statement(rule: RetentionRule, cutoff: dt.datetime, keyset: bool,
         # SELECT on ctid: match by key. The age column is matched too: a table partitioned by
         # it has its primary key on (id, updated_at).
         match = sa.and_(rule.key == batch.c.key, rule.age == batch.c.age)
-    delete = rule.delete_prunable(cutoff, match)
-    # The one place a batch's rows go somewhere: nowhere, or into the archive.
-    deleted = (archive.move(delete) if archive is not None
-               else delete.returning(sa.literal_column("1")).cte("retention_deleted"))
+    deleted = removed_rows(rule.delete_prunable(cutoff, match), archive)
     # The batch's last key and its size in one pass over it (a window count, then the top row).
     last = (
         sa.select(batch.c.age, batch.c.key, sa.func.count().over().label("selected"))
@@ -141,6 +138,16 @@ def batch_statement(rule: RetentionRule, cutoff: dt.datetime, keyset: bool,
         last.c.age.label("last_age"),
         last.c.key.label("last_key"),
     ).select_from(one.outerjoin(last, sa.true()))
+
+
+def removed_rows(delete: sa.Delete, archive: Archive | None) -> sa.CTE:
+    """A batch's ``delete`` as the CTE the batch statement counts its rows from, one row per
+    row removed: ``DELETE ... RETURNING 1`` (``retention_deleted``), or with ``archive`` the
+    move of the deleted rows into it (:meth:`~favorites_maintenance.retention.archive.Archive.
+    move`). The one place a batch's rows go somewhere: every batch form goes through it."""
+    if archive is not None:
+        return archive.move(delete)
+    return delete.returning(sa.literal_column("1")).cte("retention_deleted")
 
 
 def _after_position(rule: RetentionRule) -> list[sa.ColumnElement[bool]]:

@@ -73,7 +73,8 @@ def slow_row_trigger(engine, seconds: float) -> None:
 
 def test_a_backend_killed_mid_batch_leaves_each_row_in_one_place(env, engine):
     shop.add_items(engine, 35, updated_at=shop.OLD)
-    shop.add_items(engine, 1, updated_at=shop.OLD + dt.timedelta(seconds=40), note="SLOW")  # batch 4
+    # The 36th row, in batch 4, makes its batch sleep.
+    shop.add_items(engine, 1, updated_at=shop.OLD + dt.timedelta(seconds=40), note="SLOW")
     shop.add_items(engine, 34, updated_at=shop.OLD + dt.timedelta(seconds=50))
     original = shop.rows_of(engine, shop.TABLE)
     slow_row_trigger(engine, 30)
