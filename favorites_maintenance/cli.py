@@ -10,6 +10,7 @@ policies of ``favorites_maintenance/defs/``.
 - ``dev``: the Dagster UI and daemon (``dagster dev``) on the embedded PostgreSQL server, with a
   seeded dev table, until Ctrl-C.
 - ``bench``: the purge against the physical limit and the usual alternatives.
+- ``restore``: a policy's archived rows back into its table (its ``restore_<policy>_job``).
 """
 
 from __future__ import annotations
@@ -211,6 +212,92 @@ def dry_run(partition: str | None, policy_name: str) -> None:
     _echo("nothing deleted (dry run)")
 
 
+@main.command(short_help="Move a policy's archived rows back into its table.")
+@click.option("--run-id", default=None, metavar="RUN_ID",
+              help="Restore the rows this run of the policy's job archived.")
+@click.option("--since", default=None, metavar="INSTANT",
+              help="Instead of --run-id: the rows archived from this ISO 8601 instant "
+                   "(with its offset, e.g. 2026-06-15T00:00:00Z) ...")
+@click.option("--until", default=None, metavar="INSTANT",
+              help="... until this one (exclusive; default now).")
+@click.option("--pretend", is_flag=True, help="Count what would be restored; move nothing.")
+@click.option("--allow-prunable", is_flag=True,
+              help="Restore rows the deployed rule would delete again at the next run.")
+@click.option("--batch-size", default=1000, show_default=True,
+              type=click.IntRange(1, 100_000), help="Rows per batch transaction.")
+@click.option("--policy", "policy_name", required=True, metavar="NAME",
+              help="The policy whose archive to restore from (it needs an archive_table).")
+def restore(run_id: str | None, since: str | None, until: str | None, pretend: bool,
+            allow_prunable: bool, batch_size: int, policy_name: str) -> None:
+    """Move archived rows of a policy back into its table, in batch transactions.
+
+    Runs the policy's restore_<policy>_job through Dagster on the deployment's instance
+    (DAGSTER_HOME), so the run is in its history, and on the policy's own database (the
+    variable its database_url_env names). Rows whose key exists in the table again stay in the
+    archive and are counted. Rows the deployed rule would delete again are counted, and refused
+    unless --allow-prunable. It refuses to start while a run of the policy is in progress.
+    Only counts are printed, never an archived value.
+    """
+    import os
+
+    import dagster as dg
+
+    from favorites_maintenance.components import policy_tree
+    from favorites_maintenance.config.deployment import require_database_url
+    from favorites_maintenance.definitions import code_location
+    from favorites_maintenance.pipeline.restore import RestoreConfig, selection_of
+
+    _check_deployment_settings()
+    policy = _load_policy(policy_name)
+    if policy.archive_table is None:
+        _fail(f"--policy {policy_name}: the policy keeps no archive (no archive_table in its "
+              "defs.yaml), so there is nothing to restore; its deleted rows are gone (restore "
+              "from a backup: docs/runbook.md)")
+    config = {"run_id": run_id, "since": since, "until": until, "pretend": pretend,
+              "allow_prunable": allow_prunable, "batch_size": batch_size}
+    try:
+        selection_of(RestoreConfig(**config))
+    except ValueError as exc:
+        _fail(str(exc).replace("run_id", "--run-id").replace("since", "--since")
+              .replace("until", "--until"))
+    if not os.environ.get("DAGSTER_HOME", "").strip():
+        _fail("DAGSTER_HOME is not set: restore runs the policy's restore job on the "
+              "deployment's Dagster instance, so that its run is in the history and never "
+              "beside a purge of the policy; export the DAGSTER_HOME the daemon uses")
+    try:
+        require_database_url(policy.database_url_env)
+    except SettingsError as exc:
+        _fail(str(exc))
+    defs = code_location(policy_tree.component_tree())
+    job = defs.resolve_job_def(policy.restore_job_name)
+    with dg.DagsterInstance.get() as instance:
+        result = job.execute_in_process(
+            run_config={"ops": {f"restore_{policy.name}": {"config": config}}},
+            instance=instance, raise_on_error=False)
+    outputs = [e.step_output_data.metadata for e in result.all_events
+               if e.event_type_value == "STEP_OUTPUT"]
+    failures = [e.event_specific_data for e in result.all_events
+                if e.event_type_value == "STEP_FAILURE"]
+    figures = outputs[0] if outputs else (
+        failures[0].user_failure_data.metadata if failures and failures[0].user_failure_data
+        else {})
+    shown = {key: getattr(value, "value", value) for key, value in figures.items()}
+    state = "succeeded" if result.success else "failed"
+    _echo(f"run {result.run_id} {state} ({policy.restore_job_name}"
+          + (", pretend: nothing moved" if pretend else "") + ")")
+    for label, key in (("archived rows selected", "selectedRows"),
+                       ("restorable", "restorableRows"), ("restored", "restoredRows"),
+                       ("key exists again", "keyExistsRows"),
+                       ("left in the archive", "leftInArchive"),
+                       ("prunable under the rule", "prunableRows"),
+                       ("failed", "failedRows")):
+        if key in shown:
+            _echo(f"  {label:<24}{shown[key]:>10,}")
+    if not result.success:
+        error = failures[0].error if failures else None
+        _fail(error.message.strip() if error is not None else "the restore run failed")
+
+
 @main.command(short_help="Run the Dagster UI and daemon on a local database until Ctrl-C.")
 @click.option("--port", default=3000, show_default=True, type=click.IntRange(1, 65535),
               help="Port of the Dagster UI on 127.0.0.1.")
@@ -279,8 +366,9 @@ def dev(port: int, rows: int, reseed: bool, debug: bool) -> None:
 @click.option("--strategies", default="A,B,C,D,A2,A4", show_default=True,
               help="Comma-separated subset of A, B, C, D, A2, A4, J (the job through "
                    "Dagster), A_durable (A with synchronous_commit on), A_fixed (A with an "
-                   "explicit batch size: no batch above it) and A_lock_first (A locking every "
-                   "batch's rows before deleting them), run in that order.")
+                   "explicit batch size: no batch above it), A_lock_first (A locking every "
+                   "batch's rows before deleting them) and A_archive (A moving every row into "
+                   "an archive table), run in that order.")
 @click.option("--idle-seconds", default=5.0, show_default=True, type=click.FloatRange(min=0.5),
               help="Idle window of the user workload before each purge.")
 @click.option("--repeat", default=1, show_default=True, type=click.IntRange(min=1),

@@ -83,7 +83,10 @@ def run_figures(results: list[dict], before: dict, after: dict,
         "prunable_rows_left": after["prunable"],
         "account_rows_deleted": before["accounts"] - after["accounts"],
         "correct": (deleted == before["prunable"] and after["prunable"] == 0
-                    and after["accounts"] == before["accounts"]),
+                    and after["accounts"] == before["accounts"]
+                    # A_archive: every deleted row is in the archive, once.
+                    and all(r.get("archived_rows", r["deleted"]) == r["deleted"]
+                            for r in results)),
         "duration_s": round(seconds, 3),
         "rows_per_second": _rate(deleted, seconds),
         "batches": len(durations),
@@ -101,6 +104,8 @@ def run_figures(results: list[dict], before: dict, after: dict,
         or None,
         "paused_ms": sum(r.get("paused_ms") or 0 for r in results),
     }
+    if any("archived_rows" in r for r in results):
+        out["archived_rows"] = sum(r.get("archived_rows", 0) for r in results)
     if job is not None:
         # The job's purge runs in a step process: rate it by its own durationMs, and the run
         # from start to end apart.
@@ -239,6 +244,11 @@ def format_table(report: dict) -> str:
                      + (" (J's batches ran faster than A's)"
                         if (report.get("overhead_ms_per_batch") or 0) < 0 else "")
                      + "; its WAL is the whole server's, Dagster's storage included")
+    if "A" in report["strategies"] and "A_archive" in report["strategies"]:
+        a, moved = report["strategies"]["A"], report["strategies"]["A_archive"]
+        lines.append(f"A_archive against A: {a['rows_per_second'] / moved['rows_per_second']:.2f} "
+                     f"x the time per row, {moved['wal_bytes'] / max(a['wal_bytes'], 1):.2f} x "
+                     f"the WAL ({moved.get('archived_rows', 0):,} rows archived)")
     target = report.get("target_batch_ms")
     for name, r in report["strategies"].items():
         if r.get("batch_size_max") and target:

@@ -22,11 +22,14 @@ from favorites_maintenance.config.policy_settings import (
 STRATEGIES = ("A", "B", "C", "D", "A2", "A4", "J")
 #: Not run by default, to measure what a choice of A's gives: A with ``synchronous_commit`` on;
 #: A with an explicit batch size (no batch above it); A locking every batch's rows before
-#: deleting them (no optimistic batches).
-EXTRA_STRATEGIES = ("A_durable", "A_fixed", "A_lock_first")
+#: deleting them (no optimistic batches); A moving every row into an archive (a policy's
+#: ``archive_table``) instead of only deleting it.
+EXTRA_STRATEGIES = ("A_durable", "A_fixed", "A_lock_first", "A_archive")
+#: Where ``A_archive`` moves the rows (created by its first batch's check, as a run creates it).
+ARCHIVE_TABLE = "favorites.favorites_archive"
 #: Workers of each strategy (A2 and A4 run A in that many processes at once).
 WORKERS = {"A": 1, "B": 1, "C": 1, "D": 1, "A2": 2, "A4": 4, "A_durable": 1, "A_fixed": 1,
-           "A_lock_first": 1,
+           "A_lock_first": 1, "A_archive": 1,
            "J": 1}
 
 _GUARD = "user_id IS NULL AND updated_at < %(cutoff)s"
@@ -47,6 +50,7 @@ def worker_kind(strategy: str) -> str:
 
 def _purge_a(strategy: str, engine: sa.Engine, url: str, cutoff: dt.datetime, batch_size: int,
              max_run_s: float, durations: list[float]) -> _Outcome:
+    from favorites_maintenance.retention.archive import ArchiveTarget
     from favorites_maintenance.retention.health import HealthLimits
     from favorites_maintenance.retention.purge import purge
 
@@ -62,9 +66,15 @@ def _purge_a(strategy: str, engine: sa.Engine, url: str, cutoff: dt.datetime, ba
                    on_batch=lambda b: durations.append(b.duration_s),
                    **({"synchronous_commit": True} if strategy == "A_durable" else {}),
                    **({"optimistic": False} if strategy == "A_lock_first" else {}),
+                   **({"archive": ArchiveTarget(ARCHIVE_TABLE, "bench", "bench-run")}
+                      if strategy == "A_archive" else {}),
                    **adaptive)
-    return (report.deleted_total, report.stop_reason.value,
-            {"batch_size_max": report.batch_size_max, "paused_ms": report.paused_ms})
+    extra = {"batch_size_max": report.batch_size_max, "paused_ms": report.paused_ms}
+    if strategy == "A_archive":
+        with engine.connect() as conn:  # after the timed window: what reached the archive
+            extra["archived_rows"] = conn.exec_driver_sql(
+                f"SELECT count(*) FROM {ARCHIVE_TABLE}").scalar_one()
+    return report.deleted_total, report.stop_reason.value, extra
 
 
 def _one_delete_b(strategy, engine, url, cutoff, batch_size, max_run_s, durations) -> _Outcome:
@@ -119,6 +129,7 @@ def _job_j(strategy, engine, url, cutoff, batch_size, max_run_s, durations) -> _
 
 _WORKER: dict[str, Callable[..., _Outcome]] = {
     "A": _purge_a, "A_durable": _purge_a, "A_fixed": _purge_a, "A_lock_first": _purge_a,
+    "A_archive": _purge_a,
     "B": _one_delete_b, "C": _ctid_loop_c, "D": _skip_locked_d, "J": _job_j,
 }
 

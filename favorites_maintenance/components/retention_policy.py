@@ -13,6 +13,7 @@ One folder per policy, ``favorites_maintenance/defs/<policy>/defs.yaml``::
       retention_days: 30                # optional, like every setting below
       cron: "{{ env.GUEST_CARTS_CLEANUP_CRON }}"
       database_url_env: CARTS_DATABASE_URL   # optional: the variable holding its database's URL
+      archive_table: carts.guest_carts_archive   # optional: deleted rows kept there a while
 
 The rule's fields (``name``, ``table``, ``key_column``, ``age_column``, ``null_columns``) are
 required; ``null_columns: []`` declares a rule with no guard, and a policy that leaves the field
@@ -169,6 +170,9 @@ class _RuleFields(dg.Model):
         _as_text, model_field_type=str | None, inject_before_resolve=False,
         description="the environment variable holding the SQLAlchemy URL of the policy's "
                     "database, by name (default FAVORITES_DATABASE_URL)")] = Field(default=None)
+    archive_table: str | None = Field(
+        default=None, description="optional schema.table the purge moves deleted rows into "
+        "(same database), kept archive_retention_days; unset: rows are deleted, no archive")
 
 
 #: The optional setting fields after the rule's, one per :class:`PolicySettings` field.
@@ -198,6 +202,9 @@ class RetentionPolicy(dg.Component, dg.Resolvable, _PolicyFields):
             the policy's database (default ``FAVORITES_DATABASE_URL``); the URL itself never
             appears in the YAML. Policies naming one variable share its resource and its
             concurrency pool (README, "Adding a retention policy").
+        archive_table: optional ``schema.table`` in the same database that each batch moves
+            its rows into, kept ``archive_retention_days`` days, and the job
+            ``restore_<name>_job`` that moves them back (docs/archive.md). Unset: no archive.
         (settings): one optional field per policy setting, see
             :class:`~favorites_maintenance.config.policy_settings.PolicySettings` (README,
             "Configuration").
@@ -245,7 +252,7 @@ class RetentionPolicy(dg.Component, dg.Resolvable, _PolicyFields):
             {name: value.text for name, value in given.items() if value.text is not None},
             {name: labels.get(name, f"policy {self.name}, {name}") for name in SETTINGS})
         return Policy(self.name, rule, settings, labels=labels,
-                      metrics_prefix=self.metrics_prefix,
+                      metrics_prefix=self.metrics_prefix, archive_table=self.archive_table,
                       **({"database_url_env": self.database_url_env}
                          if self.database_url_env is not None else {}))
 

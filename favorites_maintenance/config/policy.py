@@ -15,6 +15,7 @@ run-failure sensor                ``<name>_cleanup_failure_sensor``
 tick-failure sensor               ``<name>_cleanup_tick_failure_sensor``
 concurrency pool                  ``<name>_cleanup``
 Prometheus metric names           ``<metrics_prefix>_*`` (default ``<name>_cleanup_*``)
+restore job (with an archive)     ``restore_<name>_job``
 ================================  ============================================
 
 A policy's database is named by the environment variable holding its URL
@@ -38,7 +39,7 @@ from dataclasses import dataclass, field
 
 from favorites_maintenance.config.policy_settings import PolicySettings
 from favorites_maintenance.retention.defaults import DATABASE_URL_VAR
-from favorites_maintenance.retention.rule import RetentionRule
+from favorites_maintenance.retention.rule import RetentionRule, RuleError, split_table_name
 
 #: A policy name: snake_case, short enough that every derived name stays a valid Dagster name.
 _NAME = re.compile(r"[a-z][a-z0-9]*(?:_[a-z0-9]+)*")
@@ -86,11 +87,16 @@ class Policy:
             (``<metrics_prefix>_deleted_rows``, ...); ``None`` (the default) is ``<name>_cleanup``.
         database_url_env: the environment variable holding the SQLAlchemy URL of the policy's
             database (its name, never the URL); default ``FAVORITES_DATABASE_URL``.
+        archive_table: ``schema.table`` its purge moves the deleted rows into, in the same
+            database, kept ``settings.archive_retention_days`` days (docs/archive.md);
+            ``None`` (the default): rows are deleted, with no archive and no restore.
 
     Raises:
         PolicyError: ``name`` is not snake_case or is too long; ``metrics_prefix`` is not
             snake_case; ``database_url_env`` is not an upper-case variable name (its value is
-            shown only when it is a name: it may hold a URL).
+            shown only when it is a name: it may hold a URL); ``archive_table`` is not
+            ``schema.table`` of identifiers, or is the policy's table;
+            ``archive_retention_days`` is set without an ``archive_table``.
     """
 
     name: str
@@ -99,6 +105,7 @@ class Policy:
     labels: dict[str, str] = field(default_factory=dict, compare=False)
     metrics_prefix: str | None = None
     database_url_env: str = DATABASE_URL_VAR
+    archive_table: str | None = None
 
     def __post_init__(self):
         if not isinstance(self.name, str) or not _NAME.fullmatch(self.name) \
@@ -121,6 +128,19 @@ class Policy:
                               f"A-Z, 0-9 and underscores, a letter first, at most "
                               f"{_MAX_VARIABLE} characters (e.g. CARTS_DATABASE_URL); got "
                               f"{shown}")
+        if self.archive_table is not None:
+            try:
+                split_table_name(self.archive_table, "archive_table")
+            except RuleError as exc:
+                raise PolicyError(f"policy {self.name!r}: {exc}") from None
+            if self.archive_table == self.rule.qualified_name:
+                raise PolicyError(f"policy {self.name!r}: archive_table {self.archive_table} "
+                                  "is the policy's own table; name another table")
+        elif "archive_retention_days" in self.settings.explicit:
+            raise PolicyError(
+                f"policy {self.name!r}: {self.label('archive_retention_days')} is set, but the "
+                "policy has no archive_table: there is no archive to keep rows in. Remove it, "
+                "or name the archive (archive_table: schema.table)")
 
     def label(self, setting: str) -> str:
         """What a message calls ``setting``: its variable, or ``policy <name>, <setting>``."""
@@ -159,6 +179,11 @@ class Policy:
     @property
     def job_name(self) -> str:
         return f"{self.cleanup}_job"
+
+    @property
+    def restore_job_name(self) -> str:
+        """``restore_<name>_job``: moves archived rows back (only with an ``archive_table``)."""
+        return f"restore_{self.name}_job"
 
     @property
     def schedule_name(self) -> str:

@@ -62,6 +62,8 @@ DEFAULT_STALE_AFTER = dt.timedelta(hours=48)
 DEFAULT_BATCH_SIZE_MAX = 10_000
 #: Wall time one batch transaction aims at; 0 turns adaptation off (every batch the first size).
 DEFAULT_TARGET_BATCH_DURATION = dt.timedelta(milliseconds=200)
+#: How long an archived row stays in a policy's archive (the undo window), days.
+DEFAULT_ARCHIVE_RETENTION_DAYS = 30
 
 
 @dataclass(frozen=True)
@@ -191,6 +193,12 @@ class PolicySettings:
         "(stopReason db_unhealthy)",
         f"{iso_duration(MIN_DURATION)} to {iso_duration(MAX_RUN_DURATION_LIMIT)}, "
         + _DURATION_FORMS)
+
+    archive_retention_days: int = setting(
+        DEFAULT_ARCHIVE_RETENTION_DAYS, int_between(1, MAX_RETENTION_DAYS), int,
+        "with an archive_table: days an archived row is kept; older ones are deleted by the "
+        "policy's runs after the purge",
+        f"1 to {MAX_RETENTION_DAYS:,}")
 
     explicit: frozenset[str] = field(default=frozenset())
 

@@ -6,6 +6,7 @@ from favorites_maintenance.config.policy import Policy
 from favorites_maintenance.pipeline.assets import build_cleanup_asset
 from favorites_maintenance.pipeline.checks import build_asset_checks
 from favorites_maintenance.pipeline.jobs import CLEANUP_EXECUTOR, build_job
+from favorites_maintenance.pipeline.restore import build_restore_job
 from favorites_maintenance.pipeline.schedules import build_schedule
 from favorites_maintenance.pipeline.sensors import (
     build_failure_sensor,
@@ -16,14 +17,16 @@ from favorites_maintenance.pipeline.sensors import (
 
 def policy_definitions(policy: Policy) -> dg.Definitions:
     """The cleanup asset of ``policy`` and its checks, the job, the schedule and the three
-    sensors, run by :data:`~favorites_maintenance.pipeline.jobs.CLEANUP_EXECUTOR` (every
-    policy sets the same one, so it is the code location's default executor). The resources
-    they use are the code location's (:mod:`favorites_maintenance.defs.resources`,
+    sensors, and for a policy with an archive its restore job, run by
+    :data:`~favorites_maintenance.pipeline.jobs.CLEANUP_EXECUTOR` (every policy sets the same
+    one, so it is the code location's default executor). The resources they use are the code
+    location's (:mod:`favorites_maintenance.defs.resources`,
     :mod:`favorites_maintenance.definitions`)."""
     return dg.Definitions(
         assets=[build_cleanup_asset(policy)],
         asset_checks=build_asset_checks(policy),
-        jobs=[build_job(policy)],
+        jobs=[build_job(policy),
+              *([build_restore_job(policy)] if policy.archive_table is not None else [])],
         schedules=[build_schedule(policy)],
         sensors=[build_stale_sensor(policy), build_failure_sensor(policy),
                  build_tick_failure_sensor(policy)],

@@ -25,6 +25,7 @@ from favorites_maintenance.pipeline.resources import (
 from favorites_maintenance.pipeline.run_log import core_logs_in_run_log, to_run_log
 from favorites_maintenance.pipeline.run_report import RunReport
 from favorites_maintenance.pipeline.stop_requests import StopRequests
+from favorites_maintenance.retention.archive import ArchiveTarget, prune_archive
 from favorites_maintenance.retention.database import (
     error_summary,
     is_database_error,
@@ -162,6 +163,7 @@ class PurgeStep:
                     target_batch_duration=settings.target_batch_duration,
                     health=health_limits(settings),
                     rule=self.policy.rule,
+                    archive=self.archive_target(),
                 )
             except Exception as exc:
                 tracing.run_failed(span, exc)
@@ -175,10 +177,44 @@ class PurgeStep:
             tracing.run_done(span, report)
             summary = RunReport.of_purge(report, settings).after(
                 _committed_by_earlier_attempts(context))
+            if (self.policy.archive_table is not None
+                    and report.stop_reason is not StopReason.STOP_REQUESTED):
+                summary = self.prune_archive(summary, report, stop_requests)
             if report.stop_reason is StopReason.STOP_REQUESTED:
                 # Still inside capture_interrupts: a signal now cannot cut this record short.
                 self.stopped(report, summary)
         return summary
+
+    def archive_target(self) -> ArchiveTarget | None:
+        """Where the batches move their rows: the policy's archive, stamped with this run's id
+        and the policy's name; ``None`` for a policy without an archive."""
+        if self.policy.archive_table is None:
+            return None
+        return ArchiveTarget(self.policy.archive_table, self.policy.name, self.context.run_id)
+
+    def prune_archive(self, summary: RunReport, report: PurgeReport,
+                      stop_requests: StopRequests) -> RunReport:
+        """After the purge: delete the archive's rows past ``archive_retention_days`` in
+        batches of at most ``batch_size_max`` rows, within what is left of the run's time
+        budget (at least one batch), and record its figures (``archiveDeletedTotal``,
+        ``archiveRows``). A failure fails the step like a failed batch (retried when
+        transient)."""
+        settings = self.settings
+        left = settings.max_run_duration - dt.timedelta(seconds=report.duration_s)
+        try:
+            pruned = prune_archive(
+                self.database.engine, self.policy.archive_table, self.policy.name,
+                settings.archive_retention_days, batch_size=settings.batch_size_max,
+                max_duration=max(left, dt.timedelta(0)), should_stop=stop_requests.requested)
+        except Exception as exc:
+            # The purge's batches are committed: the failure's record (and a retry) counts them.
+            self.failed(exc, purged=report)
+            raise
+        to_run_log(self.context, logging.INFO,
+                   f"archive {self.policy.archive_table}: {pruned.deleted_total} rows archived "
+                   f"more than {settings.archive_retention_days} days ago deleted, "
+                   f"{pruned.rows} rows of the policy kept")
+        return summary.with_archive(pruned.deleted_total, pruned.rows)
 
     def on_batch(self, batch: BatchResult) -> None:
         """A progress line in the run's log: the first batch, then every
@@ -196,12 +232,14 @@ class PurgeStep:
             self.last_progress = now
             to_run_log(self.context, logging.INFO, line)
 
-    def failed(self, exc: Exception) -> None:
-        """Log the failure, record what stays deleted, and request a retry for a transient
-        error with retries left (raises ``RetryRequested``); otherwise push the run's gauges
-        and return, so the caller re-raises ``exc``."""
+    def failed(self, exc: Exception, purged: PurgeReport | None = None) -> None:
+        """Log the failure, record what stays deleted (``purged``: the report of a purge that
+        finished before ``exc``, else the one ``exc`` carries), and request a retry for a
+        transient error with retries left (raises ``RetryRequested``); otherwise push the
+        run's gauges and return, so the caller re-raises ``exc``."""
         context, settings = self.context, self.settings
-        failed_report = getattr(exc, "report", None) if isinstance(exc, PurgeError) else None
+        failed_report = purged or (getattr(exc, "report", None)
+                                   if isinstance(exc, PurgeError) else None)
         # BatchError, SkippedRowsError and NoProgressError name the batch; errors before the
         # first batch (a standby, the table's shape) have none.
         batch_no = getattr(exc, "batch_no", 0) if isinstance(exc, PurgeError) else 0

@@ -60,6 +60,13 @@ class RunReport:
             measured [``backlogRemaining``].
         backlog_oldest: the age column of the oldest of them, ISO 8601, or ``none``
             [``backlogOldestUpdatedAt``].
+        archive_deleted_total: with an archive, its rows past ``archive_retention_days``
+            deleted after the purge; ``None`` for a policy without an archive
+            [``archiveDeletedTotal``].
+        archive_rows: with an archive, the policy's rows it holds after the run (the purge's
+            moved rows included); ``None`` without one [``archiveRows``].
+
+    With an archive, ``deleted_total`` counts the rows moved into it.
     """
 
     deleted_total: int
@@ -81,6 +88,8 @@ class RunReport:
     health_unreadable: str = _NONE
     backlog_remaining: int | None = None
     backlog_oldest: str | None = None
+    archive_deleted_total: int | None = None
+    archive_rows: int | None = None
 
     @classmethod
     def of_purge(cls, report: PurgeReport, settings: PolicySettings) -> "RunReport":
@@ -118,11 +127,18 @@ class RunReport:
         return dataclasses.replace(self, backlog_remaining=remaining,
                                    backlog_oldest=oldest or _NONE)
 
+    def with_archive(self, deleted_total: int, rows: int) -> "RunReport":
+        """The record with the archive's figures after its retention ran (rows)."""
+        return dataclasses.replace(self, archive_deleted_total=deleted_total, archive_rows=rows)
+
     def as_metadata(self) -> dict[str, Any]:
         """The record as Dagster metadata: numbers stay numbers so the UI can plot them; the
-        backlog keys only once it was measured."""
+        backlog keys only once it was measured, the archive's only for a policy with one."""
         metadata = {_KEYS[f.name]: getattr(self, f.name) for f in dataclasses.fields(self)
-                    if f.name not in _BACKLOG}
+                    if f.name not in _BACKLOG and f.name not in _ARCHIVE}
+        for name in _ARCHIVE:
+            if getattr(self, name) is not None:
+                metadata[_KEYS[name]] = getattr(self, name)
         if self.backlog_remaining is not None:
             metadata["backlogRemaining"] = self.backlog_remaining
             metadata["backlogOldestUpdatedAt"] = self.backlog_oldest or _NONE
@@ -130,9 +146,11 @@ class RunReport:
 
     def as_reference(self) -> RunReport:
         """The record of a day a range run covered but whose figures are on another day: every
-        measure of the run's work (rows, batches, time, skipped rows, pauses, batch sizes) at 0;
-        the cutoff, the settings, the stop reason and the backlog as the run's."""
-        return dataclasses.replace(self, **_WORK_AT_ZERO)
+        measure of the run's work (rows, batches, time, skipped rows, pauses, batch sizes,
+        archived rows deleted) at 0; the cutoff, the settings, the stop reason, the backlog and
+        the archive's rows as the run's."""
+        archive = {} if self.archive_deleted_total is None else {"archive_deleted_total": 0}
+        return dataclasses.replace(self, **_WORK_AT_ZERO, **archive)
 
     def range_metadata(self, partitions: Sequence[str]) -> dict[str, dict[str, Any]]:
         """Partition key -> the metadata of its materialization, for a run over ``partitions``
@@ -199,8 +217,11 @@ _KEYS = {
     "health_unreadable": "healthUnreadable",
     "backlog_remaining": "backlogRemaining",
     "backlog_oldest": "backlogOldestUpdatedAt",
+    "archive_deleted_total": "archiveDeletedTotal",
+    "archive_rows": "archiveRows",
 }
 _BACKLOG = ("backlog_remaining", "backlog_oldest")
+_ARCHIVE = ("archive_deleted_total", "archive_rows")
 #: What a reference (:meth:`RunReport.as_reference`) records of the run's work.
 _WORK_AT_ZERO = {
     "deleted_total": 0,

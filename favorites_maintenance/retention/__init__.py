@@ -1,8 +1,12 @@
-"""The retention core: the rule, the batched purge and the backlog. No Dagster import here."""
+"""The retention core: the rule, the batched purge, the backlog, the archive and restore. No
+Dagster import here."""
 
+from favorites_maintenance.retention.archive import ArchiveTarget, prune_archive
 from favorites_maintenance.retention.backlog import Backlog, measure_backlog
 from favorites_maintenance.retention.batch_size import BatchSizeController
 from favorites_maintenance.retention.errors import (
+    ArchiveError,
+    ArchivePruneError,
     BacklogError,
     BatchError,
     ConnectError,
@@ -13,6 +17,8 @@ from favorites_maintenance.retention.errors import (
     NoProgressError,
     PurgeError,
     ReplicationRoleError,
+    RestoreBatchError,
+    RestoreError,
     RetentionError,
     SkippedRowsError,
     StandbyError,
@@ -23,10 +29,14 @@ from favorites_maintenance.retention.errors import (
 from favorites_maintenance.retention.health import HealthLimits, HealthMonitor, Indicator
 from favorites_maintenance.retention.purge import purge
 from favorites_maintenance.retention.report import BatchResult, PurgeReport, StopReason
+from favorites_maintenance.retention.restore import RestoreReport, Selection, restore
 from favorites_maintenance.retention.rule import compute_cutoff, delete_prunable, prunable
 from favorites_maintenance.retention.table_check import check_table
 
 __all__ = [
+    "ArchiveError",
+    "ArchivePruneError",
+    "ArchiveTarget",
     "Backlog",
     "BacklogError",
     "BatchError",
@@ -44,7 +54,11 @@ __all__ = [
     "PurgeError",
     "PurgeReport",
     "ReplicationRoleError",
+    "RestoreBatchError",
+    "RestoreError",
+    "RestoreReport",
     "RetentionError",
+    "Selection",
     "SkippedRowsError",
     "StandbyError",
     "StopReason",
@@ -56,5 +70,7 @@ __all__ = [
     "delete_prunable",
     "measure_backlog",
     "prunable",
+    "prune_archive",
     "purge",
+    "restore",
 ]

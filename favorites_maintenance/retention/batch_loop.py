@@ -63,6 +63,7 @@ from dataclasses import dataclass
 
 import sqlalchemy as sa
 
+from favorites_maintenance.retention.archive import Archive, ArchiveTarget, prepare_archive
 from favorites_maintenance.retention.batch_size import BatchSizeController
 from favorites_maintenance.retention.database import (
     DEFAULT_LOCK_TIMEOUT,
@@ -188,6 +189,8 @@ class BatchLoop:
         options: the tunables.
         should_stop: polled before each batch; ``True`` ends the run (``stop_requested``).
         on_batch: called after each committed batch.
+        archive: where the batches move their rows (:mod:`~favorites_maintenance.retention.
+            archive`); ``None``: they are deleted.
 
     The run's state is the object's: the counters of its report, the keyset position
     (:attr:`after`), the size controller and the size of the next batch (:attr:`size`, smaller
@@ -197,9 +200,12 @@ class BatchLoop:
 
     def __init__(self, engine: sa.Engine, rule: RetentionRule, cutoff: dt.datetime,
                  options: PurgeOptions, *, should_stop: Callable[[], bool] = lambda: False,
-                 on_batch: Callable[[BatchResult], None] | None = None):
+                 on_batch: Callable[[BatchResult], None] | None = None,
+                 archive: ArchiveTarget | None = None):
         self.engine, self.rule, self.cutoff, self.options = engine, rule, cutoff, options
         self.should_stop, self.on_batch = should_stop, on_batch
+        self.archive_target = archive
+        self.archive: Archive | None = None  # checked against the table before batch 1
         self.started = time.monotonic()
         self.deadline = self.started + options.max_run_duration.total_seconds()
         self.sizes = BatchSizeController(options.batch_size,
@@ -264,8 +270,8 @@ class BatchLoop:
                            **(_health_report(self.monitor) if self.monitor is not None else {}))
 
     def _prepare(self) -> None:
-        """Refuse a standby and a session whose triggers do not fire, check the table's shape,
-        and build the run's statements."""
+        """Refuse a standby and a session whose triggers do not fire, check the table's shape
+        (and the archive's, creating it when missing), and build the run's statements."""
         conn, rule, options = self.conn, self.rule, self.options
         try:
             assert_primary(conn)
@@ -281,6 +287,8 @@ class BatchLoop:
                 findings = check_table(conn, rule)
                 self.shape = table_shape(conn, rule)
                 by_ctid = match_by_ctid(conn, rule)
+                if self.archive_target is not None:
+                    self.archive = prepare_archive(conn, rule, self.archive_target)
         except sa.exc.DBAPIError as exc:
             error = describe(exc)
             # WARNING, as every line of the core about a failure: whether the run failed (or
@@ -290,7 +298,7 @@ class BatchLoop:
         for warning in findings.warnings:
             log.warning("%s", warning)
         self.keyset_index = findings.keyset_index
-        self.statements = BatchStatements.build(rule, self.cutoff, by_ctid)
+        self.statements = BatchStatements.build(rule, self.cutoff, by_ctid, self.archive)
         self.spans = BatchSpans(self.engine, rule)
 
     def _before_batch(self) -> StopReason | None:
@@ -375,6 +383,10 @@ class BatchLoop:
                 # After the statement, which holds the table's lock: no migration can commit
                 # between what this reads and what the batch ran against.
                 self._check_shape(conn)
+            if tx.is_active and self.archive is not None:
+                # After the statement, which holds the table's lock: raises (and the batch
+                # rolls back) if a column changed since the archive was checked.
+                self.archive.check_unchanged(conn)
             if tx.is_active and self.lock_watch is not None and self.lock_watch.due(
                     time.monotonic() - t0):
                 waiters = self.lock_watch.waiters(conn)

@@ -499,3 +499,69 @@ class NoProgressError(PurgeError):
         self.report = report
         self.causes = causes
         self.batch_no = batch_no
+
+
+class ArchiveError(PurgeError):
+    """A policy's archive cannot take the rows its purge deletes; nothing was deleted (or, when
+    the table changed during the run, the open batch was rolled back and no batch follows).
+
+    Raised before the first batch when the archive table's columns or types do not match the
+    table's, a column of the table bears the name of an archive column, the archive has a
+    constraint that could refuse an archived row, or it is missing and this role may not create
+    it; the message names the column (or constraint) and the fix.
+
+    Attributes:
+        column: the column at fault, or ``None``.
+    """
+
+    def __init__(self, message: str, column: str | None = None):
+        super().__init__(message)
+        self.column = column
+
+
+class ArchivePruneError(DatabaseError):
+    """Deleting archived rows past the archive's retention failed; the batch in flight rolled
+    back, earlier ones stay committed.
+
+    Attributes:
+        deleted_total: archived rows deleted before the failure.
+        error: the database error, described without private data.
+    """
+
+    def __init__(self, archive: str, deleted_total: int, error: ErrorDescription):
+        super().__init__(f"deleting rows of {archive} past the archive's retention failed "
+                         f"({deleted_total} deleted before stay deleted): {error}", error)
+        self.deleted_total = deleted_total
+
+
+class RestoreError(RetentionError):
+    """A restore was refused or could not finish. When refused (an unknown run id, restored
+    rows the rule would prune again, an archive that does not match the table), nothing was
+    moved; otherwise the batches committed before it stay restored.
+
+    Attributes:
+        report: what the restore did (or would do) before it stopped, or ``None``.
+    """
+
+    def __init__(self, message: str, report=None):
+        super().__init__(message)
+        self.report = report
+
+
+class RestoreBatchError(RestoreError, DatabaseError):
+    """A restore batch failed and was rolled back whole: its rows stay in the archive; earlier
+    batches stay restored.
+
+    Attributes:
+        batch_no: the batch that failed (1-based).
+        report: what the restore had committed before it.
+        error: the database error, described without private data.
+    """
+
+    def __init__(self, batch_no: int, report, error: ErrorDescription):
+        DatabaseError.__init__(
+            self, f"restore batch {batch_no} failed and was rolled back, its rows left in the "
+                  f"archive ({report.restored_rows} rows restored before stay restored): "
+                  f"{error}", error)
+        self.batch_no = batch_no
+        self.report = report

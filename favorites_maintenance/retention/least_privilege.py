@@ -19,6 +19,8 @@ from favorites_maintenance.retention.errors import InvalidArgumentError
 
 SQL_RESOURCE = "least_privilege.sql"
 RLS_RESOURCE = "row_level_security.sql"
+#: What a policy with an archive needs on top (optional; the guest-favorites policy has none).
+ARCHIVE_RESOURCE = "least_privilege_archive.sql"
 _PLACEHOLDER = ':"role"'
 
 
@@ -43,6 +45,20 @@ def apply_row_level_security(engine: sa.Engine, role: str) -> None:
     """
     with engine.begin() as conn:
         conn.exec_driver_sql(least_privilege_sql(role, RLS_RESOURCE))
+
+
+def apply_archive_privileges(engine: sa.Engine, role: str) -> None:
+    """Give ``role`` what a policy on ``favorites.favorites`` with the archive
+    ``favorites.favorites_archive`` needs on top of :func:`apply_least_privilege`
+    (``least_privilege_archive.sql``: SELECT on every column, INSERT for a restore, the archive
+    created by the owner with SELECT, INSERT and DELETE on it).
+
+    Args:
+        engine: connected as the table's owner.
+        role: the cleanup's role.
+    """
+    with engine.begin() as conn:
+        conn.exec_driver_sql(least_privilege_sql(role, ARCHIVE_RESOURCE))
 
 
 def apply_least_privilege(engine: sa.Engine, role: str, *, password: str | None = None) -> None:

@@ -19,6 +19,7 @@ from collections.abc import Callable
 
 import sqlalchemy as sa
 
+from favorites_maintenance.retention.archive import ArchiveTarget
 from favorites_maintenance.retention.batch_loop import (
     BLOCKED_AFTER,
     DEFAULT_MAX_SKIPPED_ROWS,
@@ -66,6 +67,7 @@ def purge(
     target_batch_duration: dt.timedelta = dt.timedelta(0),
     health: HealthLimits | None = None,
     rule: RetentionRule = GUEST_FAVORITES,
+    archive: ArchiveTarget | None = None,
 ) -> PurgeReport:
     """Delete every prunable row older than ``cutoff``, one batch transaction at a time.
 
@@ -118,6 +120,10 @@ def purge(
             ends with ``stop_reason=db_unhealthy`` when the pause lasts too long. ``None`` (the
             default): not read.
         rule: the table and predicate to purge (default: the guest-favorites rule).
+        archive: move each batch's rows into this archive in the batch's own statement
+            instead of only deleting them (:mod:`~favorites_maintenance.retention.archive`):
+            checked (or created) before the first batch; ``deleted_total`` then counts the
+            rows moved. ``None`` (the default): rows are deleted.
 
     Returns:
         The :class:`PurgeReport`.
@@ -133,6 +139,9 @@ def purge(
             PostgreSQL would refuse every DELETE on it (a publication without replica
             identity); nothing was deleted. Its subclass :class:`TableChangedError`: the shape
             changed so during the run; earlier batches stay committed.
+        ArchiveError: with ``archive``: it does not match the table, or is missing and cannot
+            be created; nothing was deleted. Or the table's columns changed during the run:
+            the open batch rolled back, earlier ones stay moved.
         BatchError: a batch failed; it was rolled back, earlier batches stay committed. The
             database error is described in its ``error`` (never chained: see the class).
         SkippedRowsError: :data:`BLOCKED_AFTER` candidates in a row failed (a blocked table,
@@ -150,4 +159,4 @@ def purge(
         target_batch_duration=target_batch_duration, health=health)
     rule.prunable(cutoff)  # refuses a naive cutoff before any connection
     return BatchLoop(engine, rule, cutoff, options, should_stop=should_stop,
-                     on_batch=on_batch).run()
+                     on_batch=on_batch, archive=archive).run()

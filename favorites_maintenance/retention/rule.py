@@ -35,6 +35,23 @@ class RuleError(InvalidArgumentError):
     """A retention rule is malformed (an identifier that is not one, a column named twice)."""
 
 
+def split_table_name(table: str, what: str = "table") -> tuple[str, str]:
+    """``(schema, name)`` of ``table`` written ``schema.table``, both lower-case SQL
+    identifiers; ``what`` is the field an error names.
+
+    Raises:
+        RuleError: not ``schema.table``, or a part is not a lower-case SQL identifier.
+    """
+    schema, dot, name = table.partition(".") if isinstance(table, str) else ("", "", "")
+    if not dot or not schema or not name or "." in name:
+        raise RuleError(f"{what} {table!r} must be written schema.table")
+    for part, value in (("schema", schema), (what, name)):
+        if not _IDENTIFIER.fullmatch(value):
+            raise RuleError(f"{part} {value!r} is not a lower-case SQL identifier "
+                            "(letters, digits, _; at most 63 characters)")
+    return schema, name
+
+
 @dataclass(frozen=True, eq=False)
 class RetentionRule:
     """Which rows of one table are prunable: every guard column NULL and the age column older
@@ -79,10 +96,8 @@ class RetentionRule:
             RuleError: ``table`` is not ``schema.table``, a name is not a lower-case SQL
                 identifier, or a column is named twice.
         """
-        schema, dot, name = table.partition(".")
-        if not dot or not schema or not name or "." in name:
-            raise RuleError(f"table {table!r} must be written schema.table")
-        for what, value in (("schema", schema), ("table", name), ("key_column", key_column),
+        schema, name = split_table_name(table)
+        for what, value in (("key_column", key_column),
                             ("age_column", age_column), *(("null_columns", c)
                                                            for c in null_columns)):
             if not isinstance(value, str) or not _IDENTIFIER.fullmatch(value):
@@ -102,6 +117,22 @@ class RetentionRule:
         )
         return cls(table=t, key=t.c[key_column], age=t.c[age_column],
                    guards=tuple(t.c[c] for c in null_columns))
+
+    def with_columns(self, names: Sequence[str]) -> "RetentionRule":
+        """The same rule over a ``Table`` of the same name that also has the columns ``names``
+        (untyped: their values only pass from one statement to another on the server), for the
+        statements that return whole rows (the move to an archive). ``names`` are read from the
+        catalog, so they need not be lower-case identifiers; they reach SQL as ``Column``
+        objects, quoted by the dialect."""
+        own = {self.key.name, self.age.name, *(c.name for c in self.guards), "ctid"}
+        t = sa.Table(
+            self.table.name, sa.MetaData(schema=self.table.schema),
+            *(sa.Column(c.name, c.type, primary_key=c.primary_key, nullable=c.nullable,
+                        system=c.system) for c in self.table.columns),
+            *(sa.Column(name, sa.types.NullType()) for name in names if name not in own),
+        )
+        return RetentionRule(table=t, key=t.c[self.key.name], age=t.c[self.age.name],
+                             guards=tuple(t.c[c.name] for c in self.guards))
 
     def _names(self) -> tuple:
         return (self.table.schema, self.table.name, self.key.name, self.age.name,

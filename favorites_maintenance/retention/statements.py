@@ -50,12 +50,18 @@ form comes up short: :mod:`~favorites_maintenance.retention.batch_loop`).
 
 A one-row batch first locks and names its row with the *next-key* statement, so the row can be
 skipped if its delete fails.
+
+With an archive (a policy's ``archive_table``), every form is the same statement but for its
+``retention_deleted`` step, which returns every column and feeds an ``INSERT`` into the archive
+(:func:`removed_rows`, through :meth:`~favorites_maintenance.retention.archive.Archive.move`), and
+``deleted`` counts the rows moved.
 """
 
 from __future__ import annotations
 
 import datetime as dt
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import sqlalchemy as sa
 from sqlalchemy.dialects.postgresql import TIMESTAMP
@@ -63,9 +69,13 @@ from sqlalchemy.dialects.postgresql import TIMESTAMP
 from favorites_maintenance.retention.errors import ReplicationRoleError, StandbyError
 from favorites_maintenance.retention.rule import RetentionRule
 
+if TYPE_CHECKING:
+    from favorites_maintenance.retention.archive import Archive
+
 
 def batch_statement(rule: RetentionRule, cutoff: dt.datetime, keyset: bool,
-                    by_ctid: bool = True, lock_first: bool = True) -> sa.Select:
+                    by_ctid: bool = True, lock_first: bool = True,
+                    archive: Archive | None = None) -> sa.Select:
     """The one statement of a batch; ``:batch_size`` (rows, rendered inline at execution) and,
     with ``keyset``, the position ``:after_age`` (a UTC instant) and ``:after_key`` are bound.
 
@@ -74,6 +84,10 @@ def batch_statement(rule: RetentionRule, cutoff: dt.datetime, keyset: bool,
 
     ``lock_first=False`` gives the optimistic form: the candidates are read without
     ``FOR UPDATE SKIP LOCKED`` and the DELETE locks each row as it deletes it.
+
+    With ``archive``, the deleted rows move into it in the same statement and ``deleted``
+    counts the rows moved (:meth:`~favorites_maintenance.retention.archive.Archive.move`);
+    ``rule`` is then the archive's ``source_rule``, whose table has every column.
 
     Raises:
         InvalidArgumentError: ``cutoff`` is naive.
@@ -108,11 +122,7 @@ def batch_statement(rule: RetentionRule, cutoff: dt.datetime, keyset: bool,
         # SELECT on ctid: match by key. The age column is matched too: a table partitioned by
         # it has its primary key on (id, updated_at).
         match = sa.and_(rule.key == batch.c.key, rule.age == batch.c.age)
-    deleted = (
-        rule.delete_prunable(cutoff, match)
-        .returning(sa.literal_column("1"))
-        .cte("retention_deleted")
-    )
+    deleted = removed_rows(rule.delete_prunable(cutoff, match), archive)
     # The batch's last key and its size in one pass over it (a window count, then the top row).
     last = (
         sa.select(batch.c.age, batch.c.key, sa.func.count().over().label("selected"))
@@ -128,6 +138,16 @@ def batch_statement(rule: RetentionRule, cutoff: dt.datetime, keyset: bool,
         last.c.age.label("last_age"),
         last.c.key.label("last_key"),
     ).select_from(one.outerjoin(last, sa.true()))
+
+
+def removed_rows(delete: sa.Delete, archive: Archive | None) -> sa.CTE:
+    """A batch's ``delete`` as the CTE the batch statement counts its rows from, one row per
+    row removed: ``DELETE ... RETURNING 1`` (``retention_deleted``), or with ``archive`` the
+    move of the deleted rows into it (:meth:`~favorites_maintenance.retention.archive.Archive.
+    move`). The one place a batch's rows go somewhere: every batch form goes through it."""
+    if archive is not None:
+        return archive.move(delete)
+    return delete.returning(sa.literal_column("1")).cte("retention_deleted")
 
 
 def _after_position(rule: RetentionRule) -> list[sa.ColumnElement[bool]]:
@@ -177,16 +197,20 @@ class BatchStatements:
     next_following: sa.Select
 
     @classmethod
-    def build(cls, rule: RetentionRule, cutoff: dt.datetime, by_ctid: bool) -> BatchStatements:
+    def build(cls, rule: RetentionRule, cutoff: dt.datetime, by_ctid: bool,
+              archive: Archive | None = None) -> BatchStatements:
         """Build every variant for ``rule`` and ``cutoff`` (a timezone-aware UTC instant);
-        ``by_ctid``: see :func:`match_by_ctid`."""
+        ``by_ctid``: see :func:`match_by_ctid`; ``archive``: where the batches move their rows
+        (``None``: they are deleted)."""
+        if archive is not None:
+            rule = archive.source_rule
+        moved = {"by_ctid": by_ctid, "archive": archive}
         return cls(
-            first=batch_statement(rule, cutoff, keyset=False, by_ctid=by_ctid),
-            following=batch_statement(rule, cutoff, keyset=True, by_ctid=by_ctid),
-            first_fast=batch_statement(rule, cutoff, keyset=False, by_ctid=by_ctid,
-                                       lock_first=False),
-            following_fast=batch_statement(rule, cutoff, keyset=True, by_ctid=by_ctid,
-                                           lock_first=False),
+            first=batch_statement(rule, cutoff, keyset=False, **moved),
+            following=batch_statement(rule, cutoff, keyset=True, **moved),
+            first_fast=batch_statement(rule, cutoff, keyset=False, lock_first=False, **moved),
+            following_fast=batch_statement(rule, cutoff, keyset=True, lock_first=False,
+                                           **moved),
             next_first=next_key_statement(rule, cutoff, keyset=False),
             next_following=next_key_statement(rule, cutoff, keyset=True),
         )

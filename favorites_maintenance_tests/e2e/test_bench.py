@@ -15,10 +15,10 @@ from favorites_maintenance.bench import STRATEGIES, BenchConfig, format_table, r
 def test_a_small_bench_writes_every_strategy_and_deletes_exactly_the_prunable_rows(
         pg_server, tmp_path):
     # One run serves every assertion (seeding and starting each strategy's processes dominate):
-    # the default strategies, and A_fixed beside the adaptive A.
+    # the default strategies, A_fixed beside the adaptive A, and A with an archive.
     out = tmp_path / "bench-results" / "purge.json"
     run_bench(pg_server, BenchConfig(rows=20_000, idle_seconds=0.5, out=out, batch_size=200,
-                                     strategies=(*STRATEGIES, "A_fixed"),
+                                     strategies=(*STRATEGIES, "A_fixed", "A_archive"),
                                      db_prefix=f"bench{os.getpid()}", echo=lambda line: None))
 
     report = json.loads(out.read_text())
@@ -27,7 +27,7 @@ def test_a_small_bench_writes_every_strategy_and_deletes_exactly_the_prunable_ro
     assert report["rows_total"] == 20_000
     assert 0 < report["prunable_rows"] < report["guest_rows"]
     assert set(report["peak_rss_mb"]) == {"10%", "100%"}
-    assert set(report["strategies"]) == {*STRATEGIES, "A_fixed"}
+    assert set(report["strategies"]) == {*STRATEGIES, "A_fixed", "A_archive"}
     for name, strategy in report["strategies"].items():
         for key in ("rows_deleted", "rows_per_second", "ratio_to_B", "batch_p50_ms",
                     "batch_p99_ms", "batch_max_ms", "wal_bytes", "user_p99_ms",
@@ -55,3 +55,7 @@ def test_a_small_bench_writes_every_strategy_and_deletes_exactly_the_prunable_ro
     assert fixed["batches"] >= -(-report["prunable_rows"] // 200)
     assert adaptive["batch_size_max"] > 200 and report["target_batch_ms"] == 200
     assert "A_fixed: largest batch 200 rows" in table
+
+    # A_archive moved every row it deleted into the archive, once.
+    assert report["strategies"]["A_archive"]["archived_rows"] == report["prunable_rows"]
+    assert "A_archive against A: " in table

@@ -6,10 +6,27 @@ import dagster as dg
 import pytest
 import sqlalchemy as sa
 
-from favorites_maintenance.retention.least_privilege import least_privilege_sql
+from favorites_maintenance.retention.archive import (
+    ArchiveTarget,
+    create_archive_sql,
+    table_columns,
+)
+from favorites_maintenance.retention.defaults import DATABASE_URL_VAR
+from favorites_maintenance.retention.least_privilege import (
+    ARCHIVE_RESOURCE,
+    apply_archive_privileges,
+    least_privilege_sql,
+)
+from favorites_maintenance_tests.helpers.jobs import (
+    failure_text,
+    guest_settings_env,
+    run_partition,
+)
+from favorites_maintenance_tests.helpers.policies import favorites_policy, policy_sandbox
 from favorites_maintenance_tests.reliability.conftest import (
     FRESH,
     OLD,
+    PARTITION,
     materialization,
     run_job,
 )
@@ -102,3 +119,59 @@ def test_the_sql_takes_the_role_name_as_a_quoted_identifier():
     text = least_privilege_sql('odd"name')
     assert 'CREATE ROLE "odd""name" LOGIN' in text
     assert ':"role"' not in text
+
+
+def _archived_favorites(url, monkeypatch) -> dg.Definitions:
+    """A code location whose policy ``archived_favorites`` purges the dev table into
+    ``favorites.favorites_archive``, on ``url``."""
+    monkeypatch.setenv(DATABASE_URL_VAR, url.render_as_string(hide_password=False))
+    guest_settings_env(monkeypatch)
+    with policy_sandbox(favorites_policy("archived_favorites", batch_size=100,
+                                         archive_table="favorites.favorites_archive")) as box:
+        return box.code_location()
+
+
+def test_a_policy_with_an_archive_runs_under_the_role_and_its_archive_grants(
+        engine, rows, roles, monkeypatch):
+    url = roles.create("cleanup", least_privilege=True)
+    apply_archive_privileges(engine, url.username)
+    refuse_updates_by(engine, url.username)
+    prunable = set(rows.add_many(250, updated_at=OLD))
+    keep = set(rows.add_many(20, updated_at=FRESH)) | set(
+        rows.add_many(20, updated_at=OLD, user_id=5))
+    defs = _archived_favorites(url, monkeypatch)
+    asset_key = dg.AssetKey(["favorites", "archived_favorites_cleanup"])
+    with dg.instance_for_test() as instance:
+        result = run_partition(defs, instance, PARTITION, job="archived_favorites_cleanup_job")
+        assert result.success
+        meta = materialization(result, asset_key=asset_key)
+        assert (meta["deletedTotal"], meta["archiveRows"]) == (250, 250)
+        assert rows.ids() == keep
+        restored = defs.resolve_job_def("restore_archived_favorites_job").execute_in_process(
+            run_config={"ops": {"restore_archived_favorites": {"config": {
+                "run_id": result.run_id, "allow_prunable": True}}}}, instance=instance)
+        assert restored.success
+    assert rows.ids() == keep | prunable
+    # The owner's archive is the one the job would have created: the job accepted it.
+    with engine.connect() as conn:
+        columns = table_columns(conn, "favorites.favorites")
+    expected = create_archive_sql(ArchiveTarget("favorites.favorites_archive", "p", "r"),
+                                  columns, engine.dialect)
+    shipped = least_privilege_sql("r", ARCHIVE_RESOURCE)
+    assert " ".join(expected.split()) in " ".join(shipped.split())
+
+
+def test_without_the_archive_grants_the_run_refuses_before_any_delete(
+        engine, rows, roles, monkeypatch):
+    url = roles.create("cleanup", least_privilege=True)
+    rows.add_many(30, updated_at=OLD)
+    defs = _archived_favorites(url, monkeypatch)
+    with dg.instance_for_test() as instance:
+        result = run_partition(defs, instance, PARTITION, job="archived_favorites_cleanup_job",
+                               raise_on_error=False)
+    assert not result.success
+    text = failure_text(result)
+    assert ("archive favorites.favorites_archive does not exist and this role may not create "
+            "it. Nothing was deleted") in text
+    assert "CREATE TABLE favorites.favorites_archive (" in text
+    assert rows.count() == 30

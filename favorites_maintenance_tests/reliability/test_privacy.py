@@ -178,3 +178,84 @@ def test_a_bad_password_or_host_never_echoes_the_password(db_url, collected):
         finally:
             engine.dispose()
     collected.assert_clean()
+
+
+def test_an_archive_and_a_restore_never_log_an_archived_value(
+        db_url, engine, collected, monkeypatch):
+    """A policy archiving rows that carry the sentinels: its purge, a refused archive, a refused
+    restore, a restore whose inserts a trigger refuses quoting the row, and a restore that
+    succeeds leave no value in logs, Dagster's records, metadata or spans."""
+    from opentelemetry import trace
+    from opentelemetry.sdk.trace import TracerProvider
+    from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+    from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+
+    from favorites_maintenance.retention.defaults import DATABASE_URL_VAR
+    from favorites_maintenance_tests.helpers.jobs import guest_settings_env, run_partition
+    from favorites_maintenance_tests.helpers.policies import favorites_policy, policy_sandbox
+
+    spans = InMemorySpanExporter()
+    provider = trace.get_tracer_provider()
+    if not isinstance(provider, TracerProvider):
+        provider = TracerProvider()
+        trace.set_tracer_provider(provider)
+    provider.add_span_processor(SimpleSpanProcessor(spans))
+
+    seed(engine, n=120)
+    monkeypatch.setenv(DATABASE_URL_VAR, db_url.set(password=PASSWORD)
+                       .render_as_string(hide_password=False))
+    guest_settings_env(monkeypatch)
+    with policy_sandbox(favorites_policy("archived", batch_size=25,
+                                         archive_table="favorites.favorites_archive")) as box:
+        defs = box.code_location()
+    restore_job = defs.resolve_job_def("restore_archived_job")
+    collected.caplog.clear()
+
+    def record(result):
+        collected.texts.append(everything_dagster_recorded(instance, result.run_id))
+        collected.texts.extend(repr(e) for e in result.all_events)
+        return result
+
+    def restore(**config):
+        return record(restore_job.execute_in_process(
+            run_config={"ops": {"restore_archived": {"config": config}}}, instance=instance,
+            raise_on_error=False))
+
+    with dg.instance_for_test() as instance:
+        # An archive lacking a column, refused before any delete.
+        with engine.begin() as conn:
+            conn.exec_driver_sql("CREATE TABLE favorites.favorites_archive (id bigint)")
+        assert not record(run_partition(defs, instance, "2026-06-15", job="archived_cleanup_job",
+                                        raise_on_error=False)).success
+        with engine.begin() as conn:
+            conn.exec_driver_sql("DROP TABLE favorites.favorites_archive")
+        purged = record(run_partition(defs, instance, "2026-06-15", job="archived_cleanup_job"))
+        assert purged.success
+        # Prunable rows refused; a key back in the table; then inserts refused quoting the row.
+        assert not restore(run_id=purged.run_id).success
+        with engine.begin() as conn:
+            conn.exec_driver_sql(
+                "INSERT INTO favorites.favorites (id, anonymous_id, item_id, note, updated_at) "
+                "SELECT id, anonymous_id, 1, note, now() FROM favorites.favorites_archive "
+                "ORDER BY id LIMIT 1")
+            conn.exec_driver_sql("""
+                CREATE FUNCTION favorites.refuse_insert() RETURNS trigger LANGUAGE plpgsql AS $$
+                BEGIN
+                    IF NEW.item_id % 2 = 0 THEN
+                        RAISE EXCEPTION 'cannot restore %: %', NEW.anonymous_id, NEW.note
+                            USING DETAIL = NEW.note;
+                    END IF;
+                    RETURN NEW;
+                END $$;
+                CREATE TRIGGER refuse_insert BEFORE INSERT ON favorites.favorites
+                    FOR EACH ROW EXECUTE FUNCTION favorites.refuse_insert();""".replace("%", "%%"))
+        partly = restore(run_id=purged.run_id, allow_prunable=True, batch_size=10)
+        assert partly.success
+        with engine.connect() as conn:
+            left = conn.exec_driver_sql(
+                "SELECT count(*) FROM favorites.favorites_archive").scalar_one()
+        assert left > 1  # the key that came back, and the rows the trigger refused
+    collected.texts += [repr(dict(s.attributes)) + (s.status.description or "")
+                        for s in spans.get_finished_spans()]
+    assert spans.get_finished_spans()
+    collected.assert_clean()

@@ -1,0 +1,98 @@
+"""The purge with an archive, at the core: the move is one statement per batch, and a column
+added to the table during a run stops it before any row reaches the archive without it."""
+
+from __future__ import annotations
+
+import datetime as dt
+
+import pytest
+
+from favorites_maintenance.retention.archive import ArchiveTarget, prune_archive
+from favorites_maintenance.retention.errors import ArchiveError
+from favorites_maintenance.retention.purge import purge
+from favorites_maintenance.retention.rule import RetentionRule
+from favorites_maintenance_tests.helpers import archive as shop
+
+RULE = RetentionRule.define(shop.TABLE, key_column="id", age_column="updated_at",
+                            null_columns=["owner_id"])
+MINUTE = dt.timedelta(minutes=1)
+
+
+@pytest.fixture
+def items(engine):
+    shop.create_items(engine)
+    return engine
+
+
+def test_a_column_added_during_the_run_rolls_the_batch_back_and_ends_the_run(items):
+    engine = items
+    ids = shop.add_items(engine, 30, updated_at=shop.OLD)
+    before = shop.rows_of(engine, shop.TABLE)
+
+    def migrate_after_the_first_batch(batch):
+        if batch.batch_no == 1:  # between two batches: no transaction of the purge is open
+            with engine.begin() as conn:
+                conn.exec_driver_sql("ALTER TABLE shop.items ADD COLUMN label text "
+                                     "DEFAULT 'kept'")
+
+    with pytest.raises(ArchiveError) as raised:
+        purge(engine, shop.CUTOFF, batch_size=10, max_run_duration=MINUTE, rule=RULE,
+              archive=ArchiveTarget(shop.ARCHIVE, shop.POLICY, "run-1"),
+              on_batch=migrate_after_the_first_batch)
+    assert raised.value.column == "label"
+    assert "changed during the run" in str(raised.value)
+    # Batch 1 moved its 10 rows; batch 2 rolled back: its rows are still in the table.
+    assert shop.ids_of(engine, shop.ARCHIVE) == sorted(ids)[:10]
+    assert sorted(shop.ids_of(engine, shop.TABLE)) == sorted(ids)[10:]
+    assert shop.rows_of(engine, shop.ARCHIVE) == {i: before[i] for i in sorted(ids)[:10]}
+
+    # The next run refuses the archive, which lacks the new column, before any delete.
+    with pytest.raises(ArchiveError, match="has no column 'label'"):
+        purge(engine, shop.CUTOFF, batch_size=10, max_run_duration=MINUTE, rule=RULE,
+              archive=ArchiveTarget(shop.ARCHIVE, shop.POLICY, "run-2"))
+    assert len(shop.ids_of(engine, shop.TABLE)) == 20
+
+
+def test_archive_retention_deletes_only_its_own_policys_rows_past_it(items):
+    engine = items
+    shop.add_items(engine, 12, updated_at=shop.OLD)
+    report = purge(engine, shop.CUTOFF, batch_size=5, max_run_duration=MINUTE, rule=RULE,
+                   archive=ArchiveTarget(shop.ARCHIVE, shop.POLICY, "run-1"))
+    assert (report.deleted_total, report.batches) == (12, 3)
+    with engine.begin() as conn:
+        # Another policy sharing the archive, and rows archived 31 days ago.
+        conn.exec_driver_sql(
+            "UPDATE shop.items_archive SET _retention_archived_at = now() - interval '31 days', "
+            "_retention_policy = CASE WHEN mod(id, 4) = 0 THEN 'other' ELSE _retention_policy END")
+    pruned = prune_archive(engine, shop.ARCHIVE, shop.POLICY, 30, batch_size=2,
+                           max_duration=MINUTE)
+    assert (pruned.deleted_total, pruned.rows) == (9, 0)
+    assert pruned.batches == 5
+    assert len(shop.ids_of(engine, shop.ARCHIVE)) == 3  # the other policy's
+    again = prune_archive(engine, shop.ARCHIVE, "other", 32, batch_size=2, max_duration=MINUTE)
+    assert (again.deleted_total, again.rows) == (0, 3)
+
+
+def test_a_restore_leaves_the_rows_the_table_refuses_in_the_archive_counted(items):
+    from favorites_maintenance.retention.restore import Selection, restore
+
+    engine = items
+    ids = shop.add_items(engine, 200, updated_at=shop.OLD)
+    before = shop.rows_of(engine, shop.TABLE)
+    purge(engine, shop.CUTOFF, batch_size=50, max_run_duration=MINUTE, rule=RULE,
+          archive=ArchiveTarget(shop.ARCHIVE, shop.POLICY, "run-1"))
+    refused = set(sorted(ids)[::40])  # five rows the table now refuses
+    with engine.begin() as conn:
+        conn.exec_driver_sql(
+            "CREATE FUNCTION shop.refuse() RETURNS trigger LANGUAGE plpgsql AS $$ BEGIN "
+            f"IF NEW.id IN ({', '.join(map(str, refused))}) THEN RAISE EXCEPTION 'no'; END IF; "
+            "RETURN NEW; END $$; CREATE TRIGGER refuse BEFORE INSERT ON shop.items "
+            "FOR EACH ROW EXECUTE FUNCTION shop.refuse()")
+    report = restore(engine, RULE, shop.ARCHIVE, shop.POLICY, Selection(run_id="run-1"),
+                     retention_days=365, batch_size=20, allow_prunable=True)
+    assert (report.restored_rows, report.failed_rows, report.left_in_archive) == (195, 5, 5)
+    assert report.failed_causes == (
+        "raise_exception (SQLSTATE P0001) from function shop.refuse()",)
+    assert set(shop.ids_of(engine, shop.ARCHIVE)) == refused
+    assert shop.rows_of(engine, shop.TABLE) == {i: r for i, r in before.items()
+                                                if i not in refused}

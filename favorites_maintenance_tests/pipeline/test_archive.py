@@ -1,0 +1,212 @@
+"""A policy with an archive: each batch moves its rows into ``archive_table`` in the same
+transaction, every column as it was, stamped with the run and the policy; the archive is
+created when missing and refused, before any delete, when it does not match; its rows past
+``archive_retention_days`` are deleted by the policy's runs. Runs of the real code location
+(the guest-favorites policy and ``shop_items`` of :mod:`~favorites_maintenance_tests.helpers.
+archive`) through ``execute_in_process`` on a real server.
+"""
+
+from __future__ import annotations
+
+import dagster as dg
+import pytest
+import sqlalchemy as sa
+
+from favorites_maintenance.components.policy_tree import PolicyLoadError
+from favorites_maintenance.retention.defaults import DATABASE_URL_VAR
+from favorites_maintenance_tests.helpers import archive as shop
+from favorites_maintenance_tests.helpers.jobs import (
+    failure_text,
+    guest_settings_env,
+    materialization,
+    run_partition,
+)
+from favorites_maintenance_tests.helpers.policies import policy_sandbox
+
+
+@pytest.fixture
+def env(db_url, engine, monkeypatch):
+    """The test database holding ``shop.items``; the code location's variables."""
+    shop.create_items(engine)
+    monkeypatch.setenv(DATABASE_URL_VAR, db_url.render_as_string(hide_password=False))
+    monkeypatch.delenv(shop.RETENTION_VAR, raising=False)
+    guest_settings_env(monkeypatch)
+    return monkeypatch
+
+
+def shop_defs(**attributes) -> dg.Definitions:
+    with policy_sandbox(shop.policy(**attributes)) as sandbox:
+        return sandbox.code_location()
+
+
+def run_shop(instance, **attributes) -> dg.ExecuteInProcessResult:
+    return run_partition(shop_defs(**attributes), instance, shop.PARTITION, job=shop.JOB,
+                         raise_on_error=False)
+
+
+def fill(engine) -> tuple[list[int], list[int]]:
+    """40 prunable rows (six batches of 7), and 10 that stay (fresh, or an account's)."""
+    old = shop.add_items(engine, 40, updated_at=shop.OLD)
+    kept = (shop.add_items(engine, 5, updated_at=shop.FRESH)
+            + shop.add_items(engine, 5, updated_at=shop.OLD, owner_id=3))
+    return old, kept
+
+
+def test_each_batch_moves_its_rows_into_the_archive_every_column_as_it_was(env, engine):
+    old, kept = fill(engine)
+    before = shop.rows_of(engine, shop.TABLE)
+    with dg.instance_for_test() as instance:
+        result = run_shop(instance)
+        assert result.success, failure_text(result)
+        meta = materialization(result, asset_key=shop.ASSET_KEY)
+    assert (meta["deletedTotal"], meta["batches"]) == (40, 6)
+    assert (meta["archiveRows"], meta["archiveDeletedTotal"]) == (40, 0)
+    assert meta["backlogRemaining"] == 0
+    assert sorted(shop.rows_of(engine, shop.TABLE)) == sorted(kept)
+    # Every column of every deleted row, arrays, jsonb, numeric, enum and generated included.
+    archived = shop.rows_of(engine, shop.ARCHIVE)
+    assert archived == {i: before[i] for i in old}
+    assert shop.archive_stamps(engine) == [(result.run_id, shop.POLICY, 40)]
+    with engine.connect() as conn:
+        # The archive the run created refuses no row: no key, no check, no NOT NULL but its
+        # own three columns.
+        refusing = conn.exec_driver_sql(
+            "SELECT count(*) FROM pg_constraint WHERE conrelid = 'shop.items_archive'::regclass "
+            "AND contype IN ('p', 'u', 'c', 'f', 'x')").scalar_one()
+        not_null = set(conn.exec_driver_sql(
+            "SELECT attname FROM pg_attribute WHERE attrelid = 'shop.items_archive'::regclass "
+            "AND attnum > 0 AND attnotnull").scalars())
+        stamped = conn.exec_driver_sql(
+            "SELECT bool_and(_retention_archived_at > now() - interval '5 minutes') "
+            "FROM shop.items_archive").scalar_one()
+    assert refusing == 0
+    assert not_null == {"_retention_run_id", "_retention_policy", "_retention_archived_at"}
+    assert stamped
+
+
+def test_a_second_run_archives_nothing_twice(env, engine):
+    old, _ = fill(engine)
+    with dg.instance_for_test() as instance:
+        first = run_shop(instance)
+        second = run_shop(instance)
+        assert first.success and second.success
+        meta = materialization(second, asset_key=shop.ASSET_KEY)
+    assert (meta["deletedTotal"], meta["archiveRows"]) == (0, 40)
+    assert shop.ids_of(engine, shop.ARCHIVE) == sorted(old)  # each id once
+    assert shop.archive_stamps(engine) == [(first.run_id, shop.POLICY, 40)]
+
+
+def _refused_before_any_delete(engine, result, *phrases):
+    assert not result.success
+    text = failure_text(result)
+    for phrase in phrases:
+        assert phrase in text, text
+    assert "Nothing was deleted" in text
+    return text
+
+
+def test_an_archive_missing_a_column_is_refused_before_any_delete(env, engine):
+    fill(engine)
+    before = shop.rows_of(engine, shop.TABLE)
+    with engine.begin() as conn:
+        conn.exec_driver_sql(
+            "CREATE TABLE shop.items_archive (id bigint, owner_id bigint, tags text[], "
+            "scores integer[], price numeric(10,2), mood shop.mood, note text, "
+            "price_cents bigint, updated_at timestamptz, _retention_run_id text, "
+            "_retention_policy text, _retention_archived_at timestamptz)")
+    with dg.instance_for_test() as instance:
+        result = run_shop(instance)
+    _refused_before_any_delete(
+        engine, result, "archive shop.items_archive has no column 'attrs' (jsonb)",
+        "ALTER TABLE shop.items_archive ADD COLUMN attrs jsonb")
+    assert shop.rows_of(engine, shop.TABLE) == before
+    assert shop.ids_of(engine, shop.ARCHIVE) == []
+
+
+@pytest.mark.parametrize("ddl, phrase", [
+    ("ALTER TABLE shop.items_archive ALTER COLUMN price TYPE numeric(12, 2)",
+     ("archive shop.items_archive column 'price' is numeric(12,2), but shop.items's is "
+      "numeric(10,2)")),
+    ("ALTER TABLE shop.items_archive ADD COLUMN extra int",
+     "archive shop.items_archive has a column 'extra' that shop.items has not"),
+    ("ALTER TABLE shop.items_archive ADD PRIMARY KEY (id)",
+     "archive shop.items_archive has a primary key constraint 'items_archive_pkey'"),
+    ("ALTER TABLE shop.items_archive ALTER COLUMN note SET NOT NULL",
+     "archive shop.items_archive column 'note' is NOT NULL, but shop.items's is not"),
+])
+def test_an_archive_that_does_not_match_the_table_is_refused_naming_why(env, engine, ddl,
+                                                                        phrase):
+    with dg.instance_for_test() as instance:
+        assert run_shop(instance).success  # creates the archive, on an empty table
+        fill(engine)
+        before = shop.rows_of(engine, shop.TABLE)
+        with engine.begin() as conn:
+            conn.exec_driver_sql(ddl)
+        result = run_shop(instance)
+    _refused_before_any_delete(engine, result, phrase)
+    assert shop.rows_of(engine, shop.TABLE) == before
+
+
+def test_a_table_column_named_like_an_archive_column_is_refused_at_the_first_run(env, engine):
+    fill(engine)
+    with engine.begin() as conn:
+        conn.exec_driver_sql("ALTER TABLE shop.items ADD COLUMN _retention_policy text")
+    with dg.instance_for_test() as instance:
+        result = run_shop(instance)
+    _refused_before_any_delete(
+        engine, result, "shop.items has a column '_retention_policy', the name of a column the "
+        "archive shop.items_archive keeps for itself")
+    assert len(shop.ids_of(engine, shop.TABLE)) == 50
+    with engine.connect() as conn:
+        assert conn.exec_driver_sql("SELECT to_regclass('shop.items_archive')").scalar() is None
+
+
+def test_archived_rows_past_the_archive_retention_are_deleted_by_the_next_run(env, engine):
+    old, _ = fill(engine)
+    with dg.instance_for_test() as instance:
+        assert run_shop(instance).success
+        with engine.begin() as conn:  # 25 of them archived 31 days ago, 15 of them 29 days ago
+            conn.exec_driver_sql(
+                "UPDATE shop.items_archive SET _retention_archived_at = now() - CASE WHEN id IN "
+                "(SELECT id FROM shop.items_archive ORDER BY id LIMIT 25) "
+                "THEN interval '31 days' ELSE interval '29 days' END")
+        newer = shop.add_items(engine, 3, updated_at=shop.OLD)
+        result = run_shop(instance, archive_retention_days=30, batch_size=10)
+        assert result.success, failure_text(result)
+        meta = materialization(result, asset_key=shop.ASSET_KEY)
+    assert meta["deletedTotal"] == 3
+    assert (meta["archiveDeletedTotal"], meta["archiveRows"]) == (25, 18)
+    assert shop.ids_of(engine, shop.ARCHIVE) == sorted(old)[25:] + newer
+
+
+@pytest.mark.parametrize("attributes, phrase", [
+    ({"archive_table": "items_archive"},
+     "archive_table 'items_archive' must be written schema.table"),
+    ({"archive_table": "shop.Items"}, "archive_table 'Items' is not a lower-case SQL identifier"),
+    ({"archive_table": "shop.items"}, "archive_table shop.items is the policy's own table"),
+    ({"archive_table": None, "archive_retention_days": 30},
+     "policy shop_items, archive_retention_days is set, but the policy has no archive_table"),
+])
+def test_a_malformed_archive_is_refused_at_load(env, attributes, phrase):
+    with pytest.raises(PolicyLoadError) as refused:
+        shop_defs(**attributes)
+    assert phrase in str(refused.value)
+
+
+def test_the_guest_favorites_policy_keeps_no_archive(env, engine, rows):
+    from favorites_maintenance.definitions import code_location
+    from favorites_maintenance_tests.helpers.jobs import ASSET_KEY, JOB
+
+    defs = code_location()
+    assert not [j for j in defs.resolve_all_job_defs() if j.name.startswith("restore_")]
+    rows.add_many(30, updated_at=shop.OLD)
+    with dg.instance_for_test() as instance:
+        result = run_partition(defs, instance, shop.PARTITION, job=JOB)
+        meta = materialization(result, asset_key=ASSET_KEY)
+    assert meta["deletedTotal"] == 30
+    assert "archiveRows" not in meta and "archiveDeletedTotal" not in meta
+    with engine.connect() as conn:
+        tables = set(conn.execute(sa.text(
+            "SELECT relname FROM pg_class WHERE relnamespace = 'favorites'::regnamespace "
+            "AND relkind = 'r'")).scalars())
+    assert tables == {"favorites"}
