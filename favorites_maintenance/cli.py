@@ -95,7 +95,7 @@ def _start_local_environment(command: str):
     if not (root / "dagster.yaml").is_file():
         _fail("run this from the favorites-maintenance checkout (dagster.yaml not found)")
     env = LocalEnvironment(root)
-    _echo(f"starting the embedded PostgreSQL server ({env.state_dir / 'pgdata'})")
+    _echo(_server_start_line(env.state_dir / "pgdata"))
     env.start()
     if env.replaced_database_url:
         click.secho(f"note: FAVORITES_DATABASE_URL is ignored by {command}, which only ever "
@@ -104,6 +104,31 @@ def _start_local_environment(command: str):
         click.secho(f"note: {', '.join(env.ignored_variables)} ignored by {command}: a local "
                     "run pushes no metrics and exports no traces", fg="yellow", err=True)
     return env
+
+
+def _server_start_line(pgdata) -> str:
+    """What starting the local environment on ``pgdata`` will do: start a server, or attach to
+    the one running there (whose users, or the ended process that left it, are named)."""
+    from favorites_maintenance.local.embedded import server_state
+
+    state = server_state(pgdata) if pgdata.is_dir() else None
+    if state is None or not state.running:
+        return f"starting the embedded PostgreSQL server ({pgdata})"
+    line = f"attaching to the embedded PostgreSQL server already running on {pgdata} (pid {state.pid}"
+    if state.users:
+        return line + f", used by pid {', '.join(map(str, state.users))})"
+    left_by = f" by pid {', '.join(map(str, state.gone))}" if state.gone else ""
+    return line + f"; left running{left_by}, which has ended: stopped when this command ends)"
+
+
+def _stop_local_environment(env) -> None:
+    """Leave the embedded server and say whether it stopped or who still uses it."""
+    users = env.server.found.users if env.server is not None and env.server.found else ()
+    if env.stop():
+        _echo("stopped the embedded PostgreSQL server")
+    else:
+        _echo("left the embedded PostgreSQL server running for the processes using it"
+              + (f" (pid {', '.join(map(str, users))})" if users else ""))
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
@@ -144,7 +169,7 @@ def demo(rows: int, pretend: bool, policy_name: str) -> None:
     except DemoError as exc:
         _fail(str(exc))
     finally:
-        env.stop()
+        _stop_local_environment(env)
 
 
 @main.command("dry-run", short_help="Count what a policy's rule matches now; delete nothing.")
@@ -267,8 +292,7 @@ def dev(port: int, rows: int, reseed: bool, debug: bool) -> None:
         code = run_dagster_dev(dagster_dev_command(write_workspace(env.state_dir), port),
                                cwd=env.dagster_home, echo=_echo, debug=debug)
     finally:
-        env.stop()
-        _echo("stopped")
+        _stop_local_environment(env)
     if code:
         _fail(f"dagster dev exited with code {code}")
 

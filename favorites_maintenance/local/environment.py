@@ -98,8 +98,15 @@ class LocalEnvironment:
         os.environ["DAGSTER_HOME"] = str(self.dagster_home)
         return self
 
-    def stop(self) -> None:
-        """Stop the embedded server."""
-        if self.server is not None:
-            self.server.stop()
-            self.server = None
+    def stop(self) -> bool:
+        """Leave the embedded server: stop it unless another live process uses it.
+
+        Returns:
+            True if the server is stopped now, False if it was left running for the others
+            (see :meth:`~favorites_maintenance.local.embedded.EmbeddedPostgres.stop`).
+        """
+        if self.server is None:
+            return True
+        stopped = self.server.stop()
+        self.server = None
+        return stopped

@@ -179,3 +179,45 @@ def test_dev_output_keeps_info_and_drops_colour_and_debug_lines_off_a_terminal()
         assert "\x1b" not in text
         assert text.splitlines() == [re.sub(r"\x1b\[[0-9;]*m", "", lines[i].decode()).rstrip("\n")
                                      for i in expect]
+
+
+def test_a_demo_killed_while_seeding_leaves_a_server_the_next_demo_attaches_to_and_stops(
+        checkout):
+    """SIGKILL leaves the server up and the killed pid in its handles file; the next command
+    says it attaches, drops the dead handle and stops the server when it ends."""
+    import json
+    import signal
+
+    from favorites_maintenance.local.embedded import EmbeddedPostgres
+    from favorites_maintenance.local.processes import alive, read_pid_file
+
+    pgdata = checkout / ".favorites-maintenance" / "pgdata"
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("FAVORITES_", "DAGSTER_"))}
+    killed = subprocess.Popen([sys.executable, "-m", "favorites_maintenance", "demo", "--rows",
+                               "400000"], cwd=checkout, env=env, stdout=subprocess.PIPE,
+                              stderr=subprocess.STDOUT, text=True)
+    try:
+        said = []
+        for line in killed.stdout:
+            said.append(line)
+            if "seeding" in line:
+                break
+        assert any("seeding 400,000 rows" in line for line in said), "".join(said)
+        killed.send_signal(signal.SIGKILL)
+        killed.wait(30)
+        server_pid = read_pid_file(pgdata / "postmaster.pid")
+        assert alive(server_pid)
+        assert killed.pid in json.loads((pgdata / ".handle_pids.json").read_text())
+
+        again = cli("demo", "--rows", "2000", "--pretend", cwd=checkout)
+        assert again.returncode == 0, again.stderr[-3000:]
+        assert (f"attaching to the embedded PostgreSQL server already running on {pgdata} "
+                f"(pid {server_pid}; left running by pid {killed.pid}, which has ended: stopped "
+                "when this command ends)") in again.stdout, again.stdout
+        assert again.stdout.rstrip().endswith("stopped the embedded PostgreSQL server")
+        assert not alive(server_pid)
+        assert json.loads((pgdata / ".handle_pids.json").read_text()) == []
+    finally:
+        killed.kill()
+        if (pgdata / "postmaster.pid").exists():
+            EmbeddedPostgres(pgdata).start().stop()

@@ -388,7 +388,8 @@ def test_ctrl_c_stops_the_ui_the_daemon_and_the_database_server(stack):
     took = time.monotonic() - started
 
     assert code == 0, stack.tail()
-    assert stack.output().rstrip().endswith("stopped"), stack.tail()
+    assert stack.output().rstrip().endswith("stopped the embedded PostgreSQL server"), \
+        stack.tail()
     assert [pid for pid in before if alive(pid)] == []
     assert not port_in_use(stack.port)
     assert not (stack.pgdata / "postmaster.pid").exists()
