@@ -84,13 +84,16 @@ def ensure_pool_limits(policies=None) -> dict[str, int]:
     before the daemon starts closes that window. A limit already set, e.g. from the UI, is kept.
 
     Returns:
-        Pool name -> its limit, each pool once, in the policies' order.
+        Pool name -> its limit, each pool once, in the policies' order (the valid
+        policies: a broken one is the code location's load error, shown in the UI).
     """
     import dagster as dg
 
-    from favorites_maintenance.components.policy_tree import load_policies
+    from favorites_maintenance.components.policy_tree import policy_files
 
-    chosen = load_policies() if policies is None else policies
+    # The valid policies: a broken one is the code location's load error, shown in the UI.
+    chosen = ([p for f in policy_files() for p in f.policies] if policies is None
+              else policies)
     pools = list(dict.fromkeys(pool for policy in chosen for pool in policy.pools))
     with dg.DagsterInstance.get() as instance:
         storage = instance.event_log_storage

@@ -221,3 +221,34 @@ def test_a_demo_killed_while_seeding_leaves_a_server_the_next_demo_attaches_to_a
         killed.kill()
         if (pgdata / "postmaster.pid").exists():
             EmbeddedPostgres(pgdata).start().stop()
+
+
+def test_demo_and_dry_run_of_a_valid_policy_go_on_beside_a_broken_one(checkout, db_url, rows):
+    """A misspelled field in a second policy: demo and dry-run of guest_favorites say so in one
+    line and run; dry-run of the broken one fails with that line; the code location itself
+    still refuses to load (its own test: pipeline/test_definitions.py)."""
+    import datetime as dt
+
+    from favorites_maintenance_tests.helpers.policy_files import (
+        MISSPELLED,
+        MISSPELLED_ERROR,
+        defs_folder,
+    )
+
+    warning = f"warning: {MISSPELLED_ERROR} (not loaded; the code location does not load until"
+    rows.add_many(4, updated_at=dt.datetime.now(dt.timezone.utc) - dt.timedelta(days=400))
+    url = {"FAVORITES_DATABASE_URL": db_url.render_as_string(hide_password=False)}
+    with defs_folder("guest_carts", MISSPELLED):
+        demo = cli("demo", "--rows", "2000", cwd=checkout)
+        assert demo.returncode == 0, demo.stderr[-3000:]
+        assert demo.stderr.count(warning) == 1, demo.stderr[-3000:]
+        assert re.search(r"run \S+ succeeded", demo.stdout), demo.stdout[-3000:]
+
+        dry = cli("dry-run", "--policy", "guest_favorites", cwd=checkout, env_extra=url)
+        assert dry.returncode == 0, dry.stderr
+        assert dry.stderr.count(warning) == 1 and "Traceback" not in dry.stderr
+        assert "prunable   4 rows" in dry.stdout
+
+        broken = cli("dry-run", "--policy", "guest_carts", cwd=checkout, env_extra=url)
+        assert broken.returncode == 2
+        assert broken.stderr == f"error: {MISSPELLED_ERROR}\n"

@@ -222,31 +222,56 @@ def test_the_command_line_dry_run_takes_the_policy_by_name(rows, db_url):
     assert "guest_favorites" in unknown.output.split("the policies are ", 1)[1]
 
 
-@pytest.mark.parametrize("change, message", [
+@pytest.mark.parametrize("change, field, message", [
     # An empty guard is a rule of its own (test_rules_of_every_shape.py); a null one is no
     # guard written on purpose.
-    ({"null_columns": None}, "policy 'guest_carts': null_columns is missing"),
-    ({"table": 'carts."guest_carts"; DROP TABLE x'}, "is not a lower-case SQL identifier"),
-    ({"key_column": "Cart_UUID"}, "key_column 'Cart_UUID' is not a lower-case SQL identifier"),
-    ({"table": "guest_carts"}, "table 'guest_carts' must be written schema.table"),
-    ({"table": "db.carts.guest_carts"}, "table 'db.carts.guest_carts' must be written "
-                                        "schema.table"),
-    ({"retention_days": 0}, "policy guest_carts, retention_days: '0' must be greater than 0"),
-    ({"max_run_duration": "ten minutes"}, "policy guest_carts, max_run_duration: 'ten minutes' "
-                                          "is not a duration"),
-    ({"name": "Guest-Carts"}, "policy 'Guest-Carts': name must be snake_case"),
-    # Dagster's schema, through the component: the file, the line and the field.
-    ({"retention_dayz": 30}, "attributes.retention_dayz at "),
-    ({"name": "guest_favorites"}, "policy names must be unique, got ['guest_favorites', "
-                                  "'guest_favorites']"),
+    ({"null_columns": None}, "null_columns", "policy 'guest_carts': null_columns is missing"),
+    ({"table": 'carts."guest_carts"; DROP TABLE x'}, "table",
+     "is not a lower-case SQL identifier"),
+    ({"key_column": "Cart_UUID"}, "key_column",
+     "key_column 'Cart_UUID' is not a lower-case SQL identifier"),
+    ({"table": "guest_carts"}, "table", "table 'guest_carts' must be written schema.table"),
+    ({"table": "db.carts.guest_carts"}, "table",
+     "table 'db.carts.guest_carts' must be written schema.table"),
+    ({"retention_days": 0}, "retention_days",
+     "policy guest_carts, retention_days: '0' must be greater than 0"),
+    ({"max_run_duration": "ten minutes"}, "max_run_duration",
+     "policy guest_carts, max_run_duration: 'ten minutes' is not a duration"),
+    ({"name": "Guest-Carts"}, "name", "policy 'Guest-Carts': name must be snake_case"),
+    # Dagster's schema, through the component: the field, and the one it may have meant.
+    ({"retention_dayz": 30}, "retention_dayz",
+     ("policy guest_carts, retention_dayz: not a field of a retention policy (did you mean "
+      "retention_days?)")),
+    ({"batch_size": [100]}, "batch_size",
+     "policy guest_carts, batch_size: [100] is not accepted (input should be a valid integer)"),
+    ({"name": "guest_favorites"}, None,
+     "policy names must be unique, got ['guest_favorites', 'guest_favorites']"),
 ])
-def test_a_malformed_policy_stops_the_load_naming_the_policy_field_and_value(
-        sandbox, change, message):
+def test_a_malformed_policy_stops_the_load_in_one_line_naming_the_file_line_policy_and_field(
+        sandbox, change, field, message):
     write_policy(sandbox.defs_folder_path, {**CARTS, **change})
-    with sandbox.build_component_tree() as tree:
-        with pytest.raises(PolicyLoadError) as refused:
-            load_policies(tree)
-    assert message in str(refused.value)
+    with sandbox.build_component_tree() as tree, pytest.raises(PolicyLoadError) as refused:
+        load_policies(tree)
+    text = str(refused.value)
+    assert message in text and "\n" not in text
+    if field is not None:
+        path = sandbox.defs_folder_path / "guest_carts" / "defs.yaml"
+        [line] = [n for n, written in enumerate(path.read_text().splitlines(), 1)
+                  if written.lstrip().startswith(f"{field}:")]
+        where = path.relative_to(sandbox.project_root)
+        assert text.startswith(f"{where}:{line}: "), text
+
+
+def test_a_policy_file_missing_its_rule_says_which_fields_in_one_line(sandbox):
+    folder = sandbox.defs_folder_path / "guest_orders"
+    folder.mkdir()
+    (folder / "defs.yaml").write_text("type: favorites_maintenance.RetentionPolicy\n"
+                                      "attributes: {}\n")
+    with sandbox.build_component_tree() as tree, pytest.raises(PolicyLoadError) as refused:
+        load_policies(tree)
+    assert str(refused.value) == (
+        f"{(folder / 'defs.yaml').relative_to(sandbox.project_root)}:2: policy guest_orders, "
+        "required fields missing: name, table, key_column, age_column, null_columns")
 
 
 @pytest.mark.parametrize("written, days", [
@@ -328,20 +353,26 @@ def test_an_unquoted_hh_mm_ss_duration_is_the_duration_it_says(sandbox):
     assert carts.settings.max_run_duration == dt.timedelta(minutes=10)
 
 
-@pytest.mark.parametrize("text, message", [
-    (carts_yaml(_RULE + "\n  retention_days:\t030"), "found character '\\t'"),
-    (carts_yaml(_RULE + "\n  retention_days: *nowhere"), "found undefined alias 'nowhere'"),
-    ("type: favorites_maintenance.RetentionPolicy\nowner: me\nattributes:" + _RULE,
-     "Extra inputs are not permitted"),
+@pytest.mark.parametrize("text, line, message", [
+    (carts_yaml(_RULE + "\n  retention_days:\t030"), 8,
+     "policy guest_carts: not valid YAML: found character '\\t' that cannot start any token"),
+    (carts_yaml(_RULE + "\n  retention_days: *nowhere"), 8,
+     "policy guest_carts: not valid YAML: found undefined alias 'nowhere'"),
+    ("type: favorites_maintenance.RetentionPolicy\nowner: me\nattributes:" + _RULE, 2,
+     "policy guest_carts, owner: not a key of a component file"),
+    ("type: favorites_maintenance.RetentionPolicies\nattributes:" + _RULE, 1,
+     ("policy guest_carts, type: Module `favorites_maintenance` has no attribute "
+      "`RetentionPolicies`. (a retention policy is type: favorites_maintenance.RetentionPolicy)")),
 ])
-def test_a_file_that_is_not_a_policy_is_one_load_error_naming_the_file(sandbox, text, message):
+def test_a_file_that_is_not_a_policy_is_one_load_error_naming_the_file(sandbox, text, line,
+                                                                        message):
     folder = sandbox.defs_folder_path / "guest_carts"
     folder.mkdir()
     (folder / "defs.yaml").write_text(text)
-    with sandbox.build_component_tree() as tree:
-        with pytest.raises(PolicyLoadError) as refused:
-            load_policies(tree)
-    assert message in str(refused.value) and "guest_carts/defs.yaml" in str(refused.value)
+    with sandbox.build_component_tree() as tree, pytest.raises(PolicyLoadError) as refused:
+        load_policies(tree)
+    where = (folder / "defs.yaml").relative_to(sandbox.project_root)
+    assert str(refused.value) == f"{where}:{line}: {message}"
 
 
 def test_a_short_stale_after_still_loads_with_the_shortest_freshness_dagster_takes(sandbox):

@@ -49,7 +49,9 @@ def guest_settings(monkeypatch: pytest.MonkeyPatch, **env: str) -> PolicySetting
     except PolicyLoadError as exc:
         cause = exc.__cause__
         if isinstance(cause, SettingsError):
-            assert str(exc) == str(cause)
+            # The same message, after the file and the line of the field it reads.
+            assert re.fullmatch(rf"favorites_maintenance/defs/guest_favorites/defs\.yaml:\d+: "
+                                rf"{re.escape(str(cause))}", str(exc)), str(exc)
             raise cause from None
         raise
     assert guest.name == "guest_favorites"
