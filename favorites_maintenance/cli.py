@@ -15,6 +15,7 @@ policies of ``favorites_maintenance/defs/``.
 from __future__ import annotations
 
 import datetime as dt
+import os
 import sys
 
 import click
@@ -24,7 +25,7 @@ from favorites_maintenance.config.deployment import (
     DeploymentSettings,
     load_deployment_settings,
 )
-from favorites_maintenance.config.parsers import SettingsError
+from favorites_maintenance.config.parsers import WEBSERVER_BASE_URL_VAR, SettingsError
 
 UTC = dt.timezone.utc
 
@@ -319,6 +320,8 @@ def dev(port: int, rows: int, reseed: bool, debug: bool) -> None:
         _echo(f"Dagster instance: {env.dagster_home} (pools "
               + ", ".join(f"{pool}: {limit}" for pool, limit in limits.items())
               + " run at a time)")
+        # A failed run's alert links to its page in this UI.
+        os.environ[WEBSERVER_BASE_URL_VAR] = ui_address(port)
         _echo(f"Dagster UI: {ui_address(port)}  (asset page: {asset_page(port)})")
         [eu] = [p for p in policies if p.name == EU_POLICY]
         _echo(f"second database: {EU_DATABASE} ({EU_URL_VAR}), policy {eu.name} "

@@ -24,10 +24,12 @@ from sqlalchemy.engine import URL
 from favorites_maintenance.config.parsers import (
     ALERT_WEBHOOK_URL_VAR,
     METRICS_PUSHGATEWAY_URL_VAR,
+    WEBSERVER_BASE_URL_VAR,
     SettingsError,
     http_url,
     parse_database_url,
     parse_pushgateway_url,
+    parse_webserver_base_url,
     read_optional,
     safe_url,
 )
@@ -47,11 +49,14 @@ class DeploymentSettings:
         metrics_pushgateway_url: optional Prometheus Pushgateway every run pushes its gauges
             to (``http(s)://[user:password@]host[:port][/prefix]``); it may hold credentials,
             so never log it: use :func:`~favorites_maintenance.config.parsers.safe_http_url`.
+        webserver_base_url: optional base URL of the Dagster UI (no credentials): a failed
+            run's alert links to ``<base>/runs/<run id>``.
     """
 
     database_url: URL | None = field(default=None, repr=False)
     alert_webhook_url: str | None = field(default=None, repr=False)
     metrics_pushgateway_url: str | None = field(default=None, repr=False)
+    webserver_base_url: str | None = None
 
     @property
     def database_url_safe(self) -> str | None:
@@ -81,6 +86,8 @@ def load_deployment_settings(environ: Mapping[str, str] | None = None) -> Deploy
         alert_webhook_url=read_optional(environ, ALERT_WEBHOOK_URL_VAR, http_url),
         metrics_pushgateway_url=read_optional(environ, METRICS_PUSHGATEWAY_URL_VAR,
                                               parse_pushgateway_url),
+        webserver_base_url=read_optional(environ, WEBSERVER_BASE_URL_VAR,
+                                         parse_webserver_base_url),
     )
 
 

@@ -195,6 +195,20 @@ def test_a_pushgateway_url_with_credentials_is_taken_and_never_shown():
     assert load_deployment_settings({}).metrics_pushgateway_url is None
 
 
+@pytest.mark.parametrize("url, said", [
+    (f"https://ops:{PASSWORD}@dagster.internal", "holds a user or password"),
+    ("dagster.internal:3000", "is not an http(s) URL with a host"),
+    ("https://dagster.internal/?tab=runs", "has a query or fragment"),
+])
+def test_the_ui_base_url_of_alerts_is_an_http_url_without_credentials(url, said):
+    with pytest.raises(SettingsError) as raised:
+        load_deployment_settings({"FAVORITES_WEBSERVER_BASE_URL": url})
+    assert raised.value.variable == "FAVORITES_WEBSERVER_BASE_URL"
+    assert said in str(raised.value) and PASSWORD not in str(raised.value)
+    taken = load_deployment_settings({"FAVORITES_WEBSERVER_BASE_URL": "https://dagster.internal/"})
+    assert taken.webserver_base_url == "https://dagster.internal"
+
+
 @pytest.mark.parametrize("expr", [
     "0 3 * * *", "*/5 * * * *", "0 0 1 1 *", "0 3 * * MON-FRI", "0 3 * * 7", "@daily",
     "@hourly", "0 0 29 2 *", "0 0 30 2 *", "0 0 31 2 *", "0 0 31 4 *", "0 3 L * *",
