@@ -106,13 +106,18 @@ def _declares(path, name: str) -> bool:
 def _prunable_rows(policy, partition: str | None, engine: sa.Engine):
     """What ``policy``'s rule matches for a run of daily ``partition`` now, by the clock of
     ``engine``'s database server (``None``: a run without a partition), the cutoff as the job
-    computes it; exits naming ``--partition`` when it is no key.
+    computes it; exits naming ``--partition`` when it is not one of the policy's days.
 
     Raises:
         ConnectError: the database's clock could not be read.
     """
+    from favorites_maintenance.pipeline.partitions import policy_partitions
     from favorites_maintenance.testing import prunable_rows
 
+    days = policy_partitions(policy)
+    if partition is not None and not days.has_partition_key(partition):
+        _fail(f"--partition {partition!r} is not a day of policy {policy.name} (YYYY-MM-DD, "
+              f"from {days.get_first_partition_key()} to yesterday)")
     try:
         return prunable_rows(policy, partition=partition, database=engine)
     except ValueError as exc:

@@ -83,6 +83,22 @@ def int_between(low: int, high: int):
     return parse
 
 
+def date_between(low: dt.date, high: dt.date):
+    """A calendar day written ``YYYY-MM-DD``, from ``low`` to ``high``."""
+    def parse(raw: str) -> dt.date:
+        if not re.fullmatch(r"[0-9]{4}-[0-9]{2}-[0-9]{2}", raw):
+            raise ValueError(f"{raw!r} is not a date; write YYYY-MM-DD")
+        try:
+            value = dt.date.fromisoformat(raw)
+        except ValueError:
+            raise ValueError(f"{raw!r} is not a date of the calendar") from None
+        if not low <= value <= high:
+            raise ValueError(f"{raw!r} must be from {low.isoformat()} to {high.isoformat()}")
+        return value
+
+    return parse
+
+
 def duration_between(low: dt.timedelta, high: dt.timedelta):
     def parse(raw: str) -> dt.timedelta:
         value = parse_duration(raw)

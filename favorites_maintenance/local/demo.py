@@ -16,8 +16,8 @@ from favorites_maintenance.local.environment import LocalEnvironment
 from favorites_maintenance.local.second_database import local_code_location
 from favorites_maintenance.local.seed import seed_favorites, summarize
 from favorites_maintenance.pipeline.partitions import (
-    daily_partitions,
     partition_cutoff,
+    policy_partitions,
     read_now,
 )
 from favorites_maintenance.pipeline.run_report import RunReport
@@ -63,7 +63,7 @@ def run_demo(env: LocalEnvironment, *, rows: int, pretend: bool, policy: Policy,
             echo(f"policy {policy.name}: {policy.rule.qualified_name} is used as it is "
                   "(only favorites.favorites has a dev table to seed)")
 
-        partition = daily_partitions.get_last_partition_key()
+        partition = policy_partitions(policy).get_last_partition_key()
         cutoff = partition_cutoff(partition, retention_days, now=read_now(engine).database)
         try:
             # The same check of the table the job makes before its first batch.

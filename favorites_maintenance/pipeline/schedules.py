@@ -9,7 +9,7 @@ from __future__ import annotations
 import dagster as dg
 
 from favorites_maintenance.config.policy import Policy
-from favorites_maintenance.pipeline.partitions import daily_partitions
+from favorites_maintenance.pipeline.partitions import policy_partitions
 
 
 def build_schedule(policy: Policy) -> dg.ScheduleDefinition:
@@ -20,6 +20,7 @@ def build_schedule(policy: Policy) -> dg.ScheduleDefinition:
     A tick at instant T requests the last daily partition that ended at or before T, e.g. the
     ``0 3 * * *`` tick of 2026-05-10 runs ``2026-05-09``.
     """
+    partitions = policy_partitions(policy)
 
     @dg.schedule(
         name=policy.schedule_name,
@@ -31,7 +32,7 @@ def build_schedule(policy: Policy) -> dg.ScheduleDefinition:
     )
     def cleanup_schedule(context: dg.ScheduleEvaluationContext):
         with dg.partition_loading_context(effective_dt=context.scheduled_execution_time):
-            key = daily_partitions.get_last_partition_key()
+            key = partitions.get_last_partition_key()
         if key is None:
             return dg.SkipReason("no complete daily partition yet")
         return dg.RunRequest(run_key=key, partition_key=key)

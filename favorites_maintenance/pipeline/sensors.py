@@ -29,6 +29,7 @@ from favorites_maintenance.pipeline.partitions import (
     CURRENT_PARTITION_LAG,
     daily_partitions,
     is_current,
+    policy_partitions,
 )
 from favorites_maintenance.pipeline.resources import AlertSink
 
@@ -96,16 +97,17 @@ def last_current_success(instance: dg.DagsterInstance, asset_key: dg.AssetKey, n
 
 
 def latest_current_success(instance: dg.DagsterInstance, asset_key: dg.AssetKey,
-                           now: float) -> float | None:
+                           now: float, partitions: dg.DailyPartitionsDefinition = daily_partitions
+                           ) -> float | None:
     """Timestamp (epoch seconds) of the newest current-partition success in the whole history
     before ``now``, however old, or ``None`` when there never was one.
 
-    Walks back from ``now`` in windows of 31 days down to the first partition's day, stopping
-    at the first window holding a success: at most one query per month since the pipeline went
-    into service, whatever the number of runs.
+    Walks back from ``now`` in windows of 31 days down to the first day of ``partitions`` (the
+    policy's), stopping at the first window holding a success: at most one query per month
+    since the policy's partitions start, whatever the number of runs.
     """
-    first = daily_partitions.time_window_for_partition_key(
-        daily_partitions.get_first_partition_key()).start.timestamp()
+    first = partitions.time_window_for_partition_key(
+        partitions.get_first_partition_key()).start.timestamp()
     before = now
     while before > first:
         after = before - _WALK_WINDOW.total_seconds()
@@ -196,7 +198,8 @@ def build_stale_sensor(policy: Policy, stale_after: dt.timedelta | None = None,
             recent = last_current_success(context.instance, asset_key, now, stale_after)
         else:
             alerted_at = None
-            recent = latest_current_success(context.instance, asset_key, now)
+            recent = latest_current_success(context.instance, asset_key, now,
+                                            policy_partitions(policy))
             last = recent
             since = recent if recent is not None else now
         succeeded_again = recent is not None and (last is None or recent > last)

@@ -50,6 +50,7 @@ CARTS = {
     "target_batch_duration": "PT0S",
     "cron": "15 4 * * *",
     "stale_after": "PT24H",
+    "partitions_start": "2026-01-01",
 }
 
 
@@ -410,3 +411,31 @@ def test_an_age_column_that_is_not_timestamptz_fails_the_first_run_naming_it(
     assert not result.success
     assert "carts.guest_carts.items is INTEGER" in failure_text(result)
     assert carts_left(engine)["guest:old"] == 250
+
+
+def test_each_policy_s_partitions_start_on_its_own_day_and_a_recent_default(sandbox,
+                                                                            monkeypatch):
+    from favorites_maintenance.config.policy_settings import DEFAULT_PARTITIONS_START
+
+    monkeypatch.delenv("FAVORITES_GUEST_RETENTION_PARTITIONS_START", raising=False)
+    write_policy(sandbox.defs_folder_path, {**CARTS, "partitions_start": "2026-06-01"})
+    with sandbox.build_component_tree() as tree:
+        defs = code_location(tree)
+    graph = defs.resolve_asset_graph()
+    firsts = {key.path[1]: graph.get(key).partitions_def.get_first_partition_key()
+              for key in graph.get_all_asset_keys()}
+    assert firsts == {"guest_carts_cleanup": "2026-06-01",
+                      "guest_favorites_cleanup": DEFAULT_PARTITIONS_START.isoformat()}
+    # Recent enough that a new deployment lists weeks of days, not a year of them.
+    assert (dt.date.today() - DEFAULT_PARTITIONS_START).days < 120
+    for check in graph.asset_check_keys:
+        assert graph.get(check).partitions_def == graph.get(
+            check.asset_key).partitions_def
+    # A date the calendar does not have is refused naming the field.
+    (sandbox.defs_folder_path / "guest_carts" / "defs.yaml").write_text(yaml.safe_dump(
+        {"type": "favorites_maintenance.RetentionPolicy",
+         "attributes": {**CARTS, "partitions_start": "2026-02-30"}}))
+    with sandbox.build_component_tree() as tree, pytest.raises(PolicyLoadError) as refused:
+        load_policies(tree)
+    assert "policy guest_carts, partitions_start: '2026-02-30' is not a date of the calendar" \
+        in str(refused.value)

@@ -265,6 +265,7 @@ def test_a_failed_schedule_tick_alerts_once_then_resolves(dagster_storage_url, d
 
     monkeypatch.delenv(DATABASE_URL_VAR, raising=False)
     monkeypatch.setenv("FAVORITES_GUEST_RETENTION_CRON", "* * * * *")
+    monkeypatch.setenv("FAVORITES_GUEST_RETENTION_PARTITIONS_START", "2026-01-01")
     monkeypatch.setenv("FAVORITES_ALERT_WEBHOOK_URL", webhook.url)
     start = dt.datetime(2026, 10, 5, 3, 0, 30, tzinfo=UTC)
     minute = dt.timedelta(minutes=1)
