@@ -293,7 +293,7 @@ def parse_webserver_base_url(raw: str) -> str:
 
     try:
         parts = urlsplit(raw)
-        parts.port  # a port that is not a number raises ValueError
+        _ = parts.port  # a port that is not a number raises ValueError
     except ValueError:
         raise refuse("is not a valid URL; expected http(s)://host[:port]") from None
     if parts.scheme not in ("http", "https") or not parts.hostname:
