@@ -209,19 +209,57 @@ def demo(rows: int, pretend: bool, policy_name: str) -> None:
         _stop_local_environment(env)
 
 
-@main.command("dry-run", short_help="Count what a policy's rule matches now; delete nothing.")
+@main.command("dry-run", short_help="Count what a policy's rule matches; delete nothing.")
 @click.option("--partition", default=None, metavar="YYYY-MM-DD",
               help="Use the cutoff of this daily partition instead of now.")
 @_policy_option
-def dry_run(partition: str | None, policy_name: str) -> None:
-    """Report how many rows the policy's rule matches now, deleting nothing.
+@click.option("--all", "all_policies", is_flag=True,
+              help="Every policy of favorites_maintenance/defs/ (instead of --policy).")
+@click.option("--json", "as_json", is_flag=True,
+              help="Print one JSON document instead of text (warnings still go to stderr).")
+def dry_run(partition: str | None, policy_name: str, all_policies: bool, as_json: bool) -> None:
+    """Report how many rows a policy's rule matches, deleting nothing: with the cutoff of now
+    (or of --partition), and with the cutoff of the next scheduled run, said with its time.
 
-    Reads the policy's database from the variable its database_url_env names
-    (FAVORITES_DATABASE_URL by default) and its settings like the job does, and counts with
-    the function policy tests use (favorites_maintenance.testing).
+    Reads each policy's database from the variable its database_url_env names
+    (FAVORITES_DATABASE_URL by default) and its settings like the job does, "now" from the
+    database server's clock, and counts with the function policy tests use
+    (favorites_maintenance.testing). With --all, a policy whose database or table cannot be
+    read is reported and the others are still counted; the exit code is then 2.
     """
+    import json
+
+    from favorites_maintenance.components.policy_tree import policy_files
+
+    _check_deployment_settings()
+    if all_policies:
+        files = policy_files()
+        for broken in (f for f in files if f.error):
+            _warn_broken(broken.error)
+        policies = [p for f in files for p in f.policies]
+    else:
+        policies = [_load_policy(policy_name)]
+    counts = [_dry_run_counts(policy, partition, fail_fast=not all_policies)
+              for policy in policies]
+    if as_json:
+        _echo(json.dumps({"policies": counts, "deleted": 0}, indent=2))
+    else:
+        for count in counts:
+            _echo_dry_run(count)
+        _echo("nothing deleted (dry run)")
+    if any("error" in count for count in counts):
+        sys.exit(2)
+
+
+def _dry_run_counts(policy, partition: str | None, *, fail_fast: bool) -> dict:
+    """What ``policy``'s rule matches in its database with the cutoff of now (the database
+    server's clock) or of ``partition``, and with the next scheduled run's, as a JSON-ready
+    dict (instants in ISO 8601 UTC, counts in rows), counted with the function policy tests use
+    (:mod:`favorites_maintenance.testing`); a database error is its ``error`` (with
+    ``fail_fast``: the command exits with it)."""
     from favorites_maintenance.config.deployment import require_database_url
     from favorites_maintenance.config.parsers import safe_url
+    from favorites_maintenance.pipeline.schedules import next_scheduled_run
     from favorites_maintenance.retention.database import create_engine, limit_transaction
     from favorites_maintenance.retention.errors import (
         ConnectError,
@@ -230,47 +268,79 @@ def dry_run(partition: str | None, policy_name: str) -> None:
         describe,
     )
     from favorites_maintenance.retention.statements import assert_triggers_fire
+    from favorites_maintenance.testing import PrunableRows
 
-    _check_deployment_settings()
-    policy = _load_policy(policy_name)
-    variable = policy.database_url_env
+    rule, variable = policy.rule, policy.database_url_env
+    report = {"policy": policy.name, "database_variable": variable, "database": None,
+              "table": rule.qualified_name, "guard": rule.guard_sql or "no guard",
+              "age_column": rule.age.name, "retention_days": policy.settings.retention_days}
+    error = None
     try:
         url = require_database_url(variable)
     except SettingsError as exc:
-        _fail(str(exc))
-    rule = policy.rule
-    retention_days = policy.settings.retention_days
-    engine = create_engine(url)
-    try:
-        # "now" is the database server's clock, as for the job.
-        prunable = _prunable_rows(policy, partition, engine)
-        cutoff = prunable.cutoff
-        with engine.connect() as conn, conn.begin():
-            # Bounded like the job's reads: never queued without limit behind a lock.
-            limit_transaction(conn)
-            # The same checks of the session and the table the job makes before its first
-            # batch.
-            assert_triggers_fire(conn)
-            findings = prunable.check(conn)
-            count, oldest_age = prunable.count(conn)
-    except (TableShapeError, ReplicationRoleError) as exc:
-        _fail(str(exc))
-    except (ConnectError, sa.exc.DBAPIError) as exc:
-        error = exc.error if isinstance(exc, ConnectError) else describe(exc)
-        _fail(f"could not read {rule.qualified_name}: {error} (database "
-              f"{safe_url(url)}: check {variable}, the server and the "
-              "table)")
-    finally:
-        engine.dispose()
+        error = str(exc)
+    else:
+        report["database"] = safe_url(url)
+        engine = create_engine(url)
+        try:
+            # "now" is the database server's clock, as for the job.
+            prunable = _prunable_rows(policy, partition, engine)
+            now = prunable.clock.database if prunable.clock else dt.datetime.now(UTC)
+            at, next_partition, next_cutoff = next_scheduled_run(policy, now)
+            with engine.connect() as conn, conn.begin():
+                # Bounded like the job's reads: never queued without limit behind a lock.
+                limit_transaction(conn)
+                # The same checks of the session and the table the job makes before its
+                # first batch.
+                assert_triggers_fire(conn)
+                findings = prunable.check(conn)
+                count, oldest_age = prunable.count(conn)
+                upcoming = (PrunableRows(policy, next_cutoff).count(conn)[0]
+                            if next_cutoff is not None else None)
+        except (TableShapeError, ReplicationRoleError) as exc:
+            error = str(exc)
+        except (ConnectError, sa.exc.DBAPIError) as exc:
+            reason = exc.error if isinstance(exc, ConnectError) else describe(exc)
+            error = (f"could not read {rule.qualified_name}: {reason} (database "
+                     f"{safe_url(url)}: check {variable}, the server and the table)")
+        finally:
+            engine.dispose()
+    if error is not None:
+        if fail_fast:
+            _fail(error)
+        click.secho(f"error: policy {policy.name}: {error}", fg="red", err=True)
+        return {**report, "error": error}
     clock = prunable.clock.warning if prunable.clock is not None else None
-    for warning in ((clock,) if clock else ()) + findings.warnings:
+    for warning in ((clock,) if clock else ()) + tuple(findings.warnings):
         click.secho(f"warning: {warning}", fg="yellow", err=True)
-    oldest = oldest_age.isoformat() if oldest_age else "none"
-    _echo(f"database   {safe_url(url)} ({variable})")
-    _echo(f"policy     {policy.name} ({rule.qualified_name}, {rule.guard_sql or 'no guard'})")
-    _echo(f"cutoff     {cutoff.isoformat()} (retention {retention_days} days)")
-    _echo(f"prunable   {count:,} rows (oldest {rule.age.name}: {oldest})")
-    _echo("nothing deleted (dry run)")
+    report["now"] = {"at": now.isoformat(), "partition": partition,
+                     "cutoff": prunable.cutoff.isoformat(), "prunable": count,
+                     "oldest": oldest_age.isoformat() if oldest_age else None}
+    report["next_run"] = {"at": at.isoformat(), "cron": policy.settings.cron,
+                          "partition": next_partition,
+                          "cutoff": next_cutoff.isoformat() if next_cutoff else None,
+                          "prunable": upcoming}
+    return report
+
+
+def _echo_dry_run(count: dict) -> None:
+    """The text form of one policy's dry run."""
+    _echo(f"database   {count['database'] or 'unset'} ({count['database_variable']})")
+    _echo(f"policy     {count['policy']} ({count['table']}, {count['guard']})")
+    if "error" in count:
+        _echo(f"error      {count['error']}")
+        return
+    now, upcoming = count["now"], count["next_run"]
+    _echo(f"cutoff     {now['cutoff']} (retention {count['retention_days']} days)")
+    _echo(f"prunable   {now['prunable']:,} rows (oldest {count['age_column']}: "
+          f"{now['oldest'] or 'none'})")
+    if upcoming["partition"] is None:
+        _echo(f"next run   {upcoming['at']} ({upcoming['cron']}): no complete day of the "
+              "policy's partitions yet")
+    else:
+        _echo(f"next run   {upcoming['at']} ({upcoming['cron']}), partition "
+              f"{upcoming['partition']}: cutoff {upcoming['cutoff']}, {upcoming['prunable']:,} "
+              "rows prunable")
 
 
 @main.command(short_help="Run the Dagster UI and daemon on a local database until Ctrl-C.")

@@ -6,10 +6,16 @@ the schedule is written out: each tick requests the latest *complete* partition 
 
 from __future__ import annotations
 
+import datetime as dt
+
 import dagster as dg
+from croniter import croniter
 
 from favorites_maintenance.config.policy import Policy
-from favorites_maintenance.pipeline.partitions import policy_partitions
+from favorites_maintenance.pipeline.partitions import (
+    partition_cutoff,
+    policy_partitions,
+)
 
 
 def build_schedule(policy: Policy) -> dg.ScheduleDefinition:
@@ -38,3 +44,21 @@ def build_schedule(policy: Policy) -> dg.ScheduleDefinition:
         return dg.RunRequest(run_key=key, partition_key=key)
 
     return cleanup_schedule
+
+
+def next_scheduled_run(policy: Policy, after: dt.datetime
+                       ) -> tuple[dt.datetime, str | None, dt.datetime | None]:
+    """When the schedule of ``policy`` next fires after ``after`` (a UTC datetime), the
+    partition that tick requests, and the cutoff that run will use: ``(at, partition,
+    cutoff)``, both ``None`` when the policy has no complete day at that tick yet.
+
+    The run of partition ``D`` starts after ``D`` ended, so its cutoff is the end of ``D``
+    minus the retention days (see
+    :func:`~favorites_maintenance.pipeline.partitions.partition_cutoff`).
+    """
+    at = croniter(policy.settings.cron, after.astimezone(dt.timezone.utc)).get_next(dt.datetime)
+    with dg.partition_loading_context(effective_dt=at):
+        key = policy_partitions(policy).get_last_partition_key()
+    if key is None:
+        return at, None, None
+    return at, key, partition_cutoff(key, policy.settings.retention_days, now=at)
