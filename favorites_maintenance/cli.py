@@ -370,12 +370,11 @@ def dev(port: int, rows: int, reseed: bool, debug: bool) -> None:
                                                  run_dagster_dev, ui_address)
     from favorites_maintenance.local.processes import port_is_free
     from favorites_maintenance.local.second_database import (EU_DATABASE, EU_POLICY,
-                                                             EU_URL_VAR, local_policies,
-                                                             prepare_eu_table,
-                                                             write_workspace)
+                                                             EU_URL_VAR, prepare_eu_table,
+                                                             second_tree, write_workspace)
     from favorites_maintenance.retention.database import create_engine
 
-    from favorites_maintenance.components.policy_tree import policy_files
+    from favorites_maintenance.components.policy_tree import load_policies, policy_files
 
     _check_deployment_settings()
     for broken in [f for f in policy_files() if f.error]:
@@ -390,20 +389,28 @@ def dev(port: int, rows: int, reseed: bool, debug: bool) -> None:
         finally:
             engine.dispose()
         prepare_eu_table(max(1000, rows // 10), _echo, reseed=reseed)
-        policies = local_policies()
+        # The valid policies (a broken file is the code location's load error, in the UI),
+        # and the second database's.
+        policies = [*(p for f in policy_files() for p in f.policies),
+                    *load_policies(second_tree())]
         limits = ensure_pool_limits(policies)
         _echo(f"Dagster instance: {env.dagster_home} (pools "
               + ", ".join(f"{pool}: {limit}" for pool, limit in limits.items())
               + " run at a time)")
         # A failed run's alert links to its page in this UI.
         os.environ[WEBSERVER_BASE_URL_VAR] = ui_address(port)
-        _echo(f"Dagster UI: {ui_address(port)}  (asset page: {asset_page(port)})")
+        _echo("starting the Dagster webserver and daemon ...")
         [eu] = [p for p in policies if p.name == EU_POLICY]
-        _echo(f"second database: {EU_DATABASE} ({EU_URL_VAR}), policy {eu.name} "
-              f"(asset page: {ui_address(port)}/assets/{'/'.join(eu.asset_key_path)})")
-        _echo("press Ctrl-C to stop the UI, the daemon and the database server")
+
+        def serving() -> None:  # said once the UI answers, not before
+            _echo(f"Dagster UI: {ui_address(port)}  (asset page: {asset_page(port)})")
+            _echo(f"second database: {EU_DATABASE} ({EU_URL_VAR}), policy {eu.name} "
+                  f"(asset page: {ui_address(port)}/assets/{'/'.join(eu.asset_key_path)})")
+            _echo("press Ctrl-C to stop the UI, the daemon and the database server")
+
         code = run_dagster_dev(dagster_dev_command(write_workspace(env.state_dir), port),
-                               cwd=env.dagster_home, echo=_echo, debug=debug)
+                               cwd=env.dagster_home, echo=_echo, debug=debug,
+                               ready_url=f"{ui_address(port)}/server_info", on_ready=serving)
     finally:
         _stop_local_environment(env)
     if code:
