@@ -35,7 +35,8 @@ UTC = dt.timezone.utc
 def guard_counts(engine: sa.Engine, rule: RetentionRule) -> tuple[int, int]:
     """Rows of ``rule``'s table its guard matches (every guard column NULL: deletable once
     old enough), and rows it protects (any guard column set: never deleted)."""
-    matched = sa.and_(*(c.is_(None) for c in rule.guards))
+    # A rule with no guard (null_columns: []) matches every row and protects none.
+    matched = sa.and_(*(c.is_(None) for c in rule.guards)) if rule.guards else sa.true()
     stmt = sa.select(sa.func.count().filter(matched),
                      sa.func.count().filter(sa.not_(matched))).select_from(rule.table)
     with engine.connect() as conn:
@@ -89,7 +90,7 @@ def run_demo(env: LocalEnvironment, *, rows: int, pretend: bool, policy: Policy,
         guarded = None if seeded else guard_counts(engine, policy.rule)
         if guarded is not None:
             echo(f"  {policy.rule.qualified_name}: {guarded[0]:,} rows with "
-                 f"{policy.rule.guard_sql}, {guarded[1]:,} protected by the guard")
+                 f"{policy.rule.guard_sql or 'no guard'}, {guarded[1]:,} protected by the guard")
         echo(f"  partition {partition}: cutoff {cutoff.isoformat()} "
               f"(retention {retention_days} days); the rule matches {prunable.remaining:,} rows")
         if pretend:
@@ -128,7 +129,7 @@ def run_demo(env: LocalEnvironment, *, rows: int, pretend: bool, policy: Policy,
         # db_unhealthy is a success: the backlog waits for the next run.
         echo(f"  paused            {run.paused_ms:>12,} ms  ({run.throttled_by})")
     if not seeded:
-        guard = policy.rule.guard_sql
+        guard = policy.rule.guard_sql or "no guard"
         echo(f"  rows of the guard {guarded[0]:>12,} -> {after[0]:,}  ({guard})")
         echo(f"  protected rows    {guarded[1]:>12,} -> {after[1]:,}  (NOT ({guard}))"
              + ("  (unchanged)" if guarded[1] == after[1] else "  (CHANGED!)"))

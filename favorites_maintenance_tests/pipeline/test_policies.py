@@ -341,7 +341,7 @@ def test_a_policy_file_missing_its_rule_says_which_fields_in_one_line(sandbox):
         load_policies(tree)
     assert str(refused.value) == (
         f"{(folder / 'defs.yaml').relative_to(sandbox.project_root)}:2: policy guest_orders, "
-        "required fields missing: name, table, key_column, age_column, null_columns")
+        "required fields missing: name, table, key_column, age_column")
 
 
 @pytest.mark.parametrize("written, days", [
