@@ -2,8 +2,8 @@
 
 - ``demo``: the embedded PostgreSQL, a seeded dev table, one run of the job through Dagster on a
   persistent instance, and a summary of what happened.
-- ``dry-run``: how many rows a policy's rule matches now, deleting nothing (Laravel's
-  ``--pretend``).
+- ``dry-run``: how many rows a policy's rule matches now and at its next scheduled run,
+  deleting nothing (Laravel's ``--pretend``); ``--all`` policies, ``--json``.
 
 ``demo`` and ``dry-run`` take ``--policy NAME`` (default ``guest_favorites``): one of the
 policies of ``favorites_maintenance/defs/``.

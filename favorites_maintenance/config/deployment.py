@@ -4,11 +4,13 @@ A policy's database is the URL held by the variable its ``database_url_env`` nam
 (``FAVORITES_DATABASE_URL`` by default): :func:`load_database_url` reads and validates it.
 
 These are not a policy's: they come from ``FAVORITES_*`` environment variables of the process
-serving the code location, never from a policy's YAML or a run's config, and each is a secret
-or may hold one (a password, a token). Dagster receives them as ``dg.EnvVar`` references
-(:mod:`favorites_maintenance.defs.resources`), so the UI and the run config never show them;
-:func:`load_deployment_settings` only proves them valid, when the code location loads and
-whenever the command line starts.
+serving the code location, never from a policy's YAML or a run's config. The URLs of the
+databases, the webhook and the Pushgateway are secrets or may hold one (a password, a token):
+Dagster receives them as ``dg.EnvVar`` references (:mod:`favorites_maintenance.defs.resources`),
+so the UI and the run config never show them. The Dagster UI's base URL, which alerts link to,
+is not (a user or password in it is refused) and is passed as its value.
+:func:`load_deployment_settings` proves them valid, when the code location loads and whenever
+the command line starts.
 
 This module imports no Dagster.
 """
