@@ -2,8 +2,8 @@
 
 - ``demo``: the embedded PostgreSQL, a seeded dev table, one run of the job through Dagster on a
   persistent instance, and a summary of what happened.
-- ``dry-run``: how many rows a policy's rule matches now, deleting nothing (Laravel's
-  ``--pretend``).
+- ``dry-run``: how many rows a policy's rule matches now and at its next scheduled run,
+  deleting nothing (Laravel's ``--pretend``); ``--all`` policies, ``--json``.
 
 ``demo`` and ``dry-run`` take ``--policy NAME`` (default ``guest_favorites``): one of the
 policies of ``favorites_maintenance/defs/``.
@@ -16,6 +16,7 @@ policies of ``favorites_maintenance/defs/``.
 from __future__ import annotations
 
 import datetime as dt
+import os
 import sys
 
 import click
@@ -25,7 +26,7 @@ from favorites_maintenance.config.deployment import (
     DeploymentSettings,
     load_deployment_settings,
 )
-from favorites_maintenance.config.parsers import SettingsError
+from favorites_maintenance.config.parsers import WEBSERVER_BASE_URL_VAR, SettingsError
 
 UTC = dt.timezone.utc
 
@@ -56,32 +57,68 @@ def _policy_option(command):
 
 
 def _load_policy(name: str, *, local: bool = False):
-    """The policy ``name`` of ``favorites_maintenance/defs/`` (its settings validated), or exit
-    with an error naming the known ones; ``local``: also the policy of the second embedded
-    database of ``demo`` and ``dev``."""
-    from favorites_maintenance.components.policy_tree import PolicyLoadError, load_policies
-    from favorites_maintenance.local.second_database import local_policies
+    """The policy ``name`` of ``favorites_maintenance/defs/`` (its settings validated), loaded
+    alone: each broken policy file beside it is named on one line, and the command goes on. Exit
+    with the policy's own error when it is the broken one, or naming the valid ones when there is
+    no such policy. ``local``: also the policy of the second embedded database of ``demo`` and
+    ``dev``."""
+    from favorites_maintenance.components.policy_tree import (
+        PolicyLoadError,
+        load_policies,
+        policy_files,
+    )
 
-    try:
-        policies = {p.name: p for p in (local_policies() if local else load_policies())}
-    except PolicyLoadError as exc:
-        _fail(str(exc))
+    files = policy_files()
+    policies = {p.name: p for f in files for p in f.policies}
+    if local:
+        from favorites_maintenance.local.second_database import second_tree
+
+        try:
+            policies.update({p.name: p for p in load_policies(second_tree())})
+        except PolicyLoadError as exc:
+            _fail(str(exc))
+    broken = [f for f in files if f.error]
     if name not in policies:
+        own = [f.error for f in broken if _declares(f.path, name)]
+        if own:
+            _fail(own[0])
         _fail(f"--policy {name!r}: no such policy; the policies are "
-              f"{', '.join(sorted(policies))} (favorites_maintenance/defs/<policy>/defs.yaml)")
+              f"{', '.join(sorted(policies)) or 'none'} "
+              "(favorites_maintenance/defs/<policy>/defs.yaml)"
+              + "".join(f"\n{f.error}" for f in broken))
+    for f in broken:
+        _warn_broken(f.error)
     return policies[name]
+
+
+def _warn_broken(error: str) -> None:
+    """One line about a broken policy file beside the one a command uses."""
+    click.secho(f"warning: {error} (not loaded; the code location does not load until it is "
+                "fixed)", fg="yellow", err=True)
+
+
+def _declares(path, name: str) -> bool:
+    """Whether the policy file ``path`` names its policy ``name`` (or, unnamed, its folder)."""
+    from favorites_maintenance.components.policy_tree import declared_name
+
+    return declared_name(path) == name
 
 
 def _prunable_rows(policy, partition: str | None, engine: sa.Engine):
     """What ``policy``'s rule matches for a run of daily ``partition`` now, by the clock of
     ``engine``'s database server (``None``: a run without a partition), the cutoff as the job
-    computes it; exits naming ``--partition`` when it is no key.
+    computes it; exits naming ``--partition`` when it is not one of the policy's days.
 
     Raises:
         ConnectError: the database's clock could not be read.
     """
+    from favorites_maintenance.pipeline.partitions import policy_partitions
     from favorites_maintenance.testing import prunable_rows
 
+    days = policy_partitions(policy)
+    if partition is not None and not days.has_partition_key(partition):
+        _fail(f"--partition {partition!r} is not a day of policy {policy.name} (YYYY-MM-DD, "
+              f"from {days.get_first_partition_key()} to yesterday)")
     try:
         return prunable_rows(policy, partition=partition, database=engine)
     except ValueError as exc:
@@ -96,7 +133,7 @@ def _start_local_environment(command: str):
     if not (root / "dagster.yaml").is_file():
         _fail("run this from the favorites-maintenance checkout (dagster.yaml not found)")
     env = LocalEnvironment(root)
-    _echo(f"starting the embedded PostgreSQL server ({env.state_dir / 'pgdata'})")
+    _echo(_server_start_line(env.state_dir / "pgdata"))
     env.start()
     if env.replaced_database_url:
         click.secho(f"note: FAVORITES_DATABASE_URL is ignored by {command}, which only ever "
@@ -105,6 +142,31 @@ def _start_local_environment(command: str):
         click.secho(f"note: {', '.join(env.ignored_variables)} ignored by {command}: a local "
                     "run pushes no metrics and exports no traces", fg="yellow", err=True)
     return env
+
+
+def _server_start_line(pgdata) -> str:
+    """What starting the local environment on ``pgdata`` will do: start a server, or attach to
+    the one running there (whose users, or the ended process that left it, are named)."""
+    from favorites_maintenance.local.embedded import server_state
+
+    state = server_state(pgdata) if pgdata.is_dir() else None
+    if state is None or not state.running:
+        return f"starting the embedded PostgreSQL server ({pgdata})"
+    line = f"attaching to the embedded PostgreSQL server already running on {pgdata} (pid {state.pid}"
+    if state.users:
+        return line + f", used by pid {', '.join(map(str, state.users))})"
+    left_by = f" by pid {', '.join(map(str, state.gone))}" if state.gone else ""
+    return line + f"; left running{left_by}, which has ended: stopped when this command ends)"
+
+
+def _stop_local_environment(env) -> None:
+    """Leave the embedded server and say whether it stopped or who still uses it."""
+    users = env.server.found.users if env.server is not None and env.server.found else ()
+    if env.stop():
+        _echo("stopped the embedded PostgreSQL server")
+    else:
+        _echo("left the embedded PostgreSQL server running for the processes using it"
+              + (f" (pid {', '.join(map(str, users))})" if users else ""))
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
@@ -145,22 +207,60 @@ def demo(rows: int, pretend: bool, policy_name: str) -> None:
     except DemoError as exc:
         _fail(str(exc))
     finally:
-        env.stop()
+        _stop_local_environment(env)
 
 
-@main.command("dry-run", short_help="Count what a policy's rule matches now; delete nothing.")
+@main.command("dry-run", short_help="Count what a policy's rule matches; delete nothing.")
 @click.option("--partition", default=None, metavar="YYYY-MM-DD",
               help="Use the cutoff of this daily partition instead of now.")
 @_policy_option
-def dry_run(partition: str | None, policy_name: str) -> None:
-    """Report how many rows the policy's rule matches now, deleting nothing.
+@click.option("--all", "all_policies", is_flag=True,
+              help="Every policy of favorites_maintenance/defs/ (instead of --policy).")
+@click.option("--json", "as_json", is_flag=True,
+              help="Print one JSON document instead of text (warnings still go to stderr).")
+def dry_run(partition: str | None, policy_name: str, all_policies: bool, as_json: bool) -> None:
+    """Report how many rows a policy's rule matches, deleting nothing: with the cutoff of now
+    (or of --partition), and with the cutoff of the next scheduled run, said with its time.
 
-    Reads the policy's database from the variable its database_url_env names
-    (FAVORITES_DATABASE_URL by default) and its settings like the job does, and counts with
-    the function policy tests use (favorites_maintenance.testing).
+    Reads each policy's database from the variable its database_url_env names
+    (FAVORITES_DATABASE_URL by default) and its settings like the job does, "now" from the
+    database server's clock, and counts with the function policy tests use
+    (favorites_maintenance.testing). With --all, a policy whose database or table cannot be
+    read is reported and the others are still counted; the exit code is then 2.
     """
+    import json
+
+    from favorites_maintenance.components.policy_tree import policy_files
+
+    _check_deployment_settings()
+    if all_policies:
+        files = policy_files()
+        for broken in (f for f in files if f.error):
+            _warn_broken(broken.error)
+        policies = [p for f in files for p in f.policies]
+    else:
+        policies = [_load_policy(policy_name)]
+    counts = [_dry_run_counts(policy, partition, fail_fast=not all_policies)
+              for policy in policies]
+    if as_json:
+        _echo(json.dumps({"policies": counts, "deleted": 0}, indent=2))
+    else:
+        for count in counts:
+            _echo_dry_run(count)
+        _echo("nothing deleted (dry run)")
+    if any("error" in count for count in counts):
+        sys.exit(2)
+
+
+def _dry_run_counts(policy, partition: str | None, *, fail_fast: bool) -> dict:
+    """What ``policy``'s rule matches in its database with the cutoff of now (the database
+    server's clock) or of ``partition``, and with the next scheduled run's, as a JSON-ready
+    dict (instants in ISO 8601 UTC, counts in rows), counted with the function policy tests use
+    (:mod:`favorites_maintenance.testing`); a database error is its ``error`` (with
+    ``fail_fast``: the command exits with it)."""
     from favorites_maintenance.config.deployment import require_database_url
     from favorites_maintenance.config.parsers import safe_url
+    from favorites_maintenance.pipeline.schedules import next_scheduled_run
     from favorites_maintenance.retention.database import create_engine, limit_transaction
     from favorites_maintenance.retention.errors import (
         ConnectError,
@@ -169,47 +269,79 @@ def dry_run(partition: str | None, policy_name: str) -> None:
         describe,
     )
     from favorites_maintenance.retention.statements import assert_triggers_fire
+    from favorites_maintenance.testing import PrunableRows
 
-    _check_deployment_settings()
-    policy = _load_policy(policy_name)
-    variable = policy.database_url_env
+    rule, variable = policy.rule, policy.database_url_env
+    report = {"policy": policy.name, "database_variable": variable, "database": None,
+              "table": rule.qualified_name, "guard": rule.guard_sql or "no guard",
+              "age_column": rule.age.name, "retention_days": policy.settings.retention_days}
+    error = None
     try:
         url = require_database_url(variable)
     except SettingsError as exc:
-        _fail(str(exc))
-    rule = policy.rule
-    retention_days = policy.settings.retention_days
-    engine = create_engine(url)
-    try:
-        # "now" is the database server's clock, as for the job.
-        prunable = _prunable_rows(policy, partition, engine)
-        cutoff = prunable.cutoff
-        with engine.connect() as conn, conn.begin():
-            # Bounded like the job's reads: never queued without limit behind a lock.
-            limit_transaction(conn)
-            # The same checks of the session and the table the job makes before its first
-            # batch.
-            assert_triggers_fire(conn)
-            findings = prunable.check(conn)
-            count, oldest_age = prunable.count(conn)
-    except (TableShapeError, ReplicationRoleError) as exc:
-        _fail(str(exc))
-    except (ConnectError, sa.exc.DBAPIError) as exc:
-        error = exc.error if isinstance(exc, ConnectError) else describe(exc)
-        _fail(f"could not read {rule.qualified_name}: {error} (database "
-              f"{safe_url(url)}: check {variable}, the server and the "
-              "table)")
-    finally:
-        engine.dispose()
+        error = str(exc)
+    else:
+        report["database"] = safe_url(url)
+        engine = create_engine(url)
+        try:
+            # "now" is the database server's clock, as for the job.
+            prunable = _prunable_rows(policy, partition, engine)
+            now = prunable.clock.database if prunable.clock else dt.datetime.now(UTC)
+            at, next_partition, next_cutoff = next_scheduled_run(policy, now)
+            with engine.connect() as conn, conn.begin():
+                # Bounded like the job's reads: never queued without limit behind a lock.
+                limit_transaction(conn)
+                # The same checks of the session and the table the job makes before its
+                # first batch.
+                assert_triggers_fire(conn)
+                findings = prunable.check(conn)
+                count, oldest_age = prunable.count(conn)
+                upcoming = (PrunableRows(policy, next_cutoff).count(conn)[0]
+                            if next_cutoff is not None else None)
+        except (TableShapeError, ReplicationRoleError) as exc:
+            error = str(exc)
+        except (ConnectError, sa.exc.DBAPIError) as exc:
+            reason = exc.error if isinstance(exc, ConnectError) else describe(exc)
+            error = (f"could not read {rule.qualified_name}: {reason} (database "
+                     f"{safe_url(url)}: check {variable}, the server and the table)")
+        finally:
+            engine.dispose()
+    if error is not None:
+        if fail_fast:
+            _fail(error)
+        click.secho(f"error: policy {policy.name}: {error}", fg="red", err=True)
+        return {**report, "error": error}
     clock = prunable.clock.warning if prunable.clock is not None else None
-    for warning in ((clock,) if clock else ()) + findings.warnings:
+    for warning in ((clock,) if clock else ()) + tuple(findings.warnings):
         click.secho(f"warning: {warning}", fg="yellow", err=True)
-    oldest = oldest_age.isoformat() if oldest_age else "none"
-    _echo(f"database   {safe_url(url)} ({variable})")
-    _echo(f"policy     {policy.name} ({rule.qualified_name}, {rule.guard_sql or 'no guard'})")
-    _echo(f"cutoff     {cutoff.isoformat()} (retention {retention_days} days)")
-    _echo(f"prunable   {count:,} rows (oldest {rule.age.name}: {oldest})")
-    _echo("nothing deleted (dry run)")
+    report["now"] = {"at": now.isoformat(), "partition": partition,
+                     "cutoff": prunable.cutoff.isoformat(), "prunable": count,
+                     "oldest": oldest_age.isoformat() if oldest_age else None}
+    report["next_run"] = {"at": at.isoformat(), "cron": policy.settings.cron,
+                          "partition": next_partition,
+                          "cutoff": next_cutoff.isoformat() if next_cutoff else None,
+                          "prunable": upcoming}
+    return report
+
+
+def _echo_dry_run(count: dict) -> None:
+    """The text form of one policy's dry run."""
+    _echo(f"database   {count['database'] or 'unset'} ({count['database_variable']})")
+    _echo(f"policy     {count['policy']} ({count['table']}, {count['guard']})")
+    if "error" in count:
+        _echo(f"error      {count['error']}")
+        return
+    now, upcoming = count["now"], count["next_run"]
+    _echo(f"cutoff     {now['cutoff']} (retention {count['retention_days']} days)")
+    _echo(f"prunable   {now['prunable']:,} rows (oldest {count['age_column']}: "
+          f"{now['oldest'] or 'none'})")
+    if upcoming["partition"] is None:
+        _echo(f"next run   {upcoming['at']} ({upcoming['cron']}): no complete day of the "
+              "policy's partitions yet")
+    else:
+        _echo(f"next run   {upcoming['at']} ({upcoming['cron']}), partition "
+              f"{upcoming['partition']}: cutoff {upcoming['cutoff']}, {upcoming['prunable']:,} "
+              "rows prunable")
 
 
 @main.command(short_help="Move a policy's archived rows back into its table.")
@@ -325,12 +457,15 @@ def dev(port: int, rows: int, reseed: bool, debug: bool) -> None:
                                                  run_dagster_dev, ui_address)
     from favorites_maintenance.local.processes import port_is_free
     from favorites_maintenance.local.second_database import (EU_DATABASE, EU_POLICY,
-                                                             EU_URL_VAR, local_policies,
-                                                             prepare_eu_table,
-                                                             write_workspace)
+                                                             EU_URL_VAR, prepare_eu_table,
+                                                             second_tree, write_workspace)
     from favorites_maintenance.retention.database import create_engine
 
+    from favorites_maintenance.components.policy_tree import load_policies, policy_files
+
     _check_deployment_settings()
+    for broken in [f for f in policy_files() if f.error]:
+        _warn_broken(broken.error)
     if not port_is_free(port):
         _fail(f"port {port} on 127.0.0.1 is in use; pick another with --port")
     env = _start_local_environment("dev")
@@ -341,21 +476,30 @@ def dev(port: int, rows: int, reseed: bool, debug: bool) -> None:
         finally:
             engine.dispose()
         prepare_eu_table(max(1000, rows // 10), _echo, reseed=reseed)
-        policies = local_policies()
+        # The valid policies (a broken file is the code location's load error, in the UI),
+        # and the second database's.
+        policies = [*(p for f in policy_files() for p in f.policies),
+                    *load_policies(second_tree())]
         limits = ensure_pool_limits(policies)
         _echo(f"Dagster instance: {env.dagster_home} (pools "
               + ", ".join(f"{pool}: {limit}" for pool, limit in limits.items())
               + " run at a time)")
-        _echo(f"Dagster UI: {ui_address(port)}  (asset page: {asset_page(port)})")
+        # A failed run's alert links to its page in this UI.
+        os.environ[WEBSERVER_BASE_URL_VAR] = ui_address(port)
+        _echo("starting the Dagster webserver and daemon ...")
         [eu] = [p for p in policies if p.name == EU_POLICY]
-        _echo(f"second database: {EU_DATABASE} ({EU_URL_VAR}), policy {eu.name} "
-              f"(asset page: {ui_address(port)}/assets/{'/'.join(eu.asset_key_path)})")
-        _echo("press Ctrl-C to stop the UI, the daemon and the database server")
+
+        def serving() -> None:  # said once the UI answers, not before
+            _echo(f"Dagster UI: {ui_address(port)}  (asset page: {asset_page(port)})")
+            _echo(f"second database: {EU_DATABASE} ({EU_URL_VAR}), policy {eu.name} "
+                  f"(asset page: {ui_address(port)}/assets/{'/'.join(eu.asset_key_path)})")
+            _echo("press Ctrl-C to stop the UI, the daemon and the database server")
+
         code = run_dagster_dev(dagster_dev_command(write_workspace(env.state_dir), port),
-                               cwd=env.dagster_home, echo=_echo, debug=debug)
+                               cwd=env.dagster_home, echo=_echo, debug=debug,
+                               ready_url=f"{ui_address(port)}/server_info", on_ready=serving)
     finally:
-        env.stop()
-        _echo("stopped")
+        _stop_local_environment(env)
     if code:
         _fail(f"dagster dev exited with code {code}")
 

@@ -5,26 +5,33 @@ Each policy is one folder, ``defs/<policy>/defs.yaml``, of component type
 ``favorites_maintenance.RetentionPolicy`` (README, "Adding a retention policy");
 ``defs/resources.py`` holds the resources every policy shares. Settings are read and validated
 when the code location loads: an invalid ``FAVORITES_*`` variable, policy field or database
-URL stops the load with a message naming it. A database variable that is unset does not: only
-the runs of the policies on it are refused, naming it.
+URL stops the load with one line naming it (a policy's: the file, the line, the policy and the
+field). A database variable that is unset does not: only the runs of the policies on it are
+refused, naming it.
 """
 
 from __future__ import annotations
 
+import importlib
 from collections.abc import Sequence
 
 import dagster as dg
+from dagster._core.errors import DagsterUserCodeProcessError
+from dagster._utils.error import SerializableErrorInfo
 
 from favorites_maintenance.components.policy_tree import (
     PolicyLoadError,
     component_tree,
     load_policies,
+    policy_files,
     quiet_previews,
+    root_cause,
 )
 from favorites_maintenance.config.deployment import (
     check_database_urls,
     load_deployment_settings,
 )
+from favorites_maintenance.config.parsers import SettingsError
 from favorites_maintenance.config.policy import Policy
 from favorites_maintenance.pipeline.policy_defs import policy_definitions
 from favorites_maintenance.pipeline.resources import (
@@ -34,7 +41,8 @@ from favorites_maintenance.pipeline.resources import (
 
 
 def code_location(tree: dg.ComponentTree | None = None,
-                  extra_policies: Sequence[Policy] = ()) -> dg.Definitions:
+                  extra_policies: Sequence[Policy] = (), *,
+                  only: str | None = None) -> dg.Definitions:
     """The definitions of the components of ``tree`` (default: ``defs/``) and of
     ``extra_policies`` (``dev`` adds the policy of its second database this way), plus the
     resources that depend on the policies: ``retention``, the run limits a launch may set
@@ -42,23 +50,44 @@ def code_location(tree: dg.ComponentTree | None = None,
     resource per variable the policies name
     (:func:`~favorites_maintenance.pipeline.resources.deployed_databases`).
 
+    Args:
+        tree: the component tree (default: ``defs/``).
+        extra_policies: policies built beside the tree's.
+        only: the name of one policy (of the tree or of ``extra_policies``): build that policy
+            alone, with the shared resources, whatever the other policy files hold (the command
+            line's commands for one policy).
+
     Raises:
         favorites_maintenance.config.parsers.SettingsError: a deployment variable that is
             malformed, named (checked first, before any policy); then a policy's database
             variable set to a malformed URL, named.
         favorites_maintenance.components.policy_tree.PolicyLoadError: a malformed policy or
-            setting, named, or two policies of one name.
+            setting, one line per broken file, or two policies of one name; with ``only``,
+            that policy broken or not found.
     """
     load_deployment_settings()  # a bad URL is named here, not inside Dagster's tree error
     tree = tree or component_tree()
+    if only is not None:
+        return _one_policy(tree, extra_policies, only)
     policies = [*load_policies(tree), *extra_policies]
     names = [p.name for p in policies]
     if len(set(names)) != len(names):
         raise PolicyLoadError(f"policy names must be unique, got {sorted(names)!r}")
     check_database_urls(p.database_url_env for p in policies)
-    with quiet_previews():
-        component_defs = [tree.build_defs(),
-                          *(policy_definitions(policy) for policy in extra_policies)]
+    try:
+        with quiet_previews():
+            component_defs = [tree.build_defs(),
+                              *(policy_definitions(policy) for policy in extra_policies)]
+    except Exception as exc:  # Dagster's tree error, around any component's
+        cause = root_cause(exc)
+        if isinstance(cause, SettingsError):
+            raise cause from None
+        raise PolicyLoadError(f"{type(cause).__name__}: {cause}") from exc
+    return _with_resources(component_defs, policies)
+
+
+def _with_resources(component_defs: Sequence[dg.Definitions],
+                    policies: Sequence[Policy]) -> dg.Definitions:
     return dg.Definitions.merge(
         *component_defs,
         dg.Definitions(resources={"retention": deployed_retention(policies),
@@ -66,7 +95,77 @@ def code_location(tree: dg.ComponentTree | None = None,
     )
 
 
+def _one_policy(tree: dg.ComponentTree, extra_policies: Sequence[Policy],
+                name: str) -> dg.Definitions:
+    """Policy ``name`` of ``tree`` (built from its own file's tree) or of ``extra_policies``,
+    with the definitions of the defs folder's Python modules (the shared resources)."""
+    files = policy_files(tree)
+    extra = [p for p in extra_policies if p.name == name]
+    with quiet_previews():
+        if extra:
+            [policy] = extra
+            own = policy_definitions(policy)
+        else:
+            found = [(f, p) for f in files for p in f.policies if p.name == name]
+            if not found:
+                broken = [f.error for f in files if f.error]
+                valid = sorted([p.name for f in files for p in f.policies]
+                               + [p.name for p in extra_policies])
+                raise PolicyLoadError(f"no valid policy named {name!r}; the valid ones are "
+                                      f"{', '.join(valid) or 'none'}"
+                                      + "".join(f"\n{e}" for e in broken))
+            [(file, policy)] = found
+            own = file.tree.build_defs()
+    check_database_urls([policy.database_url_env])
+    return _with_resources([own, *_module_definitions(tree)], [policy])
+
+
+def _module_definitions(tree: dg.ComponentTree) -> list[dg.Definitions]:
+    """The definitions of the Python modules at the top of ``tree``'s defs folder
+    (``resources.py``), as Dagster's loader builds them: each ``@dg.definitions`` function
+    called, each ``Definitions`` object taken."""
+    found = []
+    for path in sorted(tree.defs_module_path.glob("*.py")):
+        if path.name.startswith("_"):
+            continue
+        module = importlib.import_module(f"{tree.defs_module_name}.{path.stem}")
+        for value in vars(module).values():
+            if isinstance(value, dg.Definitions):
+                found.append(value)
+            elif type(value).__name__ == "LazyDefinitions":  # what @dg.definitions returns
+                found.append(value())
+    return found
+
+
+def load_error(exc: PolicyLoadError | SettingsError) -> DagsterUserCodeProcessError:
+    """``exc`` as the code location's load error, shown without a stack trace.
+
+    Dagster shows a load error with the stack of the exception it caught (the UI's code
+    location page, ``dg check defs``, ``dagster dev``). A policy's or a setting's error is the
+    configuration's, not the code's: Dagster reports an error it received from a code process
+    as that process serialized it, so it is handed over that way, its message alone.
+    """
+    info = SerializableErrorInfo(message=f"{type(exc).__name__}: {exc}\n", stack=[],
+                                 cls_name=type(exc).__name__)
+    return DagsterUserCodeProcessError(str(exc), user_code_process_error_infos=[info])
+
+
+def location_definitions(tree: dg.ComponentTree | None = None,
+                         extra_policies: Sequence[Policy] = ()) -> dg.Definitions:
+    """:func:`code_location` as Dagster loads it: an invalid setting or policy raised as
+    :func:`load_error`, its message alone.
+
+    Raises:
+        dagster._core.errors.DagsterUserCodeProcessError: see :func:`load_error`.
+    """
+    try:
+        return code_location(tree, extra_policies)
+    except (PolicyLoadError, SettingsError) as exc:
+        raise load_error(exc) from exc
+
+
 @dg.definitions
 def defs() -> dg.Definitions:
-    """The code location Dagster loads (``workspace.yaml``, ``pyproject.toml``)."""
-    return code_location()
+    """The code location Dagster loads (``workspace.yaml``, ``pyproject.toml``); see
+    :func:`location_definitions`."""
+    return location_definitions()

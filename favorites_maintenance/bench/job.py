@@ -22,7 +22,7 @@ from sqlalchemy.engine import URL
 
 from favorites_maintenance.bench.server import drop_database
 from favorites_maintenance.config.policy_settings import DEFAULT_BATCH_SIZE_MAX
-from favorites_maintenance.pipeline.partitions import daily_partitions
+from favorites_maintenance.pipeline.partitions import daily_partitions_from
 from favorites_maintenance.retention.defaults import DATABASE_URL_VAR
 
 # The guest-favorites policy's variables (defs/guest_favorites/defs.yaml).
@@ -30,9 +30,11 @@ BATCH_SIZE_VAR = "FAVORITES_GUEST_RETENTION_BATCH_SIZE"
 BATCH_SIZE_MAX_VAR = "FAVORITES_GUEST_RETENTION_BATCH_SIZE_MAX"
 MAX_RUN_DURATION_VAR = "FAVORITES_GUEST_RETENTION_MAX_RUN_DURATION"
 RETENTION_DAYS_VAR = "FAVORITES_GUEST_RETENTION_DAYS"
+PARTITIONS_START_VAR = "FAVORITES_GUEST_RETENTION_PARTITIONS_START"
 
-#: The day the bench's job run materializes (the first partition of the asset).
-PARTITION = daily_partitions.get_first_partition_key()
+#: The day the bench's job run materializes, the first partition of the asset as the bench sets
+#: it: the day of the data set's fixed "now".
+PARTITION = "2026-01-01"
 
 
 def cleanup_job() -> dg.JobDefinition:
@@ -62,7 +64,8 @@ def run_job(url: URL, cutoff: dt.datetime, batch_size: int, max_run_s: float) ->
     Raises:
         RuntimeError: the run did not succeed.
     """
-    window_end = daily_partitions.time_window_for_partition_key(PARTITION).end
+    window_end = daily_partitions_from(dt.date.fromisoformat(PARTITION)) \
+        .time_window_for_partition_key(PARTITION).end
     days = (window_end - cutoff) / dt.timedelta(days=1)
     if days != int(days) or days < 1:
         raise ValueError(f"cutoff {cutoff.isoformat()} is not whole days before {window_end}")
@@ -86,6 +89,7 @@ def run_job(url: URL, cutoff: dt.datetime, batch_size: int, max_run_s: float) ->
             # An explicit batch size alone would bound every batch: J adapts as A does.
             BATCH_SIZE_MAX_VAR: str(max(batch_size, DEFAULT_BATCH_SIZE_MAX)),
             RETENTION_DAYS_VAR: str(int(days)),
+            PARTITIONS_START_VAR: PARTITION,
             MAX_RUN_DURATION_VAR: f"PT{max_run_s:g}S",
         })
         with dg.DagsterInstance.from_config(str(home)) as instance:

@@ -1,21 +1,32 @@
 """The retention policies of a defs folder: its component tree, and the policies it declares,
-validated.
+validated, each file on its own.
 
-The code location (:mod:`favorites_maintenance.definitions`) and the command line both read the
-policies through :func:`load_policies`, so an error reads the same in either.
+Every policy file is loaded on a component tree of its own folder (:func:`policy_files`), so a
+broken file is reported as one line naming the file, the line, the policy and the field, and
+never hides the policies beside it:
+
+    favorites_maintenance/defs/guest_carts/defs.yaml:8: policy guest_carts, retention_dayz:
+    not a field of a retention policy (did you mean retention_days?)
+
+(on one line). The code location (:mod:`favorites_maintenance.definitions`) loads only when
+every file is valid (:func:`load_policies`: invalid configuration fails fast); the command
+line's commands for one policy load that policy alone and name the broken ones beside it.
 """
 
 from __future__ import annotations
 
 import contextlib
+import difflib
+import importlib
 import warnings
 from collections.abc import Iterator
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import dagster as dg
 import pydantic
 import yaml
-from dagster.components.core.component_tree import ComponentTreeException
+from dagster_shared.error import DagsterUnresolvableSymbolError
 
 from favorites_maintenance.components.retention_policy import RetentionPolicy
 from favorites_maintenance.config.parsers import SettingsError
@@ -24,11 +35,42 @@ from favorites_maintenance.config.policy import Policy, PolicyError
 #: The checkout holding ``pyproject.toml`` (the project root ``dg`` and Dagster load from).
 PROJECT_ROOT = Path(__file__).resolve().parent.parent.parent
 
+#: What a policy file's ``type`` says.
+RETENTION_POLICY_TYPE = "favorites_maintenance.RetentionPolicy"
+#: The names a component file may hold, after Dagster's component file model.
+_COMPONENT_FILE_KEYS = ("type", "attributes", "requirements", "template_vars_module",
+                        "post_processing")
+#: Files a folder of the defs folder declares a component with.
+_COMPONENT_FILES = ("defs.yaml", "defs.yml")
+#: Characters of a value quoted in a message at most.
+_QUOTED = 40
+
 
 class PolicyLoadError(Exception):
     """The policies of ``defs/`` could not be loaded: a YAML file that does not fit the
     component's schema (a misspelled or missing field), a malformed policy, a setting out of
-    bounds, or two policies of one name. The message is the cause's, without Dagster's tree."""
+    bounds, or two policies of one name. The message is one line per broken file, each naming
+    the file, the line, the policy and the field (see the module docstring)."""
+
+
+@dataclass(frozen=True)
+class PolicyFile:
+    """One policy file of a defs folder, loaded on its own.
+
+    Attributes:
+        path: the ``defs.yaml`` file.
+        tree: the component tree of its folder alone (its definitions:
+            ``tree.build_defs()``).
+        policies: what it declares, validated (one policy, usually); empty when broken.
+        error: ``None``, or one line naming the file, the line, the policy and the field.
+        cause: the exception behind :attr:`error`.
+    """
+
+    path: Path
+    tree: dg.ComponentTree
+    policies: tuple[Policy, ...] = ()
+    error: str | None = None
+    cause: BaseException | None = field(default=None, repr=False, compare=False)
 
 
 def component_tree() -> dg.ComponentTree:
@@ -38,29 +80,47 @@ def component_tree() -> dg.ComponentTree:
     return dg.ComponentTree.from_module(defs_module=defs_folder, project_root=PROJECT_ROOT)
 
 
+def policy_files(tree: dg.ComponentTree | None = None) -> list[PolicyFile]:
+    """Every folder of ``tree``'s defs folder (default: ``defs/``) that holds a component file,
+    loaded on a tree of its own, in path order; a broken one carries its one-line error.
+
+    A file of another component type than ``RetentionPolicy`` is listed with no policy.
+    """
+    tree = tree or component_tree()
+    root = tree.defs_module_path
+    found = []
+    for path in _component_files(root):
+        relative = path.parent.relative_to(root)
+        module = importlib.import_module(".".join((tree.defs_module_name, *relative.parts)))
+        folder_tree = dg.ComponentTree(defs_module=module, project_root=tree.project_root)
+        found.append(_load_file(path, folder_tree, tree.project_root))
+    return found
+
+
 def load_policies(tree: dg.ComponentTree | None = None) -> list[Policy]:
     """Every policy of ``tree`` (default: ``defs/``), validated, names unique.
 
     Raises:
-        PolicyLoadError: see the class; a :class:`~favorites_maintenance.config.policy.
-            PolicyError` or :class:`~favorites_maintenance.config.parsers.SettingsError` is its
-            ``__cause__``.
+        PolicyLoadError: one line per broken file (see :class:`PolicyFile`), or two policies
+            of one name; the first file's :class:`~favorites_maintenance.config.policy.
+            PolicyError`, :class:`~favorites_maintenance.config.parsers.SettingsError` or
+            YAML or schema error is its ``__cause__``.
     """
-    try:
-        with quiet_previews():
-            components = (tree or component_tree()).get_all_components(RetentionPolicy)
-        policies = [component.policy for component in components]
-    except (PolicyError, SettingsError) as exc:
-        raise PolicyLoadError(str(exc)) from exc
-    except ComponentTreeException as exc:
-        raise PolicyLoadError(_root_cause(exc)) from exc
-    except (yaml.YAMLError, pydantic.ValidationError) as exc:
-        # A file that is not YAML, or not a component file: raised before Dagster wraps it.
-        raise PolicyLoadError(_root_cause(exc)) from exc
+    files = policy_files(tree)
+    broken = [f for f in files if f.error]
+    if broken:
+        raise PolicyLoadError("\n".join(f.error for f in broken)) from broken[0].cause
+    policies = [p for f in files for p in f.policies]
     names = [p.name for p in policies]
     if len(set(names)) != len(names):
         raise PolicyLoadError(f"policy names must be unique, got {sorted(names)!r}")
     return policies
+
+
+def declared_name(path: Path) -> str:
+    """The ``name`` policy file ``path`` gives its policy, read as text (its folder's name when
+    it gives none or cannot be read): what messages call a broken policy."""
+    return _Layout.read(path).name
 
 
 @contextlib.contextmanager
@@ -73,9 +133,171 @@ def quiet_previews() -> Iterator[None]:
         yield
 
 
-def _root_cause(exc: BaseException) -> str:
-    """The innermost cause's message: pydantic's, naming the file, line and field."""
+def root_cause(exc: BaseException) -> BaseException:
+    """The innermost ``__cause__`` of ``exc`` (Dagster wraps a component's error in its tree's)."""
     while exc.__cause__ is not None:
         exc = exc.__cause__
-    text = str(exc)
-    return "\n".join(line for line in text.splitlines() if "errors.pydantic.dev" not in line)
+    return exc
+
+
+# --- one file ---------------------------------------------------------------------------------
+
+def _component_files(folder: Path) -> Iterator[Path]:
+    """Component files under ``folder``, depth first; a folder holding one is a leaf, as
+    Dagster's loader sees it."""
+    for child in sorted(folder.iterdir()):
+        if not child.is_dir() or child.name.startswith((".", "_")):
+            continue
+        own = [child / name for name in _COMPONENT_FILES if (child / name).is_file()]
+        if own:
+            yield own[0]
+        else:
+            yield from _component_files(child)
+
+
+def _load_file(path: Path, tree: dg.ComponentTree, project_root: Path) -> PolicyFile:
+    layout = _Layout.read(path)
+    where = _shown(path, project_root)
+    try:
+        with quiet_previews():
+            components = tree.get_all_components(RetentionPolicy)
+        policies = []
+        for component in components:
+            try:
+                policies.append(component.policy)
+            except (PolicyError, SettingsError) as exc:
+                line = layout.line(_field_of(exc, component))
+                raise _Located(f"{where}:{line}: {exc}") from exc
+    except _Located as exc:
+        return PolicyFile(path, tree, error=str(exc), cause=exc.__cause__)
+    except Exception as exc:  # noqa: BLE001 - YAML, schema, Dagster's tree, a component's own
+        cause = root_cause(exc)
+        return PolicyFile(path, tree, error=_describe(cause, where, layout), cause=cause)
+    return PolicyFile(path, tree, tuple(policies))
+
+
+class _Located(Exception):
+    """A policy's error, already worded with its file and line."""
+
+
+@dataclass(frozen=True)
+class _Layout:
+    """Where things are in one policy file, read as text (every scalar a string).
+
+    Attributes:
+        name: the policy's ``name``, or its folder's name when the file gives none.
+        attributes_line: the 1-based line of ``attributes:`` (1 when there is none).
+        lines: field of ``attributes`` -> the 1-based line of its key.
+        type_line: the 1-based line of ``type:``.
+    """
+
+    name: str
+    attributes_line: int = 1
+    lines: tuple[tuple[str, int], ...] = ()
+    type_line: int = 1
+
+    @classmethod
+    def read(cls, path: Path) -> _Layout:
+        folder = path.parent.name
+        try:
+            node = next(iter(yaml.compose_all(path.read_text(), Loader=yaml.BaseLoader)), None)
+        except (OSError, yaml.YAMLError):
+            return cls(folder)
+        if not isinstance(node, yaml.MappingNode):
+            return cls(folder)
+        keys = {k.value: (k.start_mark.line + 1, v) for k, v in node.value
+                if isinstance(k, yaml.ScalarNode)}
+        line, attributes = keys.get("attributes", (1, None))
+        type_line = keys.get("type", (1, None))[0]
+        if not isinstance(attributes, yaml.MappingNode):
+            return cls(folder, line, type_line=type_line)
+        lines = tuple((k.value, k.start_mark.line + 1) for k, _ in attributes.value
+                      if isinstance(k, yaml.ScalarNode))
+        name = next((v.value for k, v in attributes.value
+                     if k.value == "name" and isinstance(v, yaml.ScalarNode) and v.value), folder)
+        return cls(name, line, lines, type_line)
+
+    def line(self, field: str | None) -> int:
+        """The line of ``field``'s key (its last, if written twice), else of ``attributes``."""
+        found = [line for name, line in self.lines if name == field]
+        return found[-1] if found else self.attributes_line
+
+
+def _shown(path: Path, project_root: Path) -> str:
+    """``path`` as a message shows it: relative to the project when inside it."""
+    try:
+        return str(path.resolve().relative_to(project_root.resolve()))
+    except ValueError:
+        return str(path)
+
+
+def _field_of(exc: PolicyError | SettingsError, component: RetentionPolicy) -> str | None:
+    """The field of ``component`` that ``exc`` is about, or ``None``."""
+    if isinstance(exc, SettingsError):
+        for name in RetentionPolicy.model_fields:
+            value = getattr(component, name, None)
+            if exc.variable in (getattr(value, "variable", None),
+                                f"policy {component.name}, {name}"):
+                return name
+        return None
+    if exc.field:
+        return exc.field
+    # A rule's message starts with the field it is about ("table 'x' must be ...").
+    text = str(exc).split(": ", 1)[-1]
+    first = text.split(" ", 1)[0]
+    return {"schema": "table", "columns": "key_column"}.get(first, first)
+
+
+def _describe(cause: BaseException, where: str, layout: _Layout) -> str:
+    """One line for a file that is not valid YAML or does not fit the component's schema."""
+    if isinstance(cause, yaml.MarkedYAMLError):
+        mark = cause.problem_mark or cause.context_mark
+        line = mark.line + 1 if mark else 1
+        problem = " ".join(str(cause.problem or cause.context or cause).split())
+        return f"{where}:{line}: policy {layout.name}: not valid YAML: {problem}"
+    if isinstance(cause, pydantic.ValidationError):
+        return _describe_schema(cause, where, layout)
+    lines = str(cause).strip().splitlines()
+    text = lines[0] if lines else ""
+    if isinstance(cause, DagsterUnresolvableSymbolError):
+        return (f"{where}:{layout.type_line}: policy {layout.name}, type: {text} (a retention "
+                f"policy is type: {RETENTION_POLICY_TYPE})")
+    return (f"{where}:{layout.attributes_line}: policy {layout.name}: "
+            f"{type(cause).__name__}: {text}")
+
+
+def _describe_schema(cause: pydantic.ValidationError, where: str, layout: _Layout) -> str:
+    """The schema errors of one file on one line: unknown fields (with the closest known
+    one) and values of the wrong type by line, then missing fields; the line given is the
+    first one's."""
+    known = list(RetentionPolicy.model_fields)
+    problems: dict[str, tuple[int, str]] = {}
+    missing: list[str] = []
+    for error in cause.errors():
+        loc = str(error["loc"][0]) if error["loc"] else ""
+        path = loc.split(" at ", 1)[0].split(".")
+        position = (error.get("ctx") or {}).get("source_position")
+        line = position.start.line if position is not None else layout.attributes_line
+        # An empty ``attributes`` mapping has no position: its errors name the field alone.
+        nested = path[0] == "attributes" and len(path) > 1
+        inside = nested or path[0] in known
+        name = path[1] if nested else path[0]
+        if error["type"] == "missing" and inside:
+            missing.append(name)
+        elif error["type"] == "extra_forbidden":
+            close = difflib.get_close_matches(name, known if inside else _COMPONENT_FILE_KEYS,
+                                              n=1)
+            what = "a field of a retention policy" if inside else "a key of a component file"
+            hint = f" (did you mean {close[0]}?)" if close else ""
+            problems.setdefault(name, (line, f"{name}: not {what}{hint}"))
+        elif name not in problems:
+            given = repr(error.get("input"))
+            given = given if len(given) <= _QUOTED else given[:_QUOTED - 3] + "..."
+            reason = error["msg"][0].lower() + error["msg"][1:]
+            problems[name] = (line, f"{name}: {given} is not accepted ({reason})")
+    parts = sorted(problems.values())
+    if missing:
+        parts.append((layout.attributes_line, "required field" + "s" * (len(missing) > 1)
+                      + " missing: " + ", ".join(sorted(set(missing), key=known.index))))
+    first = parts[0][0] if parts else layout.attributes_line
+    return f"{where}:{first}: policy {layout.name}, " + "; ".join(text for _, text in parts)

@@ -43,9 +43,12 @@ column).
 
 from __future__ import annotations
 
+import datetime as dt
 import functools
+import json
 import os
 import re
+import textwrap
 from dataclasses import dataclass
 from functools import cached_property
 from pathlib import Path
@@ -56,9 +59,13 @@ import pydantic
 import yaml
 from pydantic import ConfigDict, Field
 
-from favorites_maintenance.config.parsers import SettingsError
+from favorites_maintenance.config.parsers import SettingsError, iso_duration
 from favorites_maintenance.config.policy import Policy, PolicyError
-from favorites_maintenance.config.policy_settings import SETTINGS, parse_policy_settings
+from favorites_maintenance.config.policy_settings import (
+    SETTINGS,
+    default_of,
+    parse_policy_settings,
+)
 from favorites_maintenance.retention.rule import RetentionRule, RuleError
 
 #: A whole field written as ``{{ env.NAME }}``: messages then name the variable.
@@ -180,6 +187,102 @@ _PolicyFields = pydantic.create_model(
     "PolicyFields", __base__=_RuleFields, **{name: _setting_field(name) for name in SETTINGS})
 
 
+#: The rule's fields, which every policy file writes (the scaffold with placeholders).
+_RULE_FIELDS = ("table", "key_column", "age_column", "null_columns")
+#: What the scaffold writes for each of them until it is filled in.
+_PLACEHOLDERS = {"table": "<schema>.<table>", "key_column": "<key column>",
+                 "age_column": "<timestamptz column>", "null_columns": ["<guard column>"]}
+
+
+def _is_placeholder(value: Any) -> bool:
+    """Whether ``value`` (a field's, or one of a list's) is still written ``<...>``."""
+    values = value if isinstance(value, list) else [value]
+    return any(isinstance(v, str) and v.startswith("<") and v.endswith(">") for v in values)
+
+
+class RetentionPolicyScaffoldParams(pydantic.BaseModel):
+    """What ``dg scaffold defs favorites_maintenance.RetentionPolicy FOLDER`` may fill in
+    (``--table shop.guest_orders --key-column id ...``); a field left out is written as a
+    placeholder, which the code location refuses until it is replaced."""
+
+    table: str | None = Field(default=None, description="schema.table of the table to prune")
+    key_column: str | None = Field(default=None, description="its unique, NOT NULL key")
+    age_column: str | None = Field(default=None, description="its timestamptz age column")
+    null_columns: str | None = Field(default=None, description="the guard, comma-separated: "
+                                     "columns that must all be NULL")
+
+
+class RetentionPolicyScaffolder(dg.Scaffolder[RetentionPolicyScaffoldParams]):
+    """Writes a policy file with every rule field (given, or a placeholder) and every optional
+    setting commented out at its default: ``dg scaffold defs favorites_maintenance.
+    RetentionPolicy guest_orders`` writes ``defs/guest_orders/defs.yaml``."""
+
+    @classmethod
+    def get_scaffold_params(cls) -> type[RetentionPolicyScaffoldParams]:
+        return RetentionPolicyScaffoldParams
+
+    def scaffold(self, request: dg.ScaffoldRequest[RetentionPolicyScaffoldParams]) -> None:
+        if request.scaffold_format != "yaml":
+            dg.scaffold_component(request)
+            return
+        path = request.target_path / "defs.yaml"
+        text = policy_template(request.target_path.name, request.params, request.type_name)
+        if request.append:
+            with path.open("a") as f:
+                f.write("---\n" + text)
+        else:
+            path.write_text(text)
+
+
+def policy_template(name: str, params: RetentionPolicyScaffoldParams | None = None,
+                    type_name: str = "favorites_maintenance.RetentionPolicy",
+                    today: dt.date | None = None) -> str:
+    """The text of a new policy file for policy ``name``: the rule's fields from ``params``
+    or as placeholders, each with what it means, then every optional setting commented out
+    at its default (``partitions_start`` set to ``today``, default the current UTC date)."""
+    given = params.model_dump() if params is not None else {}
+    given["null_columns"] = ([c.strip() for c in given["null_columns"].split(",") if c.strip()]
+                             if given.get("null_columns") else None)
+    fields = {field: given.get(field) or _PLACEHOLDERS[field] for field in _RULE_FIELDS}
+    unfilled = [field for field in _RULE_FIELDS if _is_placeholder(fields[field])]
+    lines = _comment(
+        f"Retention policy {name}: delete the rows of `table` whose `null_columns` are all "
+        "NULL and whose `age_column` is older than `retention_days`, once a day (README, "
+        "\"Adding a retention policy\"). A setting may also be read from a variable: "
+        "\"{{ env.NAME }}\".", "# ")
+    if unfilled:
+        lines += _comment(f"Replace the <placeholders> ({', '.join(unfilled)}), then check the "
+                          "policy: dg check defs", "# ")
+    lines += [f"type: {type_name}", "", "attributes:",
+              f"  name: {name}  # {_RuleFields.model_fields['name'].description}"]
+    lines += [f"  {field}: {_literal(fields[field])}  # "
+              f"{_RuleFields.model_fields[field].description}" for field in _RULE_FIELDS]
+    lines.append("  # Optional settings, at their defaults (README, \"Configuration\"):")
+    today = today or dt.datetime.now(dt.timezone.utc).date()
+    for field, declared in SETTINGS.items():
+        default = default_of(field)
+        if field == "partitions_start":  # a new policy's days start the day it is written
+            lines.append(f"  {field}: {today.isoformat()}")
+        else:
+            shown = "unset" if default is None else _literal(
+                iso_duration(default) if isinstance(default, dt.timedelta) else default)
+            lines.append(f"  # {field}: {shown}")
+        lines += _comment(f"{declared.description}; {declared.bounds}", "  #   ")
+    return "\n".join(lines) + "\n"
+
+
+def _literal(value: Any) -> str:
+    """``value`` as YAML that reads back as written: text quoted, lists in flow style."""
+    if isinstance(value, list):
+        return "[" + ", ".join(_literal(v) for v in value) + "]"
+    return json.dumps(value) if isinstance(value, str) else str(value)
+
+
+def _comment(text: str, prefix: str, width: int = 96) -> list[str]:
+    return textwrap.wrap(text, width=width, initial_indent=prefix, subsequent_indent=prefix)
+
+
+@dg.scaffold_with(RetentionPolicyScaffolder)
 class RetentionPolicy(dg.Component, dg.Resolvable, _PolicyFields):
     """A retention policy: delete rows of ``table`` whose ``null_columns`` are all NULL and
     whose ``age_column`` is older than ``retention_days``, in ``SKIP LOCKED`` batches, once a
@@ -222,6 +325,11 @@ class RetentionPolicy(dg.Component, dg.Resolvable, _PolicyFields):
             SettingsError: a setting out of bounds, naming the policy and the field (or its
                 variable) and the value.
         """
+        unfilled = [name for name in _RULE_FIELDS if _is_placeholder(getattr(self, name))]
+        if unfilled:
+            raise PolicyError(f"policy {self.name}, {', '.join(unfilled)}: still the "
+                              "placeholders the scaffold wrote; name the table to prune and "
+                              "its columns", field=unfilled[0])
         if self.null_columns is None:
             raise PolicyError(
                 f"policy {self.name!r}: null_columns is missing. Name the guard columns a row "

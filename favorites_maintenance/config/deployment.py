@@ -4,11 +4,13 @@ A policy's database is the URL held by the variable its ``database_url_env`` nam
 (``FAVORITES_DATABASE_URL`` by default): :func:`load_database_url` reads and validates it.
 
 These are not a policy's: they come from ``FAVORITES_*`` environment variables of the process
-serving the code location, never from a policy's YAML or a run's config, and each is a secret
-or may hold one (a password, a token). Dagster receives them as ``dg.EnvVar`` references
-(:mod:`favorites_maintenance.defs.resources`), so the UI and the run config never show them;
-:func:`load_deployment_settings` only proves them valid, when the code location loads and
-whenever the command line starts.
+serving the code location, never from a policy's YAML or a run's config. The URLs of the
+databases, the webhook and the Pushgateway are secrets or may hold one (a password, a token):
+Dagster receives them as ``dg.EnvVar`` references (:mod:`favorites_maintenance.defs.resources`),
+so the UI and the run config never show them. The Dagster UI's base URL, which alerts link to,
+is not (a user or password in it is refused) and is passed as its value.
+:func:`load_deployment_settings` proves them valid, when the code location loads and whenever
+the command line starts.
 
 This module imports no Dagster.
 """
@@ -24,10 +26,12 @@ from sqlalchemy.engine import URL
 from favorites_maintenance.config.parsers import (
     ALERT_WEBHOOK_URL_VAR,
     METRICS_PUSHGATEWAY_URL_VAR,
+    WEBSERVER_BASE_URL_VAR,
     SettingsError,
     http_url,
     parse_database_url,
     parse_pushgateway_url,
+    parse_webserver_base_url,
     read_optional,
     safe_url,
 )
@@ -47,11 +51,14 @@ class DeploymentSettings:
         metrics_pushgateway_url: optional Prometheus Pushgateway every run pushes its gauges
             to (``http(s)://[user:password@]host[:port][/prefix]``); it may hold credentials,
             so never log it: use :func:`~favorites_maintenance.config.parsers.safe_http_url`.
+        webserver_base_url: optional base URL of the Dagster UI (no credentials): a failed
+            run's alert links to ``<base>/runs/<run id>``.
     """
 
     database_url: URL | None = field(default=None, repr=False)
     alert_webhook_url: str | None = field(default=None, repr=False)
     metrics_pushgateway_url: str | None = field(default=None, repr=False)
+    webserver_base_url: str | None = None
 
     @property
     def database_url_safe(self) -> str | None:
@@ -81,6 +88,8 @@ def load_deployment_settings(environ: Mapping[str, str] | None = None) -> Deploy
         alert_webhook_url=read_optional(environ, ALERT_WEBHOOK_URL_VAR, http_url),
         metrics_pushgateway_url=read_optional(environ, METRICS_PUSHGATEWAY_URL_VAR,
                                               parse_pushgateway_url),
+        webserver_base_url=read_optional(environ, WEBSERVER_BASE_URL_VAR,
+                                         parse_webserver_base_url),
     )
 
 

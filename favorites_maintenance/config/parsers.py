@@ -26,6 +26,8 @@ from favorites_maintenance.retention.defaults import DATABASE_URL_VAR
 METRICS_PUSHGATEWAY_URL_VAR = "FAVORITES_METRICS_PUSHGATEWAY_URL"
 #: The Slack-compatible webhook alerts are posted to (optional).
 ALERT_WEBHOOK_URL_VAR = "FAVORITES_ALERT_WEBHOOK_URL"
+#: The Dagster UI's base URL: a failed run's alert links to its page.
+WEBSERVER_BASE_URL_VAR = "FAVORITES_WEBSERVER_BASE_URL"
 
 # The favorites database is served through psycopg 3 (``postgresql+psycopg://``).
 DRIVER = "postgresql+psycopg"
@@ -76,6 +78,22 @@ def int_between(low: int, high: int):
                              else f"{raw!r} must be at least {low}")
         if value > high:
             raise ValueError(f"{raw!r} must be at most {high:,}")
+        return value
+
+    return parse
+
+
+def date_between(low: dt.date, high: dt.date):
+    """A calendar day written ``YYYY-MM-DD``, from ``low`` to ``high``."""
+    def parse(raw: str) -> dt.date:
+        if not re.fullmatch(r"[0-9]{4}-[0-9]{2}-[0-9]{2}", raw):
+            raise ValueError(f"{raw!r} is not a date; write YYYY-MM-DD")
+        try:
+            value = dt.date.fromisoformat(raw)
+        except ValueError:
+            raise ValueError(f"{raw!r} is not a date of the calendar") from None
+        if not low <= value <= high:
+            raise ValueError(f"{raw!r} must be from {low.isoformat()} to {high.isoformat()}")
         return value
 
     return parse
@@ -260,6 +278,33 @@ def parse_pushgateway_url(raw: str) -> str:
         raise refuse(f"{safe_http_url(raw)!r} has a query or fragment; give the gateway's base "
                      "URL only")
     return raw
+
+
+def parse_webserver_base_url(raw: str) -> str:
+    """Check the Dagster UI's base URL, ``http(s)://host[:port][/path]`` (what a browser
+    opens), and return it without a trailing ``/``.
+
+    Raises:
+        SettingsError: under ``FAVORITES_WEBSERVER_BASE_URL``: not an http(s) URL with a host,
+            or with a user or password (alerts show it), a query or a fragment.
+    """
+    def refuse(problem: str) -> SettingsError:
+        return SettingsError(WEBSERVER_BASE_URL_VAR, problem)
+
+    try:
+        parts = urlsplit(raw)
+        _ = parts.port  # a port that is not a number raises ValueError
+    except ValueError:
+        raise refuse("is not a valid URL; expected http(s)://host[:port]") from None
+    if parts.scheme not in ("http", "https") or not parts.hostname:
+        raise refuse("is not an http(s) URL with a host; expected http(s)://host[:port]")
+    if parts.username or parts.password:
+        raise refuse(f"{safe_http_url(raw)!r} holds a user or password; alerts show this URL, "
+                     "give it without them")
+    if parts.query or parts.fragment:
+        raise refuse(f"{safe_http_url(raw)!r} has a query or fragment; give the UI's base URL "
+                     "only")
+    return raw.rstrip("/")
 
 
 def safe_http_url(raw: str) -> str:

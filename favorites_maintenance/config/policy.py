@@ -68,7 +68,15 @@ def database_pool(variable: str) -> str:
 
 
 class PolicyError(ValueError):
-    """A policy is malformed. The message names the policy, the field and the value at fault."""
+    """A policy is malformed. The message names the policy, the field and the value at fault.
+
+    Attributes:
+        field: the field at fault, when the message alone does not start with it.
+    """
+
+    def __init__(self, message: str, field: str | None = None):
+        super().__init__(message)
+        self.field = field
 
 
 @dataclass(frozen=True)

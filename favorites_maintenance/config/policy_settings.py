@@ -27,6 +27,7 @@ from typing import Any
 
 from favorites_maintenance.config.parsers import (
     SettingsError,
+    date_between,
     duration_between,
     duration_up_to,
     int_between,
@@ -64,6 +65,13 @@ DEFAULT_BATCH_SIZE_MAX = 10_000
 DEFAULT_TARGET_BATCH_DURATION = dt.timedelta(milliseconds=200)
 #: How long an archived row stays in a policy's archive (the undo window), days.
 DEFAULT_ARCHIVE_RETENTION_DAYS = 30
+#: The first daily partition of a policy that sets none: the first day of the month this
+#: version was released, so that a new deployment shows weeks of days to run, not a year.
+#: A policy sets its own to the day it went into service (``dg scaffold`` writes the day the
+#: policy was written).
+DEFAULT_PARTITIONS_START = dt.date(2026, 11, 1)
+EARLIEST_PARTITIONS_START = dt.date(2000, 1, 1)
+LATEST_PARTITIONS_START = dt.date(2099, 12, 31)
 
 
 @dataclass(frozen=True)
@@ -169,6 +177,13 @@ class PolicySettings:
         "no successful run for this long raises the staleness alert; the freshness policy "
         "fails after it",
         f"{iso_duration(MIN_DURATION)} to {iso_duration(MAX_STALE_AFTER)}, " + _DURATION_FORMS)
+    partitions_start: dt.date = setting(
+        DEFAULT_PARTITIONS_START,
+        date_between(EARLIEST_PARTITIONS_START, LATEST_PARTITIONS_START), str | dt.date,
+        "the first daily partition of the cleanup asset (UTC), e.g. the day the policy went "
+        "into service: the days the UI offers to run and backfill start there",
+        f"a date YYYY-MM-DD, {EARLIEST_PARTITIONS_START.isoformat()} to "
+        f"{LATEST_PARTITIONS_START.isoformat()}")
     batch_size_max: int = setting(
         None, int_between(1, MAX_BATCH_SIZE), int,
         "set, the batch size adapts between batch_size and it (unset: batch_size when that is "

@@ -25,7 +25,9 @@ def resources() -> dg.Definitions:
     return dg.Definitions(resources={
         # The webhook URL holds a token: pass it by reference, only when it is set.
         "alerts": AlertSink(webhook_url=dg.EnvVar(ALERT_WEBHOOK_URL_VAR)
-                            if settings.alert_webhook_url else None),
+                            if settings.alert_webhook_url else None,
+                            # Not a secret (credentials are refused): alerts show it.
+                            webserver_base_url=settings.webserver_base_url),
         # The gateway URL may hold a user and password: by reference too.
         "metrics": MetricsPush(gateway_url=dg.EnvVar(METRICS_PUSHGATEWAY_URL_VAR)
                                if settings.metrics_pushgateway_url else None),

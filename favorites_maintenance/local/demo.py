@@ -8,6 +8,7 @@ import time
 from collections.abc import Callable
 
 import dagster as dg
+import sqlalchemy as sa
 
 from favorites_maintenance.config.deployment import require_database_url
 from favorites_maintenance.config.policy import Policy
@@ -16,19 +17,31 @@ from favorites_maintenance.local.environment import LocalEnvironment
 from favorites_maintenance.local.second_database import local_code_location
 from favorites_maintenance.local.seed import seed_favorites, summarize
 from favorites_maintenance.pipeline.partitions import (
-    daily_partitions,
     partition_cutoff,
+    policy_partitions,
     read_now,
 )
 from favorites_maintenance.pipeline.run_report import RunReport
 from favorites_maintenance.retention.backlog import measure_backlog
 from favorites_maintenance.retention.database import create_engine
 from favorites_maintenance.retention.errors import BacklogError, TableShapeError
-from favorites_maintenance.retention.rule import GUEST_FAVORITES
+from favorites_maintenance.retention.rule import GUEST_FAVORITES, RetentionRule
 from favorites_maintenance.retention.schema import create_dev_schema, drop_dev_schema
 from favorites_maintenance.retention.table_check import check_table
 
 UTC = dt.timezone.utc
+
+
+def guard_counts(engine: sa.Engine, rule: RetentionRule) -> tuple[int, int]:
+    """Rows of ``rule``'s table its guard matches (every guard column NULL: deletable once
+    old enough), and rows it protects (any guard column set: never deleted)."""
+    # A rule with no guard (null_columns: []) matches every row and protects none.
+    matched = sa.and_(*(c.is_(None) for c in rule.guards)) if rule.guards else sa.true()
+    stmt = sa.select(sa.func.count().filter(matched),
+                     sa.func.count().filter(sa.not_(matched))).select_from(rule.table)
+    with engine.connect() as conn:
+        guarded, protected = conn.execute(stmt).one()
+    return guarded, protected
 
 
 class DemoError(Exception):
@@ -63,7 +76,7 @@ def run_demo(env: LocalEnvironment, *, rows: int, pretend: bool, policy: Policy,
             echo(f"policy {policy.name}: {policy.rule.qualified_name} is used as it is "
                   "(only favorites.favorites has a dev table to seed)")
 
-        partition = daily_partitions.get_last_partition_key()
+        partition = policy_partitions(policy).get_last_partition_key()
         cutoff = partition_cutoff(partition, retention_days, now=read_now(engine).database)
         try:
             # The same check of the table the job makes before its first batch.
@@ -74,6 +87,10 @@ def run_demo(env: LocalEnvironment, *, rows: int, pretend: bool, policy: Policy,
             raise DemoError(f"{exc}; demo --policy {policy.name} needs "
                             f"{policy.rule.qualified_name} in the embedded {url.database!r} "
                             "database (README, \"Adding a retention policy\")") from None
+        guarded = None if seeded else guard_counts(engine, policy.rule)
+        if guarded is not None:
+            echo(f"  {policy.rule.qualified_name}: {guarded[0]:,} rows with "
+                 f"{policy.rule.guard_sql or 'no guard'}, {guarded[1]:,} protected by the guard")
         echo(f"  partition {partition}: cutoff {cutoff.isoformat()} "
               f"(retention {retention_days} days); the rule matches {prunable.remaining:,} rows")
         if pretend:
@@ -82,13 +99,14 @@ def run_demo(env: LocalEnvironment, *, rows: int, pretend: bool, policy: Policy,
 
         echo(f"running {policy.job_name} for partition {partition} "
               f"(Dagster instance: {env.dagster_home}) ...")
-        job = local_code_location().resolve_job_def(policy.job_name)
+        # The policy alone: a broken policy file beside it does not stop the demo.
+        job = local_code_location(only=policy.name).resolve_job_def(policy.job_name)
         with dg.DagsterInstance.get() as instance:
             result = job.execute_in_process(
                 partition_key=partition, instance=instance, raise_on_error=False,
                 run_config={"loggers": {"console": {"config": {"log_level": "INFO"}}}},
             )
-        after = summarize(engine) if seeded else None
+        after = summarize(engine) if seeded else guard_counts(engine, policy.rule)
     finally:
         engine.dispose()
 
@@ -110,7 +128,13 @@ def run_demo(env: LocalEnvironment, *, rows: int, pretend: bool, policy: Policy,
     if run.throttled_by != "none":
         # db_unhealthy is a success: the backlog waits for the next run.
         echo(f"  paused            {run.paused_ms:>12,} ms  ({run.throttled_by})")
-    if after is None:
+    if not seeded:
+        guard = policy.rule.guard_sql or "no guard"
+        echo(f"  rows of the guard {guarded[0]:>12,} -> {after[0]:,}  ({guard})")
+        echo(f"  protected rows    {guarded[1]:>12,} -> {after[1]:,}  (NOT ({guard}))"
+             + ("  (unchanged)" if guarded[1] == after[1] else "  (CHANGED!)"))
+        if guarded[1] != after[1]:
+            raise DemoError(f"rows the guard protects changed in {policy.rule.qualified_name}")
         return
     echo(f"  guest rows        {before.guest_rows:>12,} -> {after.guest_rows:,}")
     echo(f"  account rows      {before.account_rows:>12,} -> {after.account_rows:,}"

@@ -23,7 +23,7 @@ from pathlib import Path
 
 import sqlalchemy as sa
 
-from favorites_maintenance.local.processes import HOST, reap_group
+from favorites_maintenance.local.processes import HOST, http_probe, reap_group, wait_for
 
 #: The guest-favorites policy's asset (``defs/guest_favorites/defs.yaml``), the page ``dev``
 #: points a newcomer at.
@@ -84,13 +84,16 @@ def ensure_pool_limits(policies=None) -> dict[str, int]:
     before the daemon starts closes that window. A limit already set, e.g. from the UI, is kept.
 
     Returns:
-        Pool name -> its limit, each pool once, in the policies' order.
+        Pool name -> its limit, each pool once, in the policies' order (the valid
+        policies: a broken one is the code location's load error, shown in the UI).
     """
     import dagster as dg
 
-    from favorites_maintenance.components.policy_tree import load_policies
+    from favorites_maintenance.components.policy_tree import policy_files
 
-    chosen = load_policies() if policies is None else policies
+    # The valid policies: a broken one is the code location's load error, shown in the UI.
+    chosen = ([p for f in policy_files() for p in f.policies] if policies is None
+              else policies)
     pools = list(dict.fromkeys(pool for policy in chosen for pool in policy.pools))
     with dg.DagsterInstance.get() as instance:
         storage = instance.event_log_storage
@@ -109,6 +112,11 @@ def dagster_dev_command(workspace: Path, port: int) -> list[str]:
 
 #: A line of Dagster's console loggers at DEBUG ("2026-05-10 03:00:01 +0000 - dagster - DEBUG").
 _DEBUG_LINE = re.compile(r"^\S+ \S+ [+-]\d{4} - [\w.]+ - DEBUG - ")
+#: The daemon's INFO lines of every sensor and schedule evaluation that did nothing (each
+#: sensor every 30 s): in the UI's tick history, kept off the terminal unless ``--debug``.
+_IDLE_TICK_LINE = re.compile(
+    r"^\S+ \S+ [+-]\d{4} - dagster\.daemon\.(Sensor|Scheduler)Daemon - INFO - "
+    r"(Checking for new runs for |Sensor \S+ skipped: |No new tick times to evaluate for )")
 _ANSI = re.compile(r"\x1b\[[0-9;]*[A-Za-z]")
 
 
@@ -118,27 +126,30 @@ def relay_output(stream, out, *, plain: bool, debug: bool) -> None:
     Args:
         plain: drop ANSI colour codes (``out`` is not a terminal, e.g. a redirected log).
         debug: keep the DEBUG lines of Dagster's console loggers (every step event and every
-            purge batch); without it only INFO and above reach the terminal. The run's event log
-            in the UI keeps every level either way.
+            purge batch) and the daemon's lines of sensor and schedule ticks that did nothing;
+            without it only INFO and above reach the terminal, those ticks left out. The run's
+            event log and the tick history in the UI keep everything either way.
     """
     for raw in iter(stream.readline, b""):
         text = raw.decode(errors="replace")
         bare = _ANSI.sub("", text)
-        if not debug and _DEBUG_LINE.match(bare):
+        if not debug and (_DEBUG_LINE.match(bare) or _IDLE_TICK_LINE.match(bare)):
             continue
         out.write(bare if plain else text)
         out.flush()
 
 
 def run_dagster_dev(command: list[str], cwd: Path, echo: Callable[[str], None],
-                    debug: bool = False) -> int:
+                    debug: bool = False, ready_url: str | None = None,
+                    on_ready: Callable[[], None] | None = None) -> int:
     """Run ``dagster dev`` until it exits or this process is interrupted; return its exit code.
 
     ``dagster dev`` runs in its own session, so a Ctrl-C at the terminal reaches this process
     only, and the shutdown goes one way: SIGINT to ``dagster dev``, which stops its webserver,
     daemon and code server; whatever is left in its process group after the grace period (or
     after a second Ctrl-C) is killed. Its output goes through :func:`relay_output`: INFO and
-    above unless ``debug``, without colour codes when stdout is not a terminal.
+    above unless ``debug``, without colour codes when stdout is not a terminal. ``on_ready`` is
+    called once ``ready_url`` answers (the UI serves), from another thread.
     """
     # Own both signals: a shell's background job starts with SIGINT ignored, and this command
     # must still stop everything when it is sent one.
@@ -151,6 +162,9 @@ def run_dagster_dev(command: list[str], cwd: Path, echo: Callable[[str], None],
                              kwargs={"plain": not sys.stdout.isatty(), "debug": debug},
                              daemon=True)
     relay.start()
+    if ready_url and on_ready:
+        threading.Thread(target=_when_serving, args=(proc, ready_url, on_ready),
+                         daemon=True).start()
     try:
         try:
             return proc.wait()
@@ -171,6 +185,27 @@ def run_dagster_dev(command: list[str], cwd: Path, echo: Callable[[str], None],
         relay.join(timeout=5)  # the last lines before this command's own "stopped"
         signal.signal(signal.SIGTERM, previous_term)
         signal.signal(signal.SIGINT, previous_int)
+
+
+def _when_serving(proc: subprocess.Popen, url: str, then: Callable[[], None],
+                  timeout: float = 600.0) -> None:
+    """Call ``then`` once ``url`` answers 2xx, unless ``proc`` exits first or ``timeout`` s
+    pass."""
+    probe = http_probe(url)
+
+    def ready() -> bool:
+        if proc.poll() is not None:
+            raise ProcessLookupError
+        try:
+            return bool(probe())
+        except OSError:
+            return False
+
+    try:
+        wait_for(ready, timeout, interval=0.5, what=url)
+    except (ProcessLookupError, TimeoutError):
+        return
+    then()
 
 
 def _default_sigint() -> None:

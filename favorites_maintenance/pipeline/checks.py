@@ -47,9 +47,9 @@ from dagster._core.definitions.asset_checks.asset_check_evaluation import (
 
 from favorites_maintenance.config.policy import Policy
 from favorites_maintenance.pipeline.partitions import (
-    daily_partitions,
     is_current,
     partition_cutoff,
+    policy_partitions,
     run_cutoff,
     run_now,
 )
@@ -90,7 +90,7 @@ def build_asset_checks(policy: Policy) -> list[dg.AssetChecksDefinition]:
 
     @dg.asset_check(
         asset=asset_key,
-        partitions_def=daily_partitions,
+        partitions_def=policy_partitions(policy),
         name=overdue_check_name(policy),
         description=(f"SLO: after a day's run, no row {which}whose {rule.age.name} is more than "
                      "the retention period plus one day past, measured from that run's cutoff."),
@@ -127,7 +127,7 @@ def build_asset_checks(policy: Policy) -> list[dg.AssetChecksDefinition]:
 
     @dg.asset_check(
         asset=asset_key,
-        partitions_def=daily_partitions,
+        partitions_def=policy_partitions(policy),
         name="deleted_total_spike",
         description=(f"WARN when deletedTotal exceeds {SPIKE_FACTOR:g}x the median of the last "
                      f"{SPIKE_HISTORY} current-day runs and that median + {SPIKE_MIN_ROWS:,} "
@@ -142,7 +142,7 @@ def build_asset_checks(policy: Policy) -> list[dg.AssetChecksDefinition]:
 
     @dg.asset_check(
         asset=asset_key,
-        partitions_def=daily_partitions,
+        partitions_def=policy_partitions(policy),
         name="no_rows_skipped",
         description="WARN when the run left prunable rows in place because deleting them "
                     "failed (a foreign key, a trigger) or had no effect.",

@@ -1,21 +1,37 @@
-"""Daily UTC partitions of the cleanup asset, and which runs of them are *current*.
+"""Daily UTC partitions of a policy's cleanup asset, and which runs of them are *current*.
 
-A run of partition ``D`` uses ``cutoff = min(now, end of D) - Days``, so a backfill of an old
-day deletes a subset of what today's run would. ``now`` is the database server's clock
-(:func:`read_now`), whatever this host's says.
+Each policy's partitions start on its ``partitions_start`` (README, "Configuration"). A run of
+partition ``D`` uses ``cutoff = min(now, end of D) - Days``, so a backfill of an old day deletes
+a subset of what today's run would. ``now`` is the database server's clock (:func:`read_now`),
+whatever this host's says.
 """
 
 import datetime as dt
+import functools
 
 import dagster as dg
 import sqlalchemy as sa
 from dagster._time import get_current_datetime
 
+from favorites_maintenance.config.policy import Policy
+from favorites_maintenance.config.policy_settings import DEFAULT_PARTITIONS_START
 from favorites_maintenance.retention.clock import ClockReading, read_clock
 from favorites_maintenance.retention.rule import compute_cutoff
 
-#: One partition per UTC day; the first is the day the pipeline went into service.
-daily_partitions = dg.DailyPartitionsDefinition(start_date="2026-01-01", timezone="UTC")
+
+@functools.cache
+def daily_partitions_from(start: dt.date) -> dg.DailyPartitionsDefinition:
+    """One partition per UTC day from ``start`` to the last complete day."""
+    return dg.DailyPartitionsDefinition(start_date=start.isoformat(), timezone="UTC")
+
+
+def policy_partitions(policy: Policy) -> dg.DailyPartitionsDefinition:
+    """The daily partitions of ``policy``'s cleanup asset, its checks and its schedule."""
+    return daily_partitions_from(policy.settings.partitions_start)
+
+
+#: The partitions of a policy that sets no ``partitions_start``.
+daily_partitions = daily_partitions_from(DEFAULT_PARTITIONS_START)
 
 #: A materialization is *current* when its day ended at most this long before it: the schedule
 #: runs the latest complete day, which ended at most 24 h before the tick, plus one more day of
@@ -51,22 +67,33 @@ def read_now(database: sa.Engine | sa.Connection) -> ClockReading:
 
 
 def partition_cutoff(partition_key: str | None, retention_days: int, *,
-                     now: dt.datetime) -> dt.datetime:
+                     now: dt.datetime,
+                     partitions: dg.DailyPartitionsDefinition | None = None) -> dt.datetime:
     """The cutoff of a run of daily partition ``partition_key`` (``None``: a run without a
     partition) at ``now`` (the database server's instant, :func:`read_now`): ``min(now, end of
     the day) - retention_days``, a UTC datetime. The one computation of a run's cutoff: the
     job's ``compute_cutoff`` op, its checks, ``demo`` and ``dry-run`` all come here (see
     :func:`~favorites_maintenance.retention.rule.compute_cutoff`).
 
+    Args:
+        partitions: the policy's partitions, which ``partition_key`` must be one of (a run's
+            own key, from Dagster, needs no check: leave it out).
+
     Raises:
-        ValueError: ``partition_key`` is not a key of :data:`daily_partitions`.
+        ValueError: ``partition_key`` is not a day ``YYYY-MM-DD``, or not one of
+            ``partitions``.
     """
     window_end = None
     if partition_key is not None:
-        if not daily_partitions.has_partition_key(partition_key):
+        if partitions is not None and not partitions.has_partition_key(partition_key):
             raise ValueError(f"{partition_key!r} is not a daily partition key (YYYY-MM-DD, "
-                             f"from {daily_partitions.get_first_partition_key()} to yesterday)")
-        window_end = daily_partitions.time_window_for_partition_key(partition_key).end
+                             f"from {partitions.get_first_partition_key()} to yesterday)")
+        try:
+            day = dt.date.fromisoformat(partition_key)
+        except ValueError:
+            raise ValueError(f"{partition_key!r} is not a daily partition key "
+                             "(YYYY-MM-DD)") from None
+        window_end = dt.datetime.combine(day + dt.timedelta(days=1), dt.time(), dt.timezone.utc)
     return compute_cutoff(now, retention_days, window_end)
 
 

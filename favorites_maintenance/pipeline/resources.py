@@ -327,11 +327,15 @@ class AlertSink(dg.ConfigurableResource):
     Attributes:
         webhook_url: optional URL receiving ``POST {"text": ...}`` (JSON); a secret, pass it as
             ``dg.EnvVar("FAVORITES_ALERT_WEBHOOK_URL")``. Never logged.
+        webserver_base_url: optional base URL of the Dagster UI
+            (``FAVORITES_WEBSERVER_BASE_URL``, e.g. ``https://dagster.example.internal``): a
+            failed run's alert ends with its page, ``<base>/runs/<run id>``.
         timeout_seconds: per-attempt HTTP timeout, in seconds.
         attempts: HTTP attempts before giving up (with 1 s, 2 s, ... pauses between them).
     """
 
     webhook_url: str | None = None
+    webserver_base_url: str | None = None
     timeout_seconds: float = 5.0
     attempts: int = 3
 

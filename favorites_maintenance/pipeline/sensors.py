@@ -29,6 +29,7 @@ from favorites_maintenance.pipeline.partitions import (
     CURRENT_PARTITION_LAG,
     daily_partitions,
     is_current,
+    policy_partitions,
 )
 from favorites_maintenance.pipeline.resources import AlertSink
 
@@ -96,16 +97,17 @@ def last_current_success(instance: dg.DagsterInstance, asset_key: dg.AssetKey, n
 
 
 def latest_current_success(instance: dg.DagsterInstance, asset_key: dg.AssetKey,
-                           now: float) -> float | None:
+                           now: float, partitions: dg.DailyPartitionsDefinition = daily_partitions
+                           ) -> float | None:
     """Timestamp (epoch seconds) of the newest current-partition success in the whole history
     before ``now``, however old, or ``None`` when there never was one.
 
-    Walks back from ``now`` in windows of 31 days down to the first partition's day, stopping
-    at the first window holding a success: at most one query per month since the pipeline went
-    into service, whatever the number of runs.
+    Walks back from ``now`` in windows of 31 days down to the first day of ``partitions`` (the
+    policy's), stopping at the first window holding a success: at most one query per month
+    since the policy's partitions start, whatever the number of runs.
     """
-    first = daily_partitions.time_window_for_partition_key(
-        daily_partitions.get_first_partition_key()).start.timestamp()
+    first = partitions.time_window_for_partition_key(
+        partitions.get_first_partition_key()).start.timestamp()
     before = now
     while before > first:
         after = before - _WALK_WINDOW.total_seconds()
@@ -196,7 +198,8 @@ def build_stale_sensor(policy: Policy, stale_after: dt.timedelta | None = None,
             recent = last_current_success(context.instance, asset_key, now, stale_after)
         else:
             alerted_at = None
-            recent = latest_current_success(context.instance, asset_key, now)
+            recent = latest_current_success(context.instance, asset_key, now,
+                                            policy_partitions(policy))
             last = recent
             since = recent if recent is not None else now
         succeeded_again = recent is not None and (last is None or recent > last)
@@ -233,8 +236,14 @@ def build_failure_sensor(policy: Policy) -> dg.SensorDefinition:
     run that materializes the policy's cleanup asset fails, whatever launched it.
 
     It watches every job of the code location and keeps the runs whose job is the policy's or
-    whose asset selection holds its asset: backfills launched from the UI run as Dagster's
-    implicit asset job, not as ``<name>_cleanup_job``.
+    whose asset selection holds its asset: runs launched or backfilled from the UI run as
+    Dagster's implicit asset job, not as ``<name>_cleanup_job``. Another policy's run is
+    answered with a skip, so this sensor does not act on it: Dagster records "acted on" on a
+    run's page only for the runs a run-status sensor handled. (A skip ends the tick: each
+    other policy's failure delays this sensor's next one by a tick.)
+
+    The alert names the policy, the asset, the partition, what launched the run and why it
+    failed (:func:`failure_alert`).
     """
     asset_key = dg.AssetKey(list(policy.asset_key_path))
 
@@ -245,16 +254,83 @@ def build_failure_sensor(policy: Policy) -> dg.SensorDefinition:
                     "backfilled).",
     )
     def failure_sensor(context: dg.RunFailureSensorContext, alerts: AlertSink):
-        """Send the failed run's id, partition and error message through the alert sink."""
+        """Send the failed run's policy, asset, partition, cause and page through the sink."""
         run = context.dagster_run
         if run.job_name != policy.job_name and asset_key not in (run.asset_selection or ()):
-            return  # another policy's run
-        partition = run.tags.get("dagster/partition", "-")
-        message = context.failure_event.message or "no message"
-        alerts.send(f"{run.job_name} run {run.run_id} (partition {partition}) failed: {message}",
+            return dg.SkipReason(f"run {run.run_id} is not a {policy.name} cleanup run")
+        alerts.send(failure_alert(context.instance, run, policy, alerts.webserver_base_url,
+                                  fallback=context.failure_event.message),
                     log=context.log)
+        return None  # handled: Dagster records that this sensor acted on the run
 
     return failure_sensor
+
+
+def failure_alert(instance: dg.DagsterInstance, run: dg.DagsterRun, policy: Policy,
+                  webserver_base_url: str | None = None, fallback: str | None = None) -> str:
+    """The text of a failed cleanup run's alert, one line: the policy, its asset, the
+    partition, what launched the run, its id, why it failed (:func:`failure_cause`) and, when
+    the webserver's base URL is configured, the run's page.
+
+    Example: ``guest_carts cleanup failed: asset carts/guest_carts_cleanup, partition
+    2026-06-15, launched from the UI, run 6f0c...: TableShapeError: carts.guest_carts has no
+    column 'touched_at'. https://dagster.example.internal/runs/6f0c...``
+    """
+    partition = run.tags.get("dagster/partition", "none")
+    cause = failure_cause(instance, run.run_id) or fallback or "no error recorded"
+    text = (f"{policy.name} cleanup failed: asset {'/'.join(policy.asset_key_path)}, partition "
+            f"{partition}, {_launched_by(run)}, run {run.run_id}: {cause.rstrip('.')}.")
+    if webserver_base_url:
+        text += f" {webserver_base_url.rstrip('/')}/runs/{run.run_id}"
+    return text
+
+
+def _launched_by(run: dg.DagsterRun) -> str:
+    """What started ``run``, from Dagster's tags."""
+    if run.tags.get("dagster/backfill"):
+        return f"backfill {run.tags['dagster/backfill']}"
+    if run.tags.get("dagster/schedule_name"):
+        return f"scheduled by {run.tags['dagster/schedule_name']}"
+    if run.tags.get("dagster/sensor_name"):
+        return f"requested by {run.tags['dagster/sensor_name']}"
+    if run.parent_run_id:
+        return f"re-execution of run {run.parent_run_id}"
+    return "launched from the UI or the API"
+
+
+#: How the purge and the backlog measure word a failure in the run's log.
+_RUN_FAILED = "run failed: "
+
+
+def failure_cause(instance: dg.DagsterInstance, run_id: str) -> str | None:
+    """Why run ``run_id`` failed, worded as its log words it, on one line: the error of the
+    op's own ``run failed`` line (the error's type and its privacy-safe description: a
+    database error's kind, class and SQLSTATE, never its DETAIL, which may quote row values),
+    else the first failed step's innermost error, its type and the first line of its message.
+    ``None`` when the run recorded neither.
+    """
+    logged = step_error = None
+    for entry in instance.all_logs(run_id):
+        event = entry.dagster_event
+        if event is None:
+            if entry.user_message.startswith(_RUN_FAILED) and " error=" in entry.user_message:
+                logged = entry.user_message.split(" error=", 1)[1].strip()  # the last attempt's
+        elif event.event_type == dg.DagsterEventType.STEP_FAILURE and step_error is None:
+            step_error = _innermost(event.event_specific_data.error)
+    return logged or step_error
+
+
+def _innermost(error) -> str | None:
+    """The innermost cause of a serialized error: ``Type: first line of its message``."""
+    if error is None:
+        return None
+    while error.cause is not None:
+        error = error.cause
+    first = (error.message.strip().splitlines() or [""])[0]
+    name = error.cls_name or "Error"
+    # The message starts with the exception's qualified name: keep its class name alone.
+    first = first.split(": ", 1)[1] if first.split(": ", 1)[0].endswith(name) else first
+    return f"{name}: {first}"
 
 
 def _schedule_state(context: dg.SensorEvaluationContext, schedule_name: str):

@@ -132,10 +132,9 @@ def test_version_and_help_say_what_each_command_does(checkout):
 
 
 def test_dev_reseed_drops_what_the_table_held_and_seeds_it_again(engine, rows):
-    from favorites_maintenance.local.dev import prepare_dev_table
-
     import datetime as dt
 
+    from favorites_maintenance.local.dev import prepare_dev_table
     from favorites_maintenance.retention.schema import dev_favorites
 
     marked = dt.datetime(2020, 1, 1, tzinfo=dt.timezone.utc)
@@ -168,7 +167,17 @@ def test_dev_output_keeps_info_and_drops_colour_and_debug_lines_off_a_terminal()
         b"2026-11-30 22:03:10 +0000 - dagster - ERROR - job - 1234 - purge - run failed\n",
         b"Traceback (most recent call last):\n",
     ]
-    for debug, expect in ((False, [0, 2, 3, 4]), (True, [0, 1, 2, 3, 4])):
+    # Idle sensor ticks: every 30 s each, in the UI's tick history, not on the terminal.
+    lines += [
+        (b"2026-11-30 22:03:11 +0000 - dagster.daemon.SensorDaemon - INFO - Checking for new "
+         b"runs for sensor: guest_favorites_cleanup_failure_sensor\n"),
+        (b"2026-11-30 22:03:11 +0000 - dagster.daemon.SensorDaemon - INFO - Sensor "
+         b"guest_favorites_cleanup_failure_sensor skipped: Sensor function returned an empty "
+         b"result\n"),
+        (b"2026-11-30 22:03:12 +0000 - dagster.daemon.SensorDaemon - ERROR - ALERT: "
+         b"guest_favorites cleanup failed: asset favorites/guest_favorites_cleanup\n"),
+    ]
+    for debug, expect in ((False, [0, 2, 3, 4, 7]), (True, [0, 1, 2, 3, 4, 5, 6, 7])):
         read, write = _os.pipe()
         with _os.fdopen(write, "wb") as w:
             w.writelines(lines)
@@ -179,3 +188,150 @@ def test_dev_output_keeps_info_and_drops_colour_and_debug_lines_off_a_terminal()
         assert "\x1b" not in text
         assert text.splitlines() == [re.sub(r"\x1b\[[0-9;]*m", "", lines[i].decode()).rstrip("\n")
                                      for i in expect]
+
+
+def test_a_demo_killed_while_seeding_leaves_a_server_the_next_demo_attaches_to_and_stops(
+        checkout):
+    """SIGKILL leaves the server up and the killed pid in its handles file; the next command
+    says it attaches, drops the dead handle and stops the server when it ends."""
+    import json
+    import signal
+
+    from favorites_maintenance.local.embedded import EmbeddedPostgres
+    from favorites_maintenance.local.processes import alive, read_pid_file
+
+    pgdata = checkout / ".favorites-maintenance" / "pgdata"
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("FAVORITES_", "DAGSTER_"))}
+    killed = subprocess.Popen([sys.executable, "-m", "favorites_maintenance", "demo", "--rows",
+                               "400000"], cwd=checkout, env=env, stdout=subprocess.PIPE,
+                              stderr=subprocess.STDOUT, text=True)
+    try:
+        said = []
+        for line in killed.stdout:
+            said.append(line)
+            if "seeding" in line:
+                break
+        assert any("seeding 400,000 rows" in line for line in said), "".join(said)
+        killed.send_signal(signal.SIGKILL)
+        killed.wait(30)
+        server_pid = read_pid_file(pgdata / "postmaster.pid")
+        assert alive(server_pid)
+        assert killed.pid in json.loads((pgdata / ".handle_pids.json").read_text())
+
+        again = cli("demo", "--rows", "2000", "--pretend", cwd=checkout)
+        assert again.returncode == 0, again.stderr[-3000:]
+        assert (f"attaching to the embedded PostgreSQL server already running on {pgdata} "
+                f"(pid {server_pid}; left running by pid {killed.pid}, which has ended: stopped "
+                "when this command ends)") in again.stdout, again.stdout
+        assert again.stdout.rstrip().endswith("stopped the embedded PostgreSQL server")
+        assert not alive(server_pid)
+        assert json.loads((pgdata / ".handle_pids.json").read_text()) == []
+    finally:
+        killed.kill()
+        if (pgdata / "postmaster.pid").exists():
+            EmbeddedPostgres(pgdata).start().stop()
+
+
+def test_demo_and_dry_run_of_a_valid_policy_go_on_beside_a_broken_one(checkout, db_url, rows):
+    """A misspelled field in a second policy: demo and dry-run of guest_favorites say so in one
+    line and run; dry-run of the broken one fails with that line; the code location itself
+    still refuses to load (its own test: pipeline/test_definitions.py)."""
+    import datetime as dt
+
+    from favorites_maintenance_tests.helpers.policy_files import (
+        MISSPELLED,
+        MISSPELLED_ERROR,
+        defs_folder,
+    )
+
+    warning = f"warning: {MISSPELLED_ERROR} (not loaded; the code location does not load until"
+    rows.add_many(4, updated_at=dt.datetime.now(dt.timezone.utc) - dt.timedelta(days=400))
+    url = {"FAVORITES_DATABASE_URL": db_url.render_as_string(hide_password=False)}
+    with defs_folder("guest_carts", MISSPELLED):
+        demo = cli("demo", "--rows", "2000", cwd=checkout)
+        assert demo.returncode == 0, demo.stderr[-3000:]
+        assert demo.stderr.count(warning) == 1, demo.stderr[-3000:]
+        assert re.search(r"run \S+ succeeded", demo.stdout), demo.stdout[-3000:]
+
+        dry = cli("dry-run", "--policy", "guest_favorites", cwd=checkout, env_extra=url)
+        assert dry.returncode == 0, dry.stderr
+        assert dry.stderr.count(warning) == 1 and "Traceback" not in dry.stderr
+        assert "prunable   4 rows" in dry.stdout
+
+        broken = cli("dry-run", "--policy", "guest_carts", cwd=checkout, env_extra=url)
+        assert broken.returncode == 2
+        assert broken.stderr == f"error: {MISSPELLED_ERROR}\n"
+
+
+INSTANCE_AS_DAGSTER_DEV_LOADS_IT = """
+import os, tempfile
+import dagster as dg
+from dagster._core.instance.ref import InstanceRef
+with tempfile.TemporaryDirectory(dir=os.getcwd()) as home:  # as dagster dev (and dg dev) do
+    with dg.DagsterInstance.from_ref(InstanceRef.from_dir(home, config_dir=os.getcwd())) as i:
+        print("runs", len(i.get_runs()), "storage", type(i.run_storage).__name__)
+"""
+
+
+def test_dagster_dev_without_a_storage_url_uses_the_embedded_server_and_others_refuse(
+        checkout):
+    """dg dev loads dagster.yaml before any project code: without DAGSTER_POSTGRES_URL its
+    instance starts the checkout's embedded server (seeding the dev table) and stops it on
+    exit; a deployment's process without it refuses, naming it in one line."""
+    from favorites_maintenance.local.processes import alive, read_pid_file
+
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("FAVORITES_", "DAGSTER_"))}
+    dev = subprocess.run([sys.executable, "-c", INSTANCE_AS_DAGSTER_DEV_LOADS_IT], cwd=checkout,
+                         env={**env, "DAGSTER_IS_DEV_CLI": "1"}, capture_output=True, text=True,
+                         timeout=300, check=False)
+    assert dev.returncode == 0, dev.stderr[-3000:]
+    pgdata = checkout / ".favorites-maintenance" / "pgdata"
+    assert (f"DAGSTER_POSTGRES_URL is not set: Dagster's storage and the favorites database are "
+            f"the embedded PostgreSQL server of this checkout ({pgdata})") in dev.stdout
+    assert "seeded favorites.favorites" in dev.stdout
+    assert "runs 0 storage PostgresRunStorage" in dev.stdout
+    assert not (pgdata / "postmaster.pid").exists() or not alive(
+        read_pid_file(pgdata / "postmaster.pid"))
+
+    deployed = subprocess.run([sys.executable, "-c", INSTANCE_AS_DAGSTER_DEV_LOADS_IT],
+                              cwd=checkout, env=env, capture_output=True, text=True, timeout=300,
+                              check=False)
+    assert deployed.returncode != 0
+    assert ("DAGSTER_POSTGRES_URL: is not set: Dagster's storage needs the URL of its PostgreSQL "
+            "database") in deployed.stderr
+
+
+def test_demo_of_another_policy_shows_its_protected_rows_before_and_after(checkout):
+    """demo --policy on a table of its own (created in the embedded database beforehand, as the
+    README says): the rows its guard protects are counted before and after the run."""
+    import sqlalchemy as sa
+
+    from favorites_maintenance.local.embedded import (
+        FAVORITES_DATABASE,
+        EmbeddedPostgres,
+    )
+    from favorites_maintenance_tests.helpers.policy_files import defs_folder
+
+    carts = ("type: favorites_maintenance.RetentionPolicy\nattributes:\n  name: guest_carts\n"
+             "  table: carts.guest_carts\n  key_column: cart_uuid\n  age_column: touched_at\n"
+             "  null_columns: [customer_ref]\n  retention_days: 30\n")
+    server = EmbeddedPostgres(checkout / ".favorites-maintenance" / "pgdata").start()
+    try:
+        engine = sa.create_engine(server.ensure_database(FAVORITES_DATABASE))
+        with engine.begin() as conn:
+            conn.exec_driver_sql(
+                "CREATE SCHEMA carts; CREATE TABLE carts.guest_carts (cart_uuid uuid PRIMARY KEY "
+                "DEFAULT gen_random_uuid(), customer_ref text, touched_at timestamptz NOT NULL);"
+                "INSERT INTO carts.guest_carts (customer_ref, touched_at) SELECT CASE WHEN i <= 7 "
+                "THEN 'cust-' || i END, now() - interval '40 days' FROM generate_series(1, 20) i")
+        engine.dispose()
+    finally:
+        server.stop()
+    with defs_folder("guest_carts", carts):
+        proc = cli("demo", "--policy", "guest_carts", cwd=checkout)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "carts.guest_carts: 13 rows with customer_ref IS NULL, 7 protected by the guard" \
+        in proc.stdout
+    assert re.search(r"rows of the guard\s+13 -> 0  \(customer_ref IS NULL\)", proc.stdout)
+    assert re.search(r"protected rows\s+7 -> 7  \(NOT \(customer_ref IS NULL\)\)  \(unchanged\)",
+                     proc.stdout), proc.stdout

@@ -130,8 +130,15 @@ def seed_summary(stack) -> tuple[int, int]:
 
 
 def test_dev_prints_the_ui_address_and_seeds_its_own_favorites_database(stack):
-    out = stack.output()
-    assert f"Dagster UI: {stack.url}" in out
+    from favorites_maintenance.local.processes import wait_for
+
+    # Said once the UI answers (the webserver's own "Serving" line comes first), not before.
+    def said() -> str | None:
+        text = stack.output()
+        return text if f"Dagster UI: {stack.url}" in text else None
+
+    out = wait_for(said, 30, what="the UI's address in dev's output")
+    assert out.index("Serving dagster-webserver on") < out.index(f"Dagster UI: {stack.url}")
     assert f"{stack.url}/assets/favorites/guest_favorites_cleanup" in out
     guests, accounts = seed_summary(stack)
     assert guests + accounts == SEED_ROWS and guests > 0 and accounts > 0
@@ -388,7 +395,8 @@ def test_ctrl_c_stops_the_ui_the_daemon_and_the_database_server(stack):
     took = time.monotonic() - started
 
     assert code == 0, stack.tail()
-    assert stack.output().rstrip().endswith("stopped"), stack.tail()
+    assert stack.output().rstrip().endswith("stopped the embedded PostgreSQL server"), \
+        stack.tail()
     assert [pid for pid in before if alive(pid)] == []
     assert not port_in_use(stack.port)
     assert not (stack.pgdata / "postmaster.pid").exists()

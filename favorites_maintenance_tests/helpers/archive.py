@@ -57,7 +57,8 @@ def policy(batch_size: int = 7, **attributes) -> dict:
     return {"name": POLICY, "table": TABLE, "key_column": "id", "age_column": "updated_at",
             "null_columns": ["owner_id"], "archive_table": ARCHIVE,
             "retention_days": "{{ env.SHOP_ITEMS_RETENTION_DAYS }}",
-            "batch_size": batch_size, "target_batch_duration": "PT0S", **attributes}
+            "batch_size": batch_size, "target_batch_duration": "PT0S", "partitions_start": "2026-01-01",
+            **attributes}
 
 
 def create_items(engine: sa.Engine) -> None:

@@ -54,10 +54,16 @@ def as_text(value) -> str:
     return str(value)
 
 
+#: The first partition of the guest-favorites policy in these tests, which run days of 2026.
+TEST_PARTITIONS_START = dt.date(2026, 1, 1)
+
+
 def guest_settings_env(monkeypatch: pytest.MonkeyPatch, **settings) -> None:
     """Set the guest-favorites policy's variable of each of ``settings`` (field name of
     :class:`~favorites_maintenance.config.policy_settings.PolicySettings` -> Python value),
-    and unset the others, so the code location loads exactly these settings."""
+    and unset the others, so the code location loads exactly these settings; its partitions
+    start on :data:`TEST_PARTITIONS_START` unless ``settings`` say otherwise."""
+    settings.setdefault("partitions_start", TEST_PARTITIONS_START)
     unknown = sorted(set(settings) - set(GUEST_VARIABLES))
     assert not unknown, f"settings the guest-favorites YAML does not read: {unknown}"
     for name in GUEST_VARIABLES:

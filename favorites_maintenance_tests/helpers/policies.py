@@ -46,10 +46,11 @@ def defs():
 
 def favorites_policy(name: str, **attributes) -> dict:
     """The attributes of a policy on the dev table ``favorites.favorites`` (the guest rule, a
-    365-day retention, fixed batches), with ``attributes`` on top (``database_url_env``, ...)."""
+    365-day retention, fixed batches, days from 2026-01-01 as the tests run them), with
+    ``attributes`` on top (``database_url_env``, ...)."""
     return {"name": name, "table": "favorites.favorites", "key_column": "id",
             "age_column": "updated_at", "null_columns": ["user_id"],
-            "target_batch_duration": "PT0S", **attributes}
+            "target_batch_duration": "PT0S", "partitions_start": "2026-01-01", **attributes}
 
 
 @dataclass

@@ -176,7 +176,7 @@ def test_above_the_cap_of_one_policy_only_that_policys_run_refuses_the_launch(
             {"type": "favorites_maintenance.RetentionPolicy", "attributes": {
                 "name": "capped_favorites", "table": "favorites.favorites", "key_column": "id",
                 "age_column": "updated_at", "null_columns": ["user_id"],
-                "batch_size": 100, "batch_size_max": 400}}))
+                "batch_size": 100, "batch_size_max": 400, "partitions_start": "2026-01-01"}}))
         with sandbox.build_component_tree() as tree:
             defs = load_code_location(db_url, monkeypatch, tree=tree,
                                       target_batch_duration=TARGET)

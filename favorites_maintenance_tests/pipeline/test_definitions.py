@@ -146,4 +146,34 @@ def test_dagster_loads_the_workspace(tmp_path):
 def test_dagster_refuses_the_workspace_on_a_bad_setting(tmp_path):
     proc = validate({"FAVORITES_GUEST_RETENTION_CRON": "0 3 * * * *"}, tmp_path)
     assert proc.returncode != 0
-    assert "FAVORITES_GUEST_RETENTION_CRON: '0 3 * * * *' has 6 fields" in proc.stdout + proc.stderr
+    out = proc.stdout + proc.stderr
+    assert "FAVORITES_GUEST_RETENTION_CRON: '0 3 * * * *' has 6 fields" in out
+    # One line naming the setting, no stack trace (the load error of the configuration).
+    assert "Stack Trace" not in out and "Traceback" not in out, out
+
+
+def test_a_broken_policy_is_the_location_s_load_error_in_one_line_without_a_stack(monkeypatch):
+    """What the UI shows on the code location's page: the webserver's workspace loads the
+    location in a code server, as ``dagster dev`` and a deployment do; its load error is the
+    policy's one line, with no stack trace and no cause behind it."""
+    from dagster._core.workspace.context import WorkspaceProcessContext
+    from dagster._core.workspace.load_target import WorkspaceFileTarget
+
+    from favorites_maintenance_tests.helpers.policy_files import (
+        MISSPELLED,
+        MISSPELLED_ERROR,
+        defs_folder,
+    )
+
+    for name in list(os.environ):
+        if name.startswith("FAVORITES_"):
+            monkeypatch.delenv(name)
+    monkeypatch.chdir(ROOT)
+    target = WorkspaceFileTarget([str(ROOT / "workspace.yaml")])
+    with defs_folder("guest_carts", MISSPELLED), dg.instance_for_test() as instance, \
+            WorkspaceProcessContext(instance, target) as workspace:
+        [entry] = workspace.create_request_context().get_code_location_entries().values()
+    error = entry.load_error
+    assert error is not None
+    assert error.message == f"PolicyLoadError: {MISSPELLED_ERROR}\n"
+    assert (error.stack, error.cause, error.context) == ([], None, None)

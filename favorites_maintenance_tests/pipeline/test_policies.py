@@ -27,6 +27,7 @@ from favorites_maintenance.pipeline.partitions import daily_partitions
 from favorites_maintenance.pipeline.resources import AlertSink
 from favorites_maintenance.retention.defaults import DATABASE_URL_VAR
 from favorites_maintenance_tests.helpers.jobs import failure_text, guest_settings_env, run_report
+from favorites_maintenance_tests.helpers.sensors import react_to_failures
 
 UTC = dt.timezone.utc
 PARTITION = "2026-06-15"
@@ -49,6 +50,7 @@ CARTS = {
     "target_batch_duration": "PT0S",
     "cron": "15 4 * * *",
     "stale_after": "PT24H",
+    "partitions_start": "2026-01-01",
 }
 
 
@@ -187,21 +189,18 @@ def test_a_second_policy_from_yaml_alone_gets_the_whole_surface_under_its_own_na
                                               raise_on_error=False)
         assert not failed.success
         assert "carts.guest_carts has no column 'touched_at'" in failure_text(failed)
-        run = instance.get_run_by_id(failed.run_id)
-        [run_failure] = [e.dagster_event for e in instance.all_logs(failed.run_id)
-                         if e.dagster_event
-                         and e.dagster_event.event_type == dg.DagsterEventType.RUN_FAILURE]
-        for name, alerted in (("guest_carts_cleanup_failure_sensor", True),
-                              ("guest_favorites_cleanup_failure_sensor", False)):
+        # Only the carts failure sensor acts on the carts run (the run's page lists the
+        # sensors that acted on it); the favorites one skips it.
+        for name, acts in (("guest_carts_cleanup_failure_sensor", True),
+                           ("guest_favorites_cleanup_failure_sensor", False)):
             sent.clear()
-            ctx = dg.build_run_status_sensor_context(
-                sensor_name=name, dagster_instance=instance, dagster_run=run,
-                dagster_event=run_failure, resources={"alerts": Sink()},
-            ).for_run_failure()
-            defs.resolve_sensor_def(name)(ctx)
-            assert bool(sent) == alerted, (name, sent)
-            if alerted:
-                assert f"guest_carts_cleanup_job run {failed.run_id}" in sent[0]
+            acted_on = react_to_failures(defs, name, instance, Sink())
+            assert acted_on == ([failed.run_id] if acts else []), name
+            assert bool(sent) == acts, (name, sent)
+            if acts:
+                assert sent[0].startswith("guest_carts cleanup failed: asset "
+                                          "carts/guest_carts_cleanup, partition 2026-06-15, ")
+                assert f"run {failed.run_id}: TableShapeError: " in sent[0]
 
 
 def test_the_command_line_dry_run_takes_the_policy_by_name(rows, db_url):
@@ -222,31 +221,127 @@ def test_the_command_line_dry_run_takes_the_policy_by_name(rows, db_url):
     assert "guest_favorites" in unknown.output.split("the policies are ", 1)[1]
 
 
-@pytest.mark.parametrize("change, message", [
+def test_dry_run_counts_with_the_cutoff_of_now_and_of_the_next_scheduled_run(
+        rows, db_url, monkeypatch):
+    """Both counts, rows on both sides of each cutoff: just older counts, at the cutoff does
+    not. The next scheduled run (cron 0 3 * * *) runs the day before its tick's date, so its
+    cutoff is that tick's midnight minus the retention (365 days)."""
+    import croniter
+    from click.testing import CliRunner
+
+    from favorites_maintenance.cli import main
+
+    guest_settings_env(monkeypatch)  # cron 0 3 * * *, 365 days
+    now = dt.datetime.now(UTC)
+    tick = croniter.croniter("0 3 * * *", now).get_next(dt.datetime)
+    next_cutoff = dt.datetime.combine(tick.date(), dt.time(), UTC) - dt.timedelta(days=365)
+    now_cutoff = now - dt.timedelta(days=365)
+    second = dt.timedelta(seconds=1)
+    placed = [(next_cutoff - second, 2), (next_cutoff, 3), (now_cutoff - second, 4),
+              (now_cutoff + 60 * second, 5)]
+    for at, n in placed:
+        rows.add_many(n, updated_at=at, step=dt.timedelta(0))
+    rows.add_many(6, updated_at=now_cutoff - dt.timedelta(days=9), user_id=7)  # account rows
+
+    def older_than(cutoff):
+        return sum(n for at, n in placed if at < cutoff)
+
+    monkeypatch.setenv(DATABASE_URL_VAR, db_url.render_as_string(hide_password=False))
+    result = CliRunner().invoke(main, ["dry-run", "--json"])
+    assert result.exit_code == 0, result.output
+    [report] = json.loads(result.stdout)["policies"]
+    assert report["next_run"] == {
+        "at": tick.isoformat(), "cron": "0 3 * * *",
+        "partition": (tick.date() - dt.timedelta(days=1)).isoformat(),
+        "cutoff": next_cutoff.isoformat(), "prunable": older_than(next_cutoff)}
+    assert report["now"]["prunable"] == older_than(now_cutoff)
+    assert report["now"]["prunable"] != report["next_run"]["prunable"]
+    assert dt.datetime.fromisoformat(report["now"]["cutoff"]) - now_cutoff < 10 * second
+    text = CliRunner().invoke(main, ["dry-run"]).stdout
+    assert (f"next run   {tick.isoformat()} (0 3 * * *), partition "
+            f"{report['next_run']['partition']}: cutoff {next_cutoff.isoformat()}, "
+            f"{older_than(next_cutoff):,} rows prunable") in text
+    assert rows.count() == 20
+
+
+def test_dry_run_all_counts_every_valid_policy_and_names_the_broken_and_unreadable(
+        rows, db_url, monkeypatch):
+    from click.testing import CliRunner
+
+    from favorites_maintenance.cli import main
+    from favorites_maintenance_tests.helpers.policy_files import (
+        MISSPELLED,
+        MISSPELLED_ERROR,
+        defs_folder,
+    )
+
+    guest_settings_env(monkeypatch)
+    monkeypatch.setenv(DATABASE_URL_VAR, db_url.render_as_string(hide_password=False))
+    rows.add_many(3, updated_at=dt.datetime.now(UTC) - dt.timedelta(days=400))
+    orders = MISSPELLED.replace("guest_carts", "guest_orders").replace("carts.", "shop.") \
+        .replace("retention_dayz", "retention_days")
+    with defs_folder("guest_carts", MISSPELLED), defs_folder("guest_orders", orders):
+        result = CliRunner().invoke(main, ["dry-run", "--all", "--json"])
+    assert result.exit_code == 2, result.output  # shop.guest_orders does not exist
+    assert f"warning: {MISSPELLED_ERROR} (not loaded;" in result.stderr
+    assert "error: policy guest_orders: " in result.stderr
+    reports = {r["policy"]: r for r in json.loads(result.stdout)["policies"]}
+    assert set(reports) == {"guest_favorites", "guest_orders"}
+    assert reports["guest_favorites"]["now"]["prunable"] == 3
+    assert "shop.guest_orders" in reports["guest_orders"]["error"]
+    assert json.loads(result.stdout)["deleted"] == 0
+
+
+@pytest.mark.parametrize("change, field, message", [
     # An empty guard is a rule of its own (test_rules_of_every_shape.py); a null one is no
     # guard written on purpose.
-    ({"null_columns": None}, "policy 'guest_carts': null_columns is missing"),
-    ({"table": 'carts."guest_carts"; DROP TABLE x'}, "is not a lower-case SQL identifier"),
-    ({"key_column": "Cart_UUID"}, "key_column 'Cart_UUID' is not a lower-case SQL identifier"),
-    ({"table": "guest_carts"}, "table 'guest_carts' must be written schema.table"),
-    ({"table": "db.carts.guest_carts"}, "table 'db.carts.guest_carts' must be written "
-                                        "schema.table"),
-    ({"retention_days": 0}, "policy guest_carts, retention_days: '0' must be greater than 0"),
-    ({"max_run_duration": "ten minutes"}, "policy guest_carts, max_run_duration: 'ten minutes' "
-                                          "is not a duration"),
-    ({"name": "Guest-Carts"}, "policy 'Guest-Carts': name must be snake_case"),
-    # Dagster's schema, through the component: the file, the line and the field.
-    ({"retention_dayz": 30}, "attributes.retention_dayz at "),
-    ({"name": "guest_favorites"}, "policy names must be unique, got ['guest_favorites', "
-                                  "'guest_favorites']"),
+    ({"null_columns": None}, "null_columns", "policy 'guest_carts': null_columns is missing"),
+    ({"table": 'carts."guest_carts"; DROP TABLE x'}, "table",
+     "is not a lower-case SQL identifier"),
+    ({"key_column": "Cart_UUID"}, "key_column",
+     "key_column 'Cart_UUID' is not a lower-case SQL identifier"),
+    ({"table": "guest_carts"}, "table", "table 'guest_carts' must be written schema.table"),
+    ({"table": "db.carts.guest_carts"}, "table",
+     "table 'db.carts.guest_carts' must be written schema.table"),
+    ({"retention_days": 0}, "retention_days",
+     "policy guest_carts, retention_days: '0' must be greater than 0"),
+    ({"max_run_duration": "ten minutes"}, "max_run_duration",
+     "policy guest_carts, max_run_duration: 'ten minutes' is not a duration"),
+    ({"name": "Guest-Carts"}, "name", "policy 'Guest-Carts': name must be snake_case"),
+    # Dagster's schema, through the component: the field, and the one it may have meant.
+    ({"retention_dayz": 30}, "retention_dayz",
+     ("policy guest_carts, retention_dayz: not a field of a retention policy (did you mean "
+      "retention_days?)")),
+    ({"batch_size": [100]}, "batch_size",
+     "policy guest_carts, batch_size: [100] is not accepted (input should be a valid integer)"),
+    ({"name": "guest_favorites"}, None,
+     "policy names must be unique, got ['guest_favorites', 'guest_favorites']"),
 ])
-def test_a_malformed_policy_stops_the_load_naming_the_policy_field_and_value(
-        sandbox, change, message):
+def test_a_malformed_policy_stops_the_load_in_one_line_naming_the_file_line_policy_and_field(
+        sandbox, change, field, message):
     write_policy(sandbox.defs_folder_path, {**CARTS, **change})
-    with sandbox.build_component_tree() as tree:
-        with pytest.raises(PolicyLoadError) as refused:
-            load_policies(tree)
-    assert message in str(refused.value)
+    with sandbox.build_component_tree() as tree, pytest.raises(PolicyLoadError) as refused:
+        load_policies(tree)
+    text = str(refused.value)
+    assert message in text and "\n" not in text
+    if field is not None:
+        path = sandbox.defs_folder_path / "guest_carts" / "defs.yaml"
+        [line] = [n for n, written in enumerate(path.read_text().splitlines(), 1)
+                  if written.lstrip().startswith(f"{field}:")]
+        where = path.relative_to(sandbox.project_root)
+        assert text.startswith(f"{where}:{line}: "), text
+
+
+def test_a_policy_file_missing_its_rule_says_which_fields_in_one_line(sandbox):
+    folder = sandbox.defs_folder_path / "guest_orders"
+    folder.mkdir()
+    (folder / "defs.yaml").write_text("type: favorites_maintenance.RetentionPolicy\n"
+                                      "attributes: {}\n")
+    with sandbox.build_component_tree() as tree, pytest.raises(PolicyLoadError) as refused:
+        load_policies(tree)
+    assert str(refused.value) == (
+        f"{(folder / 'defs.yaml').relative_to(sandbox.project_root)}:2: policy guest_orders, "
+        "required fields missing: name, table, key_column, age_column")
 
 
 @pytest.mark.parametrize("written, days", [
@@ -328,20 +423,26 @@ def test_an_unquoted_hh_mm_ss_duration_is_the_duration_it_says(sandbox):
     assert carts.settings.max_run_duration == dt.timedelta(minutes=10)
 
 
-@pytest.mark.parametrize("text, message", [
-    (carts_yaml(_RULE + "\n  retention_days:\t030"), "found character '\\t'"),
-    (carts_yaml(_RULE + "\n  retention_days: *nowhere"), "found undefined alias 'nowhere'"),
-    ("type: favorites_maintenance.RetentionPolicy\nowner: me\nattributes:" + _RULE,
-     "Extra inputs are not permitted"),
+@pytest.mark.parametrize("text, line, message", [
+    (carts_yaml(_RULE + "\n  retention_days:\t030"), 8,
+     "policy guest_carts: not valid YAML: found character '\\t' that cannot start any token"),
+    (carts_yaml(_RULE + "\n  retention_days: *nowhere"), 8,
+     "policy guest_carts: not valid YAML: found undefined alias 'nowhere'"),
+    ("type: favorites_maintenance.RetentionPolicy\nowner: me\nattributes:" + _RULE, 2,
+     "policy guest_carts, owner: not a key of a component file"),
+    ("type: favorites_maintenance.RetentionPolicies\nattributes:" + _RULE, 1,
+     ("policy guest_carts, type: Module `favorites_maintenance` has no attribute "
+      "`RetentionPolicies`. (a retention policy is type: favorites_maintenance.RetentionPolicy)")),
 ])
-def test_a_file_that_is_not_a_policy_is_one_load_error_naming_the_file(sandbox, text, message):
+def test_a_file_that_is_not_a_policy_is_one_load_error_naming_the_file(sandbox, text, line,
+                                                                        message):
     folder = sandbox.defs_folder_path / "guest_carts"
     folder.mkdir()
     (folder / "defs.yaml").write_text(text)
-    with sandbox.build_component_tree() as tree:
-        with pytest.raises(PolicyLoadError) as refused:
-            load_policies(tree)
-    assert message in str(refused.value) and "guest_carts/defs.yaml" in str(refused.value)
+    with sandbox.build_component_tree() as tree, pytest.raises(PolicyLoadError) as refused:
+        load_policies(tree)
+    where = (folder / "defs.yaml").relative_to(sandbox.project_root)
+    assert str(refused.value) == f"{where}:{line}: {message}"
 
 
 def test_a_short_stale_after_still_loads_with_the_shortest_freshness_dagster_takes(sandbox):
@@ -381,3 +482,31 @@ def test_an_age_column_that_is_not_timestamptz_fails_the_first_run_naming_it(
     assert not result.success
     assert "carts.guest_carts.items is INTEGER" in failure_text(result)
     assert carts_left(engine)["guest:old"] == 250
+
+
+def test_each_policy_s_partitions_start_on_its_own_day_and_a_recent_default(sandbox,
+                                                                            monkeypatch):
+    from favorites_maintenance.config.policy_settings import DEFAULT_PARTITIONS_START
+
+    monkeypatch.delenv("FAVORITES_GUEST_RETENTION_PARTITIONS_START", raising=False)
+    write_policy(sandbox.defs_folder_path, {**CARTS, "partitions_start": "2026-06-01"})
+    with sandbox.build_component_tree() as tree:
+        defs = code_location(tree)
+    graph = defs.resolve_asset_graph()
+    firsts = {key.path[1]: graph.get(key).partitions_def.get_first_partition_key()
+              for key in graph.get_all_asset_keys()}
+    assert firsts == {"guest_carts_cleanup": "2026-06-01",
+                      "guest_favorites_cleanup": DEFAULT_PARTITIONS_START.isoformat()}
+    # Recent enough that a new deployment lists weeks of days, not a year of them.
+    assert (dt.date.today() - DEFAULT_PARTITIONS_START).days < 120
+    for check in graph.asset_check_keys:
+        assert graph.get(check).partitions_def == graph.get(
+            check.asset_key).partitions_def
+    # A date the calendar does not have is refused naming the field.
+    (sandbox.defs_folder_path / "guest_carts" / "defs.yaml").write_text(yaml.safe_dump(
+        {"type": "favorites_maintenance.RetentionPolicy",
+         "attributes": {**CARTS, "partitions_start": "2026-02-30"}}))
+    with sandbox.build_component_tree() as tree, pytest.raises(PolicyLoadError) as refused:
+        load_policies(tree)
+    assert "policy guest_carts, partitions_start: '2026-02-30' is not a date of the calendar" \
+        in str(refused.value)

@@ -24,6 +24,7 @@ from favorites_maintenance.pipeline.resources import AlertSink
 from favorites_maintenance.pipeline.sensors import build_stale_sensor
 from favorites_maintenance.retention.defaults import DATABASE_URL_VAR
 from favorites_maintenance_tests.helpers.jobs import JOB, POLICY, load_code_location
+from favorites_maintenance_tests.helpers.sensors import react_to_failures
 
 UTC = dt.timezone.utc
 H = 3600.0
@@ -180,22 +181,24 @@ def test_an_unreachable_webhook_never_crashes_the_tick(webhook):
         assert watch.tick(T0 + 49 * H) == "alerted"
 
 
-def test_a_failed_run_alerts_through_the_sink(defs, job, webhook, engine):
+def test_a_failed_run_alerts_with_the_policy_asset_partition_cause_and_run_page(
+        defs, job, webhook, engine):
     with engine.begin() as conn:
         conn.execute(sa.text("DROP TABLE favorites.favorites"))
+    sink = AlertSink(webhook_url=webhook.url, webserver_base_url="https://dagster.example.internal")
     with dg.instance_for_test() as instance:
         result = run_at(job, instance, T0)
-        run = instance.get_run_by_id(result.run_id)
-        [failure] = [e.dagster_event for e in instance.all_logs(result.run_id)
-                     if e.dagster_event and e.dagster_event.event_type == dg.DagsterEventType.RUN_FAILURE]
-        ctx = dg.build_run_status_sensor_context(
-            sensor_name="guest_favorites_cleanup_failure_sensor", dagster_instance=instance,
-            dagster_run=run, dagster_event=failure,
-            resources={"alerts": AlertSink(webhook_url=webhook.url)},
-        ).for_run_failure()
-        defs.resolve_sensor_def("guest_favorites_cleanup_failure_sensor")(ctx)
+        acted_on = react_to_failures(defs, "guest_favorites_cleanup_failure_sensor", instance,
+                                     sink)
+    assert acted_on == [result.run_id]
     [message] = webhook.messages
-    assert result.run_id in message and "failed" in message and "2026-10-04" in message
+    # The cause as the run's log words it: the error's type, then its privacy-safe message.
+    assert message.startswith(
+        f"guest_favorites cleanup failed: asset favorites/guest_favorites_cleanup, partition "
+        f"2026-10-04, launched from the UI or the API, run {result.run_id}: TableShapeError: "
+        "table favorites.favorites does not exist"), message
+    assert message.endswith(f". https://dagster.example.internal/runs/{result.run_id}")
+    assert "__ASSET_JOB" not in message and "Steps failed" not in message
 
 
 def test_raising_the_threshold_after_an_alert_resolves_it_without_a_success(webhook):
@@ -262,6 +265,7 @@ def test_a_failed_schedule_tick_alerts_once_then_resolves(dagster_storage_url, d
 
     monkeypatch.delenv(DATABASE_URL_VAR, raising=False)
     monkeypatch.setenv("FAVORITES_GUEST_RETENTION_CRON", "* * * * *")
+    monkeypatch.setenv("FAVORITES_GUEST_RETENTION_PARTITIONS_START", "2026-01-01")
     monkeypatch.setenv("FAVORITES_ALERT_WEBHOOK_URL", webhook.url)
     start = dt.datetime(2026, 10, 5, 3, 0, 30, tzinfo=UTC)
     minute = dt.timedelta(minutes=1)

@@ -49,7 +49,9 @@ def guest_settings(monkeypatch: pytest.MonkeyPatch, **env: str) -> PolicySetting
     except PolicyLoadError as exc:
         cause = exc.__cause__
         if isinstance(cause, SettingsError):
-            assert str(exc) == str(cause)
+            # The same message, after the file and the line of the field it reads.
+            assert re.fullmatch(rf"favorites_maintenance/defs/guest_favorites/defs\.yaml:\d+: "
+                                rf"{re.escape(str(cause))}", str(exc)), str(exc)
             raise cause from None
         raise
     assert guest.name == "guest_favorites"
@@ -191,6 +193,20 @@ def test_a_pushgateway_url_with_credentials_is_taken_and_never_shown():
     assert s.metrics_pushgateway_url == url
     assert PASSWORD not in repr(s)
     assert load_deployment_settings({}).metrics_pushgateway_url is None
+
+
+@pytest.mark.parametrize("url, said", [
+    (f"https://ops:{PASSWORD}@dagster.internal", "holds a user or password"),
+    ("dagster.internal:3000", "is not an http(s) URL with a host"),
+    ("https://dagster.internal/?tab=runs", "has a query or fragment"),
+])
+def test_the_ui_base_url_of_alerts_is_an_http_url_without_credentials(url, said):
+    with pytest.raises(SettingsError) as raised:
+        load_deployment_settings({"FAVORITES_WEBSERVER_BASE_URL": url})
+    assert raised.value.variable == "FAVORITES_WEBSERVER_BASE_URL"
+    assert said in str(raised.value) and PASSWORD not in str(raised.value)
+    taken = load_deployment_settings({"FAVORITES_WEBSERVER_BASE_URL": "https://dagster.internal/"})
+    assert taken.webserver_base_url == "https://dagster.internal"
 
 
 @pytest.mark.parametrize("expr", [

@@ -223,9 +223,9 @@ def test_an_unset_variable_and_a_stopped_server_fail_only_their_own_policies(
     assert "run failed" in down_logs and f"database={stopped_var}" in down_logs
     alerts = hook.messages
     unset_alerts = [m for m in alerts if m.startswith("unset_favorites_cleanup_schedule: ")]
-    down_alerts = [m for m in alerts if m.startswith(f"stopped_favorites_cleanup_job run "
-                                                     f"{down.run_id}")]
-    guest_alerts = [m for m in alerts if m.startswith("guest_favorites_cleanup_job run ")]
+    down_alerts = [m for m in alerts if m.startswith("stopped_favorites cleanup failed: ")
+                   and f"run {down.run_id}: " in m]
+    guest_alerts = [m for m in alerts if m.startswith("guest_favorites cleanup failed: ")]
     assert len(unset_alerts) == 1 and unset_var in unset_alerts[0], alerts
     assert "not set" in unset_alerts[0]
     assert len(down_alerts) == 1, alerts
@@ -300,7 +300,8 @@ def test_the_queue_admits_one_run_per_database_and_runs_databases_in_parallel(
     monkeypatch.setenv(SECOND_VAR, text(second_url))
     guest_settings_env(monkeypatch, target_batch_duration=dt.timedelta(0))
     carts = {"name": "guest_carts", "table": "carts.guest_carts", "key_column": "cart_uuid",
-             "age_column": "touched_at", "null_columns": ["customer_ref"]}
+             "age_column": "touched_at", "null_columns": ["customer_ref"],
+             "partitions_start": "2026-01-01"}
     second = favorites_policy("second_favorites", database_url_env=SECOND_VAR)
     with policy_sandbox(carts, second) as sandbox, \
             pg_instance(dagster_storage_url, overrides=_instance_settings()) as instance, \
