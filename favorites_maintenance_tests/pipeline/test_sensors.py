@@ -346,6 +346,7 @@ def test_cursors_set_by_hand_leave_the_failure_alerts_working(dagster_storage_ur
     run_sensor = "guest_favorites_cleanup_failure_sensor"
     monkeypatch.delenv(DATABASE_URL_VAR, raising=False)
     monkeypatch.setenv("FAVORITES_GUEST_RETENTION_CRON", "* * * * *")
+    monkeypatch.setenv("FAVORITES_GUEST_RETENTION_PARTITIONS_START", "2026-01-01")
     monkeypatch.setenv("FAVORITES_ALERT_WEBHOOK_URL", webhook.url)
     start = dt.datetime(2026, 10, 5, 3, 0, 30, tzinfo=UTC)
     minute = dt.timedelta(minutes=1)
@@ -376,7 +377,8 @@ def test_cursors_set_by_hand_leave_the_failure_alerts_working(dagster_storage_ur
     assert [m.split(" failed")[0] for m in failed_ticks] == [
         "guest_favorites_cleanup_schedule: the tick at 2026-10-05T03:01:00+00:00",
         "guest_favorites_cleanup_schedule: the tick at 2026-10-05T03:02:00+00:00"]
-    [failed_run] = [m for m in webhook.messages if m.startswith("guest_favorites_cleanup_job run")]
+    [failed_run] = [m for m in webhook.messages
+                    if m.startswith("guest_favorites cleanup failed: ")]
     assert run.run_id in failed_run and "failed" in failed_run
 
 
