@@ -55,6 +55,47 @@ With an archive (a policy's ``archive_table``), every form is the same statement
 ``retention_deleted`` step, which returns every column and feeds an ``INSERT`` into the archive
 (:func:`removed_rows`, through :meth:`~favorites_maintenance.retention.archive.Archive.move`), and
 ``deleted`` counts the rows moved.
+*Page order* (:func:`page_batch_statement`) is the other way to walk a backlog spread over the
+whole table: each batch takes the prunable rows of a range of heap pages, read by a TID range
+scan in the order they lie on disk rather than through the index in age order::
+
+    WITH retention_batch AS MATERIALIZED (
+        SELECT array_agg(tid) AS tids, count(*) AS selected,
+               min(tid) AS first_tid, max(tid) AS last_tid
+          FROM (SELECT ctid AS tid FROM favorites.favorites
+                 WHERE ctid > :after_tid AND ctid < :end_tid             -- '(block, offset)'
+                   AND user_id IS NULL AND updated_at < :cutoff
+                 LIMIT :batch_size                              -- in address order
+                   FOR UPDATE SKIP LOCKED) AS retention_candidates),
+    retention_deleted AS (
+        DELETE FROM favorites.favorites
+         WHERE user_id IS NULL AND updated_at < :cutoff
+           AND ctid = ANY (CAST((SELECT tids FROM retention_batch) AS tid[]))
+        RETURNING 1)
+    SELECT selected, (SELECT count(*) FROM retention_deleted), first_tid::text, last_tid::text
+      FROM retention_batch
+
+After the first batch, an optimistic batch is two statements in one ``REPEATABLE READ``
+transaction (:func:`page_bound_statement`, then :func:`page_delete_statement`): the first counts
+the range's candidates up to the limit and names the last one; the second deletes the prunable
+rows up to that address in place, under the same snapshot, so exactly the rows counted.
+
+- Each page is read once, in order, and the rows are deleted page after page: about a third of
+  a keyset batch's time per row on a backlog spread over the table (``docs/benchmark.md``).
+- ``LIMIT`` bounds the batch as in the keyset form, and ends the scan of the range there; the
+  batch's last address is where the next one starts.
+- The DELETE matches rows by address and the rule alone, not by key: the addresses are taken
+  and used within one statement, under one snapshot, and an address whose row that snapshot
+  sees cannot hold another row before the statement ends (the old row would have to be pruned,
+  which no snapshot that sees it allows). The guard and the cutoff are checked again on each
+  row as it is deleted, on its newest version.
+- The optimistic form (no ``FOR UPDATE SKIP LOCKED``) behaves as the keyset one does: a row
+  held by another session makes the DELETE wait at most the optimistic ``lock_timeout``, a row
+  updated or deleted since it was read is left, and the loop takes the batch again locking
+  first.
+- Rows that move while the run walks the table (an update writes the new version elsewhere,
+  often behind the run's position) are left for the next run; the backlog measured after the
+  run counts them.
 """
 
 from __future__ import annotations
@@ -64,7 +105,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 import sqlalchemy as sa
-from sqlalchemy.dialects.postgresql import TIMESTAMP
+from sqlalchemy.dialects.postgresql import ARRAY, TIMESTAMP
 
 from favorites_maintenance.retention.errors import ReplicationRoleError, StandbyError
 from favorites_maintenance.retention.rule import RetentionRule
@@ -224,6 +265,147 @@ class BatchStatements:
     def next_key(self, *, keyset: bool) -> sa.Select:
         """The next-key statement after a keyset position or not."""
         return self.next_following if keyset else self.next_first
+
+
+class _Tid(sa.types.UserDefinedType):
+    """PostgreSQL's ``tid``, a row address ``(block, offset)``: bound and read as its text."""
+
+    cache_ok = True
+
+    def get_col_spec(self, **kw) -> str:
+        return "tid"
+
+
+TID = _Tid()
+
+
+def _page_range(rule: RetentionRule) -> list[sa.ColumnElement[bool]]:
+    ctid = rule.table.c.ctid
+    return [ctid > sa.cast(sa.bindparam("after_tid", type_=sa.String), TID),
+            ctid < sa.cast(sa.bindparam("end_tid", type_=sa.String), TID)]
+
+
+def _page_candidates(rule: RetentionRule, cutoff: dt.datetime) -> sa.Select:
+    """The prunable rows' addresses in the range, at most ``:batch_size``: the first ones in
+    address order, the order a TID range scan returns them in when it runs serially (the loop
+    leaves the planner no other scan, and no parallel workers, for a page-order batch). No
+    ``ORDER BY``: the scan then stops at the limit, while a sort would read the whole range
+    (and, over a large range, make the planner choose a parallel scan of the whole table)."""
+    return (sa.select(rule.table.c.ctid.label("tid"))
+            .where(*_page_range(rule), rule.prunable(cutoff))
+            .limit(sa.bindparam("batch_size", type_=sa.Integer, literal_execute=True)))
+
+
+def page_batch_statement(rule: RetentionRule, cutoff: dt.datetime,
+                         lock_first: bool = True) -> sa.Select:
+    """The counting batch statement in page order (see the module docstring): the prunable rows
+    whose address lies after ``:after_tid`` and before ``:end_tid`` (``tid`` text, ``'(block,
+    offset)'``), the first ``:batch_size`` (rendered inline) in address order.
+
+    It returns one row: ``selected``, ``deleted``, ``first_tid`` and ``last_tid`` (the batch's
+    first and last addresses as text, ``None`` when empty). ``lock_first=False`` gives its
+    optimistic form.
+
+    Raises:
+        InvalidArgumentError: ``cutoff`` is naive.
+    """
+    t = rule.table
+    candidates = _page_candidates(rule, cutoff)
+    if lock_first:
+        candidates = candidates.with_for_update(skip_locked=True)
+    inner = candidates.subquery("retention_candidates")
+    batch = (
+        sa.select(sa.func.array_agg(inner.c.tid).label("tids"),
+                  sa.func.count().label("selected"),
+                  sa.func.min(inner.c.tid).label("first_tid"),
+                  sa.func.max(inner.c.tid).label("last_tid"))
+        .cte("retention_batch").prefix_with("MATERIALIZED")
+    )
+    # One TID scan of the batch's sorted addresses; the cast keeps ANY() from reading the
+    # subquery as a set of rows.
+    addresses = sa.cast(sa.select(batch.c.tids).scalar_subquery(), ARRAY(TID))
+    deleted = (
+        rule.delete_prunable(cutoff, t.c.ctid == sa.any_(addresses))
+        .returning(sa.literal_column("1"))
+        .cte("retention_deleted")
+    )
+    return sa.select(
+        batch.c.selected,
+        sa.select(sa.func.count()).select_from(deleted).scalar_subquery().label("deleted"),
+        sa.cast(batch.c.first_tid, sa.Text).label("first_tid"),
+        sa.cast(batch.c.last_tid, sa.Text).label("last_tid"),
+    ).select_from(batch)
+
+
+def page_bound_statement(rule: RetentionRule, cutoff: dt.datetime) -> sa.Select:
+    """The first statement of an optimistic batch in page order: how many prunable rows the
+    range holds, up to ``:batch_size`` (the first ones in address order), and the first and
+    last of their addresses. One row: ``selected``, ``first_tid``, ``last_tid`` (text, ``None`` when
+    none)."""
+    inner = _page_candidates(rule, cutoff).subquery("retention_candidates")
+    return sa.select(sa.func.count().label("selected"),
+                     sa.cast(sa.func.min(inner.c.tid), sa.Text).label("first_tid"),
+                     sa.cast(sa.func.max(inner.c.tid), sa.Text).label("last_tid"))
+
+
+def page_delete_statement(rule: RetentionRule, cutoff: dt.datetime) -> sa.Delete:
+    """The second statement of an optimistic batch in page order: ``DELETE`` the prunable rows
+    whose address lies after ``:after_tid`` and up to ``:last_tid``::
+
+        DELETE FROM favorites.favorites
+         WHERE user_id IS NULL AND updated_at < :cutoff
+           AND ctid > :after_tid AND ctid <= :last_tid
+
+    Run in the same ``REPEATABLE READ`` transaction as :func:`page_bound_statement`, it sees
+    the same snapshot: exactly the rows that statement counted (the loop checks it: a batch that
+    deleted more, which only a scan out of address order could cause, is rolled back), deleted
+    in place as a TID range scan reaches them, without collecting
+    addresses or ``RETURNING`` anything (a third less time per row than
+    :func:`page_batch_statement`). A row another session changed or deleted since the snapshot
+    fails the statement (a serialization failure) instead of being followed, and the loop takes
+    the batch again locking first; its row count is what it deleted.
+    """
+    ctid = rule.table.c.ctid
+    return rule.delete_prunable(
+        cutoff, ctid > sa.cast(sa.bindparam("after_tid", type_=sa.String), TID),
+        ctid <= sa.cast(sa.bindparam("last_tid", type_=sa.String), TID))
+
+
+def page_next_key_statement(rule: RetentionRule, cutoff: dt.datetime) -> sa.Select:
+    """Lock and return the next candidate in page order (columns ``key``, ``age``, ``tid``; no
+    row when the range holds none): a one-row batch in page order names its row first, as
+    :func:`next_key_statement` does in keyset order. ``:after_tid`` and ``:end_tid`` are
+    bound."""
+    t = rule.table
+    return (sa.select(rule.key.label("key"), rule.age.label("age"),
+                      sa.cast(t.c.ctid, sa.Text).label("tid"))
+            .where(*_page_range(rule), rule.prunable(cutoff))
+            .order_by(t.c.ctid).limit(1)
+            .with_for_update(skip_locked=True))
+
+
+@dataclass(frozen=True)
+class PageStatements:
+    """The page-order statements of one run, built once before its first batch.
+
+    Attributes:
+        locking: the batch statement locking first (one statement).
+        bound, delete: the two statements of an optimistic batch.
+        next_key: the page-order next-key statement.
+    """
+
+    locking: sa.Select
+    bound: sa.Select
+    delete: sa.Delete
+    next_key: sa.Select
+
+    @classmethod
+    def build(cls, rule: RetentionRule, cutoff: dt.datetime) -> PageStatements:
+        """Build them for ``rule`` and ``cutoff`` (a timezone-aware UTC instant)."""
+        return cls(locking=page_batch_statement(rule, cutoff),
+                   bound=page_bound_statement(rule, cutoff),
+                   delete=page_delete_statement(rule, cutoff),
+                   next_key=page_next_key_statement(rule, cutoff))
 
 
 def candidate_keys(rule: RetentionRule, cutoff: dt.datetime, sample: int) -> sa.Select:
