@@ -40,10 +40,11 @@ def run(engine, **kwargs):
     return purge(engine, CUTOFF, **kwargs)
 
 
-def fill(engine, rows: int, *, old_guest_every: int, old_account_every: int = 0) -> None:
+def fill(engine, rows: int, *, old_guest_every: int, old_account_every: int = 0,
+         old: dt.datetime = OLD) -> None:
     """Append ``rows`` rows in one statement: every ``old_guest_every``-th an old guest row
-    (prunable), every ``old_account_every``-th an old account row, the others fresh rows, so
-    the prunable rows are spread over every page."""
+    (prunable, aged ``old``), every ``old_account_every``-th an old account row, the others
+    fresh rows (aged a year after ``old``), so the prunable rows are spread over every page."""
     with engine.begin() as conn:
         conn.execute(sa.text(
             "INSERT INTO favorites.favorites (user_id, anonymous_id, item_id, created_at, "
@@ -54,7 +55,7 @@ def fill(engine, rows: int, *, old_guest_every: int, old_account_every: int = 0)
             "            THEN CAST(:old AS timestamptz) ELSE :fresh END "
             "  FROM generate_series(1, :n) AS g"),
             {"n": rows, "guest": old_guest_every, "account": old_account_every,
-             "old": OLD, "fresh": FRESH})
+             "old": old, "fresh": old + dt.timedelta(days=365)})
     with engine.connect().execution_options(isolation_level="AUTOCOMMIT") as conn:
         conn.execute(sa.text("VACUUM ANALYZE favorites.favorites"))
 
