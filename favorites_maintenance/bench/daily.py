@@ -110,6 +110,7 @@ def format_daily(daily: dict) -> str:
         extra = (f"; run start to end {r['run_duration_s']:.2f} s, launch to success "
                  f"{r['launch_to_success_s']:.2f} s" if name == "J" else "")
         scan = f", {r['scan_mode']}" if r.get("scan_mode") else ""
+        wrong = "" if r["correct"] else "  WRONG ROW COUNTS"
         lines.append(f"  {name:4} {r['rows_deleted']:>8,} rows in {r['duration_s'] * 1000:8.1f} "
-                     f"ms ({ratio}{scan}){extra}{'' if r['correct'] else '  WRONG ROW COUNTS'}")
+                     f"ms ({ratio}{scan}){extra}{wrong}")
     return "\n".join(lines)
