@@ -6,14 +6,16 @@ public front). Each batch is one statement (its shape and why:
 while batches come back full, and stops between batches on the run's time budget or on a stop
 request; an error rolls back only the open batch.
 
-After the first batch, batches are *optimistic*: the batch statement without ``FOR UPDATE SKIP
-LOCKED``, under a ``lock_timeout`` of :data:`OPTIMISTIC_LOCK_TIMEOUT`. If its DELETE meets a row
-another session holds (it gives up after a few milliseconds) or deletes fewer rows than it read
-(a row moved, was claimed, or a trigger or policy swallowed the delete), the batch is rolled
-back and taken again in the locking form, which then serves the next
-:data:`_LOCKING_AFTER_CONFLICT` batches. The first batch always locks first, so a role that may
-delete but not lock what the rule matches (row-level security without an UPDATE policy) fails
-the run at once, not only under contention.
+Batches are *optimistic*: the batch statement without ``FOR UPDATE SKIP LOCKED``, under a
+``lock_timeout`` of :data:`OPTIMISTIC_LOCK_TIMEOUT`. If its DELETE meets a row another session
+holds (it gives up after a few milliseconds) or deletes fewer rows than it read (a row moved,
+was claimed, or a trigger or policy swallowed the delete), the batch is rolled back and taken
+again in the locking form, which then serves the next :data:`_LOCKING_AFTER_CONFLICT` batches.
+Where the table has row-level security, or the role holds no UPDATE privilege on it (which
+``FOR UPDATE`` needs), the first batch locks first, so a role that may delete but not lock what
+the rule matches (row-level security without an UPDATE policy) fails the run at once, not only
+under contention; the catalogs say which before the first batch
+(:attr:`~favorites_maintenance.retention.scan.ScanEstimate.lock_first`).
 
 When the table has the rule's partial index on ``(<age>, <key>) WHERE <guard>``, each batch
 also turns ``enable_incremental_sort`` off for its transaction: the planner then takes that index,
@@ -271,7 +273,9 @@ class BatchLoop:
         self.scan: KeysetScan | PageScan | None = None  # the run's position
         self.scan_modes: list[ScanMode] = []  # the orders the run walked in, in turn
         self.scan_reason = ""
-        self.proven = False  # a batch transaction of the run has committed
+        # Whether batches may be optimistic: once a batch transaction has committed, or from
+        # the first when the table and role need no proof that the role may lock.
+        self.proven = False
         self.last_batch_s = 0.0  # the last batch transaction's time, for sleep_ratio
         self.paced_s = 0.0  # time paused by sleep_ratio
         self.locking_left = 0  # batches to run in the locking form after a conflict
@@ -359,6 +363,14 @@ class BatchLoop:
             mode, self.scan_reason = ScanMode.PAGE_ORDER, "page order, as asked"
         else:
             mode, self.scan_reason = choose_scan(estimate, budget)
+        if estimate is not None and not estimate.lock_first:
+            # Nothing can refuse this role the lock that would not refuse the DELETE: the
+            # first batch may be optimistic (one write per row), as every later one.
+            self.proven = True
+        if (estimate is not None and mode is ScanMode.KEYSET and estimate.cap
+                and estimate.counted_all):
+            # The whole backlog is counted: one batch may take it all (a day's rows).
+            self.size = self.sizes.fit(estimate.backlog)
         if mode is ScanMode.PAGE_ORDER:
             self.scan = PageScan(PageStatements.build(self.rule, self.cutoff), estimate.blocks,
                                  PageSpan(estimate.backlog / max(estimate.blocks, 1),
@@ -453,9 +465,10 @@ class BatchLoop:
 
     def _optimistic(self, limit: int) -> bool:
         """Whether the next batch (``limit`` rows) runs in the optimistic form."""
-        # The first batch always locks first: it proves the role may lock what the rule
-        # matches (the form every later batch falls back to), so row-level security
-        # without an UPDATE policy fails the run at once rather than under contention.
+        # The first batch locks first where the table or role may refuse the lock (see
+        # ScanEstimate.lock_first): it proves the role may lock what the rule matches (the
+        # form every later batch falls back to), so row-level security without an UPDATE
+        # policy fails the run at once rather than under contention.
         return (self.options.optimistic and self.proven and limit > 1
                 and self.size == self._full_size() and not self.locking_left)
 

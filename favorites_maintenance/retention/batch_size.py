@@ -128,6 +128,15 @@ class BatchSizeController:
                 self._before_growth = (previous, rate)
         return self.size
 
+    def fit(self, rows: int) -> int:
+        """Take a backlog known to hold ``rows`` rows before the first batch: when the size
+        adapts, the first batch takes all of them at once (``rows + 1``, so that it comes back
+        less than full and ends the run) if that is within :attr:`maximum`, rather than growing
+        toward it batch after batch. Returns the first batch's size."""
+        if self.adaptive and self.size <= rows < self.maximum:
+            self.size = rows + 1
+        return self.size
+
     def lock_waiters(self, count: int) -> int:
         """Take the number of sessions found waiting on a lock the purge held during the last
         batch; any halves the next size. Returns the next batch's size."""

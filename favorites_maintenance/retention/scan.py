@@ -104,6 +104,12 @@ class ScanEstimate:
         planned: the planner's estimate of the prunable rows (read only when the count reached
             ``cap``, else ``None``).
         refused: why page order is out for this table and role (``None``: allowed).
+        lock_first: whether the run's first batch must lock its rows before deleting them, to
+            prove at once that the role may lock what the rule matches (the form every batch
+            falls back to): when the table has row-level security (``FOR UPDATE`` also needs
+            an UPDATE policy) or the role holds no UPDATE privilege on any of its columns
+            (``FOR UPDATE`` needs one). Otherwise nothing can refuse the lock that does not
+            refuse the DELETE, and the first batch may be optimistic.
     """
 
     blocks: int
@@ -112,6 +118,7 @@ class ScanEstimate:
     cap: int
     planned: float | None = None
     refused: str | None = None
+    lock_first: bool = True
 
     @property
     def counted_all(self) -> bool:
@@ -145,11 +152,13 @@ def choose_scan(estimate: ScanEstimate, budget_s: float) -> tuple[ScanMode, str]
         f"up to {needed:,.1f} s of the run's {budget_s:g} s")
 
 
-#: One row for the table of ``:t``: pages, reltuples, and what rules page order out.
+#: One row for the table of ``:t``: pages, reltuples, what rules page order out, and whether
+#: the role may lock rows of it (``FOR UPDATE`` needs UPDATE on at least one column).
 _TABLE_FACTS = sa.text(
     "SELECT pg_relation_size(c.oid) / current_setting('block_size')::int, c.reltuples, "
     "       c.relkind = 'p', has_column_privilege(c.oid, 'ctid', 'SELECT'), "
-    "       c.relrowsecurity, current_setting('server_version_num')::int "
+    "       c.relrowsecurity, current_setting('server_version_num')::int, "
+    "       has_any_column_privilege(c.oid, 'UPDATE') "
     "  FROM pg_class c WHERE c.oid = to_regclass(:t)")
 
 
@@ -167,7 +176,8 @@ def read_scan_estimate(conn: sa.Connection, rule: RetentionRule,
     facts = conn.execute(_TABLE_FACTS, {"t": rule.qualified_name}).first()
     if facts is None:
         return ScanEstimate(blocks=0, reltuples=-1, backlog=0, cap=0, refused="no such table")
-    blocks, reltuples, partitioned, ctid_readable, row_security, version = facts
+    blocks, reltuples, partitioned, ctid_readable, row_security, version, may_lock = facts
+    lock_first = bool(row_security) or not may_lock
     refused = ("the table is partitioned (row addresses repeat across partitions)" if partitioned
                else "the role may not read ctid" if not ctid_readable
                else "the table has row-level security" if row_security
@@ -175,7 +185,7 @@ def read_scan_estimate(conn: sa.Connection, rule: RetentionRule,
                else None)
     if refused is not None or blocks < PAGE_ORDER_MIN_PAGES:
         return ScanEstimate(blocks=blocks, reltuples=reltuples, backlog=0, cap=0,
-                            refused=refused)
+                            refused=refused, lock_first=lock_first)
     cap = blocks * PAGE_ORDER_ROWS_PER_PAGE
     prunable = sa.select(sa.literal(1)).where(rule.prunable(cutoff))
     backlog = conn.execute(count_of(prunable.limit(cap))).scalar_one()
@@ -186,7 +196,7 @@ def read_scan_estimate(conn: sa.Connection, rule: RetentionRule,
                                     compiled.construct_params()).scalar_one()
         planned = float(plan[0]["Plan"]["Plan Rows"])
     return ScanEstimate(blocks=blocks, reltuples=reltuples, backlog=backlog, cap=cap,
-                        planned=planned)
+                        planned=planned, lock_first=lock_first)
 
 
 def parse_tid(text: str) -> tuple[int, int]:

@@ -111,6 +111,24 @@ def test_a_backlog_spread_over_the_table_goes_in_page_order_a_days_worth_by_keys
     assert daily.deleted_total == 40 and not day & rows.ids()
 
 
+def test_a_days_worth_counted_whole_goes_in_one_batch_when_the_size_adapts(engine, rows):
+    fill(engine, 130_000, old_guest_every=3, old=OLD - dt.timedelta(days=400))
+    run(engine)  # the backlog cleared
+    rows.add_many(1500, updated_at=OLD)
+    batches = []
+    report = run(engine, batch_size=1000, batch_size_max=10_000,
+                 target_batch_duration=dt.timedelta(milliseconds=200), on_batch=batches.append)
+    assert report.scan_mode == "keyset"
+    # The count before the first batch found all 1,500 rows: one batch takes them.
+    assert [(b.batch_size, b.deleted) for b in batches] == [(1501, 1500)]
+    assert report.deleted_total == 1500 and report.batches == 1
+    # An explicit size stays the bound of every batch.
+    rows.add_many(1500, updated_at=OLD)
+    fixed = []
+    run(engine, batch_size=1000, on_batch=fixed.append)
+    assert [b.deleted for b in fixed] == [1000, 500]
+
+
 def test_keyset_order_when_page_order_would_not_clear_the_backlog_within_the_budget(
         engine, rows, monkeypatch):
     fill(engine, 130_000, old_guest_every=3)
