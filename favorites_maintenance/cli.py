@@ -512,12 +512,12 @@ def dev(port: int, rows: int, reseed: bool, debug: bool) -> None:
                    "A4, J (the job through Dagster), A_durable (A with synchronous_commit on), "
                    "A_fixed (A with an explicit batch size: no batch above it), A_lock_first "
                    "(A locking every batch's rows before deleting them), A_archive (A moving "
-                   "every row into an archive table) and A_keyset (A in keyset order whatever "
-                   "the backlog), run in that order.")
+                   "every row into an archive table), A_keyset (A in keyset order whatever "
+                   "the backlog) and B_index (B through the rule's index), run in that order.")
 @click.option("--scenarios", default="backlog", show_default=True,
               help="Comma-separated subset of backlog (every prunable row of the data set) "
-                   "and daily (A, B, C and J on one day's newly expired rows of a data set "
-                   "whose backlog was cleared).")
+                   "and daily (A, B, B_index, C and J on one day's newly expired rows of a "
+                   "data set whose backlog was cleared).")
 @click.option("--daily-rows", default=10_000_000, show_default=True,
               type=click.IntRange(min=10_000),
               help="Size of the daily scenario's data set (the backlog's, reused, when equal "

@@ -24,8 +24,9 @@ Each strategy's batch times are also reported per decile of the run (the p50 of 
 of its batches, ..., of the last 10 %), and its time per row per tenth of the rows it deleted
 (``deciles_us_per_row``), which show whether the run grows slower as it goes on.
 
-The ``daily`` scenario (:mod:`~favorites_maintenance.bench.daily`) runs ``A``, ``B``, ``C`` and
-``J`` on the day's newly expired rows of a data set whose backlog was cleared.
+The ``daily`` scenario (:mod:`~favorites_maintenance.bench.daily`) runs ``A``, ``B``,
+``B_index``, ``C`` and ``J`` on the day's newly expired rows of a data set whose backlog was
+cleared.
 
 Every purge runs in a child process of its own (its peak RSS is read there), while another
 process runs a paced user workload (single-row inserts and updates of account rows and fresh
