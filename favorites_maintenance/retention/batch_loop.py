@@ -483,20 +483,7 @@ class BatchLoop:
                      t0: float) -> tuple[sa.Row, int]:
         """The batch transaction: its row (``selected``, ``deleted`` and the position the
         scan reads) and how many sessions waited on its locks (0 when not asked)."""
-        conn = self.conn
-        isolation = self.scan.isolation(fast)
-        if isolation is not None:
-            conn.execution_options(isolation_level=isolation)
-        try:
-            return self._batch_transaction(conn, statement, params, limit, fast, t0)
-        finally:
-            if isolation is not None:
-                conn.execution_options(isolation_level=conn.default_isolation_level)
-
-    def _batch_transaction(self, conn: sa.Connection, statement: sa.Executable, params: dict,
-                           limit: int, fast: bool, t0: float) -> tuple[sa.Row, int]:
-        """:meth:`_transaction` in the isolation level it set."""
-        options, waiters = self.options, 0
+        conn, options, waiters = self.conn, self.options, 0
         with conn.begin() as tx:
             limit_transaction(conn,
                               lock_timeout=self.fast_lock_timeout if fast else options.lock_timeout,
@@ -509,8 +496,9 @@ class BatchLoop:
                 self.row_key = conn.execute(*self.scan.next_key()).first()
             row = self.scan.execute(conn, statement, params)
             if fast and row.deleted != row.selected:
-                # A row moved or was held (or, in page order, the range was not read in
-                # address order): the locking form decides.
+                # A row moved, was claimed or was held (in page order: or a row became
+                # prunable between the count and the DELETE): the locking form decides, so
+                # that no transaction commits more rows than the batch's limit.
                 tx.rollback()
             if tx.is_active:
                 # After the statement, which holds the table's lock: no migration can commit

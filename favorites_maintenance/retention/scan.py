@@ -221,10 +221,6 @@ class KeysetScan:
         return (self.statements.batch(keyset=self.after is not None, fast=fast),
                 {**(self.after or {}), "batch_size": limit})
 
-    def isolation(self, fast: bool) -> str | None:
-        """The isolation level a batch needs other than the session's: none."""
-        return None
-
     def execute(self, conn: sa.Connection, statement: sa.Select, params: dict) -> sa.Row:
         """Run the batch statement in the open transaction: its one row (``selected``,
         ``deleted``, ``last_age``, ``last_key``)."""
@@ -346,11 +342,6 @@ class PageScan:
         (the same range)."""
         return self.statements.next_key, {k: v for k, v in self.params.items()
                                           if k != "batch_size"}
-
-    def isolation(self, fast: bool) -> str | None:
-        """The isolation level a batch needs: ``REPEATABLE READ`` for an optimistic one, whose
-        two statements must see one snapshot."""
-        return "REPEATABLE READ" if fast else None
 
     def execute(self, conn: sa.Connection, statement: sa.Executable,
                 params: dict) -> sa.Row | PageBatch:

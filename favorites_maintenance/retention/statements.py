@@ -75,10 +75,11 @@ scan in the order they lie on disk rather than through the index in age order::
     SELECT selected, (SELECT count(*) FROM retention_deleted), first_tid::text, last_tid::text
       FROM retention_batch
 
-After the first batch, an optimistic batch is two statements in one ``REPEATABLE READ``
-transaction (:func:`page_bound_statement`, then :func:`page_delete_statement`): the first counts
-the range's candidates up to the limit and names the last one; the second deletes the prunable
-rows up to that address in place, under the same snapshot, so exactly the rows counted.
+An optimistic batch is two statements in one transaction (:func:`page_bound_statement`, then
+:func:`page_delete_statement`): the first counts the range's candidates up to the limit and
+names the last one; the second deletes the prunable rows up to that address in place, which
+are the rows counted unless another session changed the range in between (then the counts
+differ and the loop takes the batch again, locking first).
 
 - Each page is read once, in order, and the rows are deleted page after page: about a third of
   a keyset batch's time per row on a backlog spread over the table (``docs/benchmark.md``).
@@ -356,14 +357,14 @@ def page_delete_statement(rule: RetentionRule, cutoff: dt.datetime) -> sa.Delete
          WHERE user_id IS NULL AND updated_at < :cutoff
            AND ctid > :after_tid AND ctid <= :last_tid
 
-    Run in the same ``REPEATABLE READ`` transaction as :func:`page_bound_statement`, it sees
-    the same snapshot: exactly the rows that statement counted (the loop checks it: a batch that
-    deleted more, which only a scan out of address order could cause, is rolled back), deleted
-    in place as a TID range scan reaches them, without collecting
+    Run in the same transaction as :func:`page_bound_statement`, just after it, it deletes the
+    rows that statement counted, in place as a TID range scan reaches them, without collecting
     addresses or ``RETURNING`` anything (a third less time per row than
-    :func:`page_batch_statement`). A row another session changed or deleted since the snapshot
-    fails the statement (a serialization failure) instead of being followed, and the loop takes
-    the batch again locking first; its row count is what it deleted.
+    :func:`page_batch_statement`); its row count is what it deleted. It re-checks the guard and
+    the cutoff on each row's newest version, so a row another session claimed in between is
+    left. When the counts differ (a row claimed, deleted or moved in between; one made prunable
+    in between, which could take the batch past its limit), the loop rolls the batch back and
+    takes it again locking first: no transaction commits more rows than the limit.
     """
     ctid = rule.table.c.ctid
     return rule.delete_prunable(

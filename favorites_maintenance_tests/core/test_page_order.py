@@ -177,9 +177,9 @@ def test_page_order_skips_rows_other_sessions_hold_and_leaves_them_as_backlog(en
 
 def test_a_row_claimed_between_the_count_and_the_delete_is_not_deleted(engine, rows,
                                                                         monkeypatch):
-    """An optimistic page-order batch counts its rows, then deletes them under the same
-    snapshot: a row an account claims in between fails the batch (a serialization failure),
-    which is taken again locking first, and the claimed row stays."""
+    """An optimistic page-order batch counts its rows, then deletes them: the DELETE checks the
+    guard again, so a row an account claims in between is left, the counts differ, and the
+    batch is taken again locking first; the claimed row stays."""
     from favorites_maintenance.retention import scan
 
     ids = rows.add_many(50, updated_at=OLD)
