@@ -338,7 +338,7 @@ class BatchLoop:
                 by_ctid = match_by_ctid(conn, rule)
                 if self.archive_target is not None:
                     self.archive = prepare_archive(conn, rule, self.archive_target)
-                estimate = (read_scan_estimate(conn, rule, self.cutoff)
+                estimate = (read_scan_estimate(conn, rule, self.cutoff, self.sizes.maximum)
                             if options.scan is not ScanMode.KEYSET else None)
         except sa.exc.DBAPIError as exc:
             error = describe(exc)
@@ -367,14 +367,15 @@ class BatchLoop:
             # Nothing can refuse this role the lock that would not refuse the DELETE: the
             # first batch may be optimistic (one write per row), as every later one.
             self.proven = True
-        if (estimate is not None and mode is ScanMode.KEYSET and estimate.cap
-                and estimate.counted_all):
+        if estimate is not None and mode is ScanMode.KEYSET and estimate.counted_all:
             # The whole backlog is counted: one batch may take it all (a day's rows).
             self.size = self.sizes.fit(estimate.backlog)
         if mode is ScanMode.PAGE_ORDER:
-            self.scan = PageScan(PageStatements.build(self.rule, self.cutoff), estimate.blocks,
-                                 PageSpan(estimate.backlog / max(estimate.blocks, 1),
-                                          self.sizes.target_s))
+            density = (estimate.density if estimate.density is not None
+                       else estimate.backlog / max(estimate.blocks, 1))
+            self.scan = PageScan(PageStatements.build(self.rule, self.cutoff, self.archive),
+                                 estimate.blocks,
+                                 PageSpan(density, self.sizes.target_s))
         else:
             self.scan = KeysetScan(self.statements)
         self.scan_modes.append(mode)
@@ -491,7 +492,7 @@ class BatchLoop:
                               synchronous_commit=options.synchronous_commit,
                               incremental_sort=False if self.keyset_index else None,
                               nested_loop_joins_only=True, serial=True,
-                              tid_scans_only=self.scan.tid_scans_only)
+                              tid_scans_only=self.scan.tid_scans_only, seqscan=False)
             if limit == 1:
                 self.row_key = conn.execute(*self.scan.next_key()).first()
             row = self.scan.execute(conn, statement, params)

@@ -14,15 +14,16 @@ but every page of the table is read, whether it holds a prunable row or not
 (``docs/benchmark.md`` has the figures).
 
 :func:`choose_scan` picks one per run, before the first batch, from :class:`ScanEstimate` (read
-by :func:`read_scan_estimate` in one statement): page order only when
+by :func:`read_scan_estimate`): page order only when
 
 - the table and the role allow it: not a partitioned table (row addresses repeat across
   partitions), a role that may read ``ctid``, no row-level security on the table (rows the role
   cannot read are found by keyset), PostgreSQL 14 or later (TID range scans);
 - the table has at least :data:`PAGE_ORDER_MIN_PAGES` pages (below that a run takes
   milliseconds either way, and oldest first is kept);
-- the backlog is spread: at least :data:`PAGE_ORDER_ROWS_PER_PAGE` prunable rows per page of
-  the table, counted (up to that many) through the index;
+- the backlog is spread: more rows than the run's largest batch (counted through the index),
+  and at least :data:`PAGE_ORDER_ROWS_PER_PAGE` prunable rows a page in a sample of the
+  table's pages;
 - the run is expected to clear the whole backlog within its time budget, at the pessimistic
   costs :data:`PAGE_COST_S` and :data:`ROW_COST_S`: page order is not age order, and a run that
   stops early must have deleted the oldest rows.
@@ -37,12 +38,14 @@ statement and parameters of its next batch; :class:`PageSpan` sizes page-order r
 
 from __future__ import annotations
 
+import dataclasses
 import datetime as dt
 import enum
 import math
 from dataclasses import dataclass
 
 import sqlalchemy as sa
+from sqlalchemy.sql.util import ClauseAdapter
 
 from favorites_maintenance.retention.rule import RetentionRule
 from favorites_maintenance.retention.statements import (
@@ -64,10 +67,16 @@ class ScanMode(str, enum.Enum):
         return self.value
 
 
-#: Prunable rows per heap page from which page order is taken: reading a page that holds no
-#: prunable row costs about what deleting five rows in keyset order saves over page order
-#: (about 7 us a page against 2 and 0.6 us a row, 2 M rows, ``docs/benchmark.md``).
-PAGE_ORDER_ROWS_PER_PAGE = 5
+#: Prunable rows per heap page (sampled) from which page order is taken. Reading a page costs
+#: about 7 us whether it holds a prunable row or not, a row costs about 0.55 us to delete in page
+#: order and 0.8-1.6 us in keyset order, more the longer the run (the bench, 2 M and 10 M rows,
+#: ``docs/benchmark.md``): at 5.7 rows a page keyset order took 0.13 s where page order took
+#: 0.22 s; at 22.7 they were even at 2 M rows, and page order 16% faster at 10 M.
+PAGE_ORDER_ROWS_PER_PAGE = 20
+
+#: How many heap pages the density of prunable rows is sampled from (``TABLESAMPLE SYSTEM``):
+#: a few milliseconds, whatever the table's size.
+SAMPLE_PAGES = 256
 
 #: The smallest table, in heap pages (8 MiB of 8 KiB pages), walked in page order.
 PAGE_ORDER_MIN_PAGES = 1024
@@ -98,11 +107,13 @@ class ScanEstimate:
 
     Attributes:
         blocks: the table's heap pages (its size over the block size); 0 when not read.
-        reltuples: the planner's row count of the table (``pg_class.reltuples``; -1: unknown).
-        backlog: prunable rows counted, up to ``cap`` (exact when below it).
-        cap: where the count stopped; ``backlog >= cap`` means at least that many.
-        planned: the planner's estimate of the prunable rows (read only when the count reached
-            ``cap``, else ``None``).
+        backlog: prunable rows counted through the rule's index, up to ``cap`` (exact when
+            below it).
+        cap: where the count stopped (the run's largest batch); ``backlog >= cap`` means at
+            least that many.
+        density: prunable rows per page in a sample of the table's pages (``None`` when not
+            sampled: page order refused, a small table, or a backlog counted whole).
+        sampled: the pages the sample was drawn from, on average.
         refused: why page order is out for this table and role (``None``: allowed).
         lock_first: whether the run's first batch must lock its rows before deleting them, to
             prove at once that the role may lock what the rule matches (the form every batch
@@ -113,10 +124,10 @@ class ScanEstimate:
     """
 
     blocks: int
-    reltuples: float
     backlog: int
     cap: int
-    planned: float | None = None
+    density: float | None = None
+    sampled: float = 0.0
     refused: str | None = None
     lock_first: bool = True
 
@@ -135,68 +146,72 @@ def choose_scan(estimate: ScanEstimate, budget_s: float) -> tuple[ScanMode, str]
     if blocks < PAGE_ORDER_MIN_PAGES:
         return ScanMode.KEYSET, (f"keyset order: the table has {blocks:,} pages, page order "
                                  f"from {PAGE_ORDER_MIN_PAGES:,}")
-    rows = f"{'at least ' if not estimate.counted_all else ''}{backlog:,}"
-    density = backlog / blocks
+    if estimate.counted_all or estimate.density is None:
+        return ScanMode.KEYSET, (f"keyset order: {backlog:,} prunable rows over {blocks:,} "
+                                 f"pages")
+    density = estimate.density
+    sample = f"(a sample of {estimate.sampled:,.0f} of {blocks:,} pages)"
     if density < PAGE_ORDER_ROWS_PER_PAGE:
         return ScanMode.KEYSET, (
-            f"keyset order: {rows} prunable rows over {blocks:,} pages "
-            f"({density:.2g} a page, page order from {PAGE_ORDER_ROWS_PER_PAGE})")
-    expected = max(backlog, estimate.planned or 0)
-    needed = blocks * PAGE_COST_S + expected * ROW_COST_S
+            f"keyset order: about {density:.2g} prunable rows a page {sample}, page order "
+            f"from {PAGE_ORDER_ROWS_PER_PAGE}")
+    needed = blocks * PAGE_COST_S + max(backlog, density * blocks) * ROW_COST_S
     if needed > budget_s:
         return ScanMode.KEYSET, (
-            f"keyset order, oldest first: {rows} prunable rows over {blocks:,} pages would "
-            f"take up to {needed:,.0f} s in page order, more than the run's {budget_s:g} s")
+            f"keyset order, oldest first: about {density:.1f} prunable rows a page {sample} "
+            f"would take up to {needed:,.0f} s in page order, more than the run's "
+            f"{budget_s:g} s")
     return ScanMode.PAGE_ORDER, (
-        f"page order: {rows} prunable rows over {blocks:,} pages ({density:.1f} a page), "
-        f"up to {needed:,.1f} s of the run's {budget_s:g} s")
+        f"page order: about {density:.1f} prunable rows a page {sample}, up to "
+        f"{needed:,.1f} s of the run's {budget_s:g} s")
 
 
-#: One row for the table of ``:t``: pages, reltuples, what rules page order out, and whether
-#: the role may lock rows of it (``FOR UPDATE`` needs UPDATE on at least one column).
+#: One row for the table of ``:t``: pages, what rules page order out, and whether the role may
+#: lock rows of it (``FOR UPDATE`` needs UPDATE on at least one column).
 _TABLE_FACTS = sa.text(
-    "SELECT pg_relation_size(c.oid) / current_setting('block_size')::int, c.reltuples, "
+    "SELECT pg_relation_size(c.oid) / current_setting('block_size')::int, "
     "       c.relkind = 'p', has_column_privilege(c.oid, 'ctid', 'SELECT'), "
     "       c.relrowsecurity, current_setting('server_version_num')::int, "
     "       has_any_column_privilege(c.oid, 'UPDATE') "
     "  FROM pg_class c WHERE c.oid = to_regclass(:t)")
 
 
-def read_scan_estimate(conn: sa.Connection, rule: RetentionRule,
-                       cutoff: dt.datetime) -> ScanEstimate:
+def read_scan_estimate(conn: sa.Connection, rule: RetentionRule, cutoff: dt.datetime,
+                       count_up_to: int) -> ScanEstimate:
     """Read :class:`ScanEstimate` in the open transaction of ``conn``: the table's facts from
-    the catalogs, then, when page order is allowed, the backlog counted up to
-    :data:`PAGE_ORDER_ROWS_PER_PAGE` rows per page (an index-only scan of the rule's partial
-    index: under a millisecond for a daily run's rows, tens of milliseconds at the cap of a
-    10 M-row table), and the planner's estimate when the count reaches the cap.
+    the catalogs; the backlog counted through the rule's index up to ``count_up_to`` rows (the
+    run's largest batch: a millisecond or so); and, when page order is allowed and the backlog
+    is larger, the density of prunable rows in :data:`SAMPLE_PAGES` of the table's pages
+    (``TABLESAMPLE SYSTEM``: a few milliseconds). The planner's estimate is not used: after a
+    backlog is cleared the table's statistics still expect a year of guest rows.
 
     Raises:
         sqlalchemy.exc.DBAPIError: as the statements do (the caller describes it).
     """
     facts = conn.execute(_TABLE_FACTS, {"t": rule.qualified_name}).first()
     if facts is None:
-        return ScanEstimate(blocks=0, reltuples=-1, backlog=0, cap=0, refused="no such table")
-    blocks, reltuples, partitioned, ctid_readable, row_security, version, may_lock = facts
+        return ScanEstimate(blocks=0, backlog=0, cap=0, refused="no such table")
+    blocks, partitioned, ctid_readable, row_security, version, may_lock = facts
     lock_first = bool(row_security) or not may_lock
     refused = ("the table is partitioned (row addresses repeat across partitions)" if partitioned
                else "the role may not read ctid" if not ctid_readable
                else "the table has row-level security" if row_security
                else "PostgreSQL before 14 has no TID range scan" if version < 140000
                else None)
-    if refused is not None or blocks < PAGE_ORDER_MIN_PAGES:
-        return ScanEstimate(blocks=blocks, reltuples=reltuples, backlog=0, cap=0,
-                            refused=refused, lock_first=lock_first)
-    cap = blocks * PAGE_ORDER_ROWS_PER_PAGE
     prunable = sa.select(sa.literal(1)).where(rule.prunable(cutoff))
-    backlog = conn.execute(count_of(prunable.limit(cap))).scalar_one()
-    planned = None
-    if backlog >= cap:
-        compiled = prunable.compile(dialect=conn.dialect)
-        plan = conn.exec_driver_sql("EXPLAIN (FORMAT JSON) " + compiled.string,
-                                    compiled.construct_params()).scalar_one()
-        planned = float(plan[0]["Plan"]["Plan Rows"])
-    return ScanEstimate(blocks=blocks, reltuples=reltuples, backlog=backlog, cap=cap,
-                        planned=planned, lock_first=lock_first)
+    backlog = conn.execute(count_of(prunable.limit(count_up_to))).scalar_one()
+    estimate = ScanEstimate(blocks=blocks, backlog=backlog, cap=count_up_to, refused=refused,
+                            lock_first=lock_first)
+    if refused is not None or blocks < PAGE_ORDER_MIN_PAGES or estimate.counted_all:
+        return estimate
+    percent = min(100.0, 100.0 * SAMPLE_PAGES / blocks)
+    sample = sa.tablesample(rule.table, sa.func.system(sa.bindparam("pct", type_=sa.Float)),
+                            name="retention_sample")
+    # The rule's own predicate, on the sample's alias.
+    found = conn.execute(sa.select(sa.func.count()).select_from(sample).where(
+        ClauseAdapter(sample).traverse(rule.prunable(cutoff))), {"pct": percent}).scalar_one()
+    sampled = blocks * percent / 100
+    return dataclasses.replace(estimate, density=found / sampled, sampled=sampled)
 
 
 def parse_tid(text: str) -> tuple[int, int]:
@@ -221,10 +236,20 @@ class KeysetScan:
         return (self.statements.batch(keyset=self.after is not None, fast=fast),
                 {**(self.after or {}), "batch_size": limit})
 
-    def execute(self, conn: sa.Connection, statement: sa.Select, params: dict) -> sa.Row:
-        """Run the batch statement in the open transaction: its one row (``selected``,
-        ``deleted``, ``last_age``, ``last_key``)."""
-        return conn.execute(statement, params).one()
+    def execute(self, conn: sa.Connection, statement: sa.Executable,
+                params: dict) -> sa.Row | KeysetBatch:
+        """Run the batch in the open transaction: the locking statement, or the optimistic
+        pair (the bound, then the DELETE when there is a candidate). Returns ``selected``,
+        ``deleted``, ``last_age``, ``last_key``."""
+        if isinstance(statement, sa.Select):
+            return conn.execute(statement, params).one()
+        keyset = self.after is not None
+        bound = conn.execute(self.statements.bound(keyset=keyset), params).first()
+        if bound is None:
+            return KeysetBatch(0, 0, None, None)
+        deleted = conn.execute(statement, {**(self.after or {}), "last_age": bound.last_age,
+                                           "last_key": bound.last_key}).rowcount
+        return KeysetBatch(bound.selected, deleted, bound.last_age, bound.last_key)
 
     def next_key(self) -> tuple[sa.Select, dict]:
         """The next-key statement and parameters of a one-row batch."""
@@ -283,6 +308,17 @@ class PageSpan:
         self.cap = MAX_SPAN
         if self.target_s > 0 and elapsed > self.target_s:
             self.cap = max(1.0, pages * SPAN_AIM * self.target_s / elapsed)
+
+
+@dataclass(frozen=True)
+class KeysetBatch:
+    """What an optimistic keyset batch did: rows counted and deleted, the last position
+    counted (``None`` when none)."""
+
+    selected: int
+    deleted: int
+    last_age: dt.datetime | None
+    last_key: object
 
 
 @dataclass(frozen=True)

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import datetime as dt
 import importlib
+import re
 import threading
 import time
 
@@ -99,7 +100,7 @@ def test_a_backlog_spread_over_the_table_goes_in_page_order_a_days_worth_by_keys
     spread = run(engine)
 
     assert spread.scan_mode == "page_order"
-    assert spread.scan_reason.startswith("page order: at least ")
+    assert spread.scan_reason.startswith("page order: about ")
     assert spread.deleted_total == 130_000 // 3
     assert rows.accounts() == accounts and measure_backlog(engine, CUTOFF).remaining == 0
 
@@ -109,6 +110,22 @@ def test_a_backlog_spread_over_the_table_goes_in_page_order_a_days_worth_by_keys
     assert daily.scan_mode == "keyset"
     assert daily.scan_reason.startswith("keyset order: 40 prunable rows over ")
     assert daily.deleted_total == 40 and not day & rows.ids()
+
+
+def test_a_backlog_thin_over_every_page_goes_by_keyset_from_a_sample_of_the_pages(engine,
+                                                                                    rows):
+    # One row in 30 prunable: about 4 a page, more than a batch's 1,000 rows in all.
+    fill(engine, 130_000, old_guest_every=30)
+    report = run(engine, batch_size=1000)
+    assert report.scan_mode == "keyset"
+    sampled = re.fullmatch(r"keyset order: about ([0-9.]+) prunable rows a page \(a sample of "
+                           r"256 of ([0-9,]+) pages\), page order from 20", report.scan_reason)
+    assert sampled, report.scan_reason
+    pages = int(sampled[2].replace(",", ""))
+    assert pages == heap_pages(engine)
+    # The sample's density is within a quarter of the table's.
+    assert abs(float(sampled[1]) - 130_000 / 30 / pages) < 130_000 / 30 / pages / 4
+    assert report.deleted_total == 130_000 // 30
 
 
 def test_a_days_worth_counted_whole_goes_in_one_batch_when_the_size_adapts(engine, rows):

@@ -43,7 +43,7 @@ def test_a_spread_backlog_goes_in_page_order_within_the_explicit_batch_size(
     assert result.success
     meta = materialization(result)
     assert meta["scanMode"] == "page_order"
-    assert meta["scanReason"].startswith("page order: at least ")
+    assert meta["scanReason"].startswith("page order: about ")
     assert meta["deletedTotal"] == 130_000 // 3 and meta["backlogRemaining"] == 0
     assert meta["batchSizeMode"] == "fixed" and meta["pacedMs"] == 0
     counts = per_transaction(engine)
