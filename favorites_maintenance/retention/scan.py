@@ -246,14 +246,14 @@ class KeysetScan:
         """Run the batch in the open transaction: the locking statement, or the optimistic
         pair (the bound, then the DELETE when there is a candidate). Returns ``selected``,
         ``deleted``, ``last_age``, ``last_key``."""
-        if isinstance(statement, sa.Select):
+        if statement is self.statements.first or statement is self.statements.following:
             return conn.execute(statement, params).one()
         keyset = self.after is not None
         bound = conn.execute(self.statements.bound(keyset=keyset), params).one()
         if not bound.selected:
             return KeysetBatch(0, 0, None, None)
-        deleted = conn.execute(statement, {**(self.after or {}), "last_age": bound.last_age,
-                                           "last_key": bound.last_key}).rowcount
+        deleted = _deleted(conn.execute(statement, {
+            **(self.after or {}), "last_age": bound.last_age, "last_key": bound.last_key}))
         return KeysetBatch(bound.selected, deleted, bound.last_age, bound.last_key)
 
     def next_key(self) -> tuple[sa.Select, dict]:
@@ -313,6 +313,12 @@ class PageSpan:
         self.cap = MAX_SPAN
         if self.target_s > 0 and elapsed > self.target_s:
             self.cap = max(1.0, pages * SPAN_AIM * self.target_s / elapsed)
+
+
+def _deleted(result: sa.CursorResult) -> int:
+    """What an optimistic batch's second statement removed: the plain DELETE's row count, or
+    the count of rows its move into an archive returned."""
+    return result.scalar_one() if result.returns_rows else result.rowcount
 
 
 @dataclass(frozen=True)
@@ -394,8 +400,8 @@ class PageScan:
         bound = conn.execute(self.statements.bound, params).one()
         deleted = 0
         if bound.selected:
-            deleted = conn.execute(statement, {"after_tid": params["after_tid"],
-                                               "last_tid": bound.last_tid}).rowcount
+            deleted = _deleted(conn.execute(statement, {"after_tid": params["after_tid"],
+                                                        "last_tid": bound.last_tid}))
         return PageBatch(bound.selected, deleted, bound.first_tid, bound.last_tid)
 
     def advance(self, row: sa.Row | PageBatch, limit: int, elapsed: float) -> bool:
