@@ -3,8 +3,8 @@ rule.RetentionRule` with SQLAlchemy Core. Nothing here executes a statement exce
 one-row reads of the session and the catalogs (:func:`assert_primary`,
 :func:`assert_triggers_fire`, :func:`match_by_ctid`, :func:`table_shape`).
 
-Each batch is one statement, shown here for the guest-favorites rule (another rule names its
-own table, key, age and guard columns)::
+A batch that *locks first* is one statement, shown here for the guest-favorites rule (another
+rule names its own table, key, age and guard columns)::
 
     WITH retention_batch AS MATERIALIZED (
         SELECT ctid, id, updated_at FROM favorites.favorites
@@ -42,26 +42,28 @@ own table, key, age and guard columns)::
   are left for the next run and show up in the backlog.
 - The ids never leave the server: memory does not grow with the rows deleted.
 
-The *optimistic* form writes each row once (deleted) rather than twice (locked, then deleted),
-in two statements: :func:`keyset_bound_statement` counts the candidates up to the limit and
-names the last one, then :func:`keyset_delete_statement` deletes the prunable rows up to it
-with a plain index range scan. The DELETE locks each row as it deletes it and re-checks the
-guard and the cutoff on the row's newest version, so a row claimed by an account meanwhile is
-left alone (when the loop runs that form, and what it does when the counts differ:
-:mod:`~favorites_maintenance.retention.batch_loop`). :func:`batch_statement` with
-``lock_first=False`` is the same statement without ``FOR UPDATE SKIP LOCKED``, in one
-statement, at about twice the DELETE's time per row.
+An *optimistic* batch writes each row once (deleted) rather than twice (locked, then deleted),
+in two statements of one transaction: :func:`keyset_bound_statement` counts the candidates up
+to the limit through the index and names the last one, then :func:`keyset_delete_statement`
+deletes the prunable rows up to it with a bitmap heap scan, in place. The DELETE locks each row
+as it deletes it and re-checks the guard and the cutoff on the row's newest version, so a row
+claimed by an account meanwhile is left alone; when the counts differ the loop rolls the batch
+back and takes it again locking first (:mod:`~favorites_maintenance.retention.batch_loop`).
+:func:`batch_statement` with ``lock_first=False`` is the one-statement form without ``FOR
+UPDATE SKIP LOCKED``, at about twice the time per row.
 
 A one-row batch first locks and names its row with the *next-key* statement, so the row can be
 skipped if its delete fails.
 
-With an archive (a policy's ``archive_table``), every form is the same statement but for its
-``retention_deleted`` step, which returns every column and feeds an ``INSERT`` into the archive
-(:func:`removed_rows`, through :meth:`~favorites_maintenance.retention.archive.Archive.move`), and
-``deleted`` counts the rows moved.
+With an archive (a policy's ``archive_table``), the DELETE of every form returns every column
+and feeds an ``INSERT`` into the archive (:func:`removed_rows`, through
+:meth:`~favorites_maintenance.retention.archive.Archive.move`), and ``deleted`` counts the rows
+moved (the optimistic forms' second statement is then ``SELECT count(*)`` of the move,
+:func:`counted`).
+
 *Page order* (:func:`page_batch_statement`) is the other way to walk a backlog spread over the
 whole table: each batch takes the prunable rows of a range of heap pages, read by a TID range
-scan in the order they lie on disk rather than through the index in age order::
+scan in the order they lie on disk rather than through the index in age order. Locking first::
 
     WITH retention_batch AS MATERIALIZED (
         SELECT array_agg(tid) AS tids, count(*) AS selected,
@@ -85,19 +87,18 @@ names the last one; the second deletes the prunable rows up to that address in p
 are the rows counted unless another session changed the range in between (then the counts
 differ and the loop takes the batch again, locking first).
 
-- Each page is read once, in order, and the rows are deleted page after page: about a third of
-  a keyset batch's time per row on a backlog spread over the table (``docs/benchmark.md``).
+- Each page is read once, in order, and the rows are deleted page after page: on the bench's
+  backlog spread over the table a row costs about 0.55 us in page order against 0.7-1.6 us in
+  keyset order, but every page is read, whether it holds a prunable row or not
+  (``docs/benchmark.md``).
 - ``LIMIT`` bounds the batch as in the keyset form, and ends the scan of the range there; the
   batch's last address is where the next one starts.
-- The DELETE matches rows by address and the rule alone, not by key: the addresses are taken
-  and used within one statement, under one snapshot, and an address whose row that snapshot
-  sees cannot hold another row before the statement ends (the old row would have to be pruned,
-  which no snapshot that sees it allows). The guard and the cutoff are checked again on each
-  row as it is deleted, on its newest version.
-- The optimistic form (no ``FOR UPDATE SKIP LOCKED``) behaves as the keyset one does: a row
-  held by another session makes the DELETE wait at most the optimistic ``lock_timeout``, a row
-  updated or deleted since it was read is left, and the loop takes the batch again locking
-  first.
+- The locking form's DELETE matches rows by address and the rule alone, not by key: the
+  addresses are locked by this transaction and used within one statement. The guard and the
+  cutoff are checked again on each row as it is deleted, on its newest version.
+- The optimistic form behaves as the keyset one does: a row held by another session makes the
+  DELETE wait at most the optimistic ``lock_timeout``, a row updated or deleted since it was
+  counted is left, and the loop takes the batch again locking first.
 - Rows that move while the run walks the table (an update writes the new version elsewhere,
   often behind the run's position) are left for the next run; the backlog measured after the
   run counts them.
