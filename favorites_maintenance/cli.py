@@ -512,8 +512,9 @@ def dev(port: int, rows: int, reseed: bool, debug: bool) -> None:
                    "A4, J (the job through Dagster), A_durable (A with synchronous_commit on), "
                    "A_fixed (A with an explicit batch size: no batch above it), A_lock_first "
                    "(A locking every batch's rows before deleting them), A_archive (A moving "
-                   "every row into an archive table), A_keyset (A in keyset order whatever "
-                   "the backlog) and B_index (B through the rule's index), run in that order.")
+                   "every row into an archive table), A_keyset and A_page (A in keyset order, "
+                   "in page order, whatever the backlog) and B_index (B through the rule's "
+                   "index), run in that order.")
 @click.option("--scenarios", default="backlog", show_default=True,
               help="Comma-separated subset of backlog (every prunable row of the data set) "
                    "and daily (A, B, B_index, C and J on one day's newly expired rows of a "

@@ -24,19 +24,20 @@ STRATEGIES = ("A", "A_paced", "B", "C", "D", "A2", "A4", "J")
 #: Not run by default, to measure what a choice of A's gives: A with ``synchronous_commit`` on;
 #: A with an explicit batch size (no batch above it); A locking every batch's rows before
 #: deleting them (no optimistic batches); A moving every row into an archive (a policy's
-#: ``archive_table``) instead of only deleting it; A in keyset order whatever the backlog; B
-#: with sequential scans off, so the planner takes the rule's partial index whatever its
-#: estimates (after a backlog is cleared it still expects a year of guest rows, and B then
-#: reads the whole table for a day's worth).
-EXTRA_STRATEGIES = ("A_durable", "A_fixed", "A_lock_first", "A_archive", "A_keyset", "B_index")
+#: ``archive_table``) instead of only deleting it; A in keyset order, and in page order,
+#: whatever the backlog; B with sequential scans off, so the planner takes the rule's partial
+#: index whatever its estimates (after a backlog is cleared it still expects a year of guest
+#: rows, and B then reads the whole table for a day's worth).
+EXTRA_STRATEGIES = ("A_durable", "A_fixed", "A_lock_first", "A_archive", "A_keyset", "A_page",
+                    "B_index")
 #: Where ``A_archive`` moves the rows (created by its first batch's check, as a run creates it).
 ARCHIVE_TABLE = "favorites.favorites_archive"
 #: The strategies of the ``daily`` scenario.
 DAILY_STRATEGIES = ("A", "B", "B_index", "C", "J")
 #: Workers of each strategy (A2 and A4 run A in that many processes at once).
 WORKERS = {"A": 1, "A_paced": 1, "B": 1, "C": 1, "D": 1, "A2": 2, "A4": 4, "A_durable": 1,
-           "A_fixed": 1, "A_lock_first": 1, "A_archive": 1, "A_keyset": 1, "B_index": 1,
-           "J": 1}
+           "A_fixed": 1, "A_lock_first": 1, "A_archive": 1, "A_keyset": 1, "A_page": 1,
+           "B_index": 1, "J": 1}
 
 _GUARD = "user_id IS NULL AND updated_at < %(cutoff)s"
 C_DELETE = ("DELETE FROM favorites.favorites WHERE ctid IN (SELECT favorites.ctid FROM "
@@ -87,6 +88,7 @@ def _purge_a(strategy: str, engine: sa.Engine, url: str, cutoff: dt.datetime, ba
                    **({"archive": ArchiveTarget(ARCHIVE_TABLE, "bench", "bench-run")}
                       if strategy == "A_archive" else {}),
                    **({"scan": ScanMode.KEYSET} if strategy == "A_keyset" else {}),
+                   **({"scan": ScanMode.PAGE_ORDER} if strategy == "A_page" else {}),
                    **({"sleep_ratio": options["sleep_ratio"]} if strategy == "A_paced" else {}),
                    **adaptive)
     extra = {"batch_size_max": report.batch_size_max, "paused_ms": report.paused_ms,
@@ -158,7 +160,7 @@ def _job_j(strategy, engine, url, cutoff, batch_size, max_run_s, batches,
 
 _WORKER: dict[str, Callable[..., _Outcome]] = {
     "A": _purge_a, "A_paced": _purge_a, "A_durable": _purge_a, "A_fixed": _purge_a,
-    "A_lock_first": _purge_a, "A_archive": _purge_a, "A_keyset": _purge_a,
+    "A_lock_first": _purge_a, "A_archive": _purge_a, "A_keyset": _purge_a, "A_page": _purge_a,
     "B": _one_delete_b, "B_index": _one_delete_b, "C": _ctid_loop_c, "D": _skip_locked_d,
     "J": _job_j,
 }

@@ -250,5 +250,6 @@ _WORK_AT_ZERO = {
     "batch_size_first": 0,
     "batch_size_max": 0,
     "paused_ms": 0,
+    "paced_ms": 0,
     "throttled_by": _NONE,
 }

@@ -21,9 +21,10 @@ by :func:`read_scan_estimate`): page order only when
   cannot read are found by keyset), PostgreSQL 14 or later (TID range scans);
 - the table has at least :data:`PAGE_ORDER_MIN_PAGES` pages (below that a run takes
   milliseconds either way, and oldest first is kept);
-- the backlog is spread: more rows than the run's largest batch (counted through the index),
-  and at least :data:`PAGE_ORDER_ROWS_PER_PAGE` prunable rows a page in a sample of the
-  table's pages;
+- the backlog is large and spread: more rows than the run's largest batch (counted through
+  the index), at least :data:`PAGE_ORDER_ROWS_PER_PAGE` prunable rows a page in a sample of the
+  table's pages, and at least :data:`PAGE_ORDER_MIN_ROWS` rows by that sample (keyset order's
+  batches slow down as a long run goes on; page order's do not);
 - the run is expected to clear the whole backlog within its time budget, at the pessimistic
   costs :data:`PAGE_COST_S` and :data:`ROW_COST_S`: page order is not age order, and a run that
   stops early must have deleted the oldest rows.
@@ -68,11 +69,19 @@ class ScanMode(str, enum.Enum):
 
 
 #: Prunable rows per heap page (sampled) from which page order is taken. Reading a page costs
-#: about 7 us whether it holds a prunable row or not, a row costs about 0.55 us to delete in page
-#: order and 0.8-1.6 us in keyset order, more the longer the run (the bench, 2 M and 10 M rows,
-#: ``docs/benchmark.md``): at 5.7 rows a page keyset order took 0.13 s where page order took
-#: 0.22 s; at 22.7 they were even at 2 M rows, and page order 16% faster at 10 M.
+#: about 7 us whether it holds a prunable row or not; deleting a row costs about 0.55 us in page
+#: order, and in keyset order 0.55 us at the start of a run, growing as the run goes on (to 1.1
+#: us after 2 M rows). The bench (``docs/benchmark.md``): at 5.7 rows a page keyset order took
+#: 0.13 s where page order took 0.22 s; at 22.7 and 62 a page on 2 M rows keyset order was
+#: faster still (0.28-0.30 s against 0.33-0.35 s, and 0.49-0.57 against 0.50-0.67 s).
 PAGE_ORDER_ROWS_PER_PAGE = 20
+
+#: Prunable rows (sampled density times the table's pages) from which page order is taken: below
+#: them keyset order's batches are done before they slow down. On 2 M rows, 415,760 prunable,
+#: keyset order took 0.28-0.30 s and page order 0.33-0.35 s; on 10 M rows, 2,078,235 prunable,
+#: 1.57-2.01 s against 1.65-2.03 s, keyset order's time per row growing from 0.56-0.79 us in
+#: the first tenth of the rows to 1.08-1.57 us in the last, page order's flat in between.
+PAGE_ORDER_MIN_ROWS = 1_000_000
 
 #: How many heap pages the density of prunable rows is sampled from (``TABLESAMPLE SYSTEM``):
 #: a few milliseconds, whatever the table's size.
@@ -155,7 +164,12 @@ def choose_scan(estimate: ScanEstimate, budget_s: float) -> tuple[ScanMode, str]
         return ScanMode.KEYSET, (
             f"keyset order: about {density:.2g} prunable rows a page {sample}, page order "
             f"from {PAGE_ORDER_ROWS_PER_PAGE}")
-    needed = blocks * PAGE_COST_S + max(backlog, density * blocks) * ROW_COST_S
+    rows = max(backlog, density * blocks)
+    if rows < PAGE_ORDER_MIN_ROWS:
+        return ScanMode.KEYSET, (
+            f"keyset order: about {rows:,.0f} prunable rows ({density:.1f} a page {sample}), "
+            f"page order from {PAGE_ORDER_MIN_ROWS:,}")
+    needed = blocks * PAGE_COST_S + rows * ROW_COST_S
     if needed > budget_s:
         return ScanMode.KEYSET, (
             f"keyset order, oldest first: about {density:.1f} prunable rows a page {sample} "

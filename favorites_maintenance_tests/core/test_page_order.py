@@ -91,17 +91,30 @@ def test_page_order_deletes_exactly_the_prunable_rows_and_no_account_row(engine,
     assert measure_backlog(engine, CUTOFF).remaining == 0
 
 
-def test_a_backlog_spread_over_the_table_goes_in_page_order_a_days_worth_by_keyset(engine,
-                                                                                   rows):
+def large_from(monkeypatch, rows: int) -> None:
+    """Take a backlog of ``rows`` rows (sampled) for a large one, as if it were a million."""
+    monkeypatch.setattr("favorites_maintenance.retention.scan.PAGE_ORDER_MIN_ROWS", rows)
+
+
+def test_a_backlog_spread_over_the_table_goes_in_page_order_a_days_worth_by_keyset(
+        engine, rows, monkeypatch):
     fill(engine, 130_000, old_guest_every=3, old_account_every=7)
     assert heap_pages(engine) >= PAGE_ORDER_MIN_PAGES
     accounts = rows.accounts()
 
+    # About 43,000 rows: spread, but done in keyset order before its batches slow down.
+    small = run(engine, scan=None, max_run_duration=dt.timedelta(microseconds=1))
+    assert small.scan_mode == "keyset"
+    assert re.fullmatch(r"keyset order: about [0-9,]+ prunable rows \([0-9.]+ a page \(a sample "
+                        r"of 256 of [0-9,]+ pages\)\), page order from 1,000,000",
+                        small.scan_reason), small.scan_reason
+
+    large_from(monkeypatch, 10_000)
     spread = run(engine)
 
     assert spread.scan_mode == "page_order"
     assert spread.scan_reason.startswith("page order: about ")
-    assert spread.deleted_total == 130_000 // 3
+    assert small.deleted_total + spread.deleted_total == 130_000 // 3
     assert rows.accounts() == accounts and measure_backlog(engine, CUTOFF).remaining == 0
 
     # A day's worth of newly expired rows on the same table: a few rows over many pages.
@@ -149,6 +162,7 @@ def test_a_days_worth_counted_whole_goes_in_one_batch_when_the_size_adapts(engin
 def test_keyset_order_when_page_order_would_not_clear_the_backlog_within_the_budget(
         engine, rows, monkeypatch):
     fill(engine, 130_000, old_guest_every=3)
+    large_from(monkeypatch, 10_000)
     # As if each page cost a second: page order would outlast the run, so the oldest go first.
     monkeypatch.setattr("favorites_maintenance.retention.scan.PAGE_COST_S", 1.0)
     report = run(engine, batch_size=500, max_run_duration=dt.timedelta(seconds=600))

@@ -26,6 +26,8 @@ def per_transaction(engine) -> list[int]:
 def test_a_spread_backlog_goes_in_page_order_within_the_explicit_batch_size(
         db_url, engine, rows, monkeypatch):
     fill(engine, 130_000, old_guest_every=3, old=OLD)
+    # A backlog of 43,000 rows taken for a large one (the threshold is a million).
+    monkeypatch.setattr("favorites_maintenance.retention.scan.PAGE_ORDER_MIN_ROWS", 10_000)
     with engine.begin() as conn:
         conn.execute(sa.text("CREATE TABLE favorites.deleted_by (txid bigint NOT NULL)"))
         conn.execute(sa.text(
