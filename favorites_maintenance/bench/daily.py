@@ -110,9 +110,10 @@ def run_daily(ctx, srv: BenchServer, cfg: BenchConfig, template: str, run_db: st
 
 def format_daily(daily: dict) -> str:
     """The ``daily`` scenario's lines of the console table."""
-    lines = [f"daily: {daily['rows_total']:,} rows, {daily['prunable_rows']:,} prunable "
-             f"(one day's worth after the backlog was cleared); median of {daily['repeat']}; "
-             f"one DELETE: {daily.get('one_delete_strategy')}"]
+    head = (f"daily: {daily['rows_total']:,} rows, {daily['prunable_rows']:,} prunable "
+            f"(one day's worth after the backlog was cleared); median of {daily['repeat']}; "
+            f"one DELETE: {daily.get('one_delete_strategy')}")
+    lines = [head]
     for name, r in daily["strategies"].items():
         ratio = (f"{r['x_one_delete']:.1f} x one DELETE" if r.get("x_one_delete") is not None
                  else "-")
