@@ -523,7 +523,7 @@ def dev(port: int, rows: int, reseed: bool, debug: bool) -> None:
               type=click.IntRange(min=10_000),
               help="Size of the daily scenario's data set (the backlog's, reused, when equal "
                    "to --rows).")
-@click.option("--paced-sleep-ratio", default=1.0, show_default=True,
+@click.option("--paced-sleep-ratio", default=3.0, show_default=True,
               type=click.FloatRange(min=0, max=100), help="sleep_ratio of A_paced.")
 @click.option("--idle-seconds", default=5.0, show_default=True, type=click.FloatRange(min=0.5),
               help="Idle window of the user workload before each purge.")

@@ -12,7 +12,7 @@ settings (retention 365 days, batch size 1000):
   1000)`` in autocommit until a statement deletes nothing;
 - ``D``: ``SELECT id ... ORDER BY updated_at LIMIT 1000 FOR UPDATE SKIP LOCKED`` then ``DELETE ...
   WHERE id = ANY(...)`` per transaction, no keyset, while batches come back full;
-- ``A_paced``: ``A`` with ``sleep_ratio`` set (``paced_sleep_ratio``, 1 by default): a pause of
+- ``A_paced``: ``A`` with ``sleep_ratio`` set (``paced_sleep_ratio``, 3 by default): a pause of
   that multiple of each batch's time before the next;
 - ``A2``, ``A4``: 2 and 4 processes running ``A`` at once on the same table;
 - ``J``: ``guest_favorites_cleanup_job`` run through Dagster as users run it (the default

@@ -22,7 +22,7 @@ DEFAULT_DAILY_ROWS = 10_000_000
 #: newly expired rows of a data set whose backlog was cleared).
 SCENARIOS = ("backlog", "daily")
 #: ``sleep_ratio`` of strategy ``A_paced``.
-DEFAULT_PACED_SLEEP_RATIO = 1.0
+DEFAULT_PACED_SLEEP_RATIO = 3.0
 
 
 @dataclass
