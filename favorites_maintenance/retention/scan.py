@@ -68,13 +68,15 @@ class ScanMode(str, enum.Enum):
         return self.value
 
 
-#: Prunable rows per heap page (sampled) from which page order is taken. Reading a page costs
-#: about 7 us whether it holds a prunable row or not; deleting a row costs about 0.55 us in page
-#: order, and in keyset order 0.55 us at the start of a run, growing as the run goes on (to 1.1
-#: us after 2 M rows). The bench (``docs/benchmark.md``): at 5.7 rows a page keyset order took
-#: 0.13 s where page order took 0.22 s; at 22.7 and 62 a page on 2 M rows keyset order was
-#: faster still (0.28-0.30 s against 0.33-0.35 s, and 0.49-0.57 against 0.50-0.67 s).
-PAGE_ORDER_ROWS_PER_PAGE = 20
+#: Prunable rows per heap page (sampled) from which page order is taken, for a large backlog
+#: (:data:`PAGE_ORDER_MIN_ROWS`). Reading a page costs about 7 us whether it holds a prunable row
+#: or not; deleting a row costs about 0.55 us in page order, and in keyset order 0.55 us at the
+#: start of a run, growing as it goes on (to 0.93-1.1 us after 2 M rows). The bench
+#: (``docs/benchmark.md``): at 22.7 rows a page on 10 M rows the two orders took the same time
+#: (1.43-1.60 s keyset, 1.49-1.54 s page order), keyset order's time per row growing 1.7-fold
+#: from the first tenth of the rows to the last where page order's stayed flat; the pages cost
+#: page order about 0.5 us a row more at 15 a page, where keyset order would be quicker.
+PAGE_ORDER_ROWS_PER_PAGE = 15
 
 #: Prunable rows (sampled density times the table's pages) from which page order is taken: below
 #: them keyset order's batches are done before they slow down. On 2 M rows, 415,760 prunable,
