@@ -508,8 +508,8 @@ def dev(port: int, rows: int, reseed: bool, debug: bool) -> None:
 @click.option("--rows", default=2_000_000, show_default=True, type=click.IntRange(min=10_000),
               help="Size of the seeded data set (the memory check also runs at 10% of it).")
 @click.option("--strategies", default="A,A_paced,B,C,D,A2,A4", show_default=True,
-              help="Comma-separated subset of A, A_paced (A with sleep_ratio set), B, C, D, A2, "
-                   "A4, J (the job through Dagster), A_durable (A with synchronous_commit on), "
+              help="Comma-separated subset of A, A_paced (A with sleep_ratio set and batches "
+                   "of at most 1000 rows), B, C, D, A2, A4, J (the job through Dagster), A_durable (A with synchronous_commit on), "
                    "A_fixed (A with an explicit batch size: no batch above it), A_lock_first "
                    "(A locking every batch's rows before deleting them), A_archive (A moving "
                    "every row into an archive table), A_keyset and A_page (A in keyset order, "

@@ -12,8 +12,10 @@ settings (retention 365 days, batch size 1000):
   1000)`` in autocommit until a statement deletes nothing;
 - ``D``: ``SELECT id ... ORDER BY updated_at LIMIT 1000 FOR UPDATE SKIP LOCKED`` then ``DELETE ...
   WHERE id = ANY(...)`` per transaction, no keyset, while batches come back full;
-- ``A_paced``: ``A`` with ``sleep_ratio`` set (``paced_sleep_ratio``, 3 by default): a pause of
-  that multiple of each batch's time before the next;
+- ``A_paced``: ``A`` as an operator sharing a busy primary would run it: ``sleep_ratio`` set
+  (``paced_sleep_ratio``, 3 by default: a pause of that multiple of each batch's time before the
+  next) and an explicit batch size (``batch_size``, 1,000 rows: each commit's burst of WAL,
+  which user commits flush, stays small);
 - ``A2``, ``A4``: 2 and 4 processes running ``A`` at once on the same table;
 - ``J``: ``guest_favorites_cleanup_job`` run through Dagster as users run it (the default
   multiprocess executor, a PostgreSQL-backed instance; see

@@ -19,7 +19,8 @@ from favorites_maintenance.config.policy_settings import (
 )
 from favorites_maintenance.retention.rule import delete_prunable
 
-#: ``A_paced``: A with ``sleep_ratio`` set (the bench's ``paced_sleep_ratio``).
+#: ``A_paced``: A with ``sleep_ratio`` set (the bench's ``paced_sleep_ratio``) and an explicit
+#: batch size.
 STRATEGIES = ("A", "A_paced", "B", "C", "D", "A2", "A4", "J")
 #: Not run by default, to measure what a choice of A's gives: A with ``synchronous_commit`` on;
 #: A with an explicit batch size (no batch above it); A locking every batch's rows before
@@ -75,8 +76,9 @@ def _purge_a(strategy: str, engine: sa.Engine, url: str, cutoff: dt.datetime, ba
 
     # As the job calls it at the default settings (batch size mode adaptive: from batch_size
     # up to the default max); A_fixed as it does with FAVORITES_GUEST_RETENTION_BATCH_SIZE set
-    # (mode fixed: no batch above batch_size, smaller ones when a batch is slow).
-    largest = batch_size if strategy == "A_fixed" else DEFAULT_BATCH_SIZE_MAX
+    # (mode fixed: no batch above batch_size, smaller ones when a batch is slow); A_paced as it
+    # does with ..._BATCH_SIZE and ..._SLEEP_RATIO set.
+    largest = batch_size if strategy in ("A_fixed", "A_paced") else DEFAULT_BATCH_SIZE_MAX
     adaptive = {"batch_size_max": largest, "target_batch_duration": DEFAULT_TARGET_BATCH_DURATION,
                 "health": HealthLimits()}
     report = purge(engine, cutoff, batch_size=batch_size,
