@@ -332,9 +332,9 @@ class PageSpan:
 
 
 def _deleted(result: sa.CursorResult) -> int:
-    """What an optimistic batch's second statement removed: the plain DELETE's row count, or
-    the count of rows its move into an archive returned."""
-    return result.scalar_one() if result.returns_rows else result.rowcount
+    """What an optimistic batch's second statement removed: the row count of the plain DELETE
+    or of the move into an archive."""
+    return result.rowcount
 
 
 @dataclass(frozen=True)

@@ -58,8 +58,8 @@ skipped if its delete fails.
 With an archive (a policy's ``archive_table``), the DELETE of every form returns every column
 and feeds an ``INSERT`` into the archive (:func:`removed_rows`, through
 :meth:`~favorites_maintenance.retention.archive.Archive.move`), and ``deleted`` counts the rows
-moved (the optimistic forms' second statement is then ``SELECT count(*)`` of the move,
-:func:`counted`).
+moved (the optimistic forms' second statement is then the move itself, whose row count is
+the rows moved, :func:`counted`).
 
 *Page order* (:func:`page_batch_statement`) is the other way to walk a backlog spread over the
 whole table: each batch takes the prunable rows of a range of heap pages, read by a TID range
@@ -251,7 +251,7 @@ def keyset_bound_statement(rule: RetentionRule, cutoff: dt.datetime, keyset: boo
 
 
 def keyset_delete_statement(rule: RetentionRule, cutoff: dt.datetime, keyset: bool,
-                            archive: Archive | None = None) -> sa.Delete | sa.Select:
+                            archive: Archive | None = None) -> sa.Delete | sa.Insert:
     """The second statement of an optimistic batch in keyset order: ``DELETE`` the prunable
     rows past the position and up to the last one :func:`keyset_bound_statement` named
     (``:last_age``, ``:last_key``)::
@@ -270,8 +270,8 @@ def keyset_delete_statement(rule: RetentionRule, cutoff: dt.datetime, keyset: bo
     past its limit) the loop rolls the batch back and takes it again locking first, so no
     transaction commits more rows than the limit.
 
-    With ``archive`` it is ``SELECT count(*)`` of the move of those rows into the archive
-    (:func:`removed_rows`): one row, ``deleted``.
+    With ``archive`` it moves those rows into the archive instead (:func:`counted`), its row
+    count the rows moved.
     """
     last_age = sa.bindparam("last_age", type_=TIMESTAMP(timezone=True))
     where = (_after_position(rule) if keyset else []) + [
@@ -280,14 +280,13 @@ def keyset_delete_statement(rule: RetentionRule, cutoff: dt.datetime, keyset: bo
     return counted(rule.delete_prunable(cutoff, *where), archive)
 
 
-def counted(delete: sa.Delete, archive: Archive | None) -> sa.Delete | sa.Select:
-    """An optimistic batch's second statement: the plain ``delete``, whose row count is what
-    it deleted, or with ``archive`` ``SELECT count(*)`` of its move into the archive."""
+def counted(delete: sa.Delete, archive: Archive | None) -> sa.Delete | sa.Insert:
+    """An optimistic batch's second statement: the plain ``delete``, or with ``archive`` the
+    move of its rows into the archive (:meth:`~favorites_maintenance.retention.archive.
+    Archive.insert_moved`); either way its row count is what it removed."""
     if archive is None:
         return delete
-    moved = removed_rows(delete, archive)
-    return sa.select(sa.select(sa.func.count()).select_from(moved).scalar_subquery()
-                     .label("deleted"))
+    return archive.insert_moved(delete)
 
 
 @dataclass(frozen=True)
@@ -307,8 +306,8 @@ class BatchStatements:
     following: sa.Select
     bound_first: sa.Select
     bound_following: sa.Select
-    delete_first: sa.Delete | sa.Select
-    delete_following: sa.Delete | sa.Select
+    delete_first: sa.Delete | sa.Insert
+    delete_following: sa.Delete | sa.Insert
     next_first: sa.Select
     next_following: sa.Select
 
@@ -427,7 +426,7 @@ def page_bound_statement(rule: RetentionRule, cutoff: dt.datetime) -> sa.Select:
 
 
 def page_delete_statement(rule: RetentionRule, cutoff: dt.datetime,
-                          archive: Archive | None = None) -> sa.Delete | sa.Select:
+                          archive: Archive | None = None) -> sa.Delete | sa.Insert:
     """The second statement of an optimistic batch in page order: ``DELETE`` the prunable rows
     whose address lies after ``:after_tid`` and up to ``:last_tid``::
 
@@ -443,7 +442,7 @@ def page_delete_statement(rule: RetentionRule, cutoff: dt.datetime,
     left. When the counts differ (a row claimed, deleted or moved in between; one made prunable
     in between, which could take the batch past its limit), the loop rolls the batch back and
     takes it again locking first: no transaction commits more rows than the limit. With
-    ``archive`` it is ``SELECT count(*)`` of the move of those rows (:func:`counted`).
+    ``archive`` it moves those rows into the archive instead (:func:`counted`).
     """
     ctid = rule.table.c.ctid
     return counted(rule.delete_prunable(
@@ -476,7 +475,7 @@ class PageStatements:
 
     locking: sa.Select
     bound: sa.Select
-    delete: sa.Delete | sa.Select
+    delete: sa.Delete | sa.Insert
     next_key: sa.Select
 
     @classmethod
