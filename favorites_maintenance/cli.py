@@ -507,12 +507,24 @@ def dev(port: int, rows: int, reseed: bool, debug: bool) -> None:
 @main.command(short_help="Benchmark the purge against one DELETE and the usual alternatives.")
 @click.option("--rows", default=2_000_000, show_default=True, type=click.IntRange(min=10_000),
               help="Size of the seeded data set (the memory check also runs at 10% of it).")
-@click.option("--strategies", default="A,B,C,D,A2,A4", show_default=True,
-              help="Comma-separated subset of A, B, C, D, A2, A4, J (the job through "
-                   "Dagster), A_durable (A with synchronous_commit on), A_fixed (A with an "
-                   "explicit batch size: no batch above it), A_lock_first (A locking every "
-                   "batch's rows before deleting them) and A_archive (A moving every row into "
-                   "an archive table), run in that order.")
+@click.option("--strategies", default="A,A_paced,B,C,D,A2,A4", show_default=True,
+              help="Comma-separated subset of A, A_paced (A with sleep_ratio set and batches "
+                   "of at most 1000 rows), B, C, D, A2, A4, J (the job through Dagster), A_durable (A with synchronous_commit on), "
+                   "A_fixed (A with an explicit batch size: no batch above it), A_lock_first "
+                   "(A locking every batch's rows before deleting them), A_archive (A moving "
+                   "every row into an archive table), A_keyset and A_page (A in keyset order, "
+                   "in page order, whatever the backlog) and B_index (B through the rule's "
+                   "index), run in that order.")
+@click.option("--scenarios", default="backlog", show_default=True,
+              help="Comma-separated subset of backlog (every prunable row of the data set) "
+                   "and daily (A, B, B_index, C and J on one day's newly expired rows of a "
+                   "data set whose backlog was cleared).")
+@click.option("--daily-rows", default=10_000_000, show_default=True,
+              type=click.IntRange(min=10_000),
+              help="Size of the daily scenario's data set (the backlog's, reused, when equal "
+                   "to --rows).")
+@click.option("--paced-sleep-ratio", default=3.0, show_default=True,
+              type=click.FloatRange(min=0, max=100), help="sleep_ratio of A_paced.")
 @click.option("--idle-seconds", default=5.0, show_default=True, type=click.FloatRange(min=0.5),
               help="Idle window of the user workload before each purge.")
 @click.option("--repeat", default=1, show_default=True, type=click.IntRange(min=1),
@@ -523,8 +535,8 @@ def dev(port: int, rows: int, reseed: bool, debug: bool) -> None:
 @click.option("--pgdata", default=None, type=click.Path(file_okay=False),
               help="Data folder of the bench's own server "
                    "[default: .favorites-maintenance/bench/pgdata in the checkout].")
-def bench(rows: int, strategies: str, idle_seconds: float, repeat: int, out: str,
-          pgdata: str | None) -> None:
+def bench(rows: int, strategies: str, scenarios: str, daily_rows: int, paced_sleep_ratio: float,
+          idle_seconds: float, repeat: int, out: str, pgdata: str | None) -> None:
     """Benchmark the purge (A) against one DELETE (B), Laravel's ctid loop (C), naive SKIP
     LOCKED batches (D) and A in 2 and 4 processes, on the embedded PostgreSQL."""
     from pathlib import Path
@@ -539,13 +551,18 @@ def bench(rows: int, strategies: str, idle_seconds: float, repeat: int, out: str
     if unknown or not chosen:
         _fail(f"--strategies: unknown {unknown or strategies!r}; choose from "
               f"{', '.join(bench_mod.STRATEGIES + bench_mod.EXTRA_STRATEGIES)}")
+    chosen_scenarios = [s.strip().lower() for s in scenarios.split(",") if s.strip()]
+    if not chosen_scenarios or set(chosen_scenarios) - set(bench_mod.SCENARIOS):
+        _fail(f"--scenarios: unknown {scenarios!r}; choose from "
+              f"{', '.join(bench_mod.SCENARIOS)}")
     folder = Path(pgdata) if pgdata else project_root() / STATE_DIR / "bench" / "pgdata"
     _echo(f"starting the bench's embedded PostgreSQL server ({folder})")
     server = bench_mod.start_server(folder)
     try:
         report = bench_mod.run_bench(server, bench_mod.BenchConfig(
             rows=rows, strategies=chosen, idle_seconds=idle_seconds, repeat=repeat, out=Path(out),
-            echo=_echo))
+            echo=_echo, scenarios=chosen_scenarios, daily_rows=daily_rows,
+            paced_sleep_ratio=paced_sleep_ratio))
     finally:
         server.stop()
     _echo("")
@@ -553,5 +570,8 @@ def bench(rows: int, strategies: str, idle_seconds: float, repeat: int, out: str
     _echo(f"results written to {out}")
     wrong = [name for name, r in report["strategies"].items()
              if not (r["correct"] and r["correct_10pct"])]
+    wrong += [f"daily {name}" for name, r in (report.get("daily") or {}).get("strategies",
+                                                                          {}).items()
+              if not r["correct"]]
     if wrong:
         _fail(f"strategies {', '.join(wrong)} did not delete exactly the prunable rows")

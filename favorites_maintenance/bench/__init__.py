@@ -12,6 +12,10 @@ settings (retention 365 days, batch size 1000):
   1000)`` in autocommit until a statement deletes nothing;
 - ``D``: ``SELECT id ... ORDER BY updated_at LIMIT 1000 FOR UPDATE SKIP LOCKED`` then ``DELETE ...
   WHERE id = ANY(...)`` per transaction, no keyset, while batches come back full;
+- ``A_paced``: ``A`` as an operator sharing a busy primary would run it: ``sleep_ratio`` set
+  (``paced_sleep_ratio``, 3 by default: a pause of that multiple of each batch's time before the
+  next) and an explicit batch size (``batch_size``, 1,000 rows: each commit's burst of WAL,
+  which user commits flush, stays small);
 - ``A2``, ``A4``: 2 and 4 processes running ``A`` at once on the same table;
 - ``J``: ``guest_favorites_cleanup_job`` run through Dagster as users run it (the default
   multiprocess executor, a PostgreSQL-backed instance; see
@@ -19,8 +23,12 @@ settings (retention 365 days, batch size 1000):
   rated by its purge's ``durationMs`` and, apart, by the run's start to end.
 
 Each strategy's batch times are also reported per decile of the run (the p50 of the first 10 %
-of its batches, ..., of the last 10 %), which shows whether a batch grows slower as the run
-goes on.
+of its batches, ..., of the last 10 %), and its time per row per tenth of the rows it deleted
+(``deciles_us_per_row``), which show whether the run grows slower as it goes on.
+
+The ``daily`` scenario (:mod:`~favorites_maintenance.bench.daily`) runs ``A``, ``B``,
+``B_index``, ``C`` and ``J`` on the day's newly expired rows of a data set whose backlog was
+cleared.
 
 Every purge runs in a child process of its own (its peak RSS is read there), while another
 process runs a paced user workload (single-row inserts and updates of account rows and fresh
@@ -49,7 +57,8 @@ import multiprocessing as mp
 import os
 import time
 
-from favorites_maintenance.bench.config import DEFAULT_ROWS, BenchConfig
+from favorites_maintenance.bench.config import DEFAULT_ROWS, SCENARIOS, BenchConfig
+from favorites_maintenance.bench.daily import ONE_DAY, prepare_daily, run_daily
 from favorites_maintenance.bench.report import (
     bench_report,
     deciles,
@@ -66,14 +75,16 @@ from favorites_maintenance.bench.workload import BENCH_NOW, count_rows, seed_tem
 from favorites_maintenance.retention.rule import compute_cutoff
 
 __all__ = [
-    "BENCH_NOW", "DEFAULT_ROWS", "EXTRA_STRATEGIES", "STRATEGIES", "WORKERS", "BenchConfig",
+    "BENCH_NOW", "DEFAULT_ROWS", "EXTRA_STRATEGIES", "SCENARIOS", "STRATEGIES", "WORKERS",
+    "BenchConfig",
     "deciles", "format_table", "percentile", "run_bench", "seed_template", "start_server",
 ]
 
 
 def run_bench(server, cfg: BenchConfig) -> dict:
     """Seed, run every strategy at 100% (with the user workload) and at 10% of ``cfg.rows``
-    (memory only), write ``cfg.out`` and return the results.
+    (memory only), then the ``daily`` scenario when ``cfg.scenarios`` holds it, write
+    ``cfg.out`` and return the results.
 
     Args:
         server: a started :class:`~favorites_maintenance.local.embedded.EmbeddedPostgres`.
@@ -85,7 +96,11 @@ def run_bench(server, cfg: BenchConfig) -> dict:
     cutoff = compute_cutoff(BENCH_NOW, cfg.retention_days)
     seed_db, seed10_db, run_db = (f"{cfg.db_prefix}_seed", f"{cfg.db_prefix}_seed10",
                                   f"{cfg.db_prefix}_run")
+    daily_db = f"{cfg.db_prefix}_daily"
     small = max(1000, cfg.rows // 10)
+    daily = None
+    # Without the backlog scenario the data set is still seeded (the daily one may reuse it).
+    strategies = cfg.strategies if "backlog" in cfg.scenarios else ()
     try:
         t = time.monotonic()
         echo(f"seeding {cfg.rows:,} rows (and {small:,} for the 10% run) ...")
@@ -98,15 +113,15 @@ def run_bench(server, cfg: BenchConfig) -> dict:
              f"{time.monotonic() - t:.1f} s")
         load_before = os.getloadavg()
         small_runs = {}
-        for strategy in cfg.strategies:
+        for strategy in strategies:
             echo(f"strategy {strategy}: {small:,} rows (memory at 10%) ...")
             small_runs[strategy] = run_strategy(ctx, srv, cfg, strategy, seed10_db, run_db,
                                                 cutoff, workload=False)
-        runs: dict[str, list[dict]] = {strategy: [] for strategy in cfg.strategies}
+        runs: dict[str, list[dict]] = {strategy: [] for strategy in strategies}
         for round_no in range(1, cfg.repeat + 1):
             # Rounds go through every strategy in turn, so a change in the machine's load
             # falls on all of them rather than on one.
-            for strategy in cfg.strategies:
+            for strategy in strategies:
                 res = run_strategy(ctx, srv, cfg, strategy, seed_db, run_db, cutoff,
                                    workload=True)
                 runs[strategy].append(res)
@@ -114,16 +129,22 @@ def run_bench(server, cfg: BenchConfig) -> dict:
         # The run of median throughput stands for the strategy, with all its figures.
         results = {strategy: median_run(done, small_runs[strategy])
                    for strategy, done in runs.items()}
+        if "daily" in cfg.scenarios:
+            echo(f"daily: {cfg.daily_rows:,} rows, the backlog at {cutoff.isoformat()} cleared, "
+                 f"purged at {(cutoff + ONE_DAY).isoformat()} ...")
+            prepare_daily(srv, cfg, daily_db, cutoff,
+                          seed_db if cfg.daily_rows == cfg.rows else None)
+            daily = run_daily(ctx, srv, cfg, daily_db, run_db, cutoff + ONE_DAY)
         load_after = os.getloadavg()
     finally:
-        for db in (run_db, seed_db, seed10_db):
+        for db in (run_db, seed_db, seed10_db, daily_db):
             srv.drop(db)
         version = srv.scalar("SHOW server_version")
         srv.dispose()
 
     report = bench_report(cfg, full, tenth, prunable, cutoff, results, {
         "cpus": os.cpu_count(), "loadavg_before": load_before, "loadavg_after": load_after,
-        "postgres": version})
+        "postgres": version}, daily)
     if cfg.out is not None:
         write_json(report, cfg.out)
     return report

@@ -8,7 +8,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from favorites_maintenance.bench.strategies import STRATEGIES
+from favorites_maintenance.bench.strategies import DAILY_STRATEGIES, STRATEGIES
 from favorites_maintenance.config.policy_settings import (
     DEFAULT_BATCH_SIZE,
     DEFAULT_MAX_RUN_DURATION,
@@ -16,6 +16,13 @@ from favorites_maintenance.config.policy_settings import (
 )
 
 DEFAULT_ROWS = 2_000_000
+#: The data set of the ``daily`` scenario.
+DEFAULT_DAILY_ROWS = 10_000_000
+#: The scenarios: ``backlog`` (every prunable row of a fresh data set), ``daily`` (the day's
+#: newly expired rows of a data set whose backlog was cleared).
+SCENARIOS = ("backlog", "daily")
+#: ``sleep_ratio`` of strategy ``A_paced``.
+DEFAULT_PACED_SLEEP_RATIO = 3.0
 
 
 @dataclass
@@ -33,6 +40,10 @@ class BenchConfig:
         out: where the JSON goes (``None``: nowhere).
         db_prefix: prefix of the databases the bench creates (and drops) on the server.
         echo: progress lines.
+        scenarios: which of :data:`SCENARIOS` to run, in order.
+        daily_rows: the size of the ``daily`` scenario's data set.
+        daily_strategies: the strategies of the ``daily`` scenario.
+        paced_sleep_ratio: ``sleep_ratio`` of ``A_paced``.
     """
 
     rows: int = DEFAULT_ROWS
@@ -48,3 +59,7 @@ class BenchConfig:
     max_run_duration: dt.timedelta = DEFAULT_MAX_RUN_DURATION
     echo: Callable[[str], None] = print
     extra: dict[str, Any] = field(default_factory=dict)
+    scenarios: Sequence[str] = ("backlog",)
+    daily_rows: int = DEFAULT_DAILY_ROWS
+    daily_strategies: Sequence[str] = DAILY_STRATEGIES
+    paced_sleep_ratio: float = DEFAULT_PACED_SLEEP_RATIO

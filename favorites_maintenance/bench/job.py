@@ -59,7 +59,9 @@ def run_job(url: URL, cutoff: dt.datetime, batch_size: int, max_run_s: float) ->
 
     Returns:
         ``deleted``, ``batches``, ``purge_seconds`` (the run's ``durationMs``),
-        ``run_seconds`` (the run record's start to end), ``batch_max_ms``, ``stop_reason``.
+        ``run_seconds`` (the run record's start to end), ``launch_seconds`` (from the launch
+        to the run's success, as its caller waits for it), ``batch_max_ms``, ``stop_reason``,
+        ``scan_mode``.
 
     Raises:
         RuntimeError: the run did not succeed.
@@ -111,8 +113,10 @@ def run_job(url: URL, cutoff: dt.datetime, batch_size: int, max_run_s: float) ->
             "purge_seconds": meta["durationMs"] / 1000,
             "run_seconds": (record.end_time - record.start_time
                             if record and record.end_time and record.start_time else t1 - t0),
+            "launch_seconds": t1 - t0,
             "batch_max_ms": meta["batchMaxMs"],
             "stop_reason": meta["stopReason"],
+            "scan_mode": meta.get("scanMode", ""),
         }
     finally:
         with admin.connect() as conn:

@@ -36,6 +36,28 @@ def deciles(durations: Sequence[float]) -> list[float] | None:
     return [_p_ms(durations[i * n // 10:(i + 1) * n // 10], 50) for i in range(10)]
 
 
+def deciles_per_row(durations: Sequence[float], rows: Sequence[int]) -> list[float] | None:
+    """The time per row of each tenth of a run's rows, in microseconds, in run order (``None``
+    below 10 rows): a batch's time is spread over its rows, and a batch that deleted none (a
+    range of pages without prunable rows) counts toward the tenth of the row that follows it.
+    Batches differ in size, so this compares the start and the end of a run where the batch
+    times (:func:`deciles`) cannot."""
+    total = sum(rows)
+    if total < 10:
+        return None
+    spent, counted, done = [0.0] * 10, [0.0] * 10, 0
+    for seconds, n in zip(durations, rows):
+        if not n:
+            spent[min(9, done * 10 // total)] += seconds
+            continue
+        for tenth in range(done * 10 // total, min(9, (done + n - 1) * 10 // total) + 1):
+            share = (min(done + n, (tenth + 1) * total / 10) - max(done, tenth * total / 10))
+            spent[tenth] += seconds * share / n
+            counted[tenth] += share
+        done += n
+    return [round(spent[i] / counted[i] * 1e6, 3) if counted[i] else None for i in range(10)]
+
+
 def _ms(seconds: float | None) -> float | None:
     return None if seconds is None else round(seconds * 1000, 3)
 
@@ -71,6 +93,7 @@ def run_figures(results: list[dict], before: dict, after: dict,
     t1 = max(r["t1"] for r in results)
     deleted = sum(r["deleted"] for r in results)
     durations = [d for r in results for d in r["durations"]]
+    batch_rows = [n for r in results for n in r.get("batch_rows", [0] * len(r["durations"]))]
     seconds = max(t1 - t0, 1e-9)
     idle = [lat for t, lat in samples if idle_from <= t < t0]
     during = [lat for t, lat in samples if t0 <= t <= t1]
@@ -99,6 +122,11 @@ def run_figures(results: list[dict], before: dict, after: dict,
         "rss_after_start_mb": max(r["rss_before_mb"] for r in results),
         "stop_reasons": sorted({r["stop_reason"] for r in results}),
         "deciles": deciles(durations),
+        "deciles_us_per_row": deciles_per_row(durations, batch_rows),
+        # The order A's batches took, and how long A_paced paused between them.
+        "scan_mode": results[0].get("scan_mode"),
+        "scan_reason": results[0].get("scan_reason"),
+        "paced_ms": sum(r.get("paced_ms") or 0 for r in results),
         # The largest batch of A (adaptive), and how long it paused on database health.
         "batch_size_max": max((r.get("batch_size_max") or 0 for r in results), default=0)
         or None,
@@ -114,6 +142,7 @@ def run_figures(results: list[dict], before: dict, after: dict,
             "purge_duration_s": round(job["purge_seconds"], 3),
             "run_duration_s": round(job["run_seconds"], 3),
             "run_rows_per_second": _rate(deleted, job["run_seconds"]),
+            "launch_to_success_s": round(job["launch_seconds"], 3),
             "batches": job["job_batches"],
             "batch_max_ms": job["job_batch_max_ms"],
         })
@@ -146,12 +175,14 @@ def median_run(runs: list[dict], small_run: dict) -> dict:
 
 
 def bench_report(cfg: BenchConfig, full: dict, tenth: dict, prunable: int, cutoff: dt.datetime,
-                 results: dict[str, dict], machine: dict) -> dict:
+                 results: dict[str, dict], machine: dict, daily: dict | None = None) -> dict:
     """The whole JSON report from each strategy's :func:`median_run` (``results``, changed in
     place: ``ratio_to_B`` added, ``_idle_samples`` pooled into the top-level idle figures).
 
     ``full`` and ``tenth`` are the data sets (:func:`~favorites_maintenance.bench.workload.
-    seed_template`), ``machine`` what the machine and the server were.
+    seed_template`), ``machine`` what the machine and the server were, ``daily`` the
+    ``daily`` scenario (:func:`~favorites_maintenance.bench.daily.run_daily`, ``None`` when not
+    run). ``targets`` says, for what ran, whether each target of the bench was met.
     """
     b_rate = results.get("B", {}).get("rows_per_second")
     overhead = None
@@ -165,6 +196,8 @@ def bench_report(cfg: BenchConfig, full: dict, tenth: dict, prunable: int, cutof
     for res in results.values():
         idle_all.extend(res.pop("_idle_samples", []))
         res["ratio_to_B"] = round(res["rows_per_second"] / b_rate, 3) if b_rate else None
+        res["ratio_to_C"] = (round(res["rows_per_second"] / results["C"]["rows_per_second"], 3)
+                             if "C" in results else None)
     return {
         "rows_total": full["rows"],
         "prunable_rows": prunable,
@@ -191,7 +224,39 @@ def bench_report(cfg: BenchConfig, full: dict, tenth: dict, prunable: int, cutof
         **cfg.extra,
         "overhead_ms_per_batch": overhead,
         "strategies": results,
+        "daily": daily,
+        "targets": targets(results, daily),
     }
+
+
+def targets(results: dict[str, dict], daily: dict | None) -> dict[str, dict]:
+    """Each target of the bench that its strategies allow judging: the figure, the bound and
+    whether it was met (``met``)."""
+    out: dict[str, dict] = {}
+
+    def judge(name: str, value: float | None, bound: float, at_most: bool = False) -> None:
+        if value is not None:
+            out[name] = {"value": round(value, 3), "bound": bound, "at_most": at_most,
+                         "met": value <= bound if at_most else value >= bound}
+
+    a = results.get("A")
+    if a:
+        judge("A_x_B", a.get("ratio_to_B"), 0.5)
+        judge("A_x_C", a.get("ratio_to_C"), 2.0)
+        per_row = a.get("deciles_us_per_row") or []
+        if len(per_row) == 10 and per_row[0] and per_row[9]:
+            judge("A_last_over_first_decile_per_row", per_row[9] / per_row[0], 1.2,
+                  at_most=True)
+    paced = results.get("A_paced")
+    if paced and paced.get("user_p99_ms") and paced.get("user_p99_ms_idle"):
+        judge("A_paced_user_p99_x_idle", paced["user_p99_ms"] / paced["user_p99_ms_idle"], 1.3,
+              at_most=True)
+    if daily:
+        for name in ("A", "J"):
+            res = daily["strategies"].get(name)
+            if res:
+                judge(f"daily_{name}_x_one_delete", res.get("x_one_delete"), 5.0, at_most=True)
+    return out
 
 
 def write_json(report: dict, out: Path) -> None:
@@ -235,6 +300,11 @@ def format_table(report: dict) -> str:
                  f"median-throughput run of {report['repeat']} per strategy; user "
                  f"workload {report['user_ops_per_second']:.0f} ops/s, p99 idle (all windows) "
                  f"{report['user_p99_ms_idle']} ms; x B is shown when B ran")
+    for name, r in report["strategies"].items():
+        if r.get("scan_mode"):
+            lines.append(f"{name}: {r['scan_reason'] or r['scan_mode']}"
+                         + (f"; paused {r['paced_ms']:,} ms for sleep_ratio" if r.get("paced_ms")
+                            else ""))
     if "J" in report["strategies"]:
         j = report["strategies"]["J"]
         lines.append(f"J (the job through Dagster): purge {j['rows_per_second']:,.0f} rows/s "
@@ -262,4 +332,15 @@ def format_table(report: dict) -> str:
                          + " ".join(f"{d:.1f}" for d in r["deciles"]))
         elif r.get("batch_p50_ms") is not None:
             lines.append(f"batch p50 per decile, {name:>2}: fewer than 10 batches")
+        if r.get("deciles_us_per_row"):
+            lines.append(f"us per row per tenth of the rows, {name:>2}: "
+                         + " ".join(f"{d:.2f}" if d is not None else "-"
+                                    for d in r["deciles_us_per_row"]))
+    if report.get("daily"):
+        from favorites_maintenance.bench.daily import format_daily
+
+        lines.append(format_daily(report["daily"]))
+    for name, t in report.get("targets", {}).items():
+        lines.append(f"target {name}: {t['value']} ({'<=' if t['at_most'] else '>='} "
+                     f"{t['bound']}): {'met' if t['met'] else 'MISSED'}")
     return "\n".join(lines)

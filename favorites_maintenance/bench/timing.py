@@ -45,7 +45,8 @@ def run_strategy(ctx, srv: BenchServer, cfg: BenchConfig, strategy: str, templat
             recv, send = ctx.Pipe(duplex=False)
             p = ctx.Process(target=purge_child, name=f"bench-purge-{strategy}",
                             args=(worker_kind(strategy), url_s, cutoff, cfg.batch_size,
-                                  cfg.max_run_duration.total_seconds(), start, send))
+                                  cfg.max_run_duration.total_seconds(), start, send,
+                                  {"sleep_ratio": cfg.paced_sleep_ratio}))
             p.start()
             send.close()
             pipes.append(recv)

@@ -99,6 +99,21 @@ def date_between(low: dt.date, high: dt.date):
     return parse
 
 
+def number_between(low: float, high: float):
+    """A decimal number from ``low`` to ``high`` (``0.5``, ``2``; no exponent, no ``nan``)."""
+    def parse(raw: str) -> float:
+        if not re.fullmatch(r"[+-]?([0-9]+(\.[0-9]*)?|\.[0-9]+)", raw):
+            raise ValueError(f"{raw!r} is not a decimal number")
+        value = float(raw)
+        if value < low:
+            raise ValueError(f"{raw!r} must be at least {low:g}")
+        if value > high:
+            raise ValueError(f"{raw!r} must be at most {high:g}")
+        return value
+
+    return parse
+
+
 def duration_between(low: dt.timedelta, high: dt.timedelta):
     def parse(raw: str) -> dt.timedelta:
         value = parse_duration(raw)

@@ -32,6 +32,7 @@ from favorites_maintenance.config.parsers import (
     duration_up_to,
     int_between,
     iso_duration,
+    number_between,
     read_optional,
     validate_cron,
 )
@@ -52,6 +53,8 @@ MAX_STALE_AFTER = dt.timedelta(days=30)
 # A batch aiming at more than this would sit near the batch's statement timeout (30 s).
 MAX_TARGET_BATCH_DURATION = dt.timedelta(seconds=10)
 MAX_LAG_BYTES = 2**40  # 1 TiB
+# Pausing 100 times each batch's time is 1% of the database's time: gentler is a smaller batch.
+MAX_SLEEP_RATIO = 100
 
 DEFAULT_RETENTION_DAYS = 365
 DEFAULT_BATCH_SIZE = 1000
@@ -130,6 +133,8 @@ class BatchSizeMode(str, enum.Enum):
 
 
 _DURATION_FORMS = "ISO 8601 (PT10M) or HH:MM:SS"
+#: A literal number of the YAML: an integer or a float.
+_NUMBER_YAML = int | float | str
 #: Unquoted, YAML 1.1 reads ``48:00:00`` as the number 172800: accepted, then read as written.
 _DURATION_YAML = str | int | float
 
@@ -208,6 +213,11 @@ class PolicySettings:
         "(stopReason db_unhealthy)",
         f"{iso_duration(MIN_DURATION)} to {iso_duration(MAX_RUN_DURATION_LIMIT)}, "
         + _DURATION_FORMS)
+    sleep_ratio: float = setting(
+        0, number_between(0, MAX_SLEEP_RATIO), _NUMBER_YAML,
+        "pause between batches, as a multiple of the last batch's time (1: the purge holds the "
+        "database at most half the time); 0 turns it off",
+        f"0 to {MAX_SLEEP_RATIO}, a decimal number")
 
     archive_retention_days: int = setting(
         DEFAULT_ARCHIVE_RETENTION_DAYS, int_between(1, MAX_RETENTION_DAYS), int,

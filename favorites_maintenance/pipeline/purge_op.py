@@ -164,6 +164,7 @@ class PurgeStep:
                     health=health_limits(settings),
                     rule=self.policy.rule,
                     archive=self.archive_target(),
+                    sleep_ratio=settings.sleep_ratio,
                 )
             except Exception as exc:
                 tracing.run_failed(span, exc)

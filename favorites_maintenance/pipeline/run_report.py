@@ -53,6 +53,13 @@ class RunReport:
         batch_size_first: the first batch's size, rows [``batchSizeFirst``].
         batch_size_max: the largest batch, rows [``batchSizeMax``].
         paused_ms: time paused on an unhealthy database, milliseconds [``pausedMs``].
+        paced_ms: time paused between batches for ``sleep_ratio``, milliseconds
+            [``pacedMs``].
+        scan_mode: the order the batches walked the backlog in: ``keyset`` (oldest first,
+            over the rule's index), ``page_order`` (heap pages in address order), or
+            ``page_order,keyset`` (page order, then oldest first when the run fell behind its
+            budget); empty in records older than it [``scanMode``].
+        scan_reason: why, one sentence with the counts it was chosen from [``scanReason``].
         throttled_by: the reading that paused the purge last, or ``none`` [``throttledBy``].
         health_unreadable: indicators skipped for want of a grant, or ``none``
             [``healthUnreadable``].
@@ -84,6 +91,9 @@ class RunReport:
     batch_size_first: int = 0
     batch_size_max: int = 0
     paused_ms: int = 0
+    paced_ms: int = 0
+    scan_mode: str = ""
+    scan_reason: str = ""
     throttled_by: str = _NONE
     health_unreadable: str = _NONE
     backlog_remaining: int | None = None
@@ -110,6 +120,9 @@ class RunReport:
             batch_size_first=report.batch_size_first,
             batch_size_max=report.batch_size_max,
             paused_ms=report.paused_ms,
+            paced_ms=report.paced_ms,
+            scan_mode=report.scan_mode,
+            scan_reason=report.scan_reason,
             throttled_by=report.throttled_by or _NONE,
             health_unreadable="; ".join(report.health_unreadable) or _NONE,
         )
@@ -213,6 +226,9 @@ _KEYS = {
     "batch_size_first": "batchSizeFirst",
     "batch_size_max": "batchSizeMax",
     "paused_ms": "pausedMs",
+    "paced_ms": "pacedMs",
+    "scan_mode": "scanMode",
+    "scan_reason": "scanReason",
     "throttled_by": "throttledBy",
     "health_unreadable": "healthUnreadable",
     "backlog_remaining": "backlogRemaining",
@@ -234,5 +250,6 @@ _WORK_AT_ZERO = {
     "batch_size_first": 0,
     "batch_size_max": 0,
     "paused_ms": 0,
+    "paced_ms": 0,
     "throttled_by": _NONE,
 }

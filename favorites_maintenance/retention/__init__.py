@@ -31,6 +31,7 @@ from favorites_maintenance.retention.purge import purge
 from favorites_maintenance.retention.report import BatchResult, PurgeReport, StopReason
 from favorites_maintenance.retention.restore import RestoreReport, Selection, restore
 from favorites_maintenance.retention.rule import compute_cutoff, delete_prunable, prunable
+from favorites_maintenance.retention.scan import ScanMode
 from favorites_maintenance.retention.table_check import check_table
 
 __all__ = [
@@ -58,6 +59,7 @@ __all__ = [
     "RestoreError",
     "RestoreReport",
     "RetentionError",
+    "ScanMode",
     "Selection",
     "SkippedRowsError",
     "StandbyError",

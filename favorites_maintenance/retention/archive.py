@@ -235,6 +235,14 @@ class Archive:
         archive: a CTE ``retention_archived`` with one row per row moved, in place of the
         ``DELETE ... RETURNING 1`` of a purge without an archive. ``:archive_run_id`` and
         ``:archive_policy`` are bound with the target's values."""
+        return self.insert_moved(delete).returning(sa.literal_column("1")).cte(
+            "retention_archived")
+
+    def insert_moved(self, delete: sa.Delete) -> sa.Insert:
+        """The move of :meth:`move` as a statement of its own: ``WITH retention_deleted AS
+        (DELETE ... RETURNING <columns>) INSERT INTO <archive> SELECT ...``, whose row count
+        is the rows moved (an optimistic batch's second statement: without ``RETURNING``
+        and a count over it, a tenth less time for 100,000 rows)."""
         names = [c.name for c in self.columns]
         source = delete.table
         deleted = delete.returning(*(source.c[n] for n in names)).cte("retention_deleted")
@@ -243,10 +251,8 @@ class Archive:
             sa.bindparam("archive_run_id", self.target.run_id, type_=sa.Text),
             sa.bindparam("archive_policy", self.target.policy, type_=sa.Text),
             sa.func.now())
-        return (sa.insert(self.table)
-                .from_select([*names, RUN_ID_COLUMN, POLICY_COLUMN, ARCHIVED_AT_COLUMN], stamped)
-                .returning(sa.literal_column("1"))
-                .cte("retention_archived"))
+        return sa.insert(self.table).from_select(
+            [*names, RUN_ID_COLUMN, POLICY_COLUMN, ARCHIVED_AT_COLUMN], stamped)
 
     def check_unchanged(self, conn: sa.Connection) -> None:
         """Inside a batch transaction, after its statement: raise :class:`ArchiveError` (the

@@ -1,19 +1,23 @@
 """The purge's loop: batch transactions on one connection, until nothing prunable is left.
 
 :class:`BatchLoop` runs one purge (:func:`~favorites_maintenance.retention.purge.purge` is its
-public front). Each batch is one statement (its shape and why:
-:mod:`~favorites_maintenance.retention.statements`) in its own transaction. The loop repeats
-while batches come back full, and stops between batches on the run's time budget or on a stop
-request; an error rolls back only the open batch.
+public front). Each batch is its own transaction (its statements, their shapes and why:
+:mod:`~favorites_maintenance.retention.statements`). The loop repeats while batches come back
+full (in page order: until the last page is walked), and stops between batches on the run's
+time budget or on a stop request; an error rolls back only the open batch.
 
-After the first batch, batches are *optimistic*: the batch statement without ``FOR UPDATE SKIP
-LOCKED``, under a ``lock_timeout`` of :data:`OPTIMISTIC_LOCK_TIMEOUT`. If its DELETE meets a row
-another session holds (it gives up after a few milliseconds) or deletes fewer rows than it read
-(a row moved, was claimed, or a trigger or policy swallowed the delete), the batch is rolled
-back and taken again in the locking form, which then serves the next
-:data:`_LOCKING_AFTER_CONFLICT` batches. The first batch always locks first, so a role that may
-delete but not lock what the rule matches (row-level security without an UPDATE policy) fails
-the run at once, not only under contention.
+Batches are *optimistic*: the batch's candidates counted up to its limit, then deleted by a
+plain DELETE up to the last of them, without ``FOR UPDATE SKIP LOCKED``, under a
+``lock_timeout`` of :data:`OPTIMISTIC_LOCK_TIMEOUT`. If the DELETE meets a row another session
+holds (it gives up after a few milliseconds) or deletes other than the rows counted (a row
+moved, was claimed, or a trigger or policy swallowed the delete; one made prunable in between,
+which could take the batch past its limit), the batch is rolled back and taken again in the
+locking form, which then serves the next :data:`_LOCKING_AFTER_CONFLICT` batches. Where the
+table has row-level security, or the role holds no UPDATE privilege on it (which ``FOR
+UPDATE`` needs), the first batch locks first, so a role that may delete but not lock what the
+rule matches (row-level security without an UPDATE policy) fails the run at once, not only
+under contention; the catalogs say which before the first batch
+(:attr:`~favorites_maintenance.retention.scan.ScanEstimate.lock_first`).
 
 When the table has the rule's partial index on ``(<age>, <key>) WHERE <guard>``, each batch
 also turns ``enable_incremental_sort`` off for its transaction: the planner then takes that index,
@@ -22,7 +26,11 @@ incremental sort, which it tends to cost lower though it reads every guarded-out
 range too (1.1-1.6 ms against 2.5-3.0 ms for the candidates of one 1000-row batch, ``EXPLAIN
 ANALYZE`` at 1 M rows). It also turns hash and merge joins off: from about 7,000 rows a batch
 the planner would join the DELETE to the batch by hashing a bitmap scan of *every* prunable
-row, rather than reaching each batch row by its address (10,000 rows: 92 ms against 37-44 ms).
+row, rather than reaching each batch row by its address (10,000 rows: 92 ms against 37-44 ms);
+sequential scans off (after a backlog is cleared the table's statistics still expect a year of
+guest rows, and a sequential scan of the whole table would look cheaper than the index); and
+parallel workers off. A page-order batch reads the table by TID range scans only, so its rows
+come in address order.
 
 Each batch transaction sets ``lock_timeout`` and ``statement_timeout`` with ``SET LOCAL``
 semantics, so the server, not only this process, bounds how long a batch can hold or wait for a
@@ -39,9 +47,19 @@ batch held. Before batches, at a bounded rate, the database's health is read
 (:mod:`~favorites_maintenance.retention.health`: replication lag, a VACUUM on the table, WAL
 rate); while an indicator is over its threshold the purge pauses with no transaction open.
 
+Batches walk the backlog oldest first over the rule's index (keyset order), or, when the backlog
+is spread over the table and the run can clear it within its time budget, in heap page order: the
+choice, made per run from a count of the backlog and the table's size, and why:
+:mod:`~favorites_maintenance.retention.scan`.
+
+Between batches, with ``sleep_ratio`` set, the purge pauses that multiple of the last batch's
+time (pt-archiver's ``--sleep-coef``), with no transaction open, honouring stop requests and the
+time budget: the purge then takes at most ``1 / (1 + sleep_ratio)`` of the time it would hold
+the database.
+
 A batch that fails on a row-level error, or that ``statement_timeout`` cancels, is split in
-halves from the same keyset position, each in its own transaction, down to single rows; a single
-row that still fails is skipped for the run (one whose very lookup fails, a row-level security
+halves from the same position, each in its own transaction, down to single rows; a single row
+that still fails is skipped for the run (one whose very lookup fails, a row-level security
 policy raising for it, is located without being read: :mod:`~favorites_maintenance.retention.
 unreadable`). After a statement timeout the batches stay at a size that took about
 :data:`TIMEOUT_AIM` of the time the cancelled batch ran, judged again after every batch. Why a run
@@ -89,12 +107,28 @@ from favorites_maintenance.retention.errors import (
     TableShapeError,
     describe,
 )
-from favorites_maintenance.retention.health import HealthLimits, HealthMonitor, LockWatch, Outcome
+from favorites_maintenance.retention.health import (
+    HealthLimits,
+    HealthMonitor,
+    LockWatch,
+    Outcome,
+)
 from favorites_maintenance.retention.report import BatchResult, PurgeReport, StopReason
 from favorites_maintenance.retention.rule import RetentionRule
+from favorites_maintenance.retention.scan import (
+    PROJECT_AFTER_S,
+    KeysetScan,
+    PageScan,
+    PageSpan,
+    ScanEstimate,
+    ScanMode,
+    choose_scan,
+    read_scan_estimate,
+)
 from favorites_maintenance.retention.spans import BatchSpans
 from favorites_maintenance.retention.statements import (
     BatchStatements,
+    PageStatements,
     assert_primary,
     assert_triggers_fire,
     match_by_ctid,
@@ -131,6 +165,9 @@ _STALE_RETRIES = 3
 #: enough margin that the next batch, a little slower, still finishes.
 TIMEOUT_AIM = 0.5
 
+#: How often a pause between batches (``sleep_ratio``) polls the stop request, in seconds.
+PACE_POLL_S = 0.2
+
 #: Another session holds a row, or moved it to another partition since it was read.
 _CONFLICT_KINDS = frozenset({ErrorKind.LOCK_NOT_AVAILABLE, ErrorKind.SERIALIZATION_FAILURE})
 
@@ -151,10 +188,15 @@ class PurgeOptions:
             ``batch_size``).
         target_batch_duration: wall time each batch aims at; zero: a fixed size.
         health: thresholds of the health indicators read before batches; ``None``: not read.
+        scan: the order batches walk the backlog in; ``None``: chosen per run (see
+            :mod:`~favorites_maintenance.retention.scan`). Page order asked for is still refused
+            where the table or the role does not allow it.
+        sleep_ratio: pause between batches, as a multiple of the last batch's time, >= 0
+            (0: none).
 
     Raises:
-        InvalidArgumentError: ``batch_size``, ``max_run_duration`` or ``max_skipped_rows`` out
-            of range.
+        InvalidArgumentError: ``batch_size``, ``max_run_duration``, ``max_skipped_rows`` or
+            ``sleep_ratio`` out of range.
     """
 
     batch_size: int
@@ -167,6 +209,8 @@ class PurgeOptions:
     batch_size_max: int | None = None
     target_batch_duration: dt.timedelta = dt.timedelta(0)
     health: HealthLimits | None = None
+    scan: ScanMode | None = None
+    sleep_ratio: float = 0.0
 
     def __post_init__(self):
         if self.batch_size <= 0:
@@ -177,6 +221,8 @@ class PurgeOptions:
         if self.max_skipped_rows < 0:
             raise InvalidArgumentError(
                 f"max_skipped_rows must be >= 0, got {self.max_skipped_rows!r}")
+        if not self.sleep_ratio >= 0:  # NaN included
+            raise InvalidArgumentError(f"sleep_ratio must be >= 0, got {self.sleep_ratio!r}")
 
 
 class BatchLoop:
@@ -192,10 +238,10 @@ class BatchLoop:
         archive: where the batches move their rows (:mod:`~favorites_maintenance.retention.
             archive`); ``None``: they are deleted.
 
-    The run's state is the object's: the counters of its report, the keyset position
-    (:attr:`after`), the size controller and the size of the next batch (:attr:`size`, smaller
-    while a failed batch is split), the health monitor, the lock watch and the skipped rows'
-    causes.
+    The run's state is the object's: the counters of its report, its position (:attr:`scan`, in
+    keyset or page order), the size controller and the size of the next batch (:attr:`size`,
+    smaller while a failed batch is split), the health monitor, the lock watch and the skipped
+    rows' causes.
     """
 
     def __init__(self, engine: sa.Engine, rule: RetentionRule, cutoff: dt.datetime,
@@ -230,7 +276,14 @@ class BatchLoop:
         self.skipped = self.isolation_batches = self.retried_batches = 0
         self.failed_in_a_row = self.size_max = self.lock_waits = 0
         self.causes: dict[str, int] = {}  # cause of skipped rows -> rows
-        self.after: dict | None = None  # keyset position: after_age, after_key
+        self.scan: KeysetScan | PageScan | None = None  # the run's position
+        self.scan_modes: list[ScanMode] = []  # the orders the run walked in, in turn
+        self.scan_reason = ""
+        # Whether batches may be optimistic: once a batch transaction has committed, or from
+        # the first when the table and role need no proof that the role may lock.
+        self.proven = False
+        self.last_batch_s = 0.0  # the last batch transaction's time, for sleep_ratio
+        self.paced_s = 0.0  # time paused by sleep_ratio
         self.locking_left = 0  # batches to run in the locking form after a conflict
         self.moved_retries = 0  # runs of this batch that met a row moved across partitions
         self.stale_retries = 0  # runs of this batch that met a stale statement
@@ -267,6 +320,8 @@ class BatchLoop:
                            retried_batches=self.retried_batches,
                            batch_size_first=self.options.batch_size,
                            batch_size_max=self.size_max, lock_waits=self.lock_waits,
+                           scan_mode=",".join(map(str, self.scan_modes)),
+                           scan_reason=self.scan_reason, paced_s=self.paced_s,
                            **(_health_report(self.monitor) if self.monitor is not None else {}))
 
     def _prepare(self) -> None:
@@ -289,6 +344,8 @@ class BatchLoop:
                 by_ctid = match_by_ctid(conn, rule)
                 if self.archive_target is not None:
                     self.archive = prepare_archive(conn, rule, self.archive_target)
+                estimate = (read_scan_estimate(conn, rule, self.cutoff, self.sizes.maximum)
+                            if options.scan is not ScanMode.KEYSET else None)
         except sa.exc.DBAPIError as exc:
             error = describe(exc)
             # WARNING, as every line of the core about a failure: whether the run failed (or
@@ -300,6 +357,53 @@ class BatchLoop:
         self.keyset_index = findings.keyset_index
         self.statements = BatchStatements.build(rule, self.cutoff, by_ctid, self.archive)
         self.spans = BatchSpans(self.engine, rule)
+        self._choose_scan(estimate)
+
+    def _choose_scan(self, estimate: ScanEstimate | None) -> None:
+        """Start the run in the order :func:`~favorites_maintenance.retention.scan.choose_scan`
+        picks from ``estimate`` (``None``: keyset order was asked for)."""
+        budget = self.options.max_run_duration.total_seconds()
+        if estimate is None:
+            mode, self.scan_reason = ScanMode.KEYSET, "keyset order, as asked"
+        elif self.options.scan is ScanMode.PAGE_ORDER and estimate.refused is None:
+            mode, self.scan_reason = ScanMode.PAGE_ORDER, "page order, as asked"
+        else:
+            mode, self.scan_reason = choose_scan(estimate, budget)
+        if estimate is not None and not estimate.lock_first:
+            # Nothing can refuse this role the lock that would not refuse the DELETE: the
+            # first batch may be optimistic (one write per row), as every later one.
+            self.proven = True
+        if estimate is not None and mode is ScanMode.KEYSET and estimate.counted_all:
+            # The whole backlog is counted: one batch may take it all (a day's rows).
+            self.size = self.sizes.fit(estimate.backlog)
+        if mode is ScanMode.PAGE_ORDER:
+            density = (estimate.density if estimate.density is not None
+                       else estimate.backlog / max(estimate.blocks, 1))
+            self.scan = PageScan(PageStatements.build(self.rule, self.cutoff, self.archive),
+                                 estimate.blocks,
+                                 PageSpan(density, self.sizes.target_s))
+        else:
+            self.scan = KeysetScan(self.statements)
+        self.scan_modes.append(mode)
+        log.info("%s: %s", self.rule.qualified_name, self.scan_reason)
+
+    def _project(self) -> None:
+        """In page order, from :data:`~favorites_maintenance.retention.scan.PROJECT_AFTER_S`
+        into the run: go on oldest first if the pages left would not be read within the budget
+        at the pace so far."""
+        scan, now = self.scan, time.monotonic()
+        if not isinstance(scan, PageScan) or now - self.started < PROJECT_AFTER_S:
+            return
+        done, left = scan.pages_done, scan.blocks - scan.pages_done
+        if not done or now + (now - self.started) * left / done <= self.deadline:
+            return
+        reason = (f"then keyset order, oldest first, from batch {self.batch_no + 1}: "
+                  f"{left:,} pages left at {done / (now - self.started):,.0f} pages a second "
+                  f"would outlast the time budget")
+        log.info("%s: %s", self.rule.qualified_name, reason)
+        self.scan_reason += "; " + reason
+        self.scan = KeysetScan(self.statements)
+        self.scan_modes.append(ScanMode.KEYSET)
 
     def _before_batch(self) -> StopReason | None:
         """Why the run stops before the next batch (a stop request, the time budget, an
@@ -309,6 +413,10 @@ class BatchLoop:
         # The first batch always runs, so every run makes progress however small its budget.
         if self.batch_no and time.monotonic() >= self.deadline:
             return StopReason.MAX_RUN_DURATION
+        if self.options.sleep_ratio and self.last_batch_s:
+            reason = self._pace()
+            if reason is not None:
+                return reason
         if self.monitor is not None:
             # No transaction is open here: a pause holds no lock and no snapshot.
             outcome = self.monitor.wait(self.conn, should_stop=self.should_stop,
@@ -318,6 +426,21 @@ class BatchLoop:
             if outcome is Outcome.UNHEALTHY:
                 return StopReason.DB_UNHEALTHY
         return None
+
+    def _pace(self) -> StopReason | None:
+        """Pause ``sleep_ratio`` times the last batch's time, no transaction open; why the run
+        stops instead (a stop request, the time budget), else ``None``."""
+        started = time.monotonic()
+        until = min(started + self.options.sleep_ratio * self.last_batch_s, self.deadline)
+        self.last_batch_s = 0.0  # one pause per batch, whatever follows
+        try:
+            while (now := time.monotonic()) < until:
+                time.sleep(min(PACE_POLL_S, until - now))
+                if self.should_stop():
+                    return StopReason.STOP_REQUESTED
+        finally:
+            self.paced_s += time.monotonic() - started
+        return StopReason.MAX_RUN_DURATION if time.monotonic() >= self.deadline else None
 
     def _run_batch(self) -> bool:
         """Run one batch transaction and take its outcome; whether the run is done (the
@@ -329,13 +452,13 @@ class BatchLoop:
         self.size_max = max(self.size_max, limit)
         self.row_key = None
         fast = self._optimistic(limit)
-        statement = self.statements.batch(keyset=self.after is not None, fast=fast)
+        statement, params = self.scan.batch(fast, limit)
         span = self.spans.start(self.batch_no, limit, fast, statement)
         t0 = time.monotonic()
         try:
-            row, waiters = self._transaction(statement, limit, fast, t0)
+            row, waiters = self._transaction(statement, params, limit, fast, t0)
             span.committed(row.selected, row.deleted,
-                           rolled_back=fast and row.deleted < row.selected)
+                           rolled_back=fast and row.deleted != row.selected)
         except sa.exc.DBAPIError as exc:
             error = describe(exc)
             span.failed(error)
@@ -344,14 +467,16 @@ class BatchLoop:
             return False
         finally:
             span.end()  # any other exception: the span still ends
+            self.last_batch_s = time.monotonic() - t0
         return self._on_success(row, limit, fast, waiters, t0)
 
     def _optimistic(self, limit: int) -> bool:
         """Whether the next batch (``limit`` rows) runs in the optimistic form."""
-        # The first batch always locks first: it proves the role may lock what the rule
-        # matches (the form every later batch falls back to), so row-level security
-        # without an UPDATE policy fails the run at once rather than under contention.
-        return (self.options.optimistic and self.after is not None and limit > 1
+        # The first batch locks first where the table or role may refuse the lock (see
+        # ScanEstimate.lock_first): it proves the role may lock what the rule matches (the
+        # form every later batch falls back to), so row-level security without an UPDATE
+        # policy fails the run at once rather than under contention.
+        return (self.options.optimistic and self.proven and limit > 1
                 and self.size == self._full_size() and not self.locking_left)
 
     def _full_size(self) -> int:
@@ -361,10 +486,10 @@ class BatchLoop:
             return self.sizes.size
         return min(self.sizes.size, self.timeout_cap)
 
-    def _transaction(self, statement: sa.Select, limit: int, fast: bool,
+    def _transaction(self, statement: sa.Executable, params: dict, limit: int, fast: bool,
                      t0: float) -> tuple[sa.Row, int]:
-        """The batch transaction: its row (``selected``, ``deleted``, ``last_age``,
-        ``last_key``) and how many sessions waited on its locks (0 when not asked)."""
+        """The batch transaction: its row (``selected``, ``deleted`` and the position the
+        scan reads) and how many sessions waited on its locks (0 when not asked)."""
         conn, options, waiters = self.conn, self.options, 0
         with conn.begin() as tx:
             limit_transaction(conn,
@@ -372,13 +497,16 @@ class BatchLoop:
                               statement_timeout=options.statement_timeout,
                               synchronous_commit=options.synchronous_commit,
                               incremental_sort=False if self.keyset_index else None,
-                              nested_loop_joins_only=True)
+                              nested_loop_joins_only=True, serial=True,
+                              tid_scans_only=self.scan.tid_scans_only, seqscan=False)
             if limit == 1:
-                self.row_key = conn.execute(self.statements.next_key(keyset=self.after is not None),
-                                            self.after or {}).first()
-            row = conn.execute(statement, {**(self.after or {}), "batch_size": limit}).one()
-            if fast and row.deleted < row.selected:
-                tx.rollback()  # a row moved or was held: the locking form decides
+                self.row_key = conn.execute(*self.scan.next_key()).first()
+            row = self.scan.execute(conn, statement, params)
+            if fast and row.deleted != row.selected:
+                # A row moved, was claimed or was held (in page order: or a row became
+                # prunable between the count and the DELETE): the locking form decides, so
+                # that no transaction commits more rows than the batch's limit.
+                tx.rollback()
             if tx.is_active:
                 # After the statement, which holds the table's lock: no migration can commit
                 # between what this reads and what the batch ran against.
@@ -469,10 +597,11 @@ class BatchLoop:
         if limit > 1:
             self._split(error, limit)
             return True
-        if self.row_key is None and error.row_level:
+        if self.row_key is None and error.row_level and isinstance(self.scan, KeysetScan):
             # The lookup of the row failed itself (a row-level security policy raising for
-            # it): find the row without reading it.
-            found = locate_unreadable_row(self.conn, self.rule, self.cutoff, self.after)
+            # it, which only keyset order meets: page order is refused on such a table):
+            # find the row without reading it.
+            found = locate_unreadable_row(self.conn, self.rule, self.cutoff, self.scan.after)
             if found is not None:
                 self.row_key = _Candidate(key=found[1], age=found[0])
         if self.row_key is not None:
@@ -481,7 +610,7 @@ class BatchLoop:
         return False
 
     def _split(self, error: ErrorDescription, limit: int) -> None:
-        # The same keyset position, half the rows, own transaction.
+        # The same position, half the rows, own transaction.
         self.size = max(1, limit // 2)
         what = ("ran past statement_timeout" if error.kind is ErrorKind.STATEMENT_TIMEOUT
                 else f"failed on a row-level error ({error.cause})")
@@ -513,7 +642,7 @@ class BatchLoop:
         key = self.row_key
         self._skip(1, self._cause(error), key.key)
         self._check_skipped()
-        self.after = {"after_age": key.age, "after_key": key.key}
+        self.scan.skip(key)
 
     def _cause(self, error: ErrorDescription) -> str:
         """Why a row is skipped: the error's cause, and for a statement timeout what the row's
@@ -530,7 +659,8 @@ class BatchLoop:
         """The batch's transaction ended without error: count it and size the next batch;
         whether the run is done."""
         self.stale_retries = self.moved_retries = 0
-        if fast and row.deleted < row.selected:
+        self.proven = True
+        if fast and row.deleted != row.selected:
             self._lock_from_now()  # rolled back: the locking form takes the batch again
             return False
         if self.locking_left and self.size == self._full_size():
@@ -551,9 +681,9 @@ class BatchLoop:
                                       limit))
         if row.deleted < row.selected:
             self._swallowed(row.selected - row.deleted)
-        if row.selected < limit:
+        if self.scan.advance(row, limit, elapsed):
             return True
-        self.after = {"after_age": row.last_age, "after_key": row.last_key}
+        self._project()
         return False
 
     def _resize(self, selected: int, limit: int, waiters: int, elapsed: float) -> None:
@@ -566,10 +696,10 @@ class BatchLoop:
             # A piece went through: grow back toward the adaptive size (which does not
             # change while a failed batch is split).
             self.size = min(self._full_size(), self.size * 2)
-        elif selected >= limit and not waiters:
+        elif self.scan.rates_batch(selected, limit) and not waiters:
             self.sizes.after_batch(selected, elapsed)
             self.size = self._full_size()
-        elif selected >= limit:
+        elif self.scan.rates_batch(selected, limit):
             # Someone waited on this batch's locks: whatever its time, the next is smaller.
             self.lock_waits += 1
             self.sizes.lock_waiters(waiters)

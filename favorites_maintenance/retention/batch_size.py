@@ -96,8 +96,10 @@ class BatchSizeController:
 
     def after_batch(self, rows: int, duration_s: float) -> int:
         """Take a full batch of ``rows`` rows that took ``duration_s`` seconds (BEGIN to COMMIT)
-        and return the next batch's size. Call it for full batches of the current size only:
-        a partial batch (the last one, or a piece of a split batch) says nothing of the rate."""
+        and return the next batch's size. Call it for batches of the current size whose rows
+        tell the rate: full ones in keyset order (the last, partial batch and the pieces of a
+        split batch do not), in page order those that found at least a quarter of their size
+        (a range of pages aims at more rows than the size, so most come back full)."""
         if not self.adaptive or rows <= 0:
             return self.size
         rate = rows / duration_s if duration_s > 0 else math.inf
@@ -124,6 +126,15 @@ class BatchSizeController:
             self._set(min(aimed, self.size * GROW_FACTOR, self.ceiling or math.inf))
             if self.size > previous:
                 self._before_growth = (previous, rate)
+        return self.size
+
+    def fit(self, rows: int) -> int:
+        """Take a backlog known to hold ``rows`` rows before the first batch: when the size
+        adapts, the first batch takes all of them at once (``rows + 1``, so that it comes back
+        less than full and ends the run) if that is within :attr:`maximum`, rather than growing
+        toward it batch after batch. Returns the first batch's size."""
+        if self.adaptive and self.size <= rows < self.maximum:
+            self.size = rows + 1
         return self.size
 
     def lock_waiters(self, count: int) -> int:

@@ -222,7 +222,12 @@ _SET_LIMITS = sa.text("""
                    ('synchronous_commit', CAST(:synchronous_commit AS text), false),
                    ('enable_incremental_sort', CAST(:incremental_sort AS text), false),
                    ('enable_hashjoin', CAST(:other_joins AS text), false),
-                   ('enable_mergejoin', CAST(:other_joins AS text), false))
+                   ('enable_mergejoin', CAST(:other_joins AS text), false),
+                   ('max_parallel_workers_per_gather', CAST(:parallel_workers AS text), false),
+                   ('enable_seqscan', CAST(:seqscan AS text), false),
+                   ('enable_indexscan', CAST(:other_scans AS text), false),
+                   ('enable_indexonlyscan', CAST(:other_scans AS text), false),
+                   ('enable_bitmapscan', CAST(:other_scans AS text), false))
            AS limits(name, ours, is_limit)
      WHERE is_limit OR ours IS NOT NULL
 """)
@@ -233,7 +238,10 @@ def limit_transaction(conn: sa.Connection, *,
                       statement_timeout: dt.timedelta = DEFAULT_STATEMENT_TIMEOUT,
                       synchronous_commit: bool | None = None,
                       incremental_sort: bool | None = None,
-                      nested_loop_joins_only: bool = False) -> None:
+                      nested_loop_joins_only: bool = False,
+                      serial: bool = False,
+                      tid_scans_only: bool = False,
+                      seqscan: bool = True) -> None:
     """Bound how long the open transaction of ``conn`` may wait for a lock or run a statement.
 
     ``SET LOCAL`` semantics: the limits end with the transaction. A shorter limit already in
@@ -249,6 +257,18 @@ def limit_transaction(conn: sa.Connection, *,
             transaction; ``None`` or ``True`` leaves the session's value.
         nested_loop_joins_only: ``True`` sets ``enable_hashjoin`` and ``enable_mergejoin``
             off for the transaction.
+        serial: ``True`` sets ``max_parallel_workers_per_gather`` to 0 for the transaction: no
+            statement of it is split across parallel workers (a page-order batch reads its
+            range in address order, which a parallel scan would not).
+        tid_scans_only: ``True`` sets ``enable_seqscan``, ``enable_indexscan``,
+            ``enable_indexonlyscan`` and ``enable_bitmapscan`` off for the transaction: the
+            planner then reads the table by row address only (a page-order batch's TID range
+            scan returns its rows in address order; an index scan would return them in the
+            index's order).
+        seqscan: ``False`` sets ``enable_seqscan`` off for the transaction: a batch that reads
+            through the rule's index keeps to it even when the table's statistics (after a
+            backlog was cleared, they still expect a year of guest rows) make a sequential scan
+            of the whole table look cheaper.
     """
     conn.execute(_SET_LIMITS, {"lock_timeout": _ms(lock_timeout),
                                "statement_timeout": _ms(statement_timeout),
@@ -256,7 +276,10 @@ def limit_transaction(conn: sa.Connection, *,
                                else None,
                                "incremental_sort": "off" if incremental_sort is False
                                else None,
-                               "other_joins": "off" if nested_loop_joins_only else None})
+                               "other_joins": "off" if nested_loop_joins_only else None,
+                               "parallel_workers": "0" if serial else None,
+                               "other_scans": "off" if tid_scans_only else None,
+                               "seqscan": "off" if tid_scans_only or not seqscan else None})
 
 
 def _ms(value: dt.timedelta) -> str:

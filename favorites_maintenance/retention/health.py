@@ -27,6 +27,10 @@ Reading another session's replication position or VACUUM progress needs the priv
 would read as "healthy": the monitor checks the privilege once, reports each indicator it
 cannot read (a log line and :attr:`HealthMonitor.unreadable`, naming the grant) and skips it.
 Replication slots and the WAL position are readable by any role.
+
+A reading is one statement for every indicator (one round trip); where the server refuses this
+role any part of it, the indicators are read one statement at a time from then on, and those it
+may not read are skipped.
 """
 
 from __future__ import annotations
@@ -168,6 +172,37 @@ _VACUUM = sa.text("""
 
 _WAL_POSITION = sa.text("SELECT pg_current_wal_insert_lsn()::text")
 
+#: Every indicator in one statement (the four above, each only where it is read): one round
+#: trip for a reading. Any part this role is refused fails it; the reading then goes statement
+#: by statement, skipping what it may not read.
+_ALL = sa.text("""
+    SELECT st.privileged, sl.source, sl.lag, sb.source, sb.lag, v.pid, v.phase, v.auto,
+           CASE WHEN CAST(:wal AS boolean) THEN pg_current_wal_insert_lsn()::text END
+      FROM (SELECT pg_has_role('pg_read_all_stats', 'USAGE') AS privileged) AS st
+      LEFT JOIN LATERAL (
+           SELECT 'slot ' || quote_literal(slot_name),
+                  pg_wal_lsn_diff(pg_current_wal_lsn(),
+                                  coalesce(confirmed_flush_lsn, restart_lsn))::bigint
+             FROM pg_replication_slots
+            WHERE coalesce(confirmed_flush_lsn, restart_lsn) IS NOT NULL
+            ORDER BY 2 DESC LIMIT 1) AS sl(source, lag) ON true
+      LEFT JOIN LATERAL (
+           SELECT 'standby ' || quote_literal(coalesce(nullif(application_name, ''),
+                                                       client_addr::text, 'pid ' || pid)),
+                  pg_wal_lsn_diff(pg_current_wal_lsn(), coalesce(replay_lsn, flush_lsn))::bigint
+             FROM pg_stat_replication
+            WHERE st.privileged AND state IN ('streaming', 'catchup')
+              AND coalesce(replay_lsn, flush_lsn) IS NOT NULL
+            ORDER BY 2 DESC LIMIT 1) AS sb(source, lag) ON true
+      LEFT JOIN LATERAL (
+           SELECT p.pid, p.phase, coalesce(a.backend_type, '') = 'autovacuum worker'
+             FROM pg_stat_progress_vacuum p
+             LEFT JOIN pg_stat_activity a ON a.pid = p.pid
+            WHERE st.privileged AND CAST(:vacuum AS boolean)
+              AND p.datid = (SELECT oid FROM pg_database WHERE datname = current_database())
+              AND p.relid = to_regclass(:table)
+            LIMIT 1) AS v(pid, phase, auto) ON true""")
+
 #: Waiters on a lock this session holds. ``pg_blocking_pids`` takes the lock manager's
 #: shared state for a moment: only computed for sessions waiting on a lock at all.
 _LOCK_WAITERS = sa.text("""
@@ -205,6 +240,7 @@ class HealthMonitor:
         self.pauses = 0
         self.throttled_by: Reading | None = None
         self.unreadable: dict[str, str] = {}
+        self._in_one = True  # whether a reading may be one statement (see _ALL)
 
     # ---------------------------------------------------------------------------------------
     # pausing
@@ -282,6 +318,14 @@ class HealthMonitor:
         """
         self._last_check = self._clock()
         try:
+            if self._in_one:
+                try:
+                    return self._read_in_one(conn)
+                except sa.exc.DBAPIError as exc:
+                    if describe(exc).kind is not ErrorKind.PERMISSION_DENIED:
+                        raise
+                    _rollback(conn)
+                    self._in_one = False
             if self._stats_privilege is None:
                 self._stats_privilege = bool(self._scalar(conn, _STATS_PRIVILEGE))
                 if not self._stats_privilege:
@@ -302,6 +346,32 @@ class HealthMonitor:
                 log.warning("could not read the database's health while paused (still paused: "
                             "%s): %s", on_error, describe(exc))
             return on_error
+
+    def _read_in_one(self, conn: sa.Connection) -> Reading | None:
+        """:meth:`read` in one statement (:data:`_ALL`)."""
+        limits = self.limits
+        with conn.begin():
+            (privileged, slot, slot_lag, standby, standby_lag, pid, phase, auto,
+             wal) = conn.execute(_ALL, {"wal": limits.max_wal_bytes_per_second is not None,
+                                        "vacuum": limits.watch_vacuum,
+                                        "table": self._table}).one()
+        if self._stats_privilege is None:
+            self._stats_privilege = bool(privileged)
+            if not privileged:
+                self._skip("replication_lag of standbys (pg_stat_replication)")
+                if limits.watch_vacuum:
+                    self._skip("vacuum (pg_stat_progress_vacuum)")
+        lags = [(lag, source) for source, lag in ((slot, slot_lag), (standby, standby_lag))
+                if lag is not None]
+        if lags and max(lags)[0] > limits.max_replication_lag_bytes:
+            lag, source = max(lags)
+            return Reading(Indicator.REPLICATION_LAG, int(lag), limits.max_replication_lag_bytes,
+                           source)
+        if pid is not None:
+            return Reading(Indicator.VACUUM, int(pid), None,
+                           f"{'autovacuum' if auto else 'VACUUM'} pid {pid}, phase {phase}",
+                           table=self._table)
+        return self._wal_reading(wal)
 
     def _replication_lag(self, conn: sa.Connection) -> Reading | None:
         limit = self.limits.max_replication_lag_bytes
@@ -331,8 +401,12 @@ class HealthMonitor:
         limit = self.limits.max_wal_bytes_per_second
         if limit is None:
             return None
-        text = self._scalar(conn, _WAL_POSITION, "wal_rate")
-        if text is None:
+        return self._wal_reading(self._scalar(conn, _WAL_POSITION, "wal_rate"))
+
+    def _wal_reading(self, text: str | None) -> Reading | None:
+        """The ``wal_rate`` reading from the WAL position ``text`` (``None``: not read)."""
+        limit = self.limits.max_wal_bytes_per_second
+        if limit is None or text is None:
             return None
         position, now = _lsn(text), self._clock()
         previous, self._wal = self._wal, (position, now)
@@ -376,7 +450,8 @@ class LockWatch:
 
     A waiter waits as long as the batch holds its locks, so only a batch that has taken a
     while is worth the statement: it is asked when the batch so far took at least
-    ``slow_after`` seconds, and otherwise at most every ``every`` seconds.
+    ``slow_after`` seconds, and otherwise at most every ``every`` seconds, counted from the
+    watch's start (a run that ends within a second with fast batches asks nothing).
 
     Args:
         slow_after: seconds after which a batch is asked about every time.
@@ -389,7 +464,7 @@ class LockWatch:
         self.slow_after = slow_after
         self.every = every
         self._clock = clock
-        self._last = -float("inf")
+        self._last = clock()
         self.checks = 0
 
     def due(self, batch_elapsed_s: float) -> bool:

@@ -33,6 +33,7 @@ from favorites_maintenance.retention.database import (
 from favorites_maintenance.retention.health import HealthLimits
 from favorites_maintenance.retention.report import BatchResult, PurgeReport, StopReason
 from favorites_maintenance.retention.rule import GUEST_FAVORITES, RetentionRule
+from favorites_maintenance.retention.scan import ScanMode
 from favorites_maintenance.retention.statements import assert_primary
 
 # Importers of this module found these names here before the loop, the statements and the
@@ -44,6 +45,7 @@ __all__ = [
     "BatchResult",
     "PurgeOptions",
     "PurgeReport",
+    "ScanMode",
     "StopReason",
     "assert_primary",
     "purge",
@@ -68,18 +70,23 @@ def purge(
     health: HealthLimits | None = None,
     rule: RetentionRule = GUEST_FAVORITES,
     archive: ArchiveTarget | None = None,
+    scan: ScanMode | None = None,
+    sleep_ratio: float = 0.0,
 ) -> PurgeReport:
     """Delete every prunable row older than ``cutoff``, one batch transaction at a time.
 
     Before the first batch the session and the table are checked (:func:`~favorites_maintenance.
     retention.table_check.check_table`): a standby, ``session_replication_role = replica`` and a
     shape the rule cannot use are refused, a missing or invalid partial index is logged as a
-    warning.
+    warning. Then the order of the batches is chosen (oldest first over the index, or heap page
+    order for a backlog spread over the table that the run can clear within its budget:
+    :mod:`~favorites_maintenance.retention.scan`); the report says which (``scan_mode``) and
+    why.
 
     A batch that fails on a row-level error (a foreign key ``RESTRICT``/``NO ACTION``, a
     trigger that raises, a violation raised by a cascade, a row-level security policy that
     raises) or that ``statement_timeout`` cancels is run again in halves, each in its own
-    transaction, from the same keyset position, down to single rows; a single row that still
+    transaction, from the same position, down to single rows; a single row that still
     fails is skipped for this run (its key logged at WARNING when it is a number, never
     another column) and the purge goes on past it. After a statement timeout, batches stay at a
     size that fits the limit. Rows a batch locked but whose DELETE had no effect are skipped
@@ -124,6 +131,12 @@ def purge(
             instead of only deleting them (:mod:`~favorites_maintenance.retention.archive`):
             checked (or created) before the first batch; ``deleted_total`` then counts the
             rows moved. ``None`` (the default): rows are deleted.
+        scan: the order of the batches, ``ScanMode.KEYSET`` or ``ScanMode.PAGE_ORDER``;
+            ``None`` (the default): chosen per run. Page order is refused, for keyset order,
+            where the table or the role does not allow it.
+        sleep_ratio: after each batch, pause that multiple of its time (no transaction open,
+            stop requests polled, never past the time budget) before the next; 0 (the
+            default): no pause. The report's ``paced_s`` says how long it paused.
 
     Returns:
         The :class:`PurgeReport`.
@@ -149,14 +162,15 @@ def purge(
             ``max_skipped_rows`` did.
         NoProgressError: the rule matches rows no other session holds, yet the batches deleted
             none of them or far fewer than they selected.
-        InvalidArgumentError: ``batch_size``, ``max_run_duration`` or ``max_skipped_rows`` out
-            of range, or a naive ``cutoff``.
+        InvalidArgumentError: ``batch_size``, ``max_run_duration``, ``max_skipped_rows`` or
+            ``sleep_ratio`` out of range, or a naive ``cutoff``.
     """
     options = PurgeOptions(
         batch_size=batch_size, max_run_duration=max_run_duration, lock_timeout=lock_timeout,
         statement_timeout=statement_timeout, synchronous_commit=synchronous_commit,
         max_skipped_rows=max_skipped_rows, optimistic=optimistic, batch_size_max=batch_size_max,
-        target_batch_duration=target_batch_duration, health=health)
+        target_batch_duration=target_batch_duration, health=health, scan=scan,
+        sleep_ratio=sleep_ratio)
     rule.prunable(cutoff)  # refuses a naive cutoff before any connection
     return BatchLoop(engine, rule, cutoff, options, should_stop=should_stop,
                      on_batch=on_batch, archive=archive).run()

@@ -76,6 +76,11 @@ class PurgeReport:
         health_unreadable: health indicators this role may not read and that were skipped,
             each with the grant that enables it.
         lock_waits: batches found holding a lock another session waited on.
+        scan_mode: the order the batches walked the backlog in (``keyset``, ``page_order``;
+            ``page_order,keyset`` when the run went on oldest first after a projection, see
+            :mod:`~favorites_maintenance.retention.scan`); empty when no batch was prepared.
+        scan_reason: why, one sentence (the counts and estimate it was chosen from).
+        paced_s: time spent pausing between batches for ``sleep_ratio``, in seconds.
     """
 
     cutoff: dt.datetime
@@ -95,6 +100,9 @@ class PurgeReport:
     throttled_by: str | None = None
     health_unreadable: tuple[str, ...] = ()
     lock_waits: int = 0
+    scan_mode: str = ""
+    scan_reason: str = ""
+    paced_s: float = 0.0
 
     @property
     def duration_ms(self) -> int:
@@ -105,3 +113,8 @@ class PurgeReport:
     def paused_ms(self) -> int:
         """:attr:`paused_s` in whole milliseconds."""
         return round(self.paused_s * 1000)
+
+    @property
+    def paced_ms(self) -> int:
+        """:attr:`paced_s` in whole milliseconds."""
+        return round(self.paced_s * 1000)

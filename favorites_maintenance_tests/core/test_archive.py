@@ -11,6 +11,7 @@ from favorites_maintenance.retention.archive import ArchiveTarget, prune_archive
 from favorites_maintenance.retention.errors import ArchiveError
 from favorites_maintenance.retention.purge import purge
 from favorites_maintenance.retention.rule import RetentionRule
+from favorites_maintenance.retention.scan import ScanMode
 from favorites_maintenance_tests.helpers import archive as shop
 
 RULE = RetentionRule.define(shop.TABLE, key_column="id", age_column="updated_at",
@@ -96,3 +97,20 @@ def test_a_restore_leaves_the_rows_the_table_refuses_in_the_archive_counted(item
     assert set(shop.ids_of(engine, shop.ARCHIVE)) == refused
     assert shop.rows_of(engine, shop.TABLE) == {i: r for i, r in before.items()
                                                 if i not in refused}
+
+
+@pytest.mark.parametrize("scan", [ScanMode.KEYSET, ScanMode.PAGE_ORDER])
+@pytest.mark.parametrize("optimistic", [True, False], ids=["optimistic", "locking"])
+def test_every_batch_form_moves_its_rows_into_the_archive(items, scan, optimistic):
+    """Keyset and page order, the optimistic pair of statements and the locking statement:
+    every row a batch removes reaches the archive whole, in the batch's own transaction."""
+    engine = items
+    ids = shop.add_items(engine, 23, updated_at=shop.OLD)
+    before = shop.rows_of(engine, shop.TABLE)
+    report = purge(engine, shop.CUTOFF, batch_size=5, max_run_duration=MINUTE, rule=RULE,
+                   archive=ArchiveTarget(shop.ARCHIVE, shop.POLICY, "run-1"), scan=scan,
+                   optimistic=optimistic)
+    assert report.scan_mode == scan.value
+    assert report.deleted_total == 23 and report.skipped_rows == 0
+    assert shop.ids_of(engine, shop.TABLE) == []
+    assert shop.rows_of(engine, shop.ARCHIVE) == {i: before[i] for i in ids}

@@ -69,6 +69,17 @@ def test_another_session_waiting_on_the_purge_halves_the_size():
     assert sizes.shrinks == 2
 
 
+def test_a_backlog_known_to_fit_is_taken_in_one_batch_when_the_size_adapts():
+    assert BatchSizeController(1000, 10_000, TARGET).fit(3600) == 3601
+    # Larger than the max: the size grows toward it batch after batch as before.
+    assert BatchSizeController(1000, 10_000, TARGET).fit(10_000) == 1000
+    # Smaller than the first batch: nothing to change.
+    assert BatchSizeController(1000, 10_000, TARGET).fit(300) == 1000
+    # An explicit size is the bound of every batch: never above it.
+    assert BatchSizeController(1000, 1000, TARGET).fit(3600) == 1000
+    assert BatchSizeController(1000, 10_000, dt.timedelta(0)).fit(3600) == 1000
+
+
 def test_a_zero_target_keeps_the_first_size_whatever_happens():
     sizes = BatchSizeController(1000, 10_000, dt.timedelta(0))
     assert not sizes.adaptive

@@ -292,3 +292,27 @@ def test_a_session_waiting_on_the_purges_locks_halves_the_next_batch(engine, row
     assert sizes[:2] == [400, 200]
     assert report.lock_waits == 1
     assert "batch 1 held a lock 1 other sessions waited on; next batch 200 rows" in caplog.text
+
+
+def test_a_view_the_server_refuses_the_role_leaves_the_other_indicators_read(
+        db_url, engine, rows, roles):
+    """A reading is one statement; where the server refuses the role a part of it (here the
+    replication slots, revoked from PUBLIC in this database), the indicators are read one at a
+    time, that one skipped and named, the others read."""
+    rows.add_many(40, updated_at=OLD)
+    url = roles.create("cleanup", least_privilege=True)
+    with engine.begin() as conn:
+        conn.exec_driver_sql("REVOKE SELECT ON pg_catalog.pg_replication_slots FROM PUBLIC")
+    role = create_engine(url)
+    try:
+        report = purge(role, CUTOFF, batch_size=10, max_run_duration=dt.timedelta(minutes=1),
+                       health=HealthLimits(max_wal_bytes_per_second=2**40, **QUICK))
+    finally:
+        role.dispose()
+        with engine.begin() as conn:
+            conn.exec_driver_sql("GRANT SELECT ON pg_catalog.pg_replication_slots TO PUBLIC")
+    assert report.stop_reason is StopReason.EXHAUSTED and guests(rows) == 0
+    assert report.pauses == 0
+    assert [u.split(":")[0] for u in report.health_unreadable] == [
+        "replication_lag of standbys (pg_stat_replication)", "vacuum (pg_stat_progress_vacuum)",
+        "replication_lag"]

@@ -1,7 +1,7 @@
 """The benchmark, as a quick smoke run: the JSON it writes and the rows each strategy deletes.
 
 Timings are not asserted: they depend on the machine. What must hold at any size is that every
-strategy deletes exactly the prunable rows and no account row.
+strategy deletes exactly the prunable rows and no account row, in both scenarios.
 """
 
 from __future__ import annotations
@@ -15,23 +15,30 @@ from favorites_maintenance.bench import STRATEGIES, BenchConfig, format_table, r
 def test_a_small_bench_writes_every_strategy_and_deletes_exactly_the_prunable_rows(
         pg_server, tmp_path):
     # One run serves every assertion (seeding and starting each strategy's processes dominate):
-    # the default strategies, A_fixed beside the adaptive A, and A with an archive.
+    # the default strategies, A_fixed beside the adaptive A, A with an archive, A_page beside A
+    # (which goes in keyset order on so small a table), and the daily scenario on the same data
+    # set.
     out = tmp_path / "bench-results" / "purge.json"
-    run_bench(pg_server, BenchConfig(rows=20_000, idle_seconds=0.5, out=out, batch_size=200,
-                                     strategies=(*STRATEGIES, "A_fixed", "A_archive"),
+    rows = 60_000  # a backlog above the largest batch: A and A_paced take several
+    run_bench(pg_server, BenchConfig(rows=rows, idle_seconds=0.5, out=out, batch_size=200,
+                                     strategies=(*STRATEGIES, "A_fixed", "A_archive",
+                                                 "A_page"),
+                                     scenarios=("backlog", "daily"), daily_rows=rows,
+                                     paced_sleep_ratio=1.0,
                                      db_prefix=f"bench{os.getpid()}", echo=lambda line: None))
 
     report = json.loads(out.read_text())
     for key in ("rows_total", "prunable_rows", "user_p99_ms_idle", "peak_rss_mb", "strategies"):
         assert key in report, key
-    assert report["rows_total"] == 20_000
+    assert report["rows_total"] == rows
     assert 0 < report["prunable_rows"] < report["guest_rows"]
     assert set(report["peak_rss_mb"]) == {"10%", "100%"}
-    assert set(report["strategies"]) == {*STRATEGIES, "A_fixed", "A_archive"}
+    assert set(report["strategies"]) == {*STRATEGIES, "A_fixed", "A_archive", "A_page"}
     for name, strategy in report["strategies"].items():
-        for key in ("rows_deleted", "rows_per_second", "ratio_to_B", "batch_p50_ms",
-                    "batch_p99_ms", "batch_max_ms", "wal_bytes", "user_p99_ms",
-                    "user_p99_ms_idle", "peak_rss_mb", "peak_rss_mb_10pct"):
+        for key in ("rows_deleted", "rows_per_second", "ratio_to_B", "ratio_to_C",
+                    "batch_p50_ms", "batch_p99_ms", "batch_max_ms", "wal_bytes", "user_p99_ms",
+                    "user_p99_ms_idle", "peak_rss_mb", "peak_rss_mb_10pct",
+                    "deciles_us_per_row", "scan_mode", "paced_ms"):
             assert key in strategy, (name, key)
         assert strategy["rows_deleted"] == report["prunable_rows"], name
         assert strategy["prunable_rows_left"] == 0, name
@@ -45,8 +52,37 @@ def test_a_small_bench_writes_every_strategy_and_deletes_exactly_the_prunable_ro
     assert job["batches"] >= 1 and job["purge_duration_s"] > 0 and job["run_duration_s"] > 0
     assert job["run_rows_per_second"] < job["rows_per_second"]
     assert isinstance(report["overhead_ms_per_batch"], float)
-    # Deciles need 10 batches: D's stay at 200 rows (A's grow, and may be fewer).
+    # Deciles need 10 batches: D's stay at 200 rows (A's grow, and may be fewer); the time
+    # per row is given for every tenth of the rows whatever the batches.
     assert len(report["strategies"]["D"]["deciles"]) == 10
+    assert len(report["strategies"]["A"]["deciles_us_per_row"]) == 10
+    assert all(d > 0 for d in report["strategies"]["A"]["deciles_us_per_row"])
+
+    # A chose keyset order for this table, A_page walked it in page order; the job recorded its
+    # own order; A_paced paused between its batches, A never did.
+    strategies = report["strategies"]
+    assert strategies["A"]["scan_mode"] == "keyset"
+    assert strategies["A"]["scan_reason"].startswith("keyset order: the table has ")
+    assert strategies["A_page"]["scan_mode"] == "page_order"
+    assert job["scan_mode"] == "keyset"
+    assert strategies["A_paced"]["paced_ms"] > 0 and strategies["A"]["paced_ms"] == 0
+    assert {"A_x_B", "A_x_C", "A_paced_user_p99_x_idle"} <= set(report["targets"])
+
+    # The daily scenario: the day's rows of the data set whose backlog was cleared, deleted
+    # exactly by each strategy, in keyset order; J is timed from launch to success.
+    daily = report["daily"]
+    assert 0 < daily["prunable_rows"] < report["prunable_rows"] // 100
+    assert set(daily["strategies"]) == {"A", "B", "B_index", "C", "J"}
+    for name, strategy in daily["strategies"].items():
+        assert strategy["rows_deleted"] == daily["prunable_rows"], name
+        assert strategy["correct"] and strategy["duration_s"] > 0, name
+    assert daily["strategies"]["A"]["scan_mode"] == "keyset"
+    assert daily["one_delete_strategy"] in ("B", "B_index")
+    assert daily["strategies"][daily["one_delete_strategy"]]["x_one_delete"] == 1.0
+    assert daily["strategies"]["J"]["launch_to_success_s"] >= daily["strategies"]["J"][
+        "duration_s"]
+    assert {"daily_A_x_one_delete", "daily_J_x_one_delete"} <= set(report["targets"])
+    assert "daily: " in table
 
     # A_fixed, the explicit batch size, never runs a batch above it (a slow one may run
     # smaller); the adaptive A grows past it.

@@ -106,15 +106,28 @@ def test_batch_size_max_set_adapts_between_the_two(db_url, monkeypatch, rows, tr
 
 
 def test_neither_set_adapts_from_the_default_first_size(db_url, monkeypatch, rows, transactions):
-    rows.add_many(7000, updated_at=OLD)
+    # More rows than the largest batch: a smaller backlog, counted first, goes in one batch.
+    rows.add_many(20_000, updated_at=OLD)
     with dg.instance_for_test() as instance:
         result = run(db_url, monkeypatch, instance, target_batch_duration=TARGET)
         assert result.success
         report = run_report(result)
-    assert transactions() == [1000, 2000, 4000]
-    # batchSizeMax is the largest size a batch ran with: the last one, which found no row.
+    # Fast batches double from 1,000 rows; the last one takes what is left under the max.
+    assert transactions() == [1000, 2000, 4000, 8000, 5000]
     assert (report.batch_size_mode, report.batch_size, report.batch_size_max) == (
-        "adaptive", 1000, 8000)
+        "adaptive", 1000, 10_000)
+    assert rows.count() == 0
+
+
+def test_a_backlog_within_the_largest_batch_goes_in_one_batch(db_url, monkeypatch, rows,
+                                                               transactions):
+    rows.add_many(7000, updated_at=OLD)
+    with dg.instance_for_test() as instance:
+        result = run(db_url, monkeypatch, instance, target_batch_duration=TARGET)
+        assert result.success
+    # Counted under the adaptive maximum of 10,000 rows, the day's backlog is one transaction.
+    assert transactions() == [7000]
+    assert rows.count() == 0
 
 
 def test_a_zero_target_keeps_every_batch_at_batch_size_whatever_the_max(

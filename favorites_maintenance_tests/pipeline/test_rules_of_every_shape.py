@@ -28,7 +28,11 @@ from favorites_maintenance.pipeline.resources import AlertSink
 from favorites_maintenance.pipeline.run_report import RunReport
 from favorites_maintenance.retention.defaults import DATABASE_URL_VAR
 from favorites_maintenance.retention.rule import RetentionRule
-from favorites_maintenance.retention.statements import batch_statement
+from favorites_maintenance.retention.statements import (
+    batch_statement,
+    keyset_delete_statement,
+    page_delete_statement,
+)
 from favorites_maintenance_tests.helpers.jobs import (
     guest_settings_env,
     purge_retries,
@@ -254,5 +258,11 @@ def test_the_delete_of_a_rule_with_no_guard_still_repeats_the_age_and_the_key():
         where = delete[delete.index("WHERE"):]
         assert "email_change_requests.expires_at < %(cutoff)s" in where
         assert "email_change_requests.id = retention_batch.key" in where
+    # The optimistic DELETEs, in keyset and in page order, repeat the age as well.
+    for statement in (keyset_delete_statement(rule, CUTOFF, keyset=True),
+                      page_delete_statement(rule, CUTOFF)):
+        where = str(statement.compile(dialect=sa.dialects.postgresql.dialect()))
+        assert where.startswith("DELETE FROM accounts.email_change_requests WHERE ")
+        assert "email_change_requests.expires_at < %(cutoff)s" in where
     assert rule.recommended_index_sql.endswith(
         "ON accounts.email_change_requests (expires_at, id)")

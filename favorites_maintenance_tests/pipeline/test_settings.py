@@ -69,6 +69,7 @@ def test_defaults_when_nothing_is_set(monkeypatch):
     assert (s.batch_size_max, s.target_batch_duration) == (10_000, dt.timedelta(seconds=0.2))
     assert (s.max_replication_lag_bytes, s.max_wal_bytes_per_second) == (64 * 2**20, None)
     assert s.max_pause == dt.timedelta(minutes=2)
+    assert s.sleep_ratio == 0
 
 
 def test_values_are_read_from_the_variables(monkeypatch):
@@ -136,6 +137,11 @@ def test_values_are_read_from_the_variables(monkeypatch):
     ("FAVORITES_GUEST_RETENTION_MAX_WAL_BYTES_PER_SECOND", "-1"),
     ("FAVORITES_GUEST_RETENTION_MAX_PAUSE", "PT0S"),
     ("FAVORITES_GUEST_RETENTION_MAX_PAUSE", "PT2H"),
+    ("FAVORITES_GUEST_RETENTION_SLEEP_RATIO", "-1"),
+    ("FAVORITES_GUEST_RETENTION_SLEEP_RATIO", "101"),
+    ("FAVORITES_GUEST_RETENTION_SLEEP_RATIO", "nan"),
+    ("FAVORITES_GUEST_RETENTION_SLEEP_RATIO", "1e1"),
+    ("FAVORITES_GUEST_RETENTION_SLEEP_RATIO", "half"),
     ("FAVORITES_ALERT_WEBHOOK_URL", "hooks.example.test/x"),
     ("FAVORITES_METRICS_PUSHGATEWAY_URL", "pushgateway:9091"),
     ("FAVORITES_METRICS_PUSHGATEWAY_URL", "ftp://pushgateway:9091"),
@@ -298,8 +304,10 @@ def test_the_settings_of_sharing_the_database_are_read(monkeypatch):
         FAVORITES_GUEST_RETENTION_MAX_REPLICATION_LAG_BYTES="1048576",
         FAVORITES_GUEST_RETENTION_MAX_WAL_BYTES_PER_SECOND="50000000",
         FAVORITES_GUEST_RETENTION_MAX_PAUSE="PT30S",
+        FAVORITES_GUEST_RETENTION_SLEEP_RATIO="0.5",
     )
     assert (s.batch_size, s.batch_size_max) == (500, 2000)
+    assert s.sleep_ratio == 0.5
     assert s.target_batch_duration == dt.timedelta(milliseconds=500)
     assert (s.max_replication_lag_bytes, s.max_wal_bytes_per_second) == (1048576, 50_000_000)
     assert s.max_pause == dt.timedelta(seconds=30)

@@ -216,7 +216,8 @@ def test_a_request_during_the_last_batch_still_cancels_and_records_it(engine, db
                     busy = conn.execute(sa.text(
                         "SELECT count(*) FROM pg_stat_activity WHERE state = 'active' "
                         "AND application_name = 'favorites-maintenance' "
-                        "AND query LIKE 'WITH retention_batch%'")).scalar_one()
+                        "AND (query LIKE 'WITH retention_batch%' "
+                        "     OR query LIKE 'DELETE FROM favorites.favorites%')")).scalar_one()
                 if busy:
                     [run] = instance.get_runs(limit=1)
                     instance.report_run_canceling(run)

@@ -69,9 +69,10 @@ def test_a_migration_between_two_batches_does_not_fail_the_run(db_url, engine, r
     assert migrated == [300]
     assert report.deleted_total == 1000
     assert rows.ids() == accounts | fresh
-    if prepare == "prepare-at-once" and migration in ("column-type", "age-column-type"):
-        # The prepared statement's result type (the last id, or the last updated_at and its
-        # precision) changed: that one batch ran again.
+    if prepare == "prepare-at-once" and migration == "column-type":
+        # The prepared statement's result type (the last id) changed: that one batch ran
+        # again. (An optimistic batch reads the last updated_at through max(), whose type
+        # carries no precision: a change of precision leaves its prepared statement valid.)
         assert report.retried_batches == 1
     else:
         assert report.retried_batches == 0
