@@ -22,7 +22,7 @@ from favorites_maintenance.pipeline.resources import FavoritesDatabase
 from favorites_maintenance.retention.partition_plan import prunable_partitions
 from favorites_maintenance.retention.partitioned import TablePartition
 
-_UTC = dt.timezone.utc
+_UTC = dt.UTC
 #: What Dagster accepts in a mapping key.
 _NOT_IN_KEY = re.compile(r"[^A-Za-z0-9_]")
 
