@@ -243,3 +243,19 @@ def test_a_run_of_the_partitioned_policy_holds_its_pools_once_whatever_its_steps
         run = instance.get_run_by_id(result.run_id)
     assert set(run.run_op_concurrency.all_pools) == set(policy.pools)
 
+
+
+def test_a_policy_file_declares_the_partitioned_shape_and_loads_without_a_database(
+        monkeypatch):
+    from favorites_maintenance_tests.helpers.policies import favorites_policy, policy_sandbox
+
+    monkeypatch.delenv(DATABASE_URL_VAR, raising=False)
+    with policy_sandbox(favorites_policy("monthly_yaml", max_parallel_partitions=3)) as sandbox:
+        defs = sandbox.code_location()
+    job = defs.resolve_job_def("monthly_yaml_cleanup_job")
+    assert job.executor_def.name == "monthly_yaml_partition_executor"
+    assert "purge_partition" in {
+        n.name for n in job.graph.node_named("favorites__monthly_yaml_cleanup").definition.nodes}
+    # The guest-favorites policy beside it keeps its graph and the location's executor.
+    assert defs.resolve_job_def("guest_favorites_cleanup_job").executor_def is (
+        dg.in_process_executor)
