@@ -255,7 +255,7 @@ def _partition_ops(policy: Policy, asset_key: dg.AssetKey, settings_of, database
         is (see :func:`attempt_failed`); a table that is not range-partitioned by the age
         column fails the run before anything is deleted."""
         settings = settings_of(context.resources.retention)
-        started = dt.datetime.now(dt.timezone.utc)
+        started = dt.datetime.now(dt.UTC)
         try:
             found = partitions_to_purge(context, database_of(context), policy, cutoff)
         except RetentionError as exc:
@@ -282,7 +282,7 @@ def _partition_ops(policy: Policy, asset_key: dg.AssetKey, settings_of, database
         budget (at least a second), and return its record (see :func:`run_purge_op`)."""
         partition = work.partition
         settings = settings_of(context.resources.retention)
-        left = work.deadline - dt.datetime.now(dt.timezone.utc)
+        left = work.deadline - dt.datetime.now(dt.UTC)
         settings = dataclasses.replace(settings,
                                        max_run_duration=max(left, dt.timedelta(seconds=1)))
         # Which process of which host ran the step: the executor decides (a worker, a pod).
