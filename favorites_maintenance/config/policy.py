@@ -104,7 +104,8 @@ class Policy:
             snake_case; ``database_url_env`` is not an upper-case variable name (its value is
             shown only when it is a name: it may hold a URL); ``archive_table`` is not
             ``schema.table`` of identifiers, or is the policy's table;
-            ``archive_retention_days`` is set without an ``archive_table``.
+            ``archive_retention_days`` is set without an ``archive_table``;
+            ``max_parallel_partitions`` is set with an ``archive_table``.
     """
 
     name: str
@@ -144,11 +145,25 @@ class Policy:
             if self.archive_table == self.rule.qualified_name:
                 raise PolicyError(f"policy {self.name!r}: archive_table {self.archive_table} "
                                   "is the policy's own table; name another table")
+            if self.purges_partitions:
+                # Each partition step would prune the one archive after its own purge.
+                raise PolicyError(
+                    f"policy {self.name!r}: {self.label('max_parallel_partitions')} and "
+                    "archive_table cannot be set together: a policy with an archive purges "
+                    "its table in one step. Remove one of them", field="max_parallel_partitions")
         elif "archive_retention_days" in self.settings.explicit:
             raise PolicyError(
                 f"policy {self.name!r}: {self.label('archive_retention_days')} is set, but the "
                 "policy has no archive_table: there is no archive to keep rows in. Remove it, "
                 "or name the archive (archive_table: schema.table)")
+
+    @property
+    def purges_partitions(self) -> bool:
+        """Whether the policy's table is purged one partition per step: its
+        ``max_parallel_partitions`` is set (explicitly, in the YAML or by its variable). The
+        policy declares the shape, so the definitions load without reaching the database; the
+        first run refuses a table that is not range-partitioned by the age column."""
+        return "max_parallel_partitions" in self.settings.explicit
 
     def label(self, setting: str) -> str:
         """What a message calls ``setting``: its variable, or ``policy <name>, <setting>``."""

@@ -10,6 +10,12 @@ goes once to the cutoff of the range's last day, and ``measure_backlog`` materia
 of the range, the run's figures on the last one (:mod:`favorites_maintenance.pipeline.ranges`).
 A run of one day stays possible (the schedule's, or one day launched from the UI).
 
+A policy that sets ``max_parallel_partitions`` purges its range-partitioned table one partition
+per step: ``compute_cutoff -> plan_partitions -> purge_partition[<partition>] ->
+collect_partitions -> measure_backlog`` (:mod:`favorites_maintenance.pipeline.partition_steps`).
+Each partition step is the same purge on the partition alone, with its own retries, stop
+requests and health readings; ``collect_partitions`` sums their records into the run's.
+
 Each policy has its own op definitions (``<name>_purge``, ...: Dagster refuses two definitions
 of one name in a code location, and the purge's concurrency pool is the policy's), used under
 the same node names in every graph: ``compute_cutoff``, ``purge``, ``measure_backlog``. Run
@@ -17,12 +23,21 @@ config and step keys read the same for every policy, e.g.
 ``ops.favorites__guest_favorites_cleanup.ops.purge.config``.
 """
 
+import dataclasses
 import datetime as dt
+import os
+import socket
 
 import dagster as dg
 
 from favorites_maintenance.config.policy import Policy
 from favorites_maintenance.config.policy_settings import BatchSizeMode, PolicySettings
+from favorites_maintenance.pipeline.partition_steps import (
+    PartitionPlan,
+    PartitionWork,
+    mapping_keys,
+    partitions_to_purge,
+)
 from favorites_maintenance.pipeline.partitions import (
     policy_partitions,
     run_cutoff,
@@ -46,7 +61,7 @@ from favorites_maintenance.pipeline.resources import (
 )
 from favorites_maintenance.pipeline.run_report import RunReport
 from favorites_maintenance.retention.backlog import measure_backlog as count_backlog
-from favorites_maintenance.retention.errors import BacklogError, ConnectError
+from favorites_maintenance.retention.errors import BacklogError, ConnectError, RetentionError
 
 #: The freshness policy warns at this fraction of the policy's ``stale_after`` and fails at it:
 #: 26 h of 48 h for guest favorites, a daily run missed once with two hours of slack.
@@ -172,7 +187,30 @@ def build_cleanup_asset(policy: Policy) -> dg.AssetsDefinition:
             context.add_output_metadata(report.as_metadata())
         metrics.push_run(context, policy, report, succeeded=True)
 
-    @dg.graph_asset(
+    if policy.purges_partitions:
+        plan_partitions, purge_partition, collect_partitions = _partition_ops(
+            policy, asset_key, settings_of, database_of)
+
+        def graph():
+            cutoff = compute_cutoff.alias("compute_cutoff")()
+            works, plan = plan_partitions.alias("plan_partitions")(cutoff)
+            reports = works.map(
+                lambda work: purge_partition.alias("purge_partition")(cutoff, work))
+            report = collect_partitions.alias("collect_partitions")(cutoff, plan,
+                                                                    reports.collect())
+            return measure_backlog.alias("measure_backlog")(cutoff, report)
+        shape = (f" The table is range-partitioned by {rule.age.name}: each partition with "
+                 f"prunable rows is purged by its own step, at most "
+                 f"{policy.settings.max_parallel_partitions} at once.")
+    else:
+        def graph():
+            cutoff = compute_cutoff.alias("compute_cutoff")()
+            return measure_backlog.alias("measure_backlog")(cutoff,
+                                                            purge.alias("purge")(cutoff))
+        shape = ""
+    graph.__name__ = "cleanup"
+
+    cleanup = dg.graph_asset(
         key=asset_key,
         partitions_def=policy_partitions(policy),
         backfill_policy=dg.BackfillPolicy.single_run(),
@@ -186,13 +224,9 @@ def build_cleanup_asset(policy: Policy) -> dg.AssetsDefinition:
             f"past, deleted in SKIP LOCKED batches, on the database of "
             f"{policy.database_url_env}. A partition is one day; its metadata says what the "
             "run that covered it deleted and what is left (a backfill is one run over its "
-            "days, its figures on the last)."
+            "days, its figures on the last)." + shape
         ),
-    )
-    def cleanup():
-        cutoff = compute_cutoff.alias("compute_cutoff")()
-        return measure_backlog.alias("measure_backlog")(cutoff,
-                                                        purge.alias("purge")(cutoff))
+    )(graph)
 
     # @graph_asset takes no freshness policy: attach it to the spec.
     freshness = freshness_policy(policy.settings.stale_after)
@@ -200,3 +234,77 @@ def build_cleanup_asset(policy: Policy) -> dg.AssetsDefinition:
         lambda spec: spec.replace_attributes(freshness_policy=freshness))
 
 
+
+
+def _partition_ops(policy: Policy, asset_key: dg.AssetKey, settings_of, database_of):
+    """The ops of a policy that purges its table one partition per step: ``plan_partitions``
+    (a dynamic output per partition with prunable rows), ``purge_partition`` (the purge on one
+    partition) and ``collect_partitions`` (the run's record, summed)."""
+    rule = policy.rule
+    database_key = policy.database_key
+
+    @dg.op(name=f"{policy.name}_plan_partitions",
+           required_resource_keys={database_key, "retention"},
+           out={"partitions": dg.DynamicOut(PartitionWork), "plan": dg.Out(PartitionPlan)},
+           description=f"Find the partitions of {rule.qualified_name} that hold prunable rows: "
+                       "one purge step each.")
+    def plan_partitions(context: dg.OpExecutionContext, config: PurgeConfig,
+                        cutoff: dt.datetime):
+        """Yield the run's plan and one :class:`PartitionWork` per partition with prunable
+        rows (mapping key: the partition's name). A database error is retried as the purge's
+        is (see :func:`attempt_failed`); a table that is not range-partitioned by the age
+        column fails the run before anything is deleted."""
+        settings = settings_of(context.resources.retention)
+        started = dt.datetime.now(dt.UTC)
+        try:
+            found = partitions_to_purge(context, database_of(context), policy, cutoff)
+        except RetentionError as exc:
+            retry = attempt_failed(context, config, policy, exc)
+            if retry is not None:
+                raise retry from exc
+            raise
+        deadline = started + settings.max_run_duration
+        yield dg.Output(PartitionPlan(started_at=started,
+                                      partitions=tuple(p.qualified_name for p in found)),
+                        output_name="plan")
+        for partition, key in zip(found, mapping_keys(found)):
+            yield dg.DynamicOutput(PartitionWork(partition, deadline), mapping_key=key,
+                                   output_name="partitions")
+
+    @dg.op(name=f"{policy.name}_purge_partition", pool=policy.pool,
+           required_resource_keys={database_key, "retention", "metrics"},
+           description=f"Delete prunable rows of one partition of {rule.qualified_name} "
+                       f"({rule.predicate_sql}) in SKIP LOCKED batch transactions, on the "
+                       f"database of {policy.database_url_env}.")
+    def purge_partition(context: dg.OpExecutionContext, config: PurgeConfig,
+                        cutoff: dt.datetime, work: PartitionWork) -> RunReport:
+        """Run the batched purge on one partition, within what is left of the run's time
+        budget (at least a second), and return its record (see :func:`run_purge_op`)."""
+        partition = work.partition
+        settings = settings_of(context.resources.retention)
+        left = work.deadline - dt.datetime.now(dt.UTC)
+        settings = dataclasses.replace(settings,
+                                       max_run_duration=max(left, dt.timedelta(seconds=1)))
+        # Which process of which host ran the step: the executor decides (a worker, a pod).
+        context.log.info(f"partition {partition.qualified_name} {partition.describe_range()}: "
+                         f"purged on host {socket.gethostname()} by pid {os.getpid()}")
+        return run_purge_op(context, config, database_of(context), policy, settings,
+                            asset_key, cutoff, metrics=context.resources.metrics,
+                            rule=rule.on_table(partition.schema, partition.name))
+
+    @dg.op(name=f"{policy.name}_collect_partitions",
+           required_resource_keys={"retention"},
+           description="Sum the partition steps' records into the run's.")
+    def collect_partitions(context: dg.OpExecutionContext, cutoff: dt.datetime,
+                           plan: PartitionPlan, reports: list[RunReport]) -> RunReport:
+        """The run's record: the partition steps' records summed (see
+        :meth:`RunReport.combined`); with no partition to purge, a record of nothing deleted,
+        so that the asset is still materialized."""
+        settings = settings_of(context.resources.retention)
+        report = RunReport.combined(reports, cutoff=cutoff.isoformat(), settings=settings,
+                                    duration_ms=plan.duration_ms())
+        context.log.info(f"{len(reports)} partition steps: deleted_total={report.deleted_total} "
+                         f"batches={report.batches}")
+        return report
+
+    return plan_partitions, purge_partition, collect_partitions

@@ -23,11 +23,23 @@ from favorites_maintenance.config.policy import DATABASE_TAG, Policy
 CLEANUP_EXECUTOR = dg.in_process_executor
 
 
+def partition_executor(policy: Policy) -> dg.ExecutorDefinition:
+    """The executor of the job of a policy that purges its table one partition per step:
+    Dagster's multiprocess executor, a process per step, at most ``max_parallel_partitions``
+    steps at once. ``max_concurrent`` bounds the steps inside a run; the pools (run
+    granularity) do not: a run holds one slot of each pool its steps name however many steps
+    name it, which is what keeps two runs of the policy from overlapping."""
+    return dg.multiprocess_executor.configured(
+        {"max_concurrent": policy.settings.max_parallel_partitions},
+        name=f"{policy.name}_partition_executor")
+
+
 def build_job(policy: Policy):
     """``<name>_cleanup_job``: the cleanup asset of ``policy`` (and its checks), one daily
     partition per run (a range in a single-run backfill). Each of its runs carries the run tag
     ``favorites_maintenance/database`` with the variable of the policy's database
-    (``dagster.yaml`` admits one such run per value at a time)."""
+    (``dagster.yaml`` admits one such run per value at a time). A policy that purges its
+    table one partition per step runs on :func:`partition_executor`."""
     return dg.define_asset_job(
         policy.job_name,
         selection=dg.AssetSelection.assets(dg.AssetKey(list(policy.asset_key_path))),
@@ -35,4 +47,5 @@ def build_job(policy: Policy):
                     f"({policy.rule.predicate_sql}) for one daily partition, on the database of "
                     f"{policy.database_url_env}.",
         tags={DATABASE_TAG: policy.database_url_env},
+        executor_def=partition_executor(policy) if policy.purges_partitions else None,
     )

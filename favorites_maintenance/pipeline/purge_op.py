@@ -34,6 +34,7 @@ from favorites_maintenance.retention.database import (
 from favorites_maintenance.retention.errors import PurgeError, RetentionError
 from favorites_maintenance.retention.purge import BatchResult, PurgeReport, StopReason
 from favorites_maintenance.retention.purge import purge as run_purge
+from favorites_maintenance.retention.rule import RetentionRule
 
 #: How often a batch line reaches the run's log, in seconds (the first batch's always does;
 #: every batch is logged at DEBUG by the retention core's Python logger). An event written to
@@ -90,9 +91,14 @@ def attempt_failed(context: dg.OpExecutionContext, config: PurgeConfig, policy: 
 def run_purge_op(context: dg.OpExecutionContext, config: PurgeConfig,
                  database: FavoritesDatabase, policy: Policy, settings: PolicySettings,
                  asset_key: dg.AssetKey,
-                 cutoff: dt.datetime, metrics: MetricsPush | None = None) -> RunReport:
+                 cutoff: dt.datetime, metrics: MetricsPush | None = None,
+                 rule: RetentionRule | None = None) -> RunReport:
     """The body of a policy's purge op: the batched purge, its progress in the run's log, its
     retries and its stop requests; returns the run's record for ``measure_backlog``.
+
+    ``rule`` is the policy's rule on another table (a partition of the policy's, purged by a
+    step of its own; default: the policy's rule); the record then counts that step's rows and
+    its own retries.
 
     A transient database error (see :func:`~favorites_maintenance.retention.database.
     transient_error_kind`) retries the op with exponential backoff; batches committed before it
@@ -120,7 +126,7 @@ def run_purge_op(context: dg.OpExecutionContext, config: PurgeConfig,
         DagsterExecutionInterruptedError: after a stop request.
     """
     return PurgeStep(context, config, database, policy, settings, asset_key, cutoff,
-                     metrics).run()
+                     metrics, rule=rule or policy.rule).run()
 
 
 @dataclasses.dataclass
@@ -137,7 +143,13 @@ class PurgeStep:
     asset_key: dg.AssetKey
     cutoff: dt.datetime
     metrics: MetricsPush | None = None
+    #: The rule purged: the policy's, or the policy's on one of its table's partitions.
+    rule: RetentionRule | None = None
     last_progress: float = dataclasses.field(default_factory=time.monotonic)
+
+    def __post_init__(self):
+        if self.rule is None:
+            self.rule = self.policy.rule
 
     def run(self) -> RunReport:
         """Run the purge; return the run's record, or raise as :func:`run_purge_op` says."""
@@ -146,7 +158,7 @@ class PurgeStep:
         # capture_interrupts only works on the main thread; elsewhere nothing captures it.
         with capture_interrupts(), core_logs_in_run_log(context), \
                 StopRequests(context) as stop_requests, tracing.run_span(
-                    self.policy.name, self.database.engine, self.policy.rule,
+                    self.policy.name, self.database.engine, self.rule,
                     run_id=context.run_id,
                     partition=context.partition_key if context.has_partition_key else None,
                     retry_number=context.retry_number, cutoff=self.cutoff,
@@ -162,7 +174,7 @@ class PurgeStep:
                     batch_size_max=settings.batch_size_max,
                     target_batch_duration=settings.target_batch_duration,
                     health=health_limits(settings),
-                    rule=self.policy.rule,
+                    rule=self.rule,
                     archive=self.archive_target(),
                     sleep_ratio=settings.sleep_ratio,
                 )
@@ -223,7 +235,7 @@ class PurgeStep:
         if batch.deleted == 0:  # not a batch in the run's metadata (`batches` counts none)
             if batch.batch_no == 1:
                 to_run_log(self.context, logging.INFO,
-                           f"nothing to delete: no {self.policy.rule.row_noun} older than "
+                           f"nothing to delete: no {self.rule.row_noun} older than "
                            f"{self.cutoff.isoformat()} that no other session holds")
             return
         now = time.monotonic()
@@ -285,15 +297,18 @@ def _committed_by_earlier_attempts(context: dg.OpExecutionContext) -> RunReport 
     Each failed attempt records its
     :class:`~favorites_maintenance.pipeline.run_report.RunReport` as an observation with
     ``failedBatch``; the run's ``deletedTotal`` and ``batches`` are the sum
-    over its attempts, not the last one alone.
+    over its attempts, not the last one alone. Only this step's attempts count: the other
+    partition steps of a run count their own.
     """
     if context.retry_number == 0:
         return None
+    step_key = context.get_step_execution_context().step.key
     total = RunReport(deleted_total=0, batches=0)
     for entry in context.instance.all_logs(context.run_id,
                                            of_type=dg.DagsterEventType.ASSET_OBSERVATION):
         observation = entry.asset_observation
-        if observation is None or "failedBatch" not in observation.metadata:
+        if (observation is None or "failedBatch" not in observation.metadata
+                or entry.step_key != step_key):
             continue
         total = RunReport.from_metadata(observation.metadata).after(total)
     return total

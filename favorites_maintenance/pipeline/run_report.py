@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from favorites_maintenance.config.policy_settings import PolicySettings
-from favorites_maintenance.retention.purge import PurgeReport
+from favorites_maintenance.retention.purge import PurgeReport, StopReason
 
 _NONE = "none"
 #: Metadata key of a range run's records: the range, ``first...last``.
@@ -125,6 +125,49 @@ class RunReport:
             scan_reason=report.scan_reason,
             throttled_by=report.throttled_by or _NONE,
             health_unreadable="; ".join(report.health_unreadable) or _NONE,
+        )
+
+    @classmethod
+    def combined(cls, reports: Sequence["RunReport"], *, cutoff: str,
+                 settings: PolicySettings, duration_ms: int) -> "RunReport":
+        """The record of one run that purged a table one partition per step: ``reports`` (one
+        per partition step, each counting its own retries) summed, each row and batch counted
+        once.
+
+        Rows, batches, skipped rows, isolation transactions and pauses add up; the longest
+        batch and the largest batch size are the largest of any step; the causes and readings
+        are each named once. ``duration_ms`` is the run's wall time from the plan to the last
+        step, milliseconds (the steps overlap, so their durations do not add up). The stop
+        reason is the one that left rows behind, if a step stopped early (``db_unhealthy``
+        before ``max_run_duration``), else ``exhausted``. No report (nothing to purge): zero
+        rows, zero batches, ``exhausted``.
+        """
+        def names(values) -> str:
+            found = sorted({part for value in values if value != _NONE
+                            for part in value.split("; ")})
+            return "; ".join(found) or _NONE
+
+        stops = {r.stop_reason for r in reports}
+        stop = next((reason.value for reason in _EARLY_STOPS if reason.value in stops),
+                    StopReason.EXHAUSTED.value)
+        return cls(
+            deleted_total=sum(r.deleted_total for r in reports),
+            batches=sum(r.batches for r in reports),
+            duration_ms=duration_ms,
+            batch_max_ms=max((r.batch_max_ms for r in reports), default=0.0),
+            cutoff=cutoff,
+            retention_days=settings.retention_days,
+            batch_size=settings.batch_size,
+            batch_size_mode=settings.batch_size_mode.value,
+            stop_reason=stop,
+            skipped_rows=sum(r.skipped_rows for r in reports),
+            skipped_causes=names(r.skipped_causes for r in reports),
+            isolation_batches=sum(r.isolation_batches for r in reports),
+            batch_size_first=max((r.batch_size_first for r in reports), default=0),
+            batch_size_max=max((r.batch_size_max for r in reports), default=0),
+            paused_ms=sum(r.paused_ms for r in reports),
+            throttled_by=names(r.throttled_by for r in reports),
+            health_unreadable=names(r.health_unreadable for r in reports),
         )
 
     def after(self, earlier: "RunReport | None") -> "RunReport":
@@ -237,6 +280,8 @@ _KEYS = {
     "archive_rows": "archiveRows",
 }
 _BACKLOG = ("backlog_remaining", "backlog_oldest")
+#: The stop reasons that leave prunable rows behind, the one a combined record names first.
+_EARLY_STOPS = (StopReason.DB_UNHEALTHY, StopReason.MAX_RUN_DURATION)
 _ARCHIVE = ("archive_deleted_total", "archive_rows")
 #: What a reference (:meth:`RunReport.as_reference`) records of the run's work.
 _WORK_AT_ZERO = {

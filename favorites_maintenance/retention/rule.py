@@ -134,6 +134,19 @@ class RetentionRule:
         return RetentionRule(table=t, key=t.c[self.key.name], age=t.c[self.age.name],
                              guards=tuple(t.c[c.name] for c in self.guards))
 
+    def on_table(self, schema: str, name: str) -> "RetentionRule":
+        """The same rule (key, age, guards, predicate) over the table ``schema.name``: a
+        partition of the rule's table, purged as a table of its own. The names come from the
+        catalog, so they need not be lower-case identifiers; they reach SQL as a ``Table``,
+        quoted by the dialect."""
+        t = sa.Table(
+            name, sa.MetaData(schema=schema),
+            *(sa.Column(c.name, c.type, primary_key=c.primary_key, nullable=c.nullable,
+                        system=c.system) for c in self.table.columns),
+        )
+        return RetentionRule(table=t, key=t.c[self.key.name], age=t.c[self.age.name],
+                             guards=tuple(t.c[c.name] for c in self.guards))
+
     def _names(self) -> tuple:
         return (self.table.schema, self.table.name, self.key.name, self.age.name,
                 tuple(c.name for c in self.guards))

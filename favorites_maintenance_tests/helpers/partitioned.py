@@ -1,0 +1,113 @@
+"""A policy that purges ``favorites.favorites`` one partition per step, and that table
+partitioned by month with a backlog spread over several partitions, for the tests of the
+partition steps on each executor. The job functions are reconstructable: the executor's step
+processes and Celery workers import them from here.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+
+import dagster as dg
+import sqlalchemy as sa
+
+from favorites_maintenance.config.policy import Policy
+from favorites_maintenance.config.policy_settings import parse_policy_settings
+from favorites_maintenance.retention.defaults import DATABASE_URL_VAR
+from favorites_maintenance.retention.rule import GUEST_FAVORITES
+from favorites_maintenance.retention.schema import (
+    create_partitioned_dev_schema,
+    dev_favorites,
+    drop_dev_schema,
+    month_starts,
+)
+
+UTC = dt.UTC
+POLICY = "monthly_favorites"
+JOB = f"{POLICY}_cleanup_job"
+ASSET_KEY = dg.AssetKey(["favorites", f"{POLICY}_cleanup"])
+NODE = "favorites__monthly_favorites_cleanup"
+BATCH = 20
+#: Yesterday: the day the schedule would run now.
+PARTITION = (dt.datetime.now(UTC) - dt.timedelta(days=1)).date().isoformat()
+
+
+def partitioned_policy(**settings) -> Policy:
+    """The guest-favorites rule on ``favorites.favorites``, purged one partition per step, at
+    most two at once, in fixed batches of :data:`BATCH` rows."""
+    values = {"max_parallel_partitions": "2", "batch_size": str(BATCH),
+              "target_batch_duration": "PT0S", "partitions_start": "2026-01-01", **settings}
+    return Policy(POLICY, GUEST_FAVORITES, parse_policy_settings(values, {}))
+
+
+def partitioned_defs() -> dg.Definitions:
+    """The code location with the partitioned policy beside the real ones, its database from
+    the environment (reconstructable in the executor's step processes, which inherit it)."""
+    from favorites_maintenance.definitions import code_location
+
+    return code_location(extra_policies=[partitioned_policy()])
+
+
+def partitioned_job():
+    """The policy's job as the code location defines it, with its own executor."""
+    return partitioned_defs().resolve_job_def(JOB)
+
+
+def retries(n: int) -> dict:
+    """Run config: ``n`` retries without delay for every op that reaches the database."""
+    config = {"config": {"max_retries": n, "retry_delay_seconds": 0.0}}
+    return {"ops": {NODE: {"ops": {"compute_cutoff": config, "plan_partitions": config,
+                                   "purge_partition": config}}}}
+
+
+def monthly_table(engine, db_url, monkeypatch):
+    """``favorites.favorites`` partitioned by month from 30 months ago to 3 months ahead, and
+    the environment the job reads; returns the engine and the partitions' names."""
+    drop_dev_schema(engine)
+    now = dt.datetime.now(UTC)
+    names = create_partitioned_dev_schema(engine, month_starts(now - dt.timedelta(days=915), 33))
+    monkeypatch.setenv(DATABASE_URL_VAR, db_url.render_as_string(hide_password=False))
+    return engine, names
+
+
+def add_rows(engine, *, months_ago: int, guests: int, accounts: int = 0) -> None:
+    """``guests`` guest rows and ``accounts`` account rows ``months_ago`` months (of 30 days)
+    back, a minute apart."""
+    start = dt.datetime.now(UTC) - dt.timedelta(days=30 * months_ago)
+    rows = ([{"user_id": None, "anonymous_id": "00000000-0000-4000-8000-000000000001"}] * guests
+            + [{"user_id": 7, "anonymous_id": None}] * accounts)
+    with engine.begin() as conn:
+        conn.execute(sa.insert(dev_favorites), [
+            {**row, "item_id": i, "note": None, "created_at": start,
+             "updated_at": start + i * dt.timedelta(minutes=1)}
+            for i, row in enumerate(rows)])
+
+
+def snapshot(engine) -> dict:
+    """Ids of the guest rows older than 366 days (prunable for yesterday's run), of the other
+    guest rows, and of the account rows."""
+    old = dt.datetime.now(UTC) - dt.timedelta(days=366)
+    with engine.connect() as conn:
+        rows = conn.execute(sa.select(dev_favorites.c.id, dev_favorites.c.user_id,
+                                      dev_favorites.c.updated_at)).all()
+    return {"prunable": {r.id for r in rows if r.user_id is None and r.updated_at < old},
+            "recent": {r.id for r in rows if r.user_id is None and r.updated_at >= old},
+            "accounts": {r.id for r in rows if r.user_id is not None}}
+
+
+def spread(engine) -> dict:
+    """Prunable guest rows in five old months, account rows among them and in the recent
+    months, recent guest rows: a backlog spread over several partitions."""
+    for months_ago, guests in ((25, 45), (20, 30), (18, 50), (15, 25), (13, 10)):
+        add_rows(engine, months_ago=months_ago, guests=guests, accounts=3)
+    add_rows(engine, months_ago=2, guests=40, accounts=5)
+    add_rows(engine, months_ago=0, guests=5, accounts=5)
+    return snapshot(engine)
+
+
+def partitions_of(engine, ids) -> set[str]:
+    """The partitions holding the rows ``ids``."""
+    with engine.connect() as conn:
+        return set(conn.execute(sa.text(
+            "SELECT DISTINCT tableoid::regclass::text FROM favorites.favorites "
+            "WHERE id = ANY(:ids)"), {"ids": list(ids)}).scalars())
