@@ -296,6 +296,8 @@ def _literal(value: Any) -> str:
     """``value`` as YAML that reads back as written: text quoted, lists in flow style."""
     if isinstance(value, list):
         return "[" + ", ".join(_literal(v) for v in value) + "]"
+    if isinstance(value, bool):
+        return "true" if value else "false"
     return json.dumps(value) if isinstance(value, str) else str(value)
 
 
