@@ -221,8 +221,14 @@ class PurgeStep:
             self.database.engine, self.policy.rule, self.cutoff,
             detached_retention=self.settings.detached_retention)
         self.dropped = result
+        later = [d.partition for d in result.decisions if d.ends_after_cutoff]
         for decision in result.decisions:
-            to_run_log(self.context, logging.INFO, decision.describe())
+            if not decision.ends_after_cutoff:
+                to_run_log(self.context, logging.INFO, decision.describe())
+        if later:
+            to_run_log(self.context, logging.INFO,
+                       f"{len(later)} partitions end after the cutoff {self.cutoff.isoformat()}"
+                       f" ({later[0]} ... {later[-1]}): kept")
         to_run_log(self.context, logging.INFO,
                    f"partitions: {len(result.detached)} detached ({result.rows_removed} rows), "
                    f"{len(result.dropped)} dropped; the batches delete the prunable rows of "

@@ -266,6 +266,13 @@ class PartitionDecision:
     checks: tuple[str, ...] = ()
     rows: int = 0
 
+    @property
+    def ends_after_cutoff(self) -> bool:
+        """Kept for its range alone: it ends after the cutoff (the run's log names such
+        partitions together)."""
+        return (self.action is Action.KEPT and len(self.checks) == 1
+                and self.checks[0].startswith("upper bound ") and " > cutoff " in self.checks[0])
+
     def describe(self) -> str:
         """One log line: ``partition favorites.favorites_20240101 detached (1,000 rows): ...``,
         ``detached table favorites.favorites_20240101 dropped: ...``."""
@@ -470,7 +477,16 @@ class _DropPhase:
                                                     (*checks, reason)))
 
         if partition.detach_pending:
-            checks.append("a detach left pending by an interrupted run")
+            ours = privilege == "owner" and self.marked_by_us(partition, state="detaching")
+            expired = partition.upper is not None and partition.upper <= self.cutoff
+            if not (ours or expired):
+                return kept("a detach another session began and left pending; left to it")
+            checks.append("a detach this job began and an interrupted run left pending"
+                          if ours else "a detach left pending, of a range before the cutoff")
+            if privilege == "function":
+                # The owner's function checks it and finalizes it; the job's role may not
+                # read a partition no longer reached through the table.
+                return self.detach_by_function(partition, checks)
         elif partition.is_default:
             return kept("the default partition: its rows are not bounded by a range")
         elif partition.upper is None or partition.upper > self.cutoff:
