@@ -101,14 +101,14 @@ def count(url, cutoff: dt.datetime) -> dict:
 
 
 def _run(srv: BenchServer, db: str, strategy: str, cutoff: dt.datetime) -> dict:
-    from favorites_maintenance.retention.partitioned import drop_expired_partitions
-    from favorites_maintenance.retention.purge import purge
-    from favorites_maintenance.retention.rule import GUEST_FAVORITES
     from favorites_maintenance.config.policy_settings import (
         DEFAULT_BATCH_SIZE,
         DEFAULT_BATCH_SIZE_MAX,
         DEFAULT_TARGET_BATCH_DURATION,
     )
+    from favorites_maintenance.retention.partitioned import drop_expired_partitions
+    from favorites_maintenance.retention.purge import purge
+    from favorites_maintenance.retention.rule import GUEST_FAVORITES
 
     srv.execute("CHECKPOINT")
     figures: dict = {"strategy": strategy}

@@ -197,7 +197,7 @@ class RunReport:
         """The record with the archive's figures after its retention ran (rows)."""
         return dataclasses.replace(self, archive_deleted_total=deleted_total, archive_rows=rows)
 
-    def with_partitions(self, detached: int, dropped: int, rows: int) -> "RunReport":
+    def with_partitions(self, detached: int, dropped: int, rows: int) -> RunReport:
         """The record with the drop phase's figures: partitions detached and dropped, and the
         ``rows`` of the detached ones added to ``deleted_total``."""
         return dataclasses.replace(self, deleted_total=self.deleted_total + rows,

@@ -355,8 +355,10 @@ def drop_expired_partitions(engine: sa.Engine, rule: RetentionRule, cutoff: dt.d
 
     Raises:
         TableShapeError: the table is not range-partitioned on the rule's age column.
-        DatabaseError: a catalog read failed (a check or an alteration that fails is logged
-            and leaves that partition to the batches instead).
+        TableCheckError: the catalogs could not be read (a lost connection, a lock held past
+            ``lock_timeout``); nothing was detached. A check or an alteration that fails is
+            logged instead, and leaves that partition to the batches.
+        InvalidArgumentError: a naive ``cutoff``.
     """
     rule.prunable(cutoff)  # refuses a naive cutoff
     phase = _DropPhase(engine, rule, cutoff, detached_retention, lock_timeout,

@@ -32,7 +32,10 @@ from favorites_maintenance_tests.helpers.jobs import (
     materialization,
     run_partition,
 )
-from favorites_maintenance_tests.helpers.policies import favorites_policy, policy_sandbox
+from favorites_maintenance_tests.helpers.policies import (
+    favorites_policy,
+    policy_sandbox,
+)
 from favorites_maintenance_tests.reliability.conftest import CUTOFF, PARTITION
 
 UTC = dt.UTC
