@@ -133,6 +133,39 @@ def run_purge_op(context: dg.OpExecutionContext, config: PurgeConfig,
                      metrics, rule=rule or policy.rule).run()
 
 
+def run_drop_phase(context: dg.OpExecutionContext, database: FavoritesDatabase,
+                   policy: Policy, settings: PolicySettings,
+                   cutoff: dt.datetime) -> PartitionDropResult | None:
+    """With ``drop_expired_partitions``: detach the partitions of the policy's table wholly
+    before ``cutoff`` that hold nothing the rule keeps, finish an interrupted detach, drop the
+    detached tables whose ``detached_retention`` is over (:func:`~favorites_maintenance.
+    retention.partitioned.drop_expired_partitions`), each decision in the run's log; ``None``
+    without the setting. Runs before the batches (or the partition steps), which then delete
+    the prunable rows of every partition left attached.
+
+    Raises:
+        TableShapeError: the table is not range-partitioned by the age column.
+        TableCheckError: its catalogs could not be read.
+    """
+    if not settings.drop_expired_partitions:
+        return None
+    result = drop_expired_partitions(database.engine, policy.rule, cutoff,
+                                     detached_retention=settings.detached_retention)
+    later = [d.partition for d in result.decisions if d.ends_after_cutoff]
+    for decision in result.decisions:
+        if not decision.ends_after_cutoff:
+            to_run_log(context, logging.INFO, decision.describe())
+    if later:
+        to_run_log(context, logging.INFO,
+                   f"{len(later)} partitions end after the cutoff {cutoff.isoformat()} "
+                   f"({later[0]} ... {later[-1]}): kept")
+    to_run_log(context, logging.INFO,
+               f"partitions: {len(result.detached)} detached ({result.rows_removed} rows), "
+               f"{len(result.dropped)} dropped; the batches delete the prunable rows of the "
+               "others")
+    return result
+
+
 @dataclasses.dataclass
 class PurgeStep:
     """One attempt of a policy's purge op (see :func:`run_purge_op`), its steps named: the
@@ -209,31 +242,14 @@ class PurgeStep:
         return summary
 
     def drop_expired_partitions(self) -> PartitionDropResult | None:
-        """With ``drop_expired_partitions``: detach the partitions wholly before the cutoff
-        that hold nothing the rule keeps, finish an interrupted detach, drop the detached
-        tables whose ``detached_retention`` is over (:func:`~favorites_maintenance.retention.
-        partitioned.drop_expired_partitions`; each decision in the run's log); ``None``
-        without the setting. Runs before the batches, which then delete the prunable rows of
-        every partition left attached."""
-        if not self.settings.drop_expired_partitions:
+        """The drop phase (:func:`run_drop_phase`) when this step purges the policy's whole
+        table; ``None`` for a partition step (the plan ran it before the steps) or without
+        ``drop_expired_partitions``."""
+        if self.rule != self.policy.rule:
             return None
-        result = drop_expired_partitions(
-            self.database.engine, self.policy.rule, self.cutoff,
-            detached_retention=self.settings.detached_retention)
-        self.dropped = result
-        later = [d.partition for d in result.decisions if d.ends_after_cutoff]
-        for decision in result.decisions:
-            if not decision.ends_after_cutoff:
-                to_run_log(self.context, logging.INFO, decision.describe())
-        if later:
-            to_run_log(self.context, logging.INFO,
-                       f"{len(later)} partitions end after the cutoff {self.cutoff.isoformat()}"
-                       f" ({later[0]} ... {later[-1]}): kept")
-        to_run_log(self.context, logging.INFO,
-                   f"partitions: {len(result.detached)} detached ({result.rows_removed} rows), "
-                   f"{len(result.dropped)} dropped; the batches delete the prunable rows of "
-                   "the others")
-        return result
+        self.dropped = run_drop_phase(self.context, self.database, self.policy, self.settings,
+                                      self.cutoff)
+        return self.dropped
 
     def archive_target(self) -> ArchiveTarget | None:
         """Where the batches move their rows: the policy's archive, stamped with this run's id

@@ -306,6 +306,10 @@ class PartitionDropResult:
     decisions: tuple[PartitionDecision, ...] = ()
     privilege: str = "none"
 
+    def figures(self) -> tuple[int, int, int]:
+        """(partitions detached, detached tables dropped, rows of the detached partitions)."""
+        return len(self.detached), len(self.dropped), self.rows_removed
+
 
 def drop_expired_partitions(engine: sa.Engine, rule: RetentionRule, cutoff: dt.datetime, *,
                             detached_retention: dt.timedelta | None = dt.timedelta(days=7),

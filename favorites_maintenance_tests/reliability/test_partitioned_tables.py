@@ -403,3 +403,20 @@ def test_the_owners_function_refuses_a_partition_holding_an_account_row(table, r
     finally:
         role_engine.dispose()
     assert FEB in partitions_of(table) and rows.accounts() == 1
+
+
+def test_with_partition_steps_the_plan_detaches_and_the_steps_delete_the_rest(table, rows):
+    made = fill(rows)
+    with dg.instance_for_test() as instance:
+        result = run(instance, max_parallel_partitions=2)
+        assert result.success, failure_text(result)
+        meta = materialization(result, asset_key=ASSET_KEY)
+        lines = log_lines(instance, result)
+        steps = {e.step_key for e in result.all_events if e.event_type_value == "STEP_SUCCESS"}
+    # The plan detached January, March, April and May; one step each for February and June.
+    assert (meta["partitionsDetached"], meta["partitionsDropped"]) == (4, 0)
+    assert meta["deletedTotal"] == 30 + 5 + 20 + 5
+    assert f"partition {JAN} detached (30 rows)" in lines
+    assert "2 partitions of favorites.favorites hold rows older than" in lines
+    assert sum(1 for key in steps if "purge_partition" in key) == 2
+    assert rows.ids() == {*made["feb_account"], *made["jun_fresh"], *made["fresh"]}
