@@ -504,6 +504,19 @@ def dev(port: int, rows: int, reseed: bool, debug: bool) -> None:
         _fail(f"dagster dev exited with code {code}")
 
 
+def _bench_partitioned(server, rows: int, out) -> None:
+    """The ``partitioned`` scenario of ``bench``: its figures on the console, its JSON in
+    ``out``; fails when a strategy did not remove exactly the prunable rows."""
+    from favorites_maintenance.bench.partitioned import run_partitioned_bench
+
+    report = run_partitioned_bench(server, rows, out=out, echo=_echo)
+    ratios = report["ratios"]
+    _echo(f"drops against row deletes: {ratios['time_rows_over_drops']}x faster, "
+          f"{ratios['wal_rows_over_drops']}x less WAL; results written to {out}")
+    if not all(r["correct"] for r in report["strategies"].values()):
+        _fail("partitioned: a strategy did not remove exactly the prunable rows")
+
+
 @main.command(short_help="Benchmark the purge against one DELETE and the usual alternatives.")
 @click.option("--rows", default=2_000_000, show_default=True, type=click.IntRange(min=10_000),
               help="Size of the seeded data set (the memory check also runs at 10% of it).")
@@ -516,9 +529,12 @@ def dev(port: int, rows: int, reseed: bool, debug: bool) -> None:
                    "in page order, whatever the backlog) and B_index (B through the rule's "
                    "index), run in that order.")
 @click.option("--scenarios", default="backlog", show_default=True,
-              help="Comma-separated subset of backlog (every prunable row of the data set) "
-                   "and daily (A, B, B_index, C and J on one day's newly expired rows of a "
-                   "data set whose backlog was cleared).")
+              help="Comma-separated subset of backlog (every prunable row of the data set), "
+                   "daily (A, B, B_index, C and J on one day's newly expired rows of a "
+                   "data set whose backlog was cleared) and partitioned (the table "
+                   "partitioned by month over 36 months, two thirds wholly expired, --rows "
+                   "rows: dropping the expired partitions against deleting their rows; its "
+                   "JSON goes to partitioned.json beside --out).")
 @click.option("--daily-rows", default=10_000_000, show_default=True,
               type=click.IntRange(min=10_000),
               help="Size of the daily scenario's data set (the backlog's, reused, when equal "
@@ -552,12 +568,21 @@ def bench(rows: int, strategies: str, scenarios: str, daily_rows: int, paced_sle
         _fail(f"--strategies: unknown {unknown or strategies!r}; choose from "
               f"{', '.join(bench_mod.STRATEGIES + bench_mod.EXTRA_STRATEGIES)}")
     chosen_scenarios = [s.strip().lower() for s in scenarios.split(",") if s.strip()]
-    if not chosen_scenarios or set(chosen_scenarios) - set(bench_mod.SCENARIOS):
-        _fail(f"--scenarios: unknown {scenarios!r}; choose from "
-              f"{', '.join(bench_mod.SCENARIOS)}")
+    known_scenarios = (*bench_mod.SCENARIOS, "partitioned")
+    if not chosen_scenarios or set(chosen_scenarios) - set(known_scenarios):
+        _fail(f"--scenarios: unknown {scenarios!r}; choose from {', '.join(known_scenarios)}")
     folder = Path(pgdata) if pgdata else project_root() / STATE_DIR / "bench" / "pgdata"
     _echo(f"starting the bench's embedded PostgreSQL server ({folder})")
     server = bench_mod.start_server(folder)
+    if "partitioned" in chosen_scenarios:
+        chosen_scenarios.remove("partitioned")
+        try:
+            _bench_partitioned(server, rows, Path(out).with_name("partitioned.json"))
+        finally:
+            if not chosen_scenarios:
+                server.stop()
+        if not chosen_scenarios:
+            return
     try:
         report = bench_mod.run_bench(server, bench_mod.BenchConfig(
             rows=rows, strategies=chosen, idle_seconds=idle_seconds, repeat=repeat, out=Path(out),

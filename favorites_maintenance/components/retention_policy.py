@@ -90,8 +90,14 @@ class SettingValue:
 
 
 def _setting_value(context: dg.ResolutionContext, raw: Any) -> SettingValue | None:
-    """Resolve one setting field: ``None`` (unset) or its text and variable."""
+    """Resolve one setting field: ``None`` (unset) or its text and variable. A YAML ``null``
+    is unset, except for a setting whose ``null`` is a value (``detached_retention``), which
+    is then given the text ``null``."""
     if raw is None:
+        name = str(context.path[-1]) if context.path else ""
+        declared = SETTINGS.get(name)
+        if declared is not None and declared.null_is_value and _is_written(context):
+            return SettingValue("null")
         return None
     if isinstance(raw, str) and (match := _ENV_TEMPLATE.match(raw)):
         # The variable's own text: Dagster's rendering would read "1e3" as 1000.0.
@@ -121,6 +127,21 @@ def _as_written(context: dg.ResolutionContext) -> tuple[str | None, int]:
     times = sum(1 for k, _ in node.value if k.value == key)
     value = values.get(key)
     return (value if isinstance(value, str) and value else None), max(times, 1)
+
+
+def _is_written(context: dg.ResolutionContext) -> bool:
+    """Whether the setting at ``context``'s path is written in its policy's YAML (``null``
+    included)."""
+    tree = context.source_position_tree
+    position = tree.lookup(context.path) if tree is not None and context.path else None
+    if position is None:
+        return False
+    try:
+        text = Path(position.filename).read_text()
+    except OSError:
+        return False
+    attributes = _attributes_at(text, position.start.line - 1)
+    return attributes is not None and str(context.path[-1]) in attributes[1]
 
 
 @functools.lru_cache(maxsize=32)
@@ -275,6 +296,8 @@ def _literal(value: Any) -> str:
     """``value`` as YAML that reads back as written: text quoted, lists in flow style."""
     if isinstance(value, list):
         return "[" + ", ".join(_literal(v) for v in value) + "]"
+    if isinstance(value, bool):
+        return "true" if value else "false"
     return json.dumps(value) if isinstance(value, str) else str(value)
 
 

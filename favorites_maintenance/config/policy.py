@@ -105,7 +105,8 @@ class Policy:
             shown only when it is a name: it may hold a URL); ``archive_table`` is not
             ``schema.table`` of identifiers, or is the policy's table;
             ``archive_retention_days`` is set without an ``archive_table``;
-            ``max_parallel_partitions`` is set with an ``archive_table``.
+            ``max_parallel_partitions`` or ``drop_expired_partitions`` is set with an
+            ``archive_table``.
     """
 
     name: str
@@ -137,6 +138,11 @@ class Policy:
                               f"A-Z, 0-9 and underscores, a letter first, at most "
                               f"{_MAX_VARIABLE} characters (e.g. CARTS_DATABASE_URL); got "
                               f"{shown}")
+        if self.archive_table is not None and self.settings.drop_expired_partitions:
+            raise PolicyError(
+                f"policy {self.name!r}: archive_table and "
+                f"{self.label('drop_expired_partitions')} cannot be set together: a dropped "
+                "partition's rows would never reach the archive. Keep one of them")
         if self.archive_table is not None:
             try:
                 split_table_name(self.archive_table, "archive_table")

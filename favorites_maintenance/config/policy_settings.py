@@ -74,6 +74,10 @@ DEFAULT_MAX_PARALLEL_PARTITIONS = 2
 #: More purges at once than this would hold as many connections and WAL streams as a busy
 #: application; the executor's processes (or a distributed executor's workers) are the limit.
 MAX_PARALLEL_PARTITIONS = 64
+#: How long a partition the job detached is kept, as a table of its own, before a later run
+#: drops it (the window in which it can be attached again).
+DEFAULT_DETACHED_RETENTION = dt.timedelta(days=7)
+MAX_DETACHED_RETENTION = dt.timedelta(days=3650)
 #: The first daily partition of a policy that sets none: the first day of the month this
 #: version was released, so that a new deployment shows weeks of days to run, not a year.
 #: A policy sets its own to the day it went into service (``dg scaffold`` writes the day the
@@ -109,6 +113,9 @@ class Setting:
     launch: str | None = None
     launch_unit: str | None = None
     launch_bounds: tuple[float, float] | None = None
+    null_is_value: bool = False
+    """A YAML ``null`` written for the setting is a value of its own (given to ``parse`` as
+    the text ``null``), not "unset"."""
 
 
 def setting(default: Any, parse: Callable[[str], Any], yaml_type: Any, description: str,
@@ -143,6 +150,22 @@ _DURATION_FORMS = "ISO 8601 (PT10M) or HH:MM:SS"
 _NUMBER_YAML = int | float | str
 #: Unquoted, YAML 1.1 reads ``48:00:00`` as the number 172800: accepted, then read as written.
 _DURATION_YAML = str | int | float
+
+
+def parse_bool(raw: str) -> bool:
+    """``true`` or ``false`` (any case), as YAML writes them."""
+    value = raw.strip().lower()
+    if value not in ("true", "false"):
+        raise ValueError(f"{raw!r} is not true or false")
+    return value == "true"
+
+
+def _detached_retention(raw: str) -> dt.timedelta | None:
+    """A duration from ``PT0S`` (drop on the next run) to the maximum, or ``null``: kept for
+    good."""
+    if raw.strip() in ("null", "~", "None"):
+        return None
+    return duration_up_to(MAX_DETACHED_RETENTION, low=dt.timedelta(0))(raw)
 
 
 @dataclass(frozen=True)
@@ -237,6 +260,18 @@ class PolicySettings:
         "prunable rows is purged by its own step, at most this many at once (docs/dagster.md, "
         "\"Partitioned tables on several workers\"); unset: one purge of the whole table",
         f"1 to {MAX_PARALLEL_PARTITIONS}")
+    drop_expired_partitions: bool = setting(
+        False, parse_bool, bool,
+        "on a table partitioned by range on the age column, detach and later drop each "
+        "partition wholly before the cutoff that holds no row the rule keeps, instead of "
+        "deleting its rows (docs/partitioned-tables.md)",
+        "true or false")
+    detached_retention: dt.timedelta | None = setting(
+        DEFAULT_DETACHED_RETENTION, _detached_retention, _DURATION_YAML | None,
+        "with drop_expired_partitions: how long a detached partition is kept before a later "
+        "run drops it; null keeps it for good",
+        f"PT0S to P{MAX_DETACHED_RETENTION.days}D ({_DURATION_FORMS}), or null",
+        null_is_value=True)
 
     explicit: frozenset[str] = field(default=frozenset())
 
@@ -344,6 +379,8 @@ def markdown_table() -> str:
         default = default_of(name)
         if isinstance(default, dt.timedelta):
             default = iso_duration(default)
+        elif isinstance(default, bool):
+            default = str(default).lower()
         shown = "unset" if default is None else f"`{default}`"
         lines.append(f"| `{name}` | {shown} | {declared.bounds} | {declared.description} |")
     return "\n".join(lines)

@@ -46,6 +46,7 @@ from favorites_maintenance.pipeline.partitions import (
 from favorites_maintenance.pipeline.purge_op import (
     PurgeConfig,
     attempt_failed,
+    run_drop_phase,
     run_purge_op,
 )
 from favorites_maintenance.pipeline.ranges import (
@@ -59,6 +60,7 @@ from favorites_maintenance.pipeline.resources import (
     RunLimits,
     name_database,
 )
+from favorites_maintenance.pipeline.run_log import core_logs_in_run_log
 from favorites_maintenance.pipeline.run_report import RunReport
 from favorites_maintenance.retention.backlog import measure_backlog as count_backlog
 from favorites_maintenance.retention.errors import BacklogError, ConnectError, RetentionError
@@ -257,6 +259,9 @@ def _partition_ops(policy: Policy, asset_key: dg.AssetKey, settings_of, database
         settings = settings_of(context.resources.retention)
         started = dt.datetime.now(dt.UTC)
         try:
+            with core_logs_in_run_log(context):
+                dropped = run_drop_phase(context, database_of(context), policy, settings,
+                                         cutoff)
             found = partitions_to_purge(context, database_of(context), policy, cutoff)
         except RetentionError as exc:
             retry = attempt_failed(context, config, policy, exc)
@@ -265,7 +270,8 @@ def _partition_ops(policy: Policy, asset_key: dg.AssetKey, settings_of, database
             raise
         deadline = started + settings.max_run_duration
         yield dg.Output(PartitionPlan(started_at=started,
-                                      partitions=tuple(p.qualified_name for p in found)),
+                                      partitions=tuple(p.qualified_name for p in found),
+                                      dropped=dropped and dropped.figures()),
                         output_name="plan")
         for partition, key in zip(found, mapping_keys(found)):
             yield dg.DynamicOutput(PartitionWork(partition, deadline), mapping_key=key,
@@ -303,6 +309,8 @@ def _partition_ops(policy: Policy, asset_key: dg.AssetKey, settings_of, database
         settings = settings_of(context.resources.retention)
         report = RunReport.combined(reports, cutoff=cutoff.isoformat(), settings=settings,
                                     duration_ms=plan.duration_ms())
+        if plan.dropped is not None:  # the plan's drop phase: its partitions and rows
+            report = report.with_partitions(*plan.dropped)
         context.log.info(f"{len(reports)} partition steps: deleted_total={report.deleted_total} "
                          f"batches={report.batches}")
         return report

@@ -49,10 +49,14 @@ class PartitionPlan:
     Attributes:
         started_at: when the plan was made, a UTC instant (the start of the run's wall time).
         partitions: the names (``schema.table``) of the partitions given a step, oldest first.
+        dropped: with ``drop_expired_partitions``, what the plan's drop phase did before the
+            steps: (partitions detached, detached tables dropped, rows of the detached
+            partitions); ``None`` without it.
     """
 
     started_at: dt.datetime
     partitions: tuple[str, ...]
+    dropped: tuple[int, int, int] | None = None
 
     def duration_ms(self, now: dt.datetime | None = None) -> int:
         """Milliseconds from the plan to ``now`` (default: this host's clock)."""

@@ -32,6 +32,10 @@ from favorites_maintenance.retention.database import (
     transient_error_kind,
 )
 from favorites_maintenance.retention.errors import PurgeError, RetentionError
+from favorites_maintenance.retention.partitioned import (
+    PartitionDropResult,
+    drop_expired_partitions,
+)
 from favorites_maintenance.retention.purge import BatchResult, PurgeReport, StopReason
 from favorites_maintenance.retention.purge import purge as run_purge
 from favorites_maintenance.retention.rule import RetentionRule
@@ -129,6 +133,39 @@ def run_purge_op(context: dg.OpExecutionContext, config: PurgeConfig,
                      metrics, rule=rule or policy.rule).run()
 
 
+def run_drop_phase(context: dg.OpExecutionContext, database: FavoritesDatabase,
+                   policy: Policy, settings: PolicySettings,
+                   cutoff: dt.datetime) -> PartitionDropResult | None:
+    """With ``drop_expired_partitions``: detach the partitions of the policy's table wholly
+    before ``cutoff`` that hold nothing the rule keeps, finish an interrupted detach, drop the
+    detached tables whose ``detached_retention`` is over (:func:`~favorites_maintenance.
+    retention.partitioned.drop_expired_partitions`), each decision in the run's log; ``None``
+    without the setting. Runs before the batches (or the partition steps), which then delete
+    the prunable rows of every partition left attached.
+
+    Raises:
+        TableShapeError: the table is not range-partitioned by the age column.
+        TableCheckError: its catalogs could not be read.
+    """
+    if not settings.drop_expired_partitions:
+        return None
+    result = drop_expired_partitions(database.engine, policy.rule, cutoff,
+                                     detached_retention=settings.detached_retention)
+    later = [d.partition for d in result.decisions if d.ends_after_cutoff]
+    for decision in result.decisions:
+        if not decision.ends_after_cutoff:
+            to_run_log(context, logging.INFO, decision.describe())
+    if later:
+        to_run_log(context, logging.INFO,
+                   f"{len(later)} partitions end after the cutoff {cutoff.isoformat()} "
+                   f"({later[0]} ... {later[-1]}): kept")
+    to_run_log(context, logging.INFO,
+               f"partitions: {len(result.detached)} detached ({result.rows_removed} rows), "
+               f"{len(result.dropped)} dropped; the batches delete the prunable rows of the "
+               "others")
+    return result
+
+
 @dataclasses.dataclass
 class PurgeStep:
     """One attempt of a policy's purge op (see :func:`run_purge_op`), its steps named: the
@@ -146,6 +183,8 @@ class PurgeStep:
     #: The rule purged: the policy's, or the policy's on one of its table's partitions.
     rule: RetentionRule | None = None
     last_progress: float = dataclasses.field(default_factory=time.monotonic)
+    #: What this attempt's drop phase did, once it ran.
+    dropped: PartitionDropResult | None = None
 
     def __post_init__(self):
         if self.rule is None:
@@ -165,6 +204,7 @@ class PurgeStep:
                     retention_days=settings.retention_days,
                     batch_size=settings.batch_size) as span:
             try:
+                dropped = self.drop_expired_partitions()
                 report = run_purge(
                     self.database.engine, self.cutoff,
                     batch_size=settings.batch_size,
@@ -188,8 +228,11 @@ class PurgeStep:
                     and stop_requests.requested(read_now=True)):
                 report = dataclasses.replace(report, stop_reason=StopReason.STOP_REQUESTED)
             tracing.run_done(span, report)
-            summary = RunReport.of_purge(report, settings).after(
-                _committed_by_earlier_attempts(context))
+            summary = RunReport.of_purge(report, settings)
+            if dropped is not None:
+                summary = summary.with_partitions(len(dropped.detached), len(dropped.dropped),
+                                                  dropped.rows_removed)
+            summary = summary.after(_committed_by_earlier_attempts(context))
             if (self.policy.archive_table is not None
                     and report.stop_reason is not StopReason.STOP_REQUESTED):
                 summary = self.prune_archive(summary, report, stop_requests)
@@ -197,6 +240,16 @@ class PurgeStep:
                 # Still inside capture_interrupts: a signal now cannot cut this record short.
                 self.stopped(report, summary)
         return summary
+
+    def drop_expired_partitions(self) -> PartitionDropResult | None:
+        """The drop phase (:func:`run_drop_phase`) when this step purges the policy's whole
+        table; ``None`` for a partition step (the plan ran it before the steps) or without
+        ``drop_expired_partitions``."""
+        if self.rule != self.policy.rule:
+            return None
+        self.dropped = run_drop_phase(self.context, self.database, self.policy, self.settings,
+                                      self.cutoff)
+        return self.dropped
 
     def archive_target(self) -> ArchiveTarget | None:
         """Where the batches move their rows: the policy's archive, stamped with this run's id
@@ -257,20 +310,27 @@ class PurgeStep:
         # first batch (a standby, the table's shape) have none.
         batch_no = getattr(exc, "batch_no", 0) if isinstance(exc, PurgeError) else 0
         deleted_before = failed_report.deleted_total if failed_report else 0
+        if self.dropped is not None:
+            deleted_before += self.dropped.rows_removed
         earlier = _committed_by_earlier_attempts(context)  # before this attempt's record
         retry = attempt_failed(context, self.config, self.policy, exc, batch_no=batch_no,
                                deleted_before=deleted_before)
-        if deleted_before or (failed_report and failed_report.skipped_rows):
+        this_attempt = (RunReport.of_purge(failed_report, settings) if failed_report
+                        else RunReport(deleted_total=0, batches=0))
+        if self.dropped is not None:
+            this_attempt = this_attempt.with_partitions(
+                len(self.dropped.detached), len(self.dropped.dropped), self.dropped.rows_removed)
+        if deleted_before or (failed_report and failed_report.skipped_rows) or (
+                self.dropped is not None and self.dropped.dropped):
             # Those rows stay deleted: say so, and let a retry of this op count them.
             context.log_event(dg.AssetObservation(asset_key=self.asset_key, metadata={
-                **RunReport.of_purge(failed_report, settings).as_metadata(),
+                **this_attempt.as_metadata(),
                 "failedBatch": batch_no, "attempt": context.retry_number + 1}))
         if retry is not None:
             raise retry from exc
         if self.metrics is not None:
-            this = (RunReport.of_purge(failed_report, settings) if failed_report
-                    else RunReport(deleted_total=0, batches=0))
-            self.metrics.push_run(context, self.policy, this.after(earlier), succeeded=False)
+            self.metrics.push_run(context, self.policy, this_attempt.after(earlier),
+                                  succeeded=False)
 
     def stopped(self, report: PurgeReport, summary: RunReport) -> None:
         """Record what a stopped purge deleted and end the step as interrupted, so the run

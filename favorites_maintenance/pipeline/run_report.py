@@ -72,6 +72,11 @@ class RunReport:
             [``archiveDeletedTotal``].
         archive_rows: with an archive, the policy's rows it holds after the run (the purge's
             moved rows included); ``None`` without one [``archiveRows``].
+        partitions_detached: with ``drop_expired_partitions``, the partitions the run
+            detached (their rows counted in ``deleted_total``); ``None`` without it
+            [``partitionsDetached``].
+        partitions_dropped: with ``drop_expired_partitions``, the detached tables the run
+            dropped; ``None`` without it [``partitionsDropped``].
 
     With an archive, ``deleted_total`` counts the rows moved into it.
     """
@@ -100,6 +105,8 @@ class RunReport:
     backlog_oldest: str | None = None
     archive_deleted_total: int | None = None
     archive_rows: int | None = None
+    partitions_detached: int | None = None
+    partitions_dropped: int | None = None
 
     @classmethod
     def of_purge(cls, report: PurgeReport, settings: PolicySettings) -> "RunReport":
@@ -171,11 +178,14 @@ class RunReport:
         )
 
     def after(self, earlier: "RunReport | None") -> "RunReport":
-        """This attempt's record with the rows and batches of ``earlier`` attempts added."""
+        """This attempt's record with the rows, batches and partitions of ``earlier`` attempts
+        added."""
         if earlier is None:
             return self
+        partitions = {name: (getattr(self, name) or 0) + getattr(earlier, name)
+                      for name in _PARTITIONS if getattr(earlier, name) is not None}
         return dataclasses.replace(self, deleted_total=self.deleted_total + earlier.deleted_total,
-                                   batches=self.batches + earlier.batches)
+                                   batches=self.batches + earlier.batches, **partitions)
 
     def with_backlog(self, remaining: int, oldest: str | None) -> "RunReport":
         """The record with the backlog measured after the purge (``oldest``: ISO 8601 or
@@ -187,12 +197,18 @@ class RunReport:
         """The record with the archive's figures after its retention ran (rows)."""
         return dataclasses.replace(self, archive_deleted_total=deleted_total, archive_rows=rows)
 
+    def with_partitions(self, detached: int, dropped: int, rows: int) -> RunReport:
+        """The record with the drop phase's figures: partitions detached and dropped, and the
+        ``rows`` of the detached ones added to ``deleted_total``."""
+        return dataclasses.replace(self, deleted_total=self.deleted_total + rows,
+                                   partitions_detached=detached, partitions_dropped=dropped)
+
     def as_metadata(self) -> dict[str, Any]:
         """The record as Dagster metadata: numbers stay numbers so the UI can plot them; the
         backlog keys only once it was measured, the archive's only for a policy with one."""
         metadata = {_KEYS[f.name]: getattr(self, f.name) for f in dataclasses.fields(self)
-                    if f.name not in _BACKLOG and f.name not in _ARCHIVE}
-        for name in _ARCHIVE:
+                    if f.name not in (*_BACKLOG, *_ARCHIVE, *_PARTITIONS)}
+        for name in (*_ARCHIVE, *_PARTITIONS):
             if getattr(self, name) is not None:
                 metadata[_KEYS[name]] = getattr(self, name)
         if self.backlog_remaining is not None:
@@ -203,10 +219,12 @@ class RunReport:
     def as_reference(self) -> RunReport:
         """The record of a day a range run covered but whose figures are on another day: every
         measure of the run's work (rows, batches, time, skipped rows, pauses, batch sizes,
-        archived rows deleted) at 0; the cutoff, the settings, the stop reason, the backlog and
+        archived rows deleted, partitions detached and dropped) at 0; the cutoff, the settings, the stop reason, the backlog and
         the archive's rows as the run's."""
         archive = {} if self.archive_deleted_total is None else {"archive_deleted_total": 0}
-        return dataclasses.replace(self, **_WORK_AT_ZERO, **archive)
+        partitions = ({} if self.partitions_detached is None
+                      else {"partitions_detached": 0, "partitions_dropped": 0})
+        return dataclasses.replace(self, **_WORK_AT_ZERO, **archive, **partitions)
 
     def range_metadata(self, partitions: Sequence[str]) -> dict[str, dict[str, Any]]:
         """Partition key -> the metadata of its materialization, for a run over ``partitions``
@@ -278,11 +296,14 @@ _KEYS = {
     "backlog_oldest": "backlogOldestUpdatedAt",
     "archive_deleted_total": "archiveDeletedTotal",
     "archive_rows": "archiveRows",
+    "partitions_detached": "partitionsDetached",
+    "partitions_dropped": "partitionsDropped",
 }
 _BACKLOG = ("backlog_remaining", "backlog_oldest")
 #: The stop reasons that leave prunable rows behind, the one a combined record names first.
 _EARLY_STOPS = (StopReason.DB_UNHEALTHY, StopReason.MAX_RUN_DURATION)
 _ARCHIVE = ("archive_deleted_total", "archive_rows")
+_PARTITIONS = ("partitions_detached", "partitions_dropped")
 #: What a reference (:meth:`RunReport.as_reference`) records of the run's work.
 _WORK_AT_ZERO = {
     "deleted_total": 0,

@@ -21,6 +21,9 @@ SQL_RESOURCE = "least_privilege.sql"
 RLS_RESOURCE = "row_level_security.sql"
 #: What a policy with an archive needs on top (optional; the guest-favorites policy has none).
 ARCHIVE_RESOURCE = "least_privilege_archive.sql"
+#: What a policy with drop_expired_partitions needs on top (optional): the owner's functions
+#: that detach and drop expired partitions of ``favorites.favorites``.
+PARTITIONS_RESOURCE = "least_privilege_partitions.sql"
 _PLACEHOLDER = ':"role"'
 
 
@@ -59,6 +62,21 @@ def apply_archive_privileges(engine: sa.Engine, role: str) -> None:
     """
     with engine.begin() as conn:
         conn.exec_driver_sql(least_privilege_sql(role, ARCHIVE_RESOURCE))
+
+
+def apply_partition_functions(engine: sa.Engine, role: str) -> None:
+    """Install, as the owner of a range-partitioned ``favorites.favorites``, the functions that
+    detach and drop its expired partitions for ``role`` (``least_privilege_partitions.sql``:
+    ``favorites.favorites_detach_partition`` and ``favorites.favorites_drop_detached``,
+    ``SECURITY DEFINER``, EXECUTE granted to ``role`` only).
+
+    Args:
+        engine: connected as the table's owner.
+        role: the cleanup's role.
+    """
+    with engine.begin() as conn:
+        # The driver's cursor, without parameters: the functions' bodies hold '%' of format().
+        conn.connection.cursor().execute(least_privilege_sql(role, PARTITIONS_RESOURCE))
 
 
 def apply_least_privilege(engine: sa.Engine, role: str, *, password: str | None = None) -> None:

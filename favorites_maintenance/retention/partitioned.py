@@ -10,13 +10,31 @@ The catalogs are readable by every role, so reading them needs no privilege the 
 
 from __future__ import annotations
 
+import contextlib
 import datetime as dt
+import enum
+import json
+import logging
 import re
-from dataclasses import dataclass
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
 
 import sqlalchemy as sa
+from sqlalchemy.dialects.postgresql import TIMESTAMP
 
-from favorites_maintenance.retention.errors import TableShapeError
+from favorites_maintenance.retention.database import (
+    DEFAULT_LOCK_TIMEOUT,
+    DEFAULT_STATEMENT_TIMEOUT,
+    limit_transaction,
+)
+from favorites_maintenance.retention.errors import (
+    ErrorKind,
+    TableCheckError,
+    TableShapeError,
+    describe,
+)
+from favorites_maintenance.retention.rule import RetentionRule
 
 _UTC = dt.UTC
 _EPOCH = dt.datetime(1970, 1, 1, tzinfo=_UTC)
@@ -189,3 +207,675 @@ def _unquote(literal: str) -> str:
     if len(literal) >= 2 and literal[0] == "'" and literal[-1] == "'":
         return literal[1:-1].replace("''", "'")
     return literal
+
+
+# --- Removing wholly expired partitions --------------------------------------------------------
+
+log = logging.getLogger("favorites_maintenance.retention.partitioned")
+
+#: Attempts of one DETACH or DROP that ``lock_timeout`` cancels, and the pause before the
+#: second, in seconds (doubled after each).
+LOCK_ATTEMPTS = 5
+LOCK_BACKOFF_S = 1.0
+
+#: The first characters of the comment the job writes on a table it detaches (a JSON object:
+#: ``state``, ``from`` the parent, ``at`` the UTC instant, ``rows``).
+MARK = '{"favorites_maintenance"'
+
+#: The function a table's owner installs so that a role that may not alter the table has its
+#: expired partitions detached and dropped (``least_privilege_partitions.sql``):
+#: ``<schema>.<table>_detach_partition(regclass, timestamptz, integer)`` and
+#: ``<schema>.<table>_drop_detached(regclass, interval, integer)``.
+DETACH_FUNCTION = "{schema}.{table}_detach_partition"
+DROP_FUNCTION = "{schema}.{table}_drop_detached"
+_DETACH_ARGS = "(regclass, timestamptz, integer)"
+_DROP_ARGS = "(regclass, interval, integer)"
+
+
+class Action(str, enum.Enum):
+    """What the drop phase did with one partition or detached table."""
+
+    DETACHED = "detached"
+    """Detached from the parent (its rows counted as removed); dropped by a later run."""
+    DROPPED = "dropped"
+    """A table this job detached, dropped once ``detached_retention`` had passed."""
+    KEPT = "kept"
+    """Left attached: its prunable rows are deleted in batches as any other row."""
+    KEPT_DETACHED = "kept_detached"
+    """A detached table left in place (its retention not over, or a check failed)."""
+
+    def __str__(self) -> str:
+        return self.value
+
+
+@dataclass(frozen=True)
+class PartitionDecision:
+    """What the drop phase decided for one partition (or detached table), and why.
+
+    Attributes:
+        partition: ``schema.name``.
+        action: the :class:`Action`.
+        checks: the checks' results, one phrase each, in the order run (``upper bound
+            2024-02-01T00:00:00+00:00 <= cutoff``, ``no account row (index scan on ...)``,
+            ...); the last one is the reason when ``action`` is ``kept``.
+        rows: rows of the partition counted when it was detached (or dropped), else 0.
+    """
+
+    partition: str
+    action: Action
+    checks: tuple[str, ...] = ()
+    rows: int = 0
+
+    @property
+    def ends_after_cutoff(self) -> bool:
+        """Kept for its range alone: it ends after the cutoff (the run's log names such
+        partitions together)."""
+        return (self.action is Action.KEPT and len(self.checks) == 1
+                and self.checks[0].startswith("upper bound ") and " > cutoff " in self.checks[0])
+
+    def describe(self) -> str:
+        """One log line: ``partition favorites.favorites_20240101 detached (1,000 rows): ...``,
+        ``detached table favorites.favorites_20240101 dropped: ...``."""
+        rows = f" ({self.rows:,} rows)" if self.rows else ""
+        if self.action in (Action.DROPPED, Action.KEPT_DETACHED):
+            what = "detached table"
+            action = "kept" if self.action is Action.KEPT_DETACHED else "dropped"
+        else:
+            what, action = "partition", str(self.action)
+        return f"{what} {self.partition} {action}{rows}: {'; '.join(self.checks)}"
+
+
+@dataclass(frozen=True)
+class PartitionDropResult:
+    """What one drop phase did (see :func:`drop_expired_partitions`).
+
+    Attributes:
+        detached: partitions detached by this run (``schema.name``), an interrupted detach
+            it finalized included.
+        dropped: detached tables this run dropped.
+        rows_removed: rows of the partitions this run detached (they left the table: the
+            run's ``deletedTotal`` counts them).
+        decisions: one :class:`PartitionDecision` per partition and detached table looked at.
+        privilege: how the job altered the table: ``owner`` (its role may), ``function`` (the
+            owner's ``SECURITY DEFINER`` function), or ``none`` (neither: nothing detached).
+    """
+
+    detached: tuple[str, ...] = ()
+    dropped: tuple[str, ...] = ()
+    rows_removed: int = 0
+    decisions: tuple[PartitionDecision, ...] = ()
+    privilege: str = "none"
+
+    def figures(self) -> tuple[int, int, int]:
+        """(partitions detached, detached tables dropped, rows of the detached partitions)."""
+        return len(self.detached), len(self.dropped), self.rows_removed
+
+
+def drop_expired_partitions(engine: sa.Engine, rule: RetentionRule, cutoff: dt.datetime, *,
+                            detached_retention: dt.timedelta | None = dt.timedelta(days=7),
+                            lock_timeout: dt.timedelta = DEFAULT_LOCK_TIMEOUT,
+                            statement_timeout: dt.timedelta = DEFAULT_STATEMENT_TIMEOUT,
+                            ) -> PartitionDropResult:
+    """Detach the partitions of the rule's table that hold nothing the rule keeps and lie
+    wholly before ``cutoff``, finish a detach an earlier run left pending, and drop the tables
+    this job detached at least ``detached_retention`` ago. Runs before the batch purge, which
+    then deletes the prunable rows of every partition left attached.
+
+    A partition is detached only when every check holds (each result is logged):
+
+    - it is a range partition whose upper bound is at or before ``cutoff`` (never the default
+      partition, whose rows are not bounded);
+    - it holds no row the rule keeps (a guard column NOT NULL), by a query on the table, not
+      by its bounds; the plan is logged (an index scan, or a sequential scan when no index on
+      the guard serves it);
+    - no DELETE trigger, row-level security, publication publishing deletes, or foreign key
+      referencing it or the parent: a DETACH and DROP would bypass each of them.
+
+    How the table is altered: when the job's role owns the table (or is a member of its
+    owner), ``DETACH PARTITION ... CONCURRENTLY`` (plain ``DETACH`` when the table has a
+    default partition, which refuses ``CONCURRENTLY``), each statement under ``lock_timeout``
+    and tried :data:`LOCK_ATTEMPTS` times with a doubling pause. Otherwise through the
+    owner's functions (:data:`DETACH_FUNCTION`, :data:`DROP_FUNCTION`), which check again
+    under the lock they take and detach with a plain ``DETACH`` (PostgreSQL refuses
+    ``CONCURRENTLY`` inside a function). With neither, a WARNING names the function to install
+    and nothing is detached.
+
+    A detached table is marked by a comment (:data:`MARK`: from which table, when, how many
+    rows), so a later run finds it and knows when to drop it; before the ``DROP`` the guard
+    is checked again on the detached table, which no session writes through the parent any
+    more.
+
+    Args:
+        engine: engine on the table's database (the primary).
+        rule: the policy's rule; its table is range-partitioned on ``rule.age``.
+        cutoff: timezone-aware UTC instant of the run.
+        detached_retention: how long a detached table is kept before a later run drops it;
+            ``None``: kept for good.
+        lock_timeout: the longest wait of one DETACH or DROP for its locks.
+        statement_timeout: the limit of each check's query.
+
+    Returns:
+        The :class:`PartitionDropResult`.
+
+    Raises:
+        TableShapeError: the table is not range-partitioned on the rule's age column.
+        TableCheckError: the catalogs could not be read (a lost connection, a lock held past
+            ``lock_timeout``); nothing was detached. A check or an alteration that fails is
+            logged instead, and leaves that partition to the batches.
+        InvalidArgumentError: a naive ``cutoff``.
+    """
+    rule.prunable(cutoff)  # refuses a naive cutoff
+    phase = _DropPhase(engine, rule, cutoff, detached_retention, lock_timeout,
+                       statement_timeout)
+    return phase.run()
+
+
+#: What a DETACH and DROP would bypass, for partition ``:p`` of ``:parent``: one phrase each.
+_BYPASSED = sa.text("""
+    SELECT format('DELETE trigger %I on %s', t.tgname, t.tgrelid::regclass)
+      FROM pg_trigger t
+     WHERE t.tgrelid IN (CAST(:p AS regclass), CAST(:parent AS regclass))
+       AND NOT t.tgisinternal AND t.tgtype & 8 <> 0
+    UNION ALL
+    SELECT format('row-level security on %s', c.oid::regclass)
+      FROM pg_class c
+     WHERE c.oid IN (CAST(:p AS regclass), CAST(:parent AS regclass)) AND c.relrowsecurity
+    UNION ALL
+    SELECT format('publication %I', p.pubname)
+      FROM pg_publication p
+     WHERE p.pubdelete AND EXISTS (
+           SELECT 1 FROM pg_publication_tables pt
+            WHERE pt.pubname = p.pubname
+              AND to_regclass(format('%I.%I', pt.schemaname, pt.tablename))
+                  IN (CAST(:p AS regclass), CAST(:parent AS regclass)))
+    UNION ALL
+    SELECT format('foreign key %I of %s', k.conname, k.conrelid::regclass)
+      FROM pg_constraint k
+     WHERE k.contype = 'f' AND k.conparentid = 0
+       AND k.confrelid IN (CAST(:p AS regclass), CAST(:parent AS regclass))
+""")
+
+#: Tables this job detached (marked by :data:`MARK`), and whether each is a partition again.
+_MARKED = sa.text("""
+    SELECT n.nspname, c.relname, d.description, c.relispartition
+      FROM pg_description d
+      JOIN pg_class c ON c.oid = d.objoid
+      JOIN pg_namespace n ON n.oid = c.relnamespace
+     WHERE d.classoid = 'pg_class'::regclass AND d.objsubid = 0 AND c.relkind = 'r'
+       AND d.description LIKE :mark
+     ORDER BY 1, 2
+""")
+
+_PRIVILEGE = sa.text("""
+    SELECT pg_has_role(current_user, c.relowner, 'USAGE'),
+           has_function_privilege(to_regprocedure(:detach), 'EXECUTE'),
+           has_function_privilege(to_regprocedure(:drop), 'EXECUTE')
+      FROM pg_class c WHERE c.oid = CAST(:t AS regclass)
+""")
+
+
+@dataclass
+class _DropPhase:
+    engine: sa.Engine
+    rule: RetentionRule
+    cutoff: dt.datetime
+    detached_retention: dt.timedelta | None
+    lock_timeout: dt.timedelta
+    statement_timeout: dt.timedelta
+    decisions: list[PartitionDecision] = field(default_factory=list)
+
+    @property
+    def parent(self) -> str:
+        return self.rule.qualified_name
+
+    @property
+    def quoted_parent(self) -> str:
+        return _quote(self.rule.table.schema) + "." + _quote(self.rule.table.name)
+
+    def function(self, template: str, args: str) -> str:
+        return template.format(schema=self.rule.table.schema, table=self.rule.table.name) + args
+
+    def run(self) -> PartitionDropResult:
+        try:
+            return self._run()
+        except sa.exc.DBAPIError as exc:
+            # Raised only by the catalog reads; a failed check or alteration is logged instead.
+            raise TableCheckError(describe(exc), self.parent) from None
+
+    def _run(self) -> PartitionDropResult:
+        with self.engine.connect() as conn:
+            partitions = leaf_partitions(conn, self.rule.table.schema, self.rule.table.name,
+                                         age_column=self.rule.age.name)
+            owner, may_detach, may_drop = conn.execute(_PRIVILEGE, {
+                "t": self.quoted_parent,
+                "detach": self.function(DETACH_FUNCTION, _DETACH_ARGS),
+                "drop": self.function(DROP_FUNCTION, _DROP_ARGS)}).one()
+        privilege = "owner" if owner else "function" if may_detach and may_drop else "none"
+        if privilege == "none":
+            log.warning(
+                "drop_expired_partitions: the job's role may not alter %s and cannot execute "
+                "%s and %s: nothing detached, every prunable row is deleted in batches. Install "
+                "them as the table's owner (least_privilege_partitions.sql, docs/"
+                "partitioned-tables.md)", self.parent,
+                self.function(DETACH_FUNCTION, _DETACH_ARGS),
+                self.function(DROP_FUNCTION, _DROP_ARGS))
+            return PartitionDropResult(privilege=privilege)
+        has_default = any(p.is_default for p in partitions)
+        for partition in partitions:
+            self.decide(partition, privilege, has_default)
+        self.drop_due(privilege)
+        for decision in self.decisions:
+            log.debug("%s", decision.describe())
+        detached = tuple(d.partition for d in self.decisions if d.action is Action.DETACHED)
+        return PartitionDropResult(
+            detached=detached,
+            dropped=tuple(d.partition for d in self.decisions if d.action is Action.DROPPED),
+            rows_removed=sum(d.rows for d in self.decisions if d.action is Action.DETACHED),
+            decisions=tuple(self.decisions), privilege=privilege)
+
+    # -- one attached partition ----------------------------------------------------------------
+
+    def decide(self, partition: TablePartition, privilege: str, has_default: bool) -> None:
+        checks: list[str] = []
+
+        def kept(reason: str) -> None:
+            self.decisions.append(PartitionDecision(partition.qualified_name, Action.KEPT,
+                                                    (*checks, reason)))
+
+        if partition.detach_pending:
+            ours = privilege == "owner" and self.marked_by_us(partition, state="detaching")
+            expired = partition.upper is not None and partition.upper <= self.cutoff
+            if not (ours or expired):
+                return kept("a detach another session began and left pending; left to it")
+            checks.append("a detach this job began and an interrupted run left pending"
+                          if ours else "a detach left pending, of a range before the cutoff")
+            if privilege == "function":
+                # The owner's function checks it and finalizes it; the job's role may not
+                # read a partition no longer reached through the table.
+                return self.detach_by_function(partition, checks)
+        elif partition.is_default:
+            return kept("the default partition: its rows are not bounded by a range")
+        elif partition.upper is None or partition.upper > self.cutoff:
+            upper = partition.upper.isoformat() if partition.upper else "MAXVALUE"
+            return kept(f"upper bound {upper} > cutoff {self.cutoff.isoformat()}")
+        else:
+            checks.append(f"upper bound {partition.upper.isoformat()} <= cutoff "
+                          f"{self.cutoff.isoformat()}")
+        try:
+            with self.engine.begin() as conn:
+                limit_transaction(conn, lock_timeout=self.lock_timeout,
+                                  statement_timeout=self.statement_timeout)
+                bypassed = list(conn.execute(_BYPASSED, {
+                    "p": _quote(partition.schema) + "." + _quote(partition.name),
+                    "parent": self.quoted_parent}).scalars())
+                if bypassed:
+                    return kept("a DROP would bypass " + ", ".join(bypassed))
+                checks.append("no DELETE trigger, row-level security, publication or foreign "
+                              "key a DROP would bypass")
+                kept_row, how = self.kept_row(conn, partition)
+        except sa.exc.DBAPIError as exc:
+            return kept(f"check failed ({describe(exc)})")
+        if kept_row:
+            return kept(f"holds a row the rule keeps ({self.rule.guard_sql} false; {how})")
+        checks.append(f"no row the rule keeps ({how})" if self.rule.guards
+                      else "the rule has no guard: every row is prunable")
+        if privilege == "owner":
+            self.detach_as_owner(partition, checks, concurrently=not has_default)
+        else:
+            self.detach_by_function(partition, checks)
+
+    def kept_row(self, conn: sa.Connection, partition: TablePartition) -> tuple[bool, str]:
+        """Whether the partition holds a row the rule keeps, read through the parent within
+        the partition's bounds (the job's role may read the parent, not its partitions), and
+        how the plan reads it."""
+        if not self.rule.guards:
+            return False, "no guard"
+        where = [sa.or_(*(g.is_not(None) for g in self.rule.guards))]
+        ts = TIMESTAMP(timezone=True)
+        if partition.lower is not None:
+            where.append(self.rule.age >= sa.bindparam("lower", partition.lower, type_=ts))
+        if partition.upper is not None:
+            where.append(self.rule.age < sa.bindparam("upper", partition.upper, type_=ts))
+        query = sa.select(sa.literal(1)).select_from(self.rule.table).where(*where).limit(1)
+        if partition.detach_pending:
+            # A pending partition is no longer read through the parent: read it itself.
+            query = sa.select(sa.literal(1)).select_from(
+                sa.table(partition.name, *(sa.column(g.name) for g in self.rule.guards),
+                         schema=partition.schema)).where(
+                sa.or_(*(sa.column(g.name).is_not(None) for g in self.rule.guards))).limit(1)
+        compiled = query.compile(conn, compile_kwargs={"literal_binds": True})
+        plan = conn.exec_driver_sql("EXPLAIN (FORMAT JSON) "
+                                    + str(compiled).replace("%", "%%")).scalar_one()
+        how = _plan_summary(plan[0]["Plan"] if isinstance(plan, list) else plan)
+        return conn.execute(query).first() is not None, how
+
+    def detach_as_owner(self, partition: TablePartition, checks: list[str], *,
+                        concurrently: bool) -> None:
+        name = _quote(partition.schema) + "." + _quote(partition.name)
+        statement = f"ALTER TABLE {self.quoted_parent} DETACH PARTITION {name}"
+        if partition.detach_pending:
+            form = "DETACH ... FINALIZE"
+        elif concurrently:
+            form = "DETACH ... CONCURRENTLY"
+        else:
+            form = "DETACH (the table has a default partition, which refuses CONCURRENTLY)"
+        ours = partition.detach_pending and self.marked_by_us(partition, state="detaching")
+        marked = False
+
+        def attempt() -> None:
+            nonlocal marked
+            if not partition.detach_pending and not marked:
+                # The mark says the detach was ours should this run die before it completes.
+                self.mark(partition, "detaching", 0)
+                marked = True
+            # A CONCURRENTLY whose wait for older snapshots timed out left the detach pending:
+            # the next attempt finishes it.
+            if self.pending(partition):
+                self.alter(statement + " FINALIZE")
+            else:
+                self.alter(statement + (" CONCURRENTLY" if concurrently else ""))
+
+        error = self.with_lock_retries(form, partition, attempt)
+        if error is not None:
+            self.decisions.append(PartitionDecision(
+                partition.qualified_name, Action.KEPT,
+                (*checks, f"{form} failed ({error}); a later run finishes it")))
+            return
+        if partition.detach_pending and not ours:
+            self.decisions.append(PartitionDecision(
+                partition.qualified_name, Action.KEPT_DETACHED,
+                (*checks, (f"{form}: a detach another session began, finished; not "
+                           "marked, so never dropped by this job"))))
+            return
+        # Nothing writes to it through the parent any more: the count is exact, and the guard
+        # is checked again, as the last check before the table can ever be dropped.
+        rows, kept_row = 0, False
+
+        def count_and_mark() -> None:
+            nonlocal rows, kept_row
+            with self.engine.begin() as conn:
+                limit_transaction(conn, lock_timeout=self.lock_timeout,
+                                  statement_timeout=self.statement_timeout)
+                rows = conn.execute(sa.select(sa.func.count()).select_from(
+                    sa.table(partition.name, schema=partition.schema))).scalar_one()
+                kept_row = self.detached_holds_kept_row(conn, partition)
+            self.mark(partition, None if kept_row else "detached", rows)
+
+        error = self.with_lock_retries("the count and mark of the detached table", partition,
+                                       count_and_mark)
+        if error is not None:
+            log.warning("partition %s was detached from %s, but its rows could not be counted "
+                        "and marked (%s): it is not dropped by this job. Attach it again, or "
+                        "drop it by hand once checked", partition.qualified_name, self.parent,
+                        error)
+            self.decisions.append(PartitionDecision(
+                partition.qualified_name, Action.KEPT_DETACHED,
+                (*checks, f"{form}; then not marked ({error}): not dropped")))
+            return
+        if kept_row:
+            log.warning("partition %s was detached from %s, but a row the rule keeps reached "
+                        "it after the check: it is not dropped. Attach it again: ALTER TABLE "
+                        "%s ATTACH PARTITION %s %s", partition.qualified_name, self.parent,
+                        self.parent, partition.qualified_name, _bound_sql(partition))
+            self.decisions.append(PartitionDecision(
+                partition.qualified_name, Action.KEPT_DETACHED,
+                (*checks, f"{form}; then a row the rule keeps was found: not dropped")))
+            return
+        self.decisions.append(PartitionDecision(partition.qualified_name, Action.DETACHED,
+                                                (*checks, form), rows))
+
+    def detach_by_function(self, partition: TablePartition, checks: list[str]) -> None:
+        function = self.function(DETACH_FUNCTION, "")
+        rows = 0
+
+        def call() -> None:
+            nonlocal rows
+            with self.engine.begin() as conn:
+                rows = conn.execute(
+                    sa.text(f"SELECT {function}(CAST(:p AS regclass), :cutoff, :ms)"),
+                    {"p": _quote(partition.schema) + "." + _quote(partition.name),
+                     "cutoff": self.cutoff,
+                     "ms": _ms_int(self.lock_timeout)}).scalar_one()
+
+        error = self.with_lock_retries(function, partition, call)
+        if error is not None:
+            self.decisions.append(PartitionDecision(partition.qualified_name, Action.KEPT,
+                                                    (*checks, f"{function}: {error}")))
+            return
+        self.decisions.append(PartitionDecision(
+            partition.qualified_name, Action.DETACHED,
+            (*checks, f"{function} checked it again under its lock and detached it"), rows))
+
+    # -- detached tables -------------------------------------------------------------------------
+
+    def drop_due(self, privilege: str) -> None:
+        """Drop the tables this job detached from the parent whose retention is over."""
+        with self.engine.connect() as conn:
+            marked = conn.execute(_MARKED, {"mark": MARK + "%"}).all()
+            now = conn.execute(sa.select(sa.func.now())).scalar_one()
+        just_detached = {d.partition for d in self.decisions
+                         if d.action in (Action.DETACHED, Action.KEPT_DETACHED)}
+        for schema, name, description, is_partition in marked:
+            mark = _read_mark(description)
+            if (mark is None or mark.get("from") != self.parent or is_partition
+                    or f"{schema}.{name}" in just_detached):
+                continue
+            if mark.get("favorites_maintenance") != "detached":
+                continue
+            table = TablePartition(schema=schema, name=name, lower=None, upper=None)
+            at = dt.datetime.fromisoformat(mark["at"])
+            checks = [f"detached from {self.parent} at {at.isoformat()}"]
+            if self.detached_retention is None:
+                self.decisions.append(PartitionDecision(
+                    table.qualified_name, Action.KEPT_DETACHED,
+                    (*checks, "detached_retention is null: kept for good")))
+                continue
+            due = at + self.detached_retention
+            if due > now:
+                self.decisions.append(PartitionDecision(
+                    table.qualified_name, Action.KEPT_DETACHED,
+                    (*checks, (f"kept until {due.isoformat()} (detached_retention "
+                               f"{_iso(self.detached_retention)})"))))
+                continue
+            checks.append(f"detached_retention {_iso(self.detached_retention)} over")
+            if privilege == "owner":
+                self.drop_as_owner(table, checks, int(mark.get("rows", 0)))
+            else:
+                self.drop_by_function(table, checks)
+
+    def drop_as_owner(self, table: TablePartition, checks: list[str], rows: int) -> None:
+        kept_row = False
+
+        def drop() -> None:
+            nonlocal kept_row
+            with self.engine.begin() as conn:
+                limit_transaction(conn, lock_timeout=self.lock_timeout,
+                                  statement_timeout=self.statement_timeout)
+                conn.execute(sa.text(f"LOCK TABLE {_quote(table.schema)}.{_quote(table.name)} "
+                                     "IN ACCESS EXCLUSIVE MODE"))
+                kept_row = self.detached_holds_kept_row(conn, table)
+                if not kept_row:
+                    conn.execute(sa.text(
+                        f"DROP TABLE {_quote(table.schema)}.{_quote(table.name)}"))
+
+        error = self.with_lock_retries("DROP TABLE", table, drop)
+        if error is not None or kept_row:
+            reason = (f"DROP TABLE failed ({error})" if error
+                      else "holds a row the rule keeps: not dropped")
+            if kept_row:
+                log.warning("detached table %s holds a row the rule keeps (%s false): it is "
+                            "not dropped", table.qualified_name, self.rule.guard_sql)
+            self.decisions.append(PartitionDecision(table.qualified_name, Action.KEPT_DETACHED,
+                                                    (*checks, reason)))
+            return
+        self.decisions.append(PartitionDecision(table.qualified_name, Action.DROPPED,
+                                                (*checks, "no row the rule keeps; dropped"),
+                                                rows))
+
+    def drop_by_function(self, table: TablePartition, checks: list[str]) -> None:
+        function = self.function(DROP_FUNCTION, "")
+        rows = 0
+
+        def call() -> None:
+            nonlocal rows
+            with self.engine.begin() as conn:
+                rows = conn.execute(
+                    sa.text(f"SELECT {function}(CAST(:p AS regclass), "
+                            "CAST(:keep AS interval), :ms)"),
+                    {"p": _quote(table.schema) + "." + _quote(table.name),
+                     "keep": _iso(self.detached_retention),
+                     "ms": _ms_int(self.lock_timeout)}).scalar_one()
+
+        error = self.with_lock_retries(function, table, call)
+        if error is not None:
+            self.decisions.append(PartitionDecision(table.qualified_name, Action.KEPT_DETACHED,
+                                                    (*checks, f"{function}: {error}")))
+            return
+        self.decisions.append(PartitionDecision(
+            table.qualified_name, Action.DROPPED,
+            (*checks, f"{function} checked it again and dropped it"), rows))
+
+    # -- helpers -------------------------------------------------------------------------------
+
+    def detached_holds_kept_row(self, conn: sa.Connection, table: TablePartition) -> bool:
+        if not self.rule.guards:
+            return False
+        t = sa.table(table.name, *(sa.column(g.name) for g in self.rule.guards),
+                     schema=table.schema)
+        return conn.execute(sa.select(sa.literal(1)).select_from(t).where(
+            sa.or_(*(t.c[g.name].is_not(None) for g in self.rule.guards))).limit(1)
+        ).first() is not None
+
+    def alter(self, statement: str) -> None:
+        """Run one ``ALTER TABLE`` outside a transaction block (``CONCURRENTLY`` demands it),
+        under ``lock_timeout`` set for the session and reset after."""
+        with self.engine.connect().execution_options(isolation_level="AUTOCOMMIT") as conn:
+            conn.execute(sa.text("SELECT set_config('lock_timeout', :ms, false)"),
+                         {"ms": _ms(self.lock_timeout)})
+            try:
+                conn.exec_driver_sql(statement)
+            finally:
+                if not conn.invalidated:
+                    with contextlib.suppress(sa.exc.DBAPIError):
+                        conn.exec_driver_sql("RESET lock_timeout")
+
+    def with_lock_retries(self, what: str, table: TablePartition,
+                          attempt: Callable[[], None]) -> str | None:
+        """Run ``attempt``; after a lock timeout, again up to :data:`LOCK_ATTEMPTS` times with
+        a doubling pause. Returns ``None`` on success, else why it failed (for the log)."""
+        pause = LOCK_BACKOFF_S
+        for number in range(1, LOCK_ATTEMPTS + 1):
+            try:
+                attempt()
+                return None
+            except sa.exc.DBAPIError as exc:
+                error = describe(exc)
+                refused = _refusal(exc)
+                if refused is not None:
+                    return refused
+                if error.kind is not ErrorKind.LOCK_NOT_AVAILABLE or number == LOCK_ATTEMPTS:
+                    log.warning("%s of %s failed: %s", what, table.qualified_name,
+                                error)
+                    return error
+                log.warning("%s of %s: lock_timeout (%s) on attempt %d/%d; again in %g s",
+                            what, table.qualified_name, _ms(self.lock_timeout), number,
+                            LOCK_ATTEMPTS, pause)
+                time.sleep(pause)
+                pause *= 2
+        return "no attempt left"  # pragma: no cover - the loop returns
+
+    def mark(self, partition: TablePartition, state: str | None, rows: int) -> None:
+        """Write (or, ``state`` None, clear) the job's comment on ``partition``."""
+        name = _quote(partition.schema) + "." + _quote(partition.name)
+        with self.engine.begin() as conn:
+            limit_transaction(conn, lock_timeout=self.lock_timeout,
+                              statement_timeout=self.statement_timeout)
+            if state is None:
+                conn.execute(sa.text(f"COMMENT ON TABLE {name} IS NULL"))
+                return
+            now = conn.execute(sa.select(sa.func.now())).scalar_one().astimezone(_UTC)
+            text = json.dumps({"favorites_maintenance": state, "from": self.parent,
+                               "at": now.isoformat(), "rows": rows})
+            literal = "'" + text.replace("'", "''") + "'"
+            conn.execute(sa.text(f"COMMENT ON TABLE {name} IS "
+                                 + literal.replace(":", r"\:")))
+
+    def pending(self, partition: TablePartition) -> bool:
+        """Whether a detach of ``partition`` is pending (``pg_inherits.inhdetachpending``)."""
+        with self.engine.connect() as conn:
+            return bool(conn.execute(sa.text(
+                "SELECT inhdetachpending FROM pg_inherits WHERE inhrelid = CAST(:p AS regclass)"),
+                {"p": _quote(partition.schema) + "." + _quote(partition.name)}).scalar())
+
+    def marked_by_us(self, partition: TablePartition, *, state: str) -> bool:
+        with self.engine.connect() as conn:
+            description = conn.execute(
+                sa.text("SELECT obj_description(CAST(:p AS regclass), 'pg_class')"),
+                {"p": _quote(partition.schema) + "." + _quote(partition.name)}).scalar_one()
+        mark = _read_mark(description)
+        return bool(mark and mark.get("from") == self.parent
+                    and mark.get("favorites_maintenance") == state)
+
+
+def _read_mark(description: str | None) -> dict | None:
+    if not description or not description.startswith(MARK):
+        return None
+    try:
+        mark = json.loads(description)
+    except ValueError:
+        return None
+    return mark if isinstance(mark, dict) and isinstance(mark.get("at"), str) else None
+
+
+def _refusal(exc: sa.exc.DBAPIError) -> str | None:
+    """The reason the owner's function gave for keeping a table (it raises SQLSTATE 55000
+    with a message starting ``kept:``, naming schema objects only), else ``None``."""
+    orig = getattr(exc, "orig", None)
+    diag = getattr(orig, "diag", None)
+    primary = getattr(diag, "message_primary", None) or ""
+    if getattr(orig, "sqlstate", None) == "55000" and primary.startswith("kept: "):
+        return primary.removeprefix("kept: ")
+    return None
+
+
+def _plan_summary(plan: dict) -> str:
+    """``index scan on favorites_20240101_user_id_idx`` / ``sequential scan of ...``: how the
+    guard check's plan reads the partition."""
+    stack = [plan]
+    while stack:
+        node = stack.pop()
+        kind = node.get("Node Type", "")
+        if "Index" in kind and node.get("Index Name"):
+            return f"{kind.lower()} on {node['Index Name']}"
+        if kind == "Seq Scan":
+            return (f"sequential scan of {node.get('Relation Name')}: no index serves "
+                    "the guard check")
+        if kind == "Result" and "Plans" not in node:
+            return "no partition in range"
+        stack.extend(reversed(node.get("Plans", [])))
+    return "plan read"
+
+
+def _bound_sql(partition: TablePartition) -> str:
+    if partition.is_default:
+        return "DEFAULT"
+    lower = f"('{partition.lower.isoformat()}')" if partition.lower else "(MINVALUE)"
+    upper = f"('{partition.upper.isoformat()}')" if partition.upper else "(MAXVALUE)"
+    return f"FOR VALUES FROM {lower} TO {upper}"
+
+
+def _iso(value: dt.timedelta | None) -> str:
+    """ISO 8601: ``P7D``, ``P1DT12H``, ``PT0S``; ``null`` for ``None``."""
+    if value is None:
+        return "null"
+    days, seconds = value.days, value.seconds + value.microseconds / 1e6
+    time_part = f"T{seconds:g}S" if seconds else ""
+    return f"P{days}D{time_part}" if days else f"PT{seconds:g}S"
+
+
+def _ms(value: dt.timedelta) -> str:
+    return f"{max(1, round(value.total_seconds() * 1000))}ms"
+
+
+def _ms_int(value: dt.timedelta) -> int:
+    return max(1, round(value.total_seconds() * 1000))

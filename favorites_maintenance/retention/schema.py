@@ -109,6 +109,10 @@ def create_partitioned_dev_schema(engine: sa.Engine, bounds: list[dt.datetime], 
             names.append(f"{TABLE}_default")
         conn.execute(sa.text(f"CREATE INDEX favorites_updated_at_idx ON {SCHEMA}.{TABLE} "
                              "(updated_at)"))
+        # A user's favorites are read by user_id; the same index proves a partition holds no
+        # account row.
+        conn.execute(sa.text(f"CREATE INDEX favorites_user_id_idx ON {SCHEMA}.{TABLE} "
+                             "(user_id)"))
         if with_recommended_index:
             # CONCURRENTLY is not supported on a partitioned table's parent.
             conn.execute(sa.text(RECOMMENDED_INDEX_SQL.replace(" CONCURRENTLY", "")))

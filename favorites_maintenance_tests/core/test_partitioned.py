@@ -9,12 +9,18 @@ import sqlalchemy as sa
 
 from favorites_maintenance.retention.database import create_engine
 from favorites_maintenance.retention.errors import TableShapeError
-from favorites_maintenance.retention.partitioned import leaf_partitions
+from favorites_maintenance.retention.partitioned import (
+    Action,
+    drop_expired_partitions,
+    leaf_partitions,
+)
+from favorites_maintenance.retention.rule import GUEST_FAVORITES
 from favorites_maintenance.retention.schema import (
     create_partitioned_dev_schema,
     drop_dev_schema,
     month_starts,
 )
+from favorites_maintenance_tests.conftest import Rows
 
 UTC = dt.UTC
 
@@ -81,3 +87,47 @@ def test_a_table_partitioned_on_another_column_is_refused_naming_its_key(bare_en
             leaf_partitions(conn, "favorites", "favorites", age_column="updated_at")
         with pytest.raises(TableShapeError, match=r"by_hash is partitioned by HASH \(id\)"):
             leaf_partitions(conn, "favorites", "by_hash", age_column="updated_at")
+
+
+JAN_2024 = dt.datetime(2024, 1, 10, tzinfo=UTC)
+CUTOFF_2024 = dt.datetime(2024, 6, 1, tzinfo=UTC)
+
+
+@pytest.fixture
+def monthly(bare_engine):
+    """The dev table partitioned by month over 2024, 20 guest rows in January, nothing else."""
+    create_partitioned_dev_schema(bare_engine, month_starts(JAN_2024, 12))
+    Rows(bare_engine).add_many(20, updated_at=JAN_2024)
+    return bare_engine
+
+
+@pytest.mark.parametrize("ddl, said", [
+    (("CREATE TABLE favorites.refs (favorite_id bigint, favorite_at timestamptz, FOREIGN KEY "
+      "(favorite_id, favorite_at) REFERENCES favorites.favorites (id, updated_at))"),
+     "foreign key refs_favorite_id_favorite_at_fkey of favorites.refs"),
+    ("CREATE PUBLICATION favorites_pub FOR TABLE favorites.favorites",
+     "publication favorites_pub"),
+    ("ALTER TABLE favorites.favorites ENABLE ROW LEVEL SECURITY",
+     "row-level security on favorites.favorites"),
+    (("CREATE FUNCTION favorites.audit() RETURNS trigger LANGUAGE plpgsql AS "
+      "$$ BEGIN RETURN NULL; END $$; CREATE TRIGGER audit AFTER DELETE ON favorites.favorites "
+      "FOR EACH STATEMENT EXECUTE FUNCTION favorites.audit()"),
+     "DELETE trigger audit on favorites.favorites"),
+])
+def test_a_partition_a_drop_would_bypass_something_for_is_kept(monthly, ddl, said):
+    with monthly.begin() as conn:
+        conn.exec_driver_sql(ddl)
+    result = drop_expired_partitions(monthly, GUEST_FAVORITES, CUTOFF_2024)
+    assert result.detached == () and result.rows_removed == 0
+    [january] = [d for d in result.decisions if d.partition == "favorites.favorites_20240101"]
+    assert january.action is Action.KEPT
+    assert january.checks[-1] == f"a DROP would bypass {said}"
+    with monthly.connect() as conn:
+        assert conn.exec_driver_sql("SELECT count(*) FROM favorites.favorites").scalar() == 20
+
+
+def test_without_anything_in_the_way_the_expired_partitions_are_detached(monthly):
+    result = drop_expired_partitions(monthly, GUEST_FAVORITES, CUTOFF_2024)
+    # January to May 2024 end at or before June 1st.
+    assert result.detached == tuple(f"favorites.favorites_2024{m:02d}01" for m in range(1, 6))
+    assert result.rows_removed == 20 and result.privilege == "owner"

@@ -95,3 +95,25 @@ def test_a_small_bench_writes_every_strategy_and_deletes_exactly_the_prunable_ro
     # A_archive moved every row it deleted into the archive, once.
     assert report["strategies"]["A_archive"]["archived_rows"] == report["prunable_rows"]
     assert "A_archive against A: " in table
+
+
+def test_the_partitioned_bench_removes_the_same_rows_by_drops_as_by_deletes(pg_server, tmp_path):
+    from favorites_maintenance.bench.partitioned import run_partitioned_bench
+
+    out = tmp_path / "partitioned.json"
+    run_partitioned_bench(pg_server, 20_000, out=out, echo=lambda line: None,
+                          db_prefix=f"bench_part{os.getpid()}")
+    report = json.loads(out.read_text())
+    data = report["data"]
+    assert (data["partitions"], data["expired_partitions"]) == (36, 24)
+    assert 0 < data["prunable"] < data["rows"] and data["accounts"] > 0
+    rows, drops = report["strategies"]["rows"], report["strategies"]["drops"]
+    for strategy in (rows, drops):
+        assert strategy["correct"], strategy
+        assert strategy["rows_removed"] == data["prunable"]
+        assert strategy["after"]["accounts"] == data["accounts"]
+        assert strategy["wal_bytes"] > 0
+    # Every prunable row lies in the 24 expired partitions: the drops leave none to batches.
+    assert (drops["partitions_detached"], drops["partitions_dropped"]) == (24, 24)
+    assert drops["rows_deleted_in_batches"] == 0
+    assert set(report["ratios"]) == {"time_rows_over_drops", "wal_rows_over_drops"}

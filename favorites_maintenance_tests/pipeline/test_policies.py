@@ -510,3 +510,38 @@ def test_each_policy_s_partitions_start_on_its_own_day_and_a_recent_default(sand
         load_policies(tree)
     assert "policy guest_carts, partitions_start: '2026-02-30' is not a date of the calendar" \
         in str(refused.value)
+
+
+@pytest.mark.parametrize("written, drop, kept_for", [
+    ("", False, dt.timedelta(days=7)),
+    ("\n  drop_expired_partitions: true", True, dt.timedelta(days=7)),
+    ("\n  drop_expired_partitions: true\n  detached_retention: P30D", True,
+     dt.timedelta(days=30)),
+    # null is a value of its own here: kept for good, never dropped.
+    ("\n  drop_expired_partitions: true\n  detached_retention: null", True, None),
+    ("\n  drop_expired_partitions: true\n  detached_retention: ~", True, None),
+    ("\n  drop_expired_partitions: true\n  detached_retention: PT0S", True, dt.timedelta(0)),
+])
+def test_drop_expired_partitions_and_detached_retention_load_without_the_database(
+        sandbox, written, drop, kept_for):
+    folder = sandbox.defs_folder_path / "guest_carts"
+    folder.mkdir()
+    (folder / "defs.yaml").write_text(carts_yaml(_RULE + written))
+    with sandbox.build_component_tree() as tree:
+        carts = {p.name: p for p in load_policies(tree)}["guest_carts"]
+    assert carts.settings.drop_expired_partitions is drop
+    assert carts.settings.detached_retention == kept_for
+
+
+@pytest.mark.parametrize("written, said", [
+    ("\n  drop_expired_partitions: yes", "drop_expired_partitions: 'yes' is not true or false"),
+    ("\n  detached_retention: -P1D", "detached_retention: '-P1D' must not be negative"),
+    ("\n  drop_expired_partitions: true\n  archive_table: carts.archive",
+     "archive_table and policy guest_carts, drop_expired_partitions cannot be set together"),
+])
+def test_a_bad_partition_setting_is_refused_at_load_naming_it(sandbox, written, said):
+    folder = sandbox.defs_folder_path / "guest_carts"
+    folder.mkdir()
+    (folder / "defs.yaml").write_text(carts_yaml(_RULE + written))
+    with sandbox.build_component_tree() as tree, pytest.raises(PolicyLoadError, match=said):
+        load_policies(tree)

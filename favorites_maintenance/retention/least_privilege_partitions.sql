@@ -1,0 +1,171 @@
+-- Optional: what the cleanup role needs, on top of least_privilege.sql, for a policy with
+-- drop_expired_partitions: true on favorites.favorites partitioned by range on updated_at
+-- (docs/partitioned-tables.md). For another table, write its name, its age column and its
+-- guard columns where this file writes favorites.favorites, updated_at and user_id, and name
+-- the functions <schema>.<table>_detach_partition and <schema>.<table>_drop_detached.
+--
+-- Run once per database, as the owner of the table (or a superuser), after least_privilege.sql:
+--     psql -v role=favorites_cleanup -f least_privilege_partitions.sql "$OWNER_URL"
+-- favorites_maintenance.retention.least_privilege.apply_partition_functions() runs the same text.
+--
+-- Detaching and dropping a partition alter the table, which only its owner may do. Rather than
+-- giving the cleanup role ownership, the owner installs two SECURITY DEFINER functions that run
+-- as the owner, with a fixed search_path, and do one thing each, after checking again, under the
+-- lock they take, what the job checked before calling them:
+--   favorites.favorites_detach_partition(partition, cutoff, lock_timeout_ms) -> rows detached
+--       detaches one partition of favorites.favorites only when its upper bound is at or before
+--       the cutoff (itself not in the future), it holds no row with user_id NOT NULL and no row
+--       at or after the cutoff, and no DELETE trigger, row-level security, publication that
+--       publishes deletes or foreign key referencing it or the table would be bypassed; a
+--       detach left pending (DETACH ... CONCURRENTLY interrupted) is finalized. The table is
+--       marked by a comment (from which table, when, how many rows).
+--   favorites.favorites_drop_detached(table, keep_for, lock_timeout_ms) -> rows dropped
+--       drops one table only when the comment says it was detached from favorites.favorites by
+--       these functions or the job, keep_for has passed since, it is not a partition again and
+--       it holds no row with user_id NOT NULL.
+-- Each refusal raises SQLSTATE 55000 with a message starting "kept: ", which the run logs; the
+-- job then leaves the partition's rows to its batches.
+--
+-- A function cannot run DETACH ... CONCURRENTLY (PostgreSQL refuses it inside a transaction):
+-- the function's DETACH is the plain one. It holds an ACCESS EXCLUSIVE lock on the table for the
+-- time of the catalog change only; its wait for that lock, behind other sessions, is bounded by
+-- lock_timeout_ms (the job's lock timeout), and the job tries again later with a longer pause.
+
+CREATE OR REPLACE FUNCTION favorites.favorites_detach_partition(
+    part regclass, cutoff timestamptz, lock_timeout_ms integer)
+RETURNS bigint
+LANGUAGE plpgsql SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+SET TimeZone = 'UTC'
+AS $fn$
+DECLARE
+    parent CONSTANT regclass := 'favorites.favorites'::regclass;
+    bound text;
+    pending boolean;
+    upper_bound timestamptz;
+    blocker text;
+    found boolean;
+    rows_found bigint;
+BEGIN
+    IF cutoff IS NULL OR cutoff > now() THEN
+        RAISE EXCEPTION USING ERRCODE = '55000',
+            MESSAGE = 'kept: the cutoff is not a past instant';
+    END IF;
+    PERFORM set_config('lock_timeout', greatest(coalesce(lock_timeout_ms, 1), 1) || 'ms', true);
+    SELECT i.inhdetachpending, pg_get_expr(c.relpartbound, c.oid) INTO pending, bound
+      FROM pg_inherits i JOIN pg_class c ON c.oid = i.inhrelid
+     WHERE i.inhrelid = part AND i.inhparent = parent;
+    IF NOT FOUND THEN
+        RAISE EXCEPTION USING ERRCODE = '55000',
+            MESSAGE = format('kept: %s is not a partition of %s', part, parent);
+    END IF;
+    upper_bound := CAST(substring(bound FROM $re$ TO \('([^']*)'\)$re$) AS timestamptz);
+    IF upper_bound IS NULL OR upper_bound > cutoff THEN
+        RAISE EXCEPTION USING ERRCODE = '55000',
+            MESSAGE = format('kept: the range of %s (%s) does not end at or before the cutoff',
+                             part, bound);
+    END IF;
+    -- The same order as DETACH itself: the table, then the partition.
+    EXECUTE format('LOCK TABLE ONLY %s IN ACCESS EXCLUSIVE MODE', parent);
+    EXECUTE format('LOCK TABLE ONLY %s IN ACCESS EXCLUSIVE MODE', part);
+    SELECT b INTO blocker FROM (
+        SELECT format('DELETE trigger %I on %s', t.tgname, t.tgrelid::regclass) AS b
+          FROM pg_trigger t
+         WHERE t.tgrelid IN (part, parent) AND NOT t.tgisinternal AND t.tgtype & 8 <> 0
+        UNION ALL
+        SELECT format('row-level security on %s', c.oid::regclass)
+          FROM pg_class c WHERE c.oid IN (part, parent) AND c.relrowsecurity
+        UNION ALL
+        SELECT format('publication %I', p.pubname)
+          FROM pg_publication p
+         WHERE p.pubdelete AND EXISTS (
+               SELECT 1 FROM pg_publication_tables pt
+                WHERE pt.pubname = p.pubname
+                  AND to_regclass(format('%I.%I', pt.schemaname, pt.tablename)) IN (part, parent))
+        UNION ALL
+        SELECT format('foreign key %I of %s', k.conname, k.conrelid::regclass)
+          FROM pg_constraint k
+         WHERE k.contype = 'f' AND k.conparentid = 0 AND k.confrelid IN (part, parent)
+    ) AS blockers LIMIT 1;
+    IF blocker IS NOT NULL THEN
+        RAISE EXCEPTION USING ERRCODE = '55000',
+            MESSAGE = format('kept: a DROP would bypass %s', blocker);
+    END IF;
+    EXECUTE format('SELECT EXISTS (SELECT 1 FROM %s WHERE user_id IS NOT NULL)', part)
+       INTO found;
+    IF found THEN
+        RAISE EXCEPTION USING ERRCODE = '55000',
+            MESSAGE = format('kept: %s holds a row with user_id NOT NULL', part);
+    END IF;
+    EXECUTE format('SELECT EXISTS (SELECT 1 FROM %s WHERE updated_at >= $1)', part)
+       INTO found USING cutoff;
+    IF found THEN
+        RAISE EXCEPTION USING ERRCODE = '55000',
+            MESSAGE = format('kept: %s holds a row at or after the cutoff', part);
+    END IF;
+    EXECUTE format('SELECT count(*) FROM %s', part) INTO rows_found;
+    IF pending THEN
+        EXECUTE format('ALTER TABLE %s DETACH PARTITION %s FINALIZE', parent, part);
+    ELSE
+        EXECUTE format('ALTER TABLE %s DETACH PARTITION %s', parent, part);
+    END IF;
+    EXECUTE format('COMMENT ON TABLE %s IS %L', part, json_build_object(
+        'favorites_maintenance', 'detached', 'from', 'favorites.favorites',
+        'at', now(), 'rows', rows_found)::text);
+    RETURN rows_found;
+END
+$fn$;
+
+CREATE OR REPLACE FUNCTION favorites.favorites_drop_detached(
+    detached regclass, keep_for interval, lock_timeout_ms integer)
+RETURNS bigint
+LANGUAGE plpgsql SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+SET TimeZone = 'UTC'
+AS $fn$
+DECLARE
+    note text := obj_description(detached, 'pg_class');
+    mark jsonb;
+    found boolean;
+    rows_found bigint;
+BEGIN
+    IF note IS NULL OR note NOT LIKE '{"favorites_maintenance"%' THEN
+        RAISE EXCEPTION USING ERRCODE = '55000',
+            MESSAGE = format('kept: %s was not detached by the cleanup', detached);
+    END IF;
+    mark := note::jsonb;
+    IF mark->>'favorites_maintenance' IS DISTINCT FROM 'detached'
+       OR mark->>'from' IS DISTINCT FROM 'favorites.favorites' THEN
+        RAISE EXCEPTION USING ERRCODE = '55000',
+            MESSAGE = format('kept: %s was not detached from favorites.favorites', detached);
+    END IF;
+    IF (SELECT c.relispartition OR c.relkind <> 'r' FROM pg_class c WHERE c.oid = detached) THEN
+        RAISE EXCEPTION USING ERRCODE = '55000',
+            MESSAGE = format('kept: %s is a partition again', detached);
+    END IF;
+    IF keep_for IS NULL OR CAST(mark->>'at' AS timestamptz) + keep_for > now() THEN
+        RAISE EXCEPTION USING ERRCODE = '55000',
+            MESSAGE = format('kept: %s was detached less than %s ago', detached, keep_for);
+    END IF;
+    PERFORM set_config('lock_timeout', greatest(coalesce(lock_timeout_ms, 1), 1) || 'ms', true);
+    EXECUTE format('LOCK TABLE %s IN ACCESS EXCLUSIVE MODE', detached);
+    EXECUTE format('SELECT EXISTS (SELECT 1 FROM %s WHERE user_id IS NOT NULL)', detached)
+       INTO found;
+    IF found THEN
+        RAISE EXCEPTION USING ERRCODE = '55000',
+            MESSAGE = format('kept: %s holds a row with user_id NOT NULL', detached);
+    END IF;
+    EXECUTE format('SELECT count(*) FROM %s', detached) INTO rows_found;
+    EXECUTE format('DROP TABLE %s', detached);
+    RETURN rows_found;
+END
+$fn$;
+
+REVOKE ALL ON FUNCTION favorites.favorites_detach_partition(regclass, timestamptz, integer)
+    FROM PUBLIC;
+REVOKE ALL ON FUNCTION favorites.favorites_drop_detached(regclass, interval, integer)
+    FROM PUBLIC;
+GRANT EXECUTE ON FUNCTION favorites.favorites_detach_partition(regclass, timestamptz, integer)
+    TO :"role";
+GRANT EXECUTE ON FUNCTION favorites.favorites_drop_detached(regclass, interval, integer)
+    TO :"role";

@@ -1,0 +1,422 @@
+"""A policy with ``drop_expired_partitions`` on a table partitioned by month: the partitions
+wholly before the cutoff that hold nothing the rule keeps are detached (and dropped by a later
+run), every other prunable row is deleted in batches, and no account row is ever removed. Runs
+of a policy's job through ``execute_in_process`` on a real server, with locks held, backends
+cancelled and the least-privilege role.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import json
+import threading
+import time
+
+import dagster as dg
+import pytest
+import sqlalchemy as sa
+
+from favorites_maintenance.retention import partitioned
+from favorites_maintenance.retention.database import create_engine
+from favorites_maintenance.retention.defaults import DATABASE_URL_VAR
+from favorites_maintenance.retention.least_privilege import apply_partition_functions
+from favorites_maintenance.retention.schema import (
+    create_partitioned_dev_schema,
+    drop_dev_schema,
+    month_starts,
+)
+from favorites_maintenance_tests.conftest import Rows
+from favorites_maintenance_tests.helpers.jobs import (
+    failure_text,
+    guest_settings_env,
+    materialization,
+    run_partition,
+)
+from favorites_maintenance_tests.helpers.policies import (
+    favorites_policy,
+    policy_sandbox,
+)
+from favorites_maintenance_tests.reliability.conftest import CUTOFF, PARTITION
+
+UTC = dt.UTC
+POLICY = "monthly_favorites"
+JOB = f"{POLICY}_cleanup_job"
+ASSET_KEY = dg.AssetKey(["favorites", f"{POLICY}_cleanup"])
+#: Monthly partitions from January 2025 to December 2026; the cutoff of PARTITION is
+#: 2025-06-16, so January to May 2025 lie wholly before it.
+BOUNDS = month_starts(dt.datetime(2025, 1, 1, tzinfo=UTC), 24)
+JAN, FEB, MAR, APR, MAY = (f"favorites.favorites_2025{m:02d}01" for m in range(1, 6))
+
+
+@pytest.fixture
+def table(db_url, engine, monkeypatch):
+    """The test database's favorites table, partitioned by month; the code location's
+    variables."""
+    drop_dev_schema(engine)
+    create_partitioned_dev_schema(engine, BOUNDS)
+    monkeypatch.setenv(DATABASE_URL_VAR, db_url.render_as_string(hide_password=False))
+    guest_settings_env(monkeypatch)
+    return engine
+
+
+def defs(**attributes) -> dg.Definitions:
+    policy = favorites_policy(POLICY, drop_expired_partitions=True, batch_size=7, **attributes)
+    with policy_sandbox(policy) as sandbox:
+        return sandbox.code_location()
+
+
+def run(instance, **attributes) -> dg.ExecuteInProcessResult:
+    return run_partition(defs(**attributes), instance, PARTITION, job=JOB,
+                         raise_on_error=False)
+
+
+def log_lines(instance, result) -> str:
+    return "\n".join(e.user_message or "" for e in instance.all_logs(result.run_id))
+
+
+def month(m: int, day: int = 10) -> dt.datetime:
+    return dt.datetime(2025, m, day, tzinfo=UTC)
+
+
+def partitions_of(engine) -> set[str]:
+    with engine.connect() as conn:
+        return {p.qualified_name for p in partitioned.leaf_partitions(
+            conn, "favorites", "favorites", age_column="updated_at")}
+
+
+def tables(engine) -> set[str]:
+    with engine.connect() as conn:
+        return set(conn.execute(sa.text(
+            "SELECT format('%s.%s', schemaname, tablename) FROM pg_tables "
+            "WHERE schemaname = 'favorites'")).scalars())
+
+
+def fill(rows: Rows) -> dict[str, list[int]]:
+    """Guest rows in January (30), February (20, with one account row), April (5) and June
+    2025 (5 before the cutoff, 5 after), and in 2026 (10, fresh)."""
+    made = {
+        "jan": rows.add_many(30, updated_at=month(1)),
+        "feb": rows.add_many(20, updated_at=month(2)),
+        "feb_account": [rows.add(updated_at=month(2, 20), user_id=7)],
+        "apr": rows.add_many(5, updated_at=month(4)),
+        "jun_old": rows.add_many(5, updated_at=month(6, 1)),
+        "jun_fresh": rows.add_many(5, updated_at=month(6, 20)),
+        "fresh": rows.add_many(10, updated_at=dt.datetime(2026, 3, 1, tzinfo=UTC)),
+    }
+    return made
+
+
+def test_wholly_expired_partitions_are_detached_and_the_rest_deleted_in_batches(table, rows):
+    made = fill(rows)
+    with dg.instance_for_test() as instance:
+        result = run(instance)
+        assert result.success, failure_text(result)
+        meta = materialization(result, asset_key=ASSET_KEY)
+        lines = log_lines(instance, result)
+    # January (30 rows), March and April (5) and May (empty) are detached; February keeps its
+    # account row, so its 20 guest rows are deleted in batches, as are June's 5 old ones.
+    assert meta["partitionsDetached"] == 4
+    assert meta["partitionsDropped"] == 0
+    assert meta["deletedTotal"] == 30 + 5 + 20 + 5
+    assert meta["backlogRemaining"] == 0
+    assert rows.ids() == {*made["feb_account"], *made["jun_fresh"], *made["fresh"]}
+    assert not {JAN, MAR, APR, MAY} & partitions_of(table)
+    assert FEB in partitions_of(table)
+    assert {JAN, APR} <= tables(table)  # detached, kept for detached_retention (7 days)
+    assert f"partition {FEB} kept" in lines and "holds a row the rule keeps" in lines
+    assert f"partition {JAN} detached (30 rows)" in lines
+    assert "DETACH ... CONCURRENTLY" in lines
+    assert "no DELETE trigger, row-level security, publication or foreign key" in lines
+
+
+def backdate_detach(engine, table_name: str, days: int) -> None:
+    """Move the instant the job recorded for detaching ``table_name`` ``days`` into the past."""
+    with engine.begin() as conn:
+        note = conn.execute(sa.text("SELECT obj_description(CAST(:t AS regclass), 'pg_class')"),
+                            {"t": table_name}).scalar_one()
+        mark = json.loads(note)
+        mark["at"] = (dt.datetime.fromisoformat(mark["at"])
+                      - dt.timedelta(days=days)).isoformat()
+        conn.execute(sa.text("SELECT set_config('test.note', :n, true)"),
+                     {"n": json.dumps(mark)})
+        conn.execute(sa.text(f"DO $$ BEGIN EXECUTE format('COMMENT ON TABLE {table_name} IS %L',"
+                             " current_setting('test.note')); END $$"))
+
+
+def test_a_later_run_drops_the_detached_tables_once_detached_retention_is_over(table, rows):
+    made = fill(rows)
+    with dg.instance_for_test() as instance:
+        first = run(instance)
+        assert first.success, failure_text(first)
+        # Six days later by the recorded instants: still kept.
+        for name in (JAN, MAR, APR, MAY):
+            backdate_detach(table, name, 6)
+        second = run(instance)
+        assert materialization(second, asset_key=ASSET_KEY)["partitionsDropped"] == 0
+        assert {JAN, MAR, APR, MAY} <= tables(table)
+        for name in (JAN, MAR, APR, MAY):
+            backdate_detach(table, name, 2)
+        third = run(instance)
+        assert third.success, failure_text(third)
+        meta = materialization(third, asset_key=ASSET_KEY)
+        lines = log_lines(instance, third)
+    assert (meta["partitionsDropped"], meta["partitionsDetached"], meta["deletedTotal"]) \
+        == (4, 0, 0)
+    assert not {JAN, MAR, APR, MAY} & tables(table)
+    assert f"detached table {JAN} dropped (30 rows)" in lines
+    assert "detached_retention P7D over" in lines
+    assert rows.ids() == {*made["feb_account"], *made["jun_fresh"], *made["fresh"]}
+
+
+def test_detached_retention_null_keeps_detached_tables_for_good(table, rows):
+    fill(rows)
+    with dg.instance_for_test() as instance:
+        first = run(instance, detached_retention=None)
+        assert first.success, failure_text(first)
+        backdate_detach(table, JAN, 3650)
+        second = run(instance, detached_retention=None)
+        meta = materialization(second, asset_key=ASSET_KEY)
+        lines = log_lines(instance, second)
+    assert meta["partitionsDropped"] == 0
+    assert JAN in tables(table)
+    assert f"detached table {JAN} kept" in lines and "kept for good" in lines
+
+
+def test_a_partition_with_a_delete_trigger_is_kept_and_its_rows_deleted_in_batches(table, rows):
+    march = rows.add_many(10, updated_at=month(3))
+    jan = rows.add_many(4, updated_at=month(1))
+    account = rows.add(updated_at=month(3, 20), user_id=9)
+    with table.begin() as conn:
+        conn.execute(sa.text("CREATE TABLE favorites.deleted_log (id bigint)"))
+        conn.execute(sa.text(
+            "CREATE FUNCTION favorites.log_delete() RETURNS trigger LANGUAGE plpgsql AS "
+            "$$ BEGIN INSERT INTO favorites.deleted_log VALUES (OLD.id); RETURN OLD; END $$"))
+        conn.execute(sa.text(
+            f"CREATE TRIGGER log_delete AFTER DELETE ON {MAR} "
+            "FOR EACH ROW EXECUTE FUNCTION favorites.log_delete()"))
+    with dg.instance_for_test() as instance:
+        result = run(instance)
+        assert result.success, failure_text(result)
+        meta = materialization(result, asset_key=ASSET_KEY)
+        lines = log_lines(instance, result)
+    assert MAR in partitions_of(table) and JAN not in partitions_of(table)
+    assert f"a DROP would bypass DELETE trigger log_delete on {MAR}" in lines
+    with table.connect() as conn:
+        logged = set(conn.execute(sa.text("SELECT id FROM favorites.deleted_log")).scalars())
+    assert logged == set(march)  # the trigger saw every delete of March
+    assert meta["deletedTotal"] == 14
+    assert rows.ids() == {account}
+    assert set(jan).isdisjoint(rows.ids())
+
+
+def test_a_lock_held_on_the_table_makes_the_detach_wait_and_try_again(table, rows, monkeypatch):
+    monkeypatch.setattr(partitioned, "LOCK_BACKOFF_S", 0.2)
+    jan = rows.add_many(6, updated_at=month(1))
+    account = rows.add(updated_at=month(2), user_id=3)
+    released = threading.Event()
+    waits: set[tuple] = set()
+
+    def hold_until_the_second_attempt() -> None:
+        # SHARE conflicts with the SHARE UPDATE EXCLUSIVE lock DETACH ... CONCURRENTLY takes.
+        with table.connect() as holder:
+            holder.execute(sa.text("LOCK TABLE ONLY favorites.favorites IN SHARE MODE"))
+            with table.connect() as watcher:
+                deadline = time.monotonic() + 60
+                while len(waits) < 2 and time.monotonic() < deadline:
+                    waits.update(watcher.execute(sa.text(
+                        "SELECT pid, query_start FROM pg_stat_activity "
+                        "WHERE wait_event_type = 'Lock' AND query LIKE 'ALTER TABLE%DETACH%'")
+                    ).all())
+                    watcher.rollback()
+                    time.sleep(0.05)
+            holder.rollback()
+            released.set()
+
+    thread = threading.Thread(target=hold_until_the_second_attempt, daemon=True)
+    thread.start()
+    with dg.instance_for_test() as instance:
+        result = run(instance)
+        assert result.success, failure_text(result)
+        meta = materialization(result, asset_key=ASSET_KEY)
+        lines = log_lines(instance, result)
+    thread.join(10)
+    assert released.is_set() and len(waits) >= 2
+    assert f"DETACH ... CONCURRENTLY of {JAN}: lock_timeout" in lines
+    assert "attempt 1/5; again in 0.2 s" in lines
+    assert f"partition {JAN} detached (6 rows)" in lines
+    assert meta["partitionsDetached"] >= 1 and meta["deletedTotal"] == 6
+    assert rows.ids() == {account} and set(jan).isdisjoint(rows.ids())
+
+
+def test_a_detach_whose_backend_is_killed_is_finished_by_the_next_run(db_url, engine, rows,
+                                                                      monkeypatch):
+    # January 2025, then one partition to 2027: January alone lies before the cutoff.
+    drop_dev_schema(engine)
+    create_partitioned_dev_schema(engine, [month(1, 1), month(2, 1),
+                                           dt.datetime(2027, 1, 1, tzinfo=UTC)])
+    monkeypatch.setenv(DATABASE_URL_VAR, db_url.render_as_string(hide_password=False))
+    guest_settings_env(monkeypatch)
+    jan = rows.add_many(8, updated_at=month(1))
+    account = rows.add(updated_at=month(1, 20) + dt.timedelta(days=30), user_id=5)
+    killed: list[int] = []
+    # A reader whose snapshot predates the detach: DETACH ... CONCURRENTLY waits for it after
+    # its first transaction committed, and is killed there.
+    holder = create_engine(db_url).connect()
+    holder.execute(sa.text("BEGIN ISOLATION LEVEL REPEATABLE READ"))
+    holder.execute(sa.text("SELECT count(*) FROM favorites.favorites")).scalar_one()
+
+    def kill_the_detach() -> None:
+        with engine.connect() as watcher:
+            deadline = time.monotonic() + 60
+            while not killed and time.monotonic() < deadline:
+                pid = watcher.execute(sa.text(
+                    "SELECT pid FROM pg_stat_activity WHERE wait_event_type = 'Lock' "
+                    "AND query LIKE 'ALTER TABLE%DETACH%CONCURRENTLY'")).scalar()
+                if pid is not None:
+                    watcher.execute(sa.text("SELECT pg_terminate_backend(:p)"), {"p": pid})
+                    killed.append(pid)
+                watcher.rollback()
+                time.sleep(0.02)
+
+    thread = threading.Thread(target=kill_the_detach, daemon=True)
+    thread.start()
+    try:
+        with dg.instance_for_test() as instance:
+            first = run(instance)
+            thread.join(10)
+            assert first.success, failure_text(first)
+            assert killed
+            with engine.connect() as conn:
+                [pending] = [p for p in partitioned.leaf_partitions(
+                    conn, "favorites", "favorites") if p.qualified_name == JAN]
+            assert pending.detach_pending
+            assert materialization(first, asset_key=ASSET_KEY)["partitionsDetached"] == 0
+            holder.rollback()
+            holder.close()
+            second = run(instance)
+            assert second.success, failure_text(second)
+            meta = materialization(second, asset_key=ASSET_KEY)
+            lines = log_lines(instance, second)
+    finally:
+        holder.close()
+    assert meta["partitionsDetached"] == 1 and meta["deletedTotal"] == 8
+    assert f"partition {JAN} detached (8 rows)" in lines and "FINALIZE" in lines
+    assert JAN not in partitions_of(engine) and JAN in tables(engine)
+    assert rows.ids() == {account} and set(jan).isdisjoint(rows.ids())
+
+
+def test_with_a_default_partition_the_detach_is_a_plain_one(db_url, engine, rows, monkeypatch):
+    drop_dev_schema(engine)
+    create_partitioned_dev_schema(engine, BOUNDS, default_partition=True)
+    monkeypatch.setenv(DATABASE_URL_VAR, db_url.render_as_string(hide_password=False))
+    guest_settings_env(monkeypatch)
+    jan = rows.add_many(3, updated_at=month(1))
+    old_default = rows.add_many(2, updated_at=dt.datetime(2020, 1, 1, tzinfo=UTC))
+    with dg.instance_for_test() as instance:
+        result = run(instance)
+        assert result.success, failure_text(result)
+        meta = materialization(result, asset_key=ASSET_KEY)
+        lines = log_lines(instance, result)
+    assert "DETACH (the table has a default partition, which refuses CONCURRENTLY)" in lines
+    assert "partition favorites.favorites_default kept: the default partition" in lines
+    assert meta["deletedTotal"] == 5  # January detached, the default's two rows in batches
+    assert set(jan + old_default).isdisjoint(rows.ids())
+
+
+def test_an_archive_table_with_drop_expired_partitions_is_refused_at_load(table):
+    from favorites_maintenance.components.policy_tree import PolicyLoadError
+
+    with pytest.raises(PolicyLoadError, match="archive_table and .*drop_expired_partitions"):
+        defs(archive_table="favorites.favorites_archive")
+
+
+def test_a_table_not_partitioned_by_the_age_column_fails_the_run_naming_it(db_url, engine,
+                                                                          rows, monkeypatch):
+    monkeypatch.setenv(DATABASE_URL_VAR, db_url.render_as_string(hide_password=False))
+    guest_settings_env(monkeypatch)
+    old = rows.add(updated_at=month(1))
+    with dg.instance_for_test() as instance:
+        result = run(instance)
+    assert not result.success
+    assert "favorites.favorites is not a partitioned table" in failure_text(result)
+    assert old in rows.ids()
+
+
+def test_the_least_privilege_role_without_the_functions_deletes_rows_instead(
+        table, rows, roles, monkeypatch):
+    made = fill(rows)
+    url = roles.create("cleanup", least_privilege=True)
+    monkeypatch.setenv(DATABASE_URL_VAR, url.render_as_string(hide_password=False))
+    with dg.instance_for_test() as instance:
+        result = run(instance)
+        assert result.success, failure_text(result)
+        meta = materialization(result, asset_key=ASSET_KEY)
+        lines = log_lines(instance, result)
+    assert "may not alter favorites.favorites and cannot execute " \
+           "favorites.favorites_detach_partition(regclass, timestamptz, integer)" in lines
+    assert (meta["partitionsDetached"], meta["deletedTotal"]) == (0, 60)
+    assert {JAN, MAR, APR, MAY} <= partitions_of(table)
+    assert rows.ids() == {*made["feb_account"], *made["jun_fresh"], *made["fresh"]}
+
+
+def test_the_least_privilege_role_detaches_and_drops_through_the_owners_functions(
+        table, rows, roles, monkeypatch):
+    made = fill(rows)
+    url = roles.create("cleanup", least_privilege=True)
+    apply_partition_functions(table, url.username)
+    monkeypatch.setenv(DATABASE_URL_VAR, url.render_as_string(hide_password=False))
+    with dg.instance_for_test() as instance:
+        first = run(instance)
+        assert first.success, failure_text(first)
+        meta = materialization(first, asset_key=ASSET_KEY)
+        lines = log_lines(instance, first)
+        assert (meta["partitionsDetached"], meta["deletedTotal"]) == (4, 60)
+        assert "favorites.favorites_detach_partition checked it again under its lock" in lines
+        assert f"partition {FEB} kept" in lines
+        for name in (JAN, MAR, APR, MAY):
+            backdate_detach(table, name, 8)
+        second = run(instance)
+        assert second.success, failure_text(second)
+        dropped = materialization(second, asset_key=ASSET_KEY)
+        second_lines = log_lines(instance, second)
+    assert dropped["partitionsDropped"] == 4
+    assert "favorites.favorites_drop_detached checked it again and dropped it" in second_lines
+    assert not {JAN, MAR, APR, MAY} & tables(table)
+    assert rows.ids() == {*made["feb_account"], *made["jun_fresh"], *made["fresh"]}
+
+
+def test_the_owners_function_refuses_a_partition_holding_an_account_row(table, rows, roles):
+    rows.add_many(3, updated_at=month(2))
+    rows.add(updated_at=month(2, 15), user_id=1)
+    url = roles.create("cleanup", least_privilege=True)
+    apply_partition_functions(table, url.username)
+    role_engine = create_engine(url)
+    try:
+        with pytest.raises(sa.exc.DBAPIError, match="kept: favorites.favorites_20250201 holds "
+                                                    "a row with user_id NOT NULL"), \
+                role_engine.begin() as conn:
+            conn.execute(sa.text("SELECT favorites.favorites_detach_partition("
+                                 "CAST(:p AS regclass), :c, 1000)"), {"p": FEB, "c": CUTOFF})
+        with pytest.raises(sa.exc.DBAPIError, match="must be owner of table favorites"), \
+                role_engine.begin() as conn:
+            conn.execute(sa.text(f"ALTER TABLE favorites.favorites DETACH PARTITION {FEB}"))
+    finally:
+        role_engine.dispose()
+    assert FEB in partitions_of(table) and rows.accounts() == 1
+
+
+def test_with_partition_steps_the_plan_detaches_and_the_steps_delete_the_rest(table, rows):
+    made = fill(rows)
+    with dg.instance_for_test() as instance:
+        result = run(instance, max_parallel_partitions=2)
+        assert result.success, failure_text(result)
+        meta = materialization(result, asset_key=ASSET_KEY)
+        lines = log_lines(instance, result)
+        steps = {e.step_key for e in result.all_events if e.event_type_value == "STEP_SUCCESS"}
+    # The plan detached January, March, April and May; one step each for February and June.
+    assert (meta["partitionsDetached"], meta["partitionsDropped"]) == (4, 0)
+    assert meta["deletedTotal"] == 30 + 5 + 20 + 5
+    assert f"partition {JAN} detached (30 rows)" in lines
+    assert "2 partitions of favorites.favorites hold rows older than" in lines
+    assert sum(1 for key in steps if "purge_partition" in key) == 2
+    assert rows.ids() == {*made["feb_account"], *made["jun_fresh"], *made["fresh"]}
