@@ -42,10 +42,18 @@ class _RunLogHandler(logging.Handler):
 
 @contextlib.contextmanager
 def core_logs_in_run_log(context: dg.OpExecutionContext):
+    """While the block runs, copy the retention core's records at INFO and above into the
+    run's log. The core's logger is lowered to INFO for that time when nothing configured it
+    (Python's root logger stops at WARNING, and a record below a logger's level is never made,
+    whatever its handlers)."""
     logger = logging.getLogger(CORE_LOGGER)
     handler = _RunLogHandler(context)
+    level = logger.level
+    if logger.getEffectiveLevel() > logging.INFO:
+        logger.setLevel(logging.INFO)
     logger.addHandler(handler)
     try:
         yield
     finally:
         logger.removeHandler(handler)
+        logger.setLevel(level)

@@ -41,11 +41,15 @@ def test_a_spread_backlog_goes_in_page_order_within_the_explicit_batch_size(
     with dg.instance_for_test() as instance:
         result = run_job(db_url, instance, partition=PARTITION, monkeypatch=monkeypatch,
                          batch_size=3000)
+        messages = [e.user_message for e in instance.all_logs(result.run_id)
+                    if not e.dagster_event]
 
     assert result.success
     meta = materialization(result)
     assert meta["scanMode"] == "page_order"
     assert meta["scanReason"].startswith("page order: about ")
+    # The core's reason is in the run's log too, where the operator reads the run.
+    assert f"favorites.favorites: {meta['scanReason']}" in messages
     assert meta["deletedTotal"] == 130_000 // 3 and meta["backlogRemaining"] == 0
     assert meta["batchSizeMode"] == "fixed" and meta["pacedMs"] == 0
     counts = per_transaction(engine)
