@@ -510,11 +510,25 @@ def _bench_partitioned(server, rows: int, out) -> None:
     from favorites_maintenance.bench.partitioned import run_partitioned_bench
 
     report = run_partitioned_bench(server, rows, out=out, echo=_echo)
-    ratios = report["ratios"]
-    _echo(f"drops against row deletes: {ratios['time_rows_over_drops']}x faster, "
-          f"{ratios['wal_rows_over_drops']}x less WAL; results written to {out}")
+    rows_run, drops = report["strategies"]["rows"], report["strategies"]["drops"]
+    _echo(f"drops against row deletes: "
+          f"{_times(rows_run['seconds'], drops['seconds'], 'faster', 'slower', 'as fast')}, "
+          f"{_times(rows_run['wal_bytes'], drops['wal_bytes'], 'less WAL', 'more WAL', 'as much WAL')}; "
+          f"results written to {out}")
     if not all(r["correct"] for r in report["strategies"].values()):
         _fail("partitioned: a strategy did not remove exactly the prunable rows")
+
+
+def _times(deletes: float, drops: float, better: str, worse: str, same: str) -> str:
+    """``11.7x faster``, ``10.8x slower`` or ``about as fast``: the drops' figure against the
+    row deletes', worded so that the ratio is never below 1 (a small data set's drops cost more
+    than its deletes, and "0.1x faster" read as a gain)."""
+    deletes, drops = max(deletes, 1e-9), max(drops, 1e-9)
+    if max(deletes, drops) / min(deletes, drops) < 1.05:
+        return f"about {same}"
+    if deletes > drops:
+        return f"{deletes / drops:.1f}x {better}"
+    return f"{drops / deletes:.1f}x {worse}"
 
 
 @main.command(short_help="Benchmark the purge against one DELETE and the usual alternatives.")

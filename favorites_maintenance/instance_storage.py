@@ -68,7 +68,7 @@ class DeployedPostgresStorage(DagsterPostgresStorage):
         if not url:
             raise SettingsError(variable, "is not set: Dagster's storage needs the URL of its "
                                 "PostgreSQL database, postgresql+psycopg2://user:password@host:"
-                                "5432/dagster (README, \"Deploying\"); for a local UI run "
+                                "5432/dagster (docs/deploying.md); for a local UI run "
                                 "`favorites-maintenance dev` or `dg dev`")
         return cls(
             postgres_url=url, inst_data=inst_data,

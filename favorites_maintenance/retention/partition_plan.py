@@ -18,17 +18,29 @@ import datetime as dt
 import sqlalchemy as sa
 
 from favorites_maintenance.retention.database import limit_transaction
-from favorites_maintenance.retention.errors import DatabaseError, TableShapeError, describe
+from favorites_maintenance.retention.errors import (
+    DatabaseError,
+    ErrorKind,
+    TableShapeError,
+    describe,
+)
 from favorites_maintenance.retention.partitioned import TablePartition, leaf_partitions
 from favorites_maintenance.retention.rule import RetentionRule
 
 
 class PartitionPlanError(DatabaseError):
     """The partitions of the table could not be read or probed; nothing was deleted.
-    ``error`` describes the database error."""
+    ``error`` describes the database error; a permission error says which grants the job's
+    role lacks."""
 
     def __init__(self, error):
-        super().__init__(f"could not read the table's partitions: {error}", error)
+        hint = ""
+        if error.kind is ErrorKind.PERMISSION_DENIED:
+            # Each partition is probed and purged by name: the parent's grants do not reach it.
+            hint = ("; with max_parallel_partitions the job's role needs on every partition "
+                    "the grants it has on the table (docs/dagster.md, \"Partitioned tables on "
+                    "several workers\")")
+        super().__init__(f"could not read the table's partitions: {error}{hint}", error)
 
 
 #: Whether ``:t`` is a partitioned table (``relkind = 'p'``); no row when it does not exist.

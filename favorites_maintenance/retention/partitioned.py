@@ -848,8 +848,9 @@ def _plan_summary(plan: dict) -> str:
         if "Index" in kind and node.get("Index Name"):
             return f"{kind.lower()} on {node['Index Name']}"
         if kind == "Seq Scan":
-            return (f"sequential scan of {node.get('Relation Name')}: no index serves "
-                    "the guard check")
+            # The planner's choice: an index on the guard may exist, unused on a small table.
+            return (f"sequential scan of {node.get('Relation Name')}: the plan uses no index "
+                    "for the guard check")
         if kind == "Result" and "Plans" not in node:
             return "no partition in range"
         stack.extend(reversed(node.get("Plans", [])))

@@ -420,3 +420,28 @@ def test_with_partition_steps_the_plan_detaches_and_the_steps_delete_the_rest(ta
     assert "2 partitions of favorites.favorites hold rows older than" in lines
     assert sum(1 for key in steps if "purge_partition" in key) == 2
     assert rows.ids() == {*made["feb_account"], *made["jun_fresh"], *made["fresh"]}
+
+
+def test_partition_steps_under_the_least_privilege_role_need_its_grants_on_each_partition(
+        table, rows, roles, monkeypatch):
+    made = fill(rows)
+    url = roles.create("cleanup", least_privilege=True)
+    apply_partition_functions(table, url.username)
+    monkeypatch.setenv(DATABASE_URL_VAR, url.render_as_string(hide_password=False))
+    with dg.instance_for_test() as instance:
+        refused = run(instance, max_parallel_partitions=2)
+    assert not refused.success
+    assert ("with max_parallel_partitions the job's role needs on every partition the grants "
+            "it has on the table") in failure_text(refused)
+    assert {*made["feb"], *made["jun_old"]} <= rows.ids()  # no batch ran
+
+    # The grants least_privilege.sql gives on the table, on each partition left attached.
+    with table.begin() as conn:
+        for name in partitions_of(table):
+            conn.exec_driver_sql(
+                f'GRANT SELECT (id, user_id, updated_at, ctid), UPDATE (updated_at), DELETE '
+                f'ON TABLE {name} TO "{url.username}"')
+    with dg.instance_for_test() as instance:
+        result = run(instance, max_parallel_partitions=2)
+        assert result.success, failure_text(result)
+    assert rows.ids() == {*made["feb_account"], *made["jun_fresh"], *made["fresh"]}
