@@ -166,10 +166,11 @@ class Policy:
     @property
     def purges_partitions(self) -> bool:
         """Whether the policy's table is purged one partition per step: its
-        ``max_parallel_partitions`` is set (explicitly, in the YAML or by its variable). The
-        policy declares the shape, so the definitions load without reaching the database; the
-        first run refuses a table that is not range-partitioned by the age column."""
-        return "max_parallel_partitions" in self.settings.explicit
+        ``max_parallel_partitions`` is set (in the YAML, or by its variable; unset by
+        default). The policy declares the shape, so the definitions load without reaching the
+        database; the first run refuses a table that is not range-partitioned by the age
+        column."""
+        return self.settings.max_parallel_partitions is not None
 
     def label(self, setting: str) -> str:
         """What a message calls ``setting``: its variable, or ``policy <name>, <setting>``."""

@@ -68,9 +68,6 @@ DEFAULT_BATCH_SIZE_MAX = 10_000
 DEFAULT_TARGET_BATCH_DURATION = dt.timedelta(milliseconds=200)
 #: How long an archived row stays in a policy's archive (the undo window), days.
 DEFAULT_ARCHIVE_RETENTION_DAYS = 30
-#: Partition steps of one run that purge at the same time: two keep the load on the server
-#: near that of one purge while a backlog spread over many partitions goes twice as fast.
-DEFAULT_MAX_PARALLEL_PARTITIONS = 2
 #: More purges at once than this would hold as many connections and WAL streams as a busy
 #: application; the executor's processes (or a distributed executor's workers) are the limit.
 MAX_PARALLEL_PARTITIONS = 64
@@ -254,8 +251,8 @@ class PolicySettings:
         "policy's runs after the purge",
         f"1 to {MAX_RETENTION_DAYS:,}")
 
-    max_parallel_partitions: int = setting(
-        DEFAULT_MAX_PARALLEL_PARTITIONS, int_between(1, MAX_PARALLEL_PARTITIONS), int,
+    max_parallel_partitions: int | None = setting(
+        None, int_between(1, MAX_PARALLEL_PARTITIONS), int,
         "set, the table is range-partitioned by the age column and each partition with "
         "prunable rows is purged by its own step, at most this many at once (docs/dagster.md, "
         "\"Partitioned tables on several workers\"); unset: one purge of the whole table",
