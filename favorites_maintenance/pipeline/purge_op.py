@@ -160,7 +160,7 @@ def run_drop_phase(context: dg.OpExecutionContext, database: FavoritesDatabase,
                    f"{len(later)} partitions end after the cutoff {cutoff.isoformat()} "
                    f"({later[0]} ... {later[-1]}): kept")
     to_run_log(context, logging.INFO,
-               f"partitions: {len(result.detached)} detached ({result.rows_removed} rows), "
+               f"partitions: {len(result.detached)} detached ({result.rows_removed:,} rows), "
                f"{len(result.dropped)} dropped; the batches delete the prunable rows of the "
                "others")
     return result

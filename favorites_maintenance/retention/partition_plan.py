@@ -29,7 +29,8 @@ from favorites_maintenance.retention.rule import RetentionRule
 
 
 class PartitionPlanError(DatabaseError):
-    """The partitions of the table could not be read or probed; nothing was deleted.
+    """The partitions of the table could not be read or probed; no row was deleted by the plan
+    (partitions the run's drop phase detached before it stay detached).
     ``error`` describes the database error; a permission error says which grants the job's
     role lacks."""
 
@@ -67,7 +68,7 @@ def prunable_partitions(engine: sa.Engine, rule: RetentionRule,
     Raises:
         TableShapeError: the table is missing or not partitioned, or not by range on the
             rule's age column alone (see :func:`~favorites_maintenance.retention.partitioned.
-            leaf_partitions`); nothing was deleted.
+            leaf_partitions`); the plan deleted no row.
         PartitionPlanError: the database failed.
         InvalidArgumentError: ``cutoff`` is naive.
     """
