@@ -165,7 +165,7 @@ def build_cleanup_asset(policy: Policy) -> dg.AssetsDefinition:
         try:
             backlog = count_backlog(database_of(context).engine, cutoff, rule)
         except BacklogError as exc:
-            context.log.error(f"run failed: run_id={context.run_id} after deleting "
+            context.log.error(f"run failed: run_id={context.run.run_id} after deleting "
                               f"{report.deleted_total} rows: {exc}")
             # The purge's deletions are committed: report them even though the run fails.
             context.log_event(dg.AssetObservation(asset_key=asset_key,
