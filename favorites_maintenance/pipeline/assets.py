@@ -94,8 +94,10 @@ def _batch_sizes(settings: PolicySettings) -> str:
 
 def build_cleanup_asset(policy: Policy) -> dg.AssetsDefinition:
     """The cleanup asset of ``policy``: key ``<schema>/<name>_cleanup``, daily partitions, the
-    graph ``compute_cutoff -> purge -> measure_backlog``, and a freshness policy (fail after
-    the policy's ``stale_after`` without a materialization, see :func:`freshness_policy`).
+    graph ``compute_cutoff -> purge -> measure_backlog`` (for a policy that purges its table
+    one partition per step, ``compute_cutoff -> plan_partitions -> purge_partition[...] ->
+    collect_partitions -> measure_backlog``), and a freshness policy (fail after the policy's
+    ``stale_after`` without a materialization, see :func:`freshness_policy`).
 
     The ops read the policy's database resource (:class:`~favorites_maintenance.pipeline.
     resources.FavoritesDatabase`, key ``policy.database_key``: one per database variable) and
@@ -115,6 +117,64 @@ def build_cleanup_asset(policy: Policy) -> dg.AssetsDefinition:
 
     def database_of(context: dg.OpExecutionContext) -> FavoritesDatabase:
         return getattr(context.resources, database_key)
+
+    compute_cutoff, purge, measure_backlog = _cleanup_ops(policy, asset_key, settings_of,
+                                                          database_of)
+
+    if policy.purges_partitions:
+        plan_partitions, purge_partition, collect_partitions = _partition_ops(
+            policy, asset_key, settings_of, database_of)
+
+        def graph():
+            cutoff = compute_cutoff.alias("compute_cutoff")()
+            works, plan = plan_partitions.alias("plan_partitions")(cutoff)
+            reports = works.map(
+                lambda work: purge_partition.alias("purge_partition")(cutoff, work))
+            report = collect_partitions.alias("collect_partitions")(cutoff, plan,
+                                                                    reports.collect())
+            return measure_backlog.alias("measure_backlog")(cutoff, report)
+        shape = (f" The table is range-partitioned by {rule.age.name}: each partition with "
+                 f"prunable rows is purged by its own step, at most "
+                 f"{policy.settings.max_parallel_partitions} at once.")
+    else:
+        def graph():
+            cutoff = compute_cutoff.alias("compute_cutoff")()
+            return measure_backlog.alias("measure_backlog")(cutoff,
+                                                            purge.alias("purge")(cutoff))
+        shape = ""
+    graph.__name__ = "cleanup"
+
+    cleanup = dg.graph_asset(
+        key=asset_key,
+        partitions_def=policy_partitions(policy),
+        backfill_policy=dg.BackfillPolicy.single_run(),
+        group_name="maintenance",
+        kinds={"postgres"},
+        description=(
+            f"Stale rows removed from {rule.qualified_name} by retention policy "
+            f"{policy.name}: rows "
+            + (f"with {rule.guard_sql} " if rule.guards else "(no guard: whoever owns them) ")
+            + f"whose {rule.age.name} is more than {policy.settings.retention_days} days "
+            f"past, deleted in SKIP LOCKED batches, on the database of "
+            f"{policy.database_url_env}. A partition is one day; its metadata says what the "
+            "run that covered it deleted and what is left (a backfill is one run over its "
+            "days, its figures on the last)." + shape
+        ),
+    )(graph)
+
+    # @graph_asset takes no freshness policy: attach it to the spec.
+    freshness = freshness_policy(policy.settings.stale_after)
+    return cleanup.map_asset_specs(
+        lambda spec: spec.replace_attributes(freshness_policy=freshness))
+
+
+def _cleanup_ops(policy: Policy, asset_key: dg.AssetKey, settings_of, database_of):
+    """The ops every policy's graph has: ``compute_cutoff`` (the run's cutoff), ``purge`` (the
+    batched purge of the whole table) and ``measure_backlog`` (the backlog count and the run's
+    metadata). ``settings_of`` gives the run's settings from the ``retention`` resource,
+    ``database_of`` the policy's database resource from an op's context."""
+    rule = policy.rule
+    database_key = policy.database_key
 
     @dg.op(name=f"{policy.name}_compute_cutoff",
            required_resource_keys={database_key, "retention"},
@@ -189,53 +249,7 @@ def build_cleanup_asset(policy: Policy) -> dg.AssetsDefinition:
             context.add_output_metadata(report.as_metadata())
         metrics.push_run(context, policy, report, succeeded=True)
 
-    if policy.purges_partitions:
-        plan_partitions, purge_partition, collect_partitions = _partition_ops(
-            policy, asset_key, settings_of, database_of)
-
-        def graph():
-            cutoff = compute_cutoff.alias("compute_cutoff")()
-            works, plan = plan_partitions.alias("plan_partitions")(cutoff)
-            reports = works.map(
-                lambda work: purge_partition.alias("purge_partition")(cutoff, work))
-            report = collect_partitions.alias("collect_partitions")(cutoff, plan,
-                                                                    reports.collect())
-            return measure_backlog.alias("measure_backlog")(cutoff, report)
-        shape = (f" The table is range-partitioned by {rule.age.name}: each partition with "
-                 f"prunable rows is purged by its own step, at most "
-                 f"{policy.settings.max_parallel_partitions} at once.")
-    else:
-        def graph():
-            cutoff = compute_cutoff.alias("compute_cutoff")()
-            return measure_backlog.alias("measure_backlog")(cutoff,
-                                                            purge.alias("purge")(cutoff))
-        shape = ""
-    graph.__name__ = "cleanup"
-
-    cleanup = dg.graph_asset(
-        key=asset_key,
-        partitions_def=policy_partitions(policy),
-        backfill_policy=dg.BackfillPolicy.single_run(),
-        group_name="maintenance",
-        kinds={"postgres"},
-        description=(
-            f"Stale rows removed from {rule.qualified_name} by retention policy "
-            f"{policy.name}: rows "
-            + (f"with {rule.guard_sql} " if rule.guards else "(no guard: whoever owns them) ")
-            + f"whose {rule.age.name} is more than {policy.settings.retention_days} days "
-            f"past, deleted in SKIP LOCKED batches, on the database of "
-            f"{policy.database_url_env}. A partition is one day; its metadata says what the "
-            "run that covered it deleted and what is left (a backfill is one run over its "
-            "days, its figures on the last)." + shape
-        ),
-    )(graph)
-
-    # @graph_asset takes no freshness policy: attach it to the spec.
-    freshness = freshness_policy(policy.settings.stale_after)
-    return cleanup.map_asset_specs(
-        lambda spec: spec.replace_attributes(freshness_policy=freshness))
-
-
+    return compute_cutoff, purge, measure_backlog
 
 
 def _partition_ops(policy: Policy, asset_key: dg.AssetKey, settings_of, database_of):
