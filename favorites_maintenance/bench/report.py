@@ -337,10 +337,26 @@ def format_table(report: dict) -> str:
                          + " ".join(f"{d:.2f}" if d is not None else "-"
                                     for d in r["deciles_us_per_row"]))
     if report.get("daily"):
-        from favorites_maintenance.bench.daily import format_daily
-
         lines.append(format_daily(report["daily"]))
     for name, t in report.get("targets", {}).items():
         lines.append(f"target {name}: {t['value']} ({'<=' if t['at_most'] else '>='} "
                      f"{t['bound']}): {'met' if t['met'] else 'MISSED'}")
+    return "\n".join(lines)
+
+
+def format_daily(daily: dict) -> str:
+    """The ``daily`` scenario's lines of the console table."""
+    head = (f"daily: {daily['rows_total']:,} rows, {daily['prunable_rows']:,} prunable "
+            f"(one day's worth after the backlog was cleared); median of {daily['repeat']}; "
+            f"one DELETE: {daily.get('one_delete_strategy')}")
+    lines = [head]
+    for name, r in daily["strategies"].items():
+        ratio = (f"{r['x_one_delete']:.1f} x one DELETE" if r.get("x_one_delete") is not None
+                 else "-")
+        extra = (f"; run start to end {r['run_duration_s']:.2f} s, launch to success "
+                 f"{r['launch_to_success_s']:.2f} s" if name == "J" else "")
+        scan = f", {r['scan_mode']}" if r.get("scan_mode") else ""
+        wrong = "" if r["correct"] else "  WRONG ROW COUNTS"
+        lines.append(f"  {name:7} {r['rows_deleted']:>8,} rows in {r['duration_s'] * 1000:8.1f} "
+                     f"ms ({ratio}{scan}){extra}{wrong}")
     return "\n".join(lines)
