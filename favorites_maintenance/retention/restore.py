@@ -331,23 +331,8 @@ def restore(engine: sa.Engine, rule: RetentionRule, target_table: str, policy: s
                 restorable_rows=counts["restorable"], left_in_archive=counts["selected"],
                 key_exists_rows=counts["key_exists"], prunable_rows=counts["prunable"],
                 pretend=pretend, duration_s=time.monotonic() - started)
-            if not report.selected_rows:
-                raise RestoreError(
-                    f"{target_table} holds no row of policy {policy} {selection}: "
-                    + ("an unknown run id, or a run that archived nothing (or whose rows were "
-                       "restored or are past the archive's retention)" if selection.run_id
-                       else "nothing was archived then") + "; nothing was moved", report)
-            if report.prunable_rows and not allow_prunable and not pretend:
-                raise RestoreError(
-                    f"{report.prunable_rows} of the {report.selected_rows} rows to restore are "
-                    f"prunable under the deployed rule ({rule.predicate_sql}, retention "
-                    f"{retention_days} days): the next run would delete them again. Correct the "
-                    f"policy first, or restore them anyway with --allow-prunable "
-                    f"(allow_prunable: true); nothing was moved", report)
-            log.info("restore of policy %s, %s: %d archived rows, %d restorable, %d whose key "
-                     "exists in %s again, %d prunable%s", policy, selection, report.selected_rows,
-                     report.restorable_rows, report.key_exists_rows, rule.qualified_name,
-                     report.prunable_rows, " (pretend: nothing moved)" if pretend else "")
+            _check_selected(report, rule, target_table, policy, selection, retention_days,
+                            allow_prunable)
             if pretend:
                 return report
             progress, stopped = _Progress(), False
@@ -408,6 +393,30 @@ def restore(engine: sa.Engine, rule: RetentionRule, target_table: str, policy: s
              "the archive", policy, selection, final.restored_rows, rule.qualified_name,
              final.batches, final.left_in_archive)
     return final
+
+
+def _check_selected(report: RestoreReport, rule: RetentionRule, target_table: str, policy: str,
+                    selection: Selection, retention_days: int, allow_prunable: bool) -> None:
+    """Refuse a restore that selects nothing, or prunable rows without ``allow_prunable``
+    (:class:`RestoreError`, nothing moved); otherwise log what the restore will move."""
+    pretend = report.pretend
+    if not report.selected_rows:
+        raise RestoreError(
+            f"{target_table} holds no row of policy {policy} {selection}: "
+            + ("an unknown run id, or a run that archived nothing (or whose rows were "
+               "restored or are past the archive's retention)" if selection.run_id
+               else "nothing was archived then") + "; nothing was moved", report)
+    if report.prunable_rows and not allow_prunable and not pretend:
+        raise RestoreError(
+            f"{report.prunable_rows} of the {report.selected_rows} rows to restore are "
+            f"prunable under the deployed rule ({rule.predicate_sql}, retention "
+            f"{retention_days} days): the next run would delete them again. Correct the "
+            f"policy first, or restore them anyway with --allow-prunable "
+            f"(allow_prunable: true); nothing was moved", report)
+    log.info("restore of policy %s, %s: %d archived rows, %d restorable, %d whose key "
+             "exists in %s again, %d prunable%s", policy, selection, report.selected_rows,
+             report.restorable_rows, report.key_exists_rows, rule.qualified_name,
+             report.prunable_rows, " (pretend: nothing moved)" if pretend else "")
 
 
 def _run_batch(conn: sa.Connection, statement: sa.Select, from_tid: str, to_tid: str,
