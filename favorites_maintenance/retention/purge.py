@@ -73,7 +73,8 @@ def purge(
     scan: ScanMode | None = None,
     sleep_ratio: float = 0.0,
 ) -> PurgeReport:
-    """Delete every prunable row older than ``cutoff``, one batch transaction at a time.
+    """Delete every prunable row older than ``cutoff``, one batch transaction at a time, and
+    return the run's :class:`PurgeReport`.
 
     Before the first batch the session and the table are checked (:func:`~favorites_maintenance.
     retention.table_check.check_table`): a standby, ``session_replication_role = replica`` and a
@@ -137,9 +138,6 @@ def purge(
         sleep_ratio: after each batch, pause that multiple of its time (no transaction open,
             stop requests polled, never past the time budget) before the next; 0 (the
             default): no pause. The report's ``paced_s`` says how long it paused.
-
-    Returns:
-        The :class:`PurgeReport`.
 
     Raises:
         StandbyError: the connection is on a hot standby; nothing was deleted.
