@@ -48,9 +48,9 @@ class TablePartition:
         schema: the partition's schema.
         name: the partition's table name.
         lower: the inclusive lower bound of its range, a UTC instant; ``None`` for
-            ``MINVALUE`` (and for the default partition).
-        upper: the exclusive upper bound, a UTC instant; ``None`` for ``MAXVALUE`` (and for
-            the default partition).
+            ``MINVALUE`` or ``'-infinity'`` (and for the default partition).
+        upper: the exclusive upper bound, a UTC instant; ``None`` for ``MAXVALUE`` or
+            ``'infinity'`` (and for the default partition).
         is_default: the ``DEFAULT`` partition, which holds every row no other range admits.
         detach_pending: a ``DETACH PARTITION ... CONCURRENTLY`` of it was interrupted (a
             crash, a cancel) and awaits ``FINALIZE`` (``pg_inherits.inhdetachpending``).
@@ -110,7 +110,8 @@ _RANGE = re.compile(r"FOR VALUES FROM \((.*)\) TO \((.*)\)", re.DOTALL)
 
 
 def leaf_partitions(conn: sa.Connection, schema: str, table: str, *,
-                    age_column: str | None = None) -> list[TablePartition]:
+                    age_column: str | None = None,
+                    setting: str = "drop_expired_partitions") -> list[TablePartition]:
     """The partitions of ``schema.table``, a table range-partitioned on one ``timestamptz``
     column (``age_column`` when given), ordered by range (``MINVALUE`` first, the default
     partition last).
@@ -126,6 +127,8 @@ def leaf_partitions(conn: sa.Connection, schema: str, table: str, *,
         schema, table: the partitioned table.
         age_column: the column the table must be partitioned by (the rule's age column);
             ``None``: any single ``timestamptz`` column.
+        setting: the policy setting that needs the shape, named by the errors
+            (``drop_expired_partitions`` or ``max_parallel_partitions``).
 
     Returns:
         One :class:`TablePartition` per direct partition (empty when it has none).
@@ -140,28 +143,28 @@ def leaf_partitions(conn: sa.Connection, schema: str, table: str, *,
     key = conn.execute(_PARTITION_KEY, {"t": name}).first()
     if key is None:
         raise TableShapeError(
-            f"{qualified} is not a partitioned table, but drop_expired_partitions is set: "
+            f"{qualified} is not a partitioned table, but {setting} is set: "
             f"declare it PARTITION BY RANGE ({age_column or '<age column>'}), or leave "
-            f"drop_expired_partitions unset")
+            f"{setting} unset")
     strategy, columns, column, type_name, keydef = key
     wanted = age_column or column
     if strategy != "r" or columns != 1 or column is None or column != wanted:
         raise TableShapeError(
-            f"{qualified} is partitioned by {keydef}, but drop_expired_partitions needs it "
+            f"{qualified} is partitioned by {keydef}, but {setting} needs it "
             f"partitioned by RANGE ({wanted or '<age column>'}), the policy's age column: a "
             f"partition's range must bound the age of every row it holds",
             column=age_column)
     if type_name != "timestamp with time zone":
         raise TableShapeError(
             f"{qualified} is partitioned by {keydef} of type {type_name}, but "
-            f"drop_expired_partitions compares its bounds with a UTC instant and needs "
+            f"{setting} compares its bounds with a UTC instant and needs "
             f"timestamp with time zone", column=column)
     rows = conn.execute(_PARTITIONS, {"t": name}).all()
     nested = [f"{s}.{n}" for s, n, kind, _, _ in rows if kind == "p"]
     if nested:
         raise TableShapeError(
             f"{qualified} has partitions that are themselves partitioned ({', '.join(nested)}): "
-            f"drop_expired_partitions handles one level of range partitions only")
+            f"{setting} handles one level of range partitions only")
     literals: list[str] = []
     parsed = []
     for part_schema, part_name, _, pending, bound in rows:
@@ -181,21 +184,29 @@ def leaf_partitions(conn: sa.Connection, schema: str, table: str, *,
                 ends.append(len(literals))
                 literals.append(_unquote(end))
         parsed.append((part_schema, part_name, pending, False, *ends))
-    instants: list[dt.datetime] = []
+    instants: list[dt.datetime | None] = []
     if literals:
         # Read back as microseconds since the epoch: the driver parses timestamptz text in the
-        # ISO DateStyle only.
-        instants = [_EPOCH + dt.timedelta(microseconds=us) for us in conn.execute(
-            sa.text("SELECT CAST(extract(epoch FROM CAST(v AS timestamptz)) * 1000000 AS bigint) "
-                    "FROM unnest(CAST(:v AS text[])) WITH ORDINALITY AS b(v, i) ORDER BY i"),
-            {"v": literals}).scalars()]
+        # ISO DateStyle only. 'infinity' and '-infinity' bound no more than MAXVALUE and
+        # MINVALUE do (NULL: an open end).
+        instants = [None if us is None else _EPOCH + dt.timedelta(microseconds=us)
+                    for us in conn.execute(sa.text(
+                        "SELECT CASE WHEN isfinite(CAST(v AS timestamptz)) THEN CAST(extract("
+                        "epoch FROM CAST(v AS timestamptz)) * 1000000 AS bigint) END "
+                        "FROM unnest(CAST(:v AS text[])) WITH ORDINALITY AS b(v, i) ORDER BY i"),
+                        {"v": literals}).scalars()]
     partitions = [
         TablePartition(schema=s, name=n, detach_pending=bool(pending), is_default=default,
-                       lower=None if lo is None else instants[lo].astimezone(_UTC),
-                       upper=None if hi is None else instants[hi].astimezone(_UTC))
+                       lower=_instant(instants, lo), upper=_instant(instants, hi))
         for s, n, pending, default, lo, hi in parsed]
     least = dt.datetime.min.replace(tzinfo=_UTC)
     return sorted(partitions, key=lambda p: (p.is_default, p.lower or least, p.name))
+
+
+def _instant(instants: list[dt.datetime | None], index: int | None) -> dt.datetime | None:
+    """The bound at ``index`` in UTC; ``None`` for an open end (none, or an infinity)."""
+    value = None if index is None else instants[index]
+    return None if value is None else value.astimezone(_UTC)
 
 
 def _quote(identifier: str) -> str:
