@@ -454,7 +454,11 @@ class _DropPhase:
             raise TableCheckError(describe(exc), self.parent) from None
 
     def _run(self) -> PartitionDropResult:
-        with self.engine.connect() as conn:
+        with self.engine.connect() as conn, conn.begin():
+            # pg_get_expr locks each partition: a lock an application holds on one must not
+            # keep this read waiting past lock_timeout.
+            limit_transaction(conn, lock_timeout=self.lock_timeout,
+                              statement_timeout=self.statement_timeout)
             partitions = leaf_partitions(conn, self.rule.table.schema, self.rule.table.name,
                                          age_column=self.rule.age.name)
             owner, may_detach, may_drop = conn.execute(_PRIVILEGE, {
@@ -661,7 +665,9 @@ class _DropPhase:
 
     def drop_due(self, privilege: str) -> None:
         """Drop the tables this job detached from the parent whose retention is over."""
-        with self.engine.connect() as conn:
+        with self.engine.connect() as conn, conn.begin():
+            limit_transaction(conn, lock_timeout=self.lock_timeout,
+                              statement_timeout=self.statement_timeout)
             marked = conn.execute(_MARKED, {"mark": MARK + "%"}).all()
             now = conn.execute(sa.select(sa.func.now())).scalar_one()
         just_detached = {d.partition for d in self.decisions

@@ -30,6 +30,7 @@ from favorites_maintenance_tests.helpers.jobs import (
     failure_text,
     guest_settings_env,
     materialization,
+    purge_retries,
     run_partition,
 )
 from favorites_maintenance_tests.helpers.policies import (
@@ -41,6 +42,7 @@ from favorites_maintenance_tests.reliability.conftest import CUTOFF, PARTITION
 UTC = dt.UTC
 POLICY = "monthly_favorites"
 JOB = f"{POLICY}_cleanup_job"
+NODE = f"favorites__{POLICY}_cleanup"
 ASSET_KEY = dg.AssetKey(["favorites", f"{POLICY}_cleanup"])
 #: Monthly partitions from January 2025 to December 2026; the cutoff of PARTITION is
 #: 2025-06-16, so January to May 2025 lie wholly before it.
@@ -444,4 +446,54 @@ def test_partition_steps_under_the_least_privilege_role_need_its_grants_on_each_
     with dg.instance_for_test() as instance:
         result = run(instance, max_parallel_partitions=2)
         assert result.success, failure_text(result)
+    assert rows.ids() == {*made["feb_account"], *made["jun_fresh"], *made["fresh"]}
+
+JUNE = "favorites.favorites_20250601"
+
+
+def lock_until_a_wait_times_out(engine, table: str, pattern: str, timed_out: threading.Event,
+                                *, hold_s: float = 30) -> None:
+    """Hold ACCESS EXCLUSIVE on ``table``, as an application's migration would, until a
+    session of the job waiting for it on a query like ``pattern`` stops waiting (its
+    lock_timeout), or ``hold_s`` seconds."""
+    with engine.connect() as holder, engine.connect() as watcher:
+        holder.execute(sa.text(f"LOCK TABLE {table} IN ACCESS EXCLUSIVE MODE"))
+        waited = False
+        deadline = time.monotonic() + hold_s
+        while time.monotonic() < deadline:
+            waiting = watcher.execute(sa.text(
+                "SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock' "
+                "AND query LIKE :q"), {"q": pattern}).scalar_one() > 0
+            watcher.rollback()
+            if waited and not waiting:
+                timed_out.set()
+                break
+            waited = waited or waiting
+            time.sleep(0.02)
+        holder.rollback()
+
+
+def test_the_partition_read_gives_up_on_a_locked_partition_within_lock_timeout(table, rows):
+    # Reading a partition's bounds (pg_get_expr) locks it: behind an application's ACCESS
+    # EXCLUSIVE lock on one partition, the drop phase's read must give up within lock_timeout
+    # and the step be retried, not wait for as long as the lock is held.
+    made = fill(rows)
+    timed_out = threading.Event()
+    thread = threading.Thread(target=lock_until_a_wait_times_out, daemon=True,
+                              args=(table, JUNE, "%pg_get_expr(c.relpartbound%", timed_out))
+    thread.start()
+    time.sleep(0.2)
+    with dg.instance_for_test() as instance:
+        result = run_partition(defs(), instance, PARTITION, job=JOB,
+                               run_config=purge_retries(1, asset_key=ASSET_KEY),
+                               raise_on_error=False)
+        assert result.success, failure_text(result)
+        meta = materialization(result, asset_key=ASSET_KEY)
+        lines = log_lines(instance, result)
+        retried = [e.step_key for e in result.all_events
+                   if e.event_type_value == "STEP_UP_FOR_RETRY"]
+    thread.join(10)
+    assert timed_out.is_set() and retried == [f"{NODE}.purge"]
+    assert "transient database error (lock_not_available)" in lines
+    assert (meta["partitionsDetached"], meta["deletedTotal"]) == (4, 60)
     assert rows.ids() == {*made["feb_account"], *made["jun_fresh"], *made["fresh"]}
