@@ -497,3 +497,41 @@ def test_the_partition_read_gives_up_on_a_locked_partition_within_lock_timeout(t
     assert "transient database error (lock_not_available)" in lines
     assert (meta["partitionsDetached"], meta["deletedTotal"]) == (4, 60)
     assert rows.ids() == {*made["feb_account"], *made["jun_fresh"], *made["fresh"]}
+
+
+def test_a_plan_retried_after_its_drop_phase_still_counts_the_detached_rows(table, rows,
+                                                                           monkeypatch):
+    # The plan detaches January to May, then its look for partitions with prunable rows finds
+    # June locked by the application past lock_timeout: the plan is retried, and the retry has
+    # nothing left to detach. The first attempt's detached rows are still the run's.
+    from favorites_maintenance.pipeline import partition_steps
+    from favorites_maintenance_tests.helpers.partitioned import retries
+
+    made = fill(rows)
+    real = partition_steps.prunable_partitions
+    calls = []
+
+    def behind_a_lock_the_first_time(engine, rule, cutoff):
+        calls.append(1)
+        if len(calls) > 1:
+            return real(engine, rule, cutoff)
+        with table.connect() as holder:
+            holder.execute(sa.text(f"LOCK TABLE {JUNE} IN ACCESS EXCLUSIVE MODE"))
+            try:
+                return real(engine, rule, cutoff)
+            finally:
+                holder.rollback()
+
+    monkeypatch.setattr(partition_steps, "prunable_partitions", behind_a_lock_the_first_time)
+    with dg.instance_for_test() as instance:
+        result = run_partition(defs(max_parallel_partitions=2), instance, PARTITION, job=JOB,
+                               run_config=retries(1), raise_on_error=False)
+        assert result.success, failure_text(result)
+        meta = materialization(result, asset_key=ASSET_KEY)
+        retried = [e.step_key for e in result.all_events
+                   if e.event_type_value == "STEP_UP_FOR_RETRY"]
+    assert len(calls) == 2 and retried == [f"{NODE}.plan_partitions"]
+    assert {JAN, MAR, APR, MAY}.isdisjoint(partitions_of(table))
+    assert (meta["partitionsDetached"], meta["partitionsDropped"]) == (4, 0)
+    assert meta["deletedTotal"] == 30 + 5 + 20 + 5
+    assert rows.ids() == {*made["feb_account"], *made["jun_fresh"], *made["fresh"]}
