@@ -628,9 +628,23 @@ class _DropPhase:
                 (*checks, f"{form}; then not marked ({error}): not dropped")))
             return
         if kept_row:
+            # The row must stay in the table the application reads: attach it again.
+            attach = (f"ALTER TABLE {self.quoted_parent} ATTACH PARTITION {name} "
+                      f"{_bound_sql(partition)}")
+            error = self.with_lock_retries("ATTACH PARTITION", partition,
+                                           lambda: self.alter(attach))
+            if error is None:
+                log.warning("partition %s was detached from %s, but a row the rule keeps "
+                            "reached it after the check: attached again",
+                            partition.qualified_name, self.parent)
+                self.decisions.append(PartitionDecision(
+                    partition.qualified_name, Action.KEPT,
+                    (*checks, f"{form}; then a row the rule keeps was found: attached again")))
+                return
             log.warning("partition %s was detached from %s, but a row the rule keeps reached "
-                        "it after the check: it is not dropped. Attach it again: ALTER TABLE "
-                        "%s ATTACH PARTITION %s %s", partition.qualified_name, self.parent,
+                        "it after the check, and attaching it again failed (%s): it is not "
+                        "dropped. Attach it again: ALTER TABLE %s ATTACH PARTITION %s %s",
+                        partition.qualified_name, self.parent, error,
                         self.parent, partition.qualified_name, _bound_sql(partition))
             self.decisions.append(PartitionDecision(
                 partition.qualified_name, Action.KEPT_DETACHED,

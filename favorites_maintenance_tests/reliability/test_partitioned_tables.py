@@ -535,3 +535,31 @@ def test_a_plan_retried_after_its_drop_phase_still_counts_the_detached_rows(tabl
     assert (meta["partitionsDetached"], meta["partitionsDropped"]) == (4, 0)
     assert meta["deletedTotal"] == 30 + 5 + 20 + 5
     assert rows.ids() == {*made["feb_account"], *made["jun_fresh"], *made["fresh"]}
+
+
+def test_an_account_row_that_reaches_the_partition_after_the_check_stays_in_the_table(
+        table, rows, monkeypatch):
+    # Between the check and the DETACH, a guest signs up and their January favorites become
+    # an account's: the partition must not leave the table with that row.
+    made = fill(rows)
+    claimed = made["jan"][0]
+    real = partitioned._DropPhase.alter
+
+    def claim_then_alter(phase, statement):
+        if JAN.split(".")[1] in statement and "FINALIZE" not in statement:
+            with table.begin() as conn:
+                conn.execute(sa.text("UPDATE favorites.favorites SET user_id = 9 "
+                                     "WHERE id = :id"), {"id": claimed})
+        return real(phase, statement)
+
+    monkeypatch.setattr(partitioned._DropPhase, "alter", claim_then_alter)
+    with dg.instance_for_test() as instance:
+        result = run(instance)
+        assert result.success, failure_text(result)
+        meta = materialization(result, asset_key=ASSET_KEY)
+        lines = log_lines(instance, result)
+    assert JAN in partitions_of(table)
+    assert (f"partition {JAN} was detached from favorites.favorites, but a row the rule keeps "
+            "reached it after the check: attached again") in lines
+    assert rows.ids() == {claimed, *made["feb_account"], *made["jun_fresh"], *made["fresh"]}
+    assert (meta["partitionsDetached"], meta["deletedTotal"]) == (3, 59)
