@@ -576,12 +576,15 @@ class _DropPhase:
             form = "DETACH (the table has a default partition, which refuses CONCURRENTLY)"
         ours = partition.detach_pending and self.marked_by_us(partition, state="detaching")
         marked = False
+        gone: str | None = None
 
         def attempt() -> None:
-            nonlocal marked
+            nonlocal marked, gone
             if not partition.detach_pending and not marked:
                 # The mark says the detach was ours should this run die before it completes.
-                self.mark(partition, "detaching", 0)
+                gone = self.mark_detaching(partition)
+                if gone is not None:
+                    return
                 marked = True
             # A CONCURRENTLY whose wait for older snapshots timed out left the detach pending:
             # the next attempt finishes it.
@@ -591,6 +594,10 @@ class _DropPhase:
                 self.alter(statement + (" CONCURRENTLY" if concurrently else ""))
 
         error = self.with_lock_retries(form, partition, attempt)
+        if gone is not None:
+            self.decisions.append(PartitionDecision(partition.qualified_name, Action.KEPT,
+                                                    (*checks, gone)))
+            return
         if error is not None:
             self.decisions.append(PartitionDecision(
                 partition.qualified_name, Action.KEPT,
@@ -817,19 +824,47 @@ class _DropPhase:
 
     def mark(self, partition: TablePartition, state: str | None, rows: int) -> None:
         """Write (or, ``state`` None, clear) the job's comment on ``partition``."""
+        with self.engine.begin() as conn:
+            limit_transaction(conn, lock_timeout=self.lock_timeout,
+                              statement_timeout=self.statement_timeout)
+            self.write_mark(conn, partition, state, rows)
+
+    def write_mark(self, conn: sa.Connection, partition: TablePartition, state: str | None,
+                   rows: int) -> None:
+        """:meth:`mark`, in the open transaction of ``conn``."""
+        name = _quote(partition.schema) + "." + _quote(partition.name)
+        if state is None:
+            conn.execute(sa.text(f"COMMENT ON TABLE {name} IS NULL"))
+            return
+        now = conn.execute(sa.select(sa.func.now())).scalar_one().astimezone(_UTC)
+        text = json.dumps({"favorites_maintenance": state, "from": self.parent,
+                           "at": now.isoformat(), "rows": rows})
+        literal = "'" + text.replace("'", "''") + "'"
+        conn.execute(sa.text(f"COMMENT ON TABLE {name} IS "
+                             + literal.replace(":", r"\:")))
+
+    def mark_detaching(self, partition: TablePartition) -> str | None:
+        """Mark ``partition`` as being detached by this job, if it is still an attached
+        partition of the parent; else say why not (another session detached it, or began to,
+        since the partitions were read: its mark is left as that session wrote it).
+
+        The partition is locked (``SHARE UPDATE EXCLUSIVE``, as a ``DETACH`` locks it) while
+        this is checked and the comment written, so another run's detach cannot pass between."""
         name = _quote(partition.schema) + "." + _quote(partition.name)
         with self.engine.begin() as conn:
             limit_transaction(conn, lock_timeout=self.lock_timeout,
                               statement_timeout=self.statement_timeout)
-            if state is None:
-                conn.execute(sa.text(f"COMMENT ON TABLE {name} IS NULL"))
-                return
-            now = conn.execute(sa.select(sa.func.now())).scalar_one().astimezone(_UTC)
-            text = json.dumps({"favorites_maintenance": state, "from": self.parent,
-                               "at": now.isoformat(), "rows": rows})
-            literal = "'" + text.replace("'", "''") + "'"
-            conn.execute(sa.text(f"COMMENT ON TABLE {name} IS "
-                                 + literal.replace(":", r"\:")))
+            conn.execute(sa.text(f"LOCK TABLE {name} IN SHARE UPDATE EXCLUSIVE MODE"))
+            pending = conn.execute(sa.text(
+                "SELECT inhdetachpending FROM pg_inherits WHERE inhrelid = CAST(:p AS regclass) "
+                "AND inhparent = CAST(:parent AS regclass)"),
+                {"p": name, "parent": self.quoted_parent}).scalar()
+            if pending is None:
+                return "detached by another session meanwhile; left to it"
+            if pending:
+                return "a detach another session began meanwhile; left to it"
+            self.write_mark(conn, partition, "detaching", 0)
+        return None
 
     def pending(self, partition: TablePartition) -> bool:
         """Whether a detach of ``partition`` is pending (``pg_inherits.inhdetachpending``)."""

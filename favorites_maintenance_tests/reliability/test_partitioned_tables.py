@@ -20,6 +20,7 @@ from favorites_maintenance.retention import partitioned
 from favorites_maintenance.retention.database import create_engine
 from favorites_maintenance.retention.defaults import DATABASE_URL_VAR
 from favorites_maintenance.retention.least_privilege import apply_partition_functions
+from favorites_maintenance.retention.rule import GUEST_FAVORITES
 from favorites_maintenance.retention.schema import (
     create_partitioned_dev_schema,
     drop_dev_schema,
@@ -563,3 +564,46 @@ def test_an_account_row_that_reaches_the_partition_after_the_check_stays_in_the_
             "reached it after the check: attached again") in lines
     assert rows.ids() == {claimed, *made["feb_account"], *made["jun_fresh"], *made["fresh"]}
     assert (meta["partitionsDetached"], meta["deletedTotal"]) == (3, 59)
+
+
+
+def test_two_drop_phases_at_once_detach_each_partition_once_and_count_its_rows_once(
+        db_url, engine, rows):
+    # Two runs of the policy at once (a run launched by hand beside the schedule's, outside
+    # the run queue's pools) over 29 expired monthly partitions.
+    drop_dev_schema(engine)
+    create_partitioned_dev_schema(engine, month_starts(dt.datetime(2023, 1, 1, tzinfo=UTC), 42))
+    old = [rows.add_many(3, updated_at=dt.datetime(2023 + m // 12, m % 12 + 1, 5, tzinfo=UTC))
+           for m in range(29)]
+    accounts = [rows.add(updated_at=dt.datetime(2023, 1 + m, 20, tzinfo=UTC), user_id=m + 1)
+                for m in (2, 7)]
+    fresh = rows.add_many(4, updated_at=dt.datetime(2026, 3, 1, tzinfo=UTC))
+    results, engines = {}, [create_engine(db_url) for _ in range(2)]
+    start = threading.Barrier(2)
+
+    def one(n: int) -> None:
+        start.wait()
+        results[n] = partitioned.drop_expired_partitions(engines[n], GUEST_FAVORITES, CUTOFF)
+
+    threads = [threading.Thread(target=one, args=(n,), daemon=True) for n in (0, 1)]
+    try:
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join(300)
+    finally:
+        for e in engines:
+            e.dispose()
+    assert set(results) == {0, 1}
+    detached = [p for r in results.values() for p in r.detached]
+    assert len(detached) == len(set(detached)) == 27  # March and August hold an account row
+    assert sum(r.rows_removed for r in results.values()) == 27 * 3
+    with engine.connect() as conn:
+        marks = {n: json.loads(d)["favorites_maintenance"] for n, d in conn.execute(sa.text(
+            "SELECT format('%s.%s', n.nspname, c.relname), obj_description(c.oid, 'pg_class') "
+            "FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace "
+            "WHERE n.nspname = 'favorites' AND c.relkind = 'r' AND NOT c.relispartition")) if d}
+    # Each table either run detached is marked detached, so that a later run drops it.
+    assert marks == dict.fromkeys(detached, "detached")
+    kept = {*accounts, *fresh, *old[2], *old[7]}
+    assert rows.ids() == kept
