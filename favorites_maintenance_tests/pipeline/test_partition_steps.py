@@ -312,3 +312,51 @@ def test_terminating_a_run_of_the_partition_steps_ends_it_canceled(monthly):
     assert stopped and all(m["stopReason"].value == "stop_requested" for m in stopped)
     assert sum(m["deletedTotal"].value for m in stopped) == (len(before["prunable"])
                                                               - len(after["prunable"]))
+
+
+def test_a_partition_step_whose_backend_is_killed_is_retried_and_counted_once(monthly):
+    import threading
+    import time
+
+    engine, _ = monthly
+    before = spread(engine)
+    failing = min(partitions_of(engine, before["prunable"]))
+    # The second DELETE on that partition sleeps; its backend is then killed.
+    with engine.begin() as conn:
+        conn.execute(sa.text("CREATE SEQUENCE favorites.deletes"))
+        conn.execute(sa.text(
+            "CREATE FUNCTION favorites.sleep_once() RETURNS trigger LANGUAGE plpgsql AS $$ "
+            "BEGIN IF nextval('favorites.deletes') = 2 THEN PERFORM pg_sleep(60); END IF; "
+            "RETURN NULL; END $$"))
+        conn.execute(sa.text(f"CREATE TRIGGER sleep_once BEFORE DELETE ON {failing} "
+                             "FOR EACH STATEMENT EXECUTE FUNCTION favorites.sleep_once()"))
+    killed = []
+
+    def kill_the_sleeper() -> None:
+        deadline = time.monotonic() + 60
+        with engine.connect() as watcher:
+            while not killed and time.monotonic() < deadline:
+                pid = watcher.execute(sa.text(
+                    "SELECT pid FROM pg_stat_activity WHERE wait_event = 'PgSleep' "
+                    "AND pid <> pg_backend_pid()")).scalar()
+                if pid is not None:
+                    watcher.execute(sa.text("SELECT pg_terminate_backend(:p)"), {"p": pid})
+                    killed.append(pid)
+                watcher.rollback()
+                time.sleep(0.02)
+
+    thread = threading.Thread(target=kill_the_sleeper, daemon=True)
+    thread.start()
+    with dg.instance_for_test() as instance:
+        result = partitioned_defs().resolve_job_def(JOB).execute_in_process(
+            partition_key=PARTITION, instance=instance, run_config=retries(2),
+            raise_on_error=False)
+    thread.join(10)
+    assert killed and result.success
+    key = failing.removeprefix("favorites.")
+    assert step_keys(result.all_events, "STEP_UP_FOR_RETRY") == [
+        f"{NODE}.purge_partition[{key}]"]
+    after = snapshot(engine)
+    assert after["prunable"] == set() and after["accounts"] == before["accounts"]
+    assert materialization(result, asset_key=ASSET_KEY)["deletedTotal"] == len(
+        before["prunable"])
