@@ -607,3 +607,42 @@ def test_two_drop_phases_at_once_detach_each_partition_once_and_count_its_rows_o
     assert marks == dict.fromkeys(detached, "detached")
     kept = {*accounts, *fresh, *old[2], *old[7]}
     assert rows.ids() == kept
+
+
+def test_a_range_run_with_partition_steps_counts_the_detached_rows_once_on_its_last_day(
+        table, rows):
+    made = fill(rows)
+    days = ["2026-06-13", "2026-06-14", PARTITION]
+    with dg.instance_for_test() as instance:
+        result = defs(max_parallel_partitions=2).resolve_job_def(JOB).execute_in_process(
+            instance=instance, raise_on_error=False,
+            tags={"dagster/asset_partition_range_start": days[0],
+                  "dagster/asset_partition_range_end": days[-1]})
+        assert result.success, failure_text(result)
+        metas = {}
+        for day in days:
+            [record] = instance.fetch_materializations(
+                dg.AssetRecordsFilter(asset_key=ASSET_KEY, asset_partitions=[day]),
+                limit=5).records
+            metas[day] = {k: v.value for k, v in
+                          record.asset_materialization.metadata.items()}
+    assert sum(m["deletedTotal"] for m in metas.values()) == 30 + 5 + 20 + 5
+    assert sum(m.get("partitionsDetached", 0) for m in metas.values()) == 4
+    assert metas[PARTITION]["partitionsDetached"] == 4
+    assert rows.ids() == {*made["feb_account"], *made["jun_fresh"], *made["fresh"]}
+
+
+def test_partition_steps_with_nothing_left_after_the_detach_still_record_it(table, rows):
+    # Every prunable row lies in partitions wholly before the cutoff: the plan detaches them
+    # (January to May), and no partition step is left to run.
+    jan, apr = rows.add_many(4, updated_at=month(1)), rows.add_many(3, updated_at=month(4))
+    fresh = rows.add_many(2, updated_at=dt.datetime(2026, 3, 1, tzinfo=UTC))
+    with dg.instance_for_test() as instance:
+        result = run(instance, max_parallel_partitions=2)
+        assert result.success, failure_text(result)
+        meta = materialization(result, asset_key=ASSET_KEY)
+        starts = [e.step_key for e in result.all_events if e.event_type_value == "STEP_START"]
+    assert not [k for k in starts if "purge_partition" in k]
+    assert (meta["partitionsDetached"], meta["deletedTotal"], meta["batches"]) == (5, 7, 0)
+    assert meta["backlogRemaining"] == 0
+    assert rows.ids() == set(fresh) and set(jan + apr).isdisjoint(rows.ids())
