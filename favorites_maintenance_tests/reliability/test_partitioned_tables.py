@@ -646,3 +646,36 @@ def test_partition_steps_with_nothing_left_after_the_detach_still_record_it(tabl
     assert (meta["partitionsDetached"], meta["deletedTotal"], meta["batches"]) == (5, 7, 0)
     assert meta["backlogRemaining"] == 0
     assert rows.ids() == set(fresh) and set(jan + apr).isdisjoint(rows.ids())
+
+
+def test_a_detach_blocked_past_its_last_attempt_leaves_the_rows_to_the_batches(
+        db_url, engine, rows, monkeypatch):
+    # An application's maintenance (a VACUUM, a CREATE INDEX CONCURRENTLY) holds SHARE UPDATE
+    # EXCLUSIVE on the table longer than every attempt of the detach (and of the mark before
+    # it: a lock on the table blocks one on its partition); it does not block the batches'
+    # DELETE.
+    monkeypatch.setattr(partitioned, "LOCK_BACKOFF_S", 0.1)
+    drop_dev_schema(engine)
+    create_partitioned_dev_schema(engine, [month(1, 1), month(2, 1),
+                                           dt.datetime(2027, 1, 1, tzinfo=UTC)])
+    monkeypatch.setenv(DATABASE_URL_VAR, db_url.render_as_string(hide_password=False))
+    guest_settings_env(monkeypatch)
+    jan = rows.add_many(8, updated_at=month(1))
+    account = rows.add(updated_at=month(1, 20) + dt.timedelta(days=30), user_id=5)
+    with engine.connect() as holder:
+        holder.execute(sa.text("LOCK TABLE favorites.favorites IN SHARE UPDATE EXCLUSIVE MODE"))
+        with dg.instance_for_test() as instance:
+            result = run(instance)
+            assert result.success, failure_text(result)
+            meta = materialization(result, asset_key=ASSET_KEY)
+            lines = log_lines(instance, result)
+        holder.rollback()
+    assert "attempt 4/5" in lines and f"DETACH ... CONCURRENTLY of {JAN} failed" in lines
+    assert JAN in partitions_of(engine)
+    assert (meta["partitionsDetached"], meta["deletedTotal"]) == (0, 8)
+    assert rows.ids() == {account} and set(jan).isdisjoint(rows.ids())
+    # No mark is left saying the job is detaching it: a detach someone else begins later and
+    # leaves pending must not pass for the job's own (which the job would drop).
+    with engine.connect() as conn:
+        assert conn.execute(sa.text("SELECT obj_description(CAST(:p AS regclass), "
+                                    "'pg_class')"), {"p": JAN}).scalar() is None
