@@ -449,6 +449,7 @@ def test_partition_steps_under_the_least_privilege_role_need_its_grants_on_each_
         assert result.success, failure_text(result)
     assert rows.ids() == {*made["feb_account"], *made["jun_fresh"], *made["fresh"]}
 
+
 JUNE = "favorites.favorites_20250601"
 
 
