@@ -371,8 +371,10 @@ def drop_expired_partitions(engine: sa.Engine, rule: RetentionRule, cutoff: dt.d
     Raises:
         TableShapeError: the table is not range-partitioned on the rule's age column.
         TableCheckError: the catalogs could not be read (a lost connection, a lock held past
-            ``lock_timeout``); nothing was detached. A check or an alteration that fails is
-            logged instead, and leaves that partition to the batches.
+            ``lock_timeout``) before anything was detached or dropped. After that, the phase
+            ends there with what it did (a WARNING says why), so that the run counts it. A
+            check or an alteration that fails is logged instead, and leaves that partition to
+            the batches.
         InvalidArgumentError: a naive ``cutoff``.
     """
     rule.prunable(cutoff)  # refuses a naive cutoff
@@ -434,6 +436,7 @@ class _DropPhase:
     lock_timeout: dt.timedelta
     statement_timeout: dt.timedelta
     decisions: list[PartitionDecision] = field(default_factory=list)
+    privilege: str = "none"
 
     @property
     def parent(self) -> str:
@@ -451,7 +454,15 @@ class _DropPhase:
             return self._run()
         except sa.exc.DBAPIError as exc:
             # Raised only by the catalog reads; a failed check or alteration is logged instead.
-            raise TableCheckError(describe(exc), self.parent) from None
+            done = [d for d in self.decisions if d.action in (Action.DETACHED, Action.DROPPED)]
+            if not done:
+                raise TableCheckError(describe(exc), self.parent) from None
+            # What it detached has left the table: a retry would not see it again, so the
+            # run must count it now.
+            log.warning("drop_expired_partitions stopped after %d partitions detached or "
+                        "dropped: %s; the batches delete the prunable rows of the others",
+                        len(done), describe(exc))
+            return self.result(self.privilege)
 
     def _run(self) -> PartitionDropResult:
         with self.engine.connect() as conn, conn.begin():
@@ -466,6 +477,7 @@ class _DropPhase:
                 "detach": self.function(DETACH_FUNCTION, _DETACH_ARGS),
                 "drop": self.function(DROP_FUNCTION, _DROP_ARGS)}).one()
         privilege = "owner" if owner else "function" if may_detach and may_drop else "none"
+        self.privilege = privilege
         if privilege == "none":
             log.warning(
                 "drop_expired_partitions: the job's role may not alter %s and cannot execute "
@@ -479,6 +491,9 @@ class _DropPhase:
         for partition in partitions:
             self.decide(partition, privilege, has_default)
         self.drop_due(privilege)
+        return self.result(privilege)
+
+    def result(self, privilege: str) -> PartitionDropResult:
         for decision in self.decisions:
             log.debug("%s", decision.describe())
         detached = tuple(d.partition for d in self.decisions if d.action is Action.DETACHED)
