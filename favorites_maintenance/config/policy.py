@@ -106,7 +106,8 @@ class Policy:
             ``schema.table`` of identifiers, or is the policy's table;
             ``archive_retention_days`` is set without an ``archive_table``;
             ``max_parallel_partitions`` or ``drop_expired_partitions`` is set with an
-            ``archive_table``.
+            ``archive_table``; ``detached_retention`` is set without
+            ``drop_expired_partitions``.
     """
 
     name: str
@@ -143,6 +144,13 @@ class Policy:
                 f"policy {self.name!r}: archive_table and "
                 f"{self.label('drop_expired_partitions')} cannot be set together: a dropped "
                 "partition's rows would never reach the archive. Keep one of them")
+        if ("detached_retention" in self.settings.explicit
+                and not self.settings.drop_expired_partitions):
+            raise PolicyError(
+                f"policy {self.name!r}: {self.label('detached_retention')} is set, but "
+                f"{self.label('drop_expired_partitions')} is not true: no partition is "
+                "detached, so there is no detached table to keep. Remove it, or set "
+                "drop_expired_partitions: true", field="detached_retention")
         if self.archive_table is not None:
             try:
                 split_table_name(self.archive_table, "archive_table")

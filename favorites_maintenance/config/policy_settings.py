@@ -162,7 +162,14 @@ def _detached_retention(raw: str) -> dt.timedelta | None:
     good."""
     if raw.strip() in ("null", "~", "None"):
         return None
-    return duration_up_to(MAX_DETACHED_RETENTION, low=dt.timedelta(0))(raw)
+    if raw.lstrip().startswith("-"):
+        # PT0S does not turn it off here: it drops a detached table on the next run.
+        raise ValueError(f"{raw!r} must not be negative (PT0S drops a detached table on the "
+                         "next run, null keeps it for good)")
+    value = duration_up_to(dt.timedelta.max, low=dt.timedelta(0))(raw)
+    if value > MAX_DETACHED_RETENTION:
+        raise ValueError(f"{raw!r} must be at most P{MAX_DETACHED_RETENTION.days}D")
+    return value
 
 
 @dataclass(frozen=True)

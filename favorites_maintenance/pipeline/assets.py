@@ -46,6 +46,8 @@ from favorites_maintenance.pipeline.partitions import (
 from favorites_maintenance.pipeline.purge_op import (
     PurgeConfig,
     attempt_failed,
+    drop_phase_figures,
+    record_detached,
     run_drop_phase,
     run_purge_op,
 )
@@ -272,12 +274,15 @@ def _partition_ops(policy: Policy, asset_key: dg.AssetKey, settings_of, database
         column fails the run before anything is deleted."""
         settings = settings_of(context.resources.retention)
         started = dt.datetime.now(dt.UTC)
+        dropped = None
         try:
             with core_logs_in_run_log(context):
                 dropped = run_drop_phase(context, database_of(context), policy, settings,
                                          cutoff)
             found = partitions_to_purge(context, database_of(context), policy, cutoff)
         except RetentionError as exc:
+            # The partitions it detached are gone from the table: a retry does not see them.
+            record_detached(context, asset_key, dropped)
             retry = attempt_failed(context, config, policy, exc)
             if retry is not None:
                 raise retry from exc
@@ -285,7 +290,7 @@ def _partition_ops(policy: Policy, asset_key: dg.AssetKey, settings_of, database
         deadline = started + settings.max_run_duration
         yield dg.Output(PartitionPlan(started_at=started,
                                       partitions=tuple(p.qualified_name for p in found),
-                                      dropped=dropped and dropped.figures()),
+                                      dropped=drop_phase_figures(context, dropped)),
                         output_name="plan")
         for partition, key in zip(found, mapping_keys(found)):
             yield dg.DynamicOutput(PartitionWork(partition, deadline), mapping_key=key,

@@ -166,6 +166,34 @@ def run_drop_phase(context: dg.OpExecutionContext, database: FavoritesDatabase,
     return result
 
 
+def record_detached(context: dg.OpExecutionContext, asset_key: dg.AssetKey,
+                    dropped: PartitionDropResult | None) -> None:
+    """Before a failed attempt of the plan of partition steps ends: record what its drop
+    phase detached and dropped as an observation with ``failedBatch`` 0, so that a retry,
+    which finds those partitions gone and detaches nothing, still counts their rows (see
+    :func:`drop_phase_figures`). Nothing when it detached and dropped nothing."""
+    if dropped is None or not (dropped.detached or dropped.dropped):
+        return
+    record = RunReport(deleted_total=0, batches=0).with_partitions(*dropped.figures())
+    context.log_event(dg.AssetObservation(asset_key=asset_key, metadata={
+        **record.as_metadata(), "failedBatch": 0, "attempt": context.retry_number + 1}))
+
+
+def drop_phase_figures(context: dg.OpExecutionContext,
+                       dropped: PartitionDropResult | None) -> tuple[int, int, int] | None:
+    """(partitions detached, detached tables dropped, rows of the detached partitions) of
+    this attempt's drop phase and of the failed attempts of this op before it (see
+    :func:`record_detached`); ``None`` without ``drop_expired_partitions``."""
+    if dropped is None:
+        return None
+    detached, dropped_tables, rows = dropped.figures()
+    earlier = _committed_by_earlier_attempts(context)
+    if earlier is None:
+        return detached, dropped_tables, rows
+    return (detached + (earlier.partitions_detached or 0),
+            dropped_tables + (earlier.partitions_dropped or 0), rows + earlier.deleted_total)
+
+
 @dataclasses.dataclass
 class PurgeStep:
     """One attempt of a policy's purge op (see :func:`run_purge_op`), its steps named: the

@@ -85,7 +85,8 @@ def prunable_partitions(engine: sa.Engine, rule: RetentionRule,
                     f"{rule.qualified_name} is {what}, but max_parallel_partitions is set: "
                     f"declare it PARTITION BY RANGE ({rule.age.name}), or leave "
                     "max_parallel_partitions unset")
-            partitions = leaf_partitions(conn, schema, table, age_column=rule.age.name)
+            partitions = leaf_partitions(conn, schema, table, age_column=rule.age.name,
+                                         setting="max_parallel_partitions")
             found = []
             for partition in partitions:
                 if partition.detach_pending:

@@ -48,9 +48,9 @@ class TablePartition:
         schema: the partition's schema.
         name: the partition's table name.
         lower: the inclusive lower bound of its range, a UTC instant; ``None`` for
-            ``MINVALUE`` (and for the default partition).
-        upper: the exclusive upper bound, a UTC instant; ``None`` for ``MAXVALUE`` (and for
-            the default partition).
+            ``MINVALUE`` or ``'-infinity'`` (and for the default partition).
+        upper: the exclusive upper bound, a UTC instant; ``None`` for ``MAXVALUE`` or
+            ``'infinity'`` (and for the default partition).
         is_default: the ``DEFAULT`` partition, which holds every row no other range admits.
         detach_pending: a ``DETACH PARTITION ... CONCURRENTLY`` of it was interrupted (a
             crash, a cancel) and awaits ``FINALIZE`` (``pg_inherits.inhdetachpending``).
@@ -110,7 +110,8 @@ _RANGE = re.compile(r"FOR VALUES FROM \((.*)\) TO \((.*)\)", re.DOTALL)
 
 
 def leaf_partitions(conn: sa.Connection, schema: str, table: str, *,
-                    age_column: str | None = None) -> list[TablePartition]:
+                    age_column: str | None = None,
+                    setting: str = "drop_expired_partitions") -> list[TablePartition]:
     """The partitions of ``schema.table``, a table range-partitioned on one ``timestamptz``
     column (``age_column`` when given), ordered by range (``MINVALUE`` first, the default
     partition last).
@@ -126,6 +127,8 @@ def leaf_partitions(conn: sa.Connection, schema: str, table: str, *,
         schema, table: the partitioned table.
         age_column: the column the table must be partitioned by (the rule's age column);
             ``None``: any single ``timestamptz`` column.
+        setting: the policy setting that needs the shape, named by the errors
+            (``drop_expired_partitions`` or ``max_parallel_partitions``).
 
     Returns:
         One :class:`TablePartition` per direct partition (empty when it has none).
@@ -140,28 +143,28 @@ def leaf_partitions(conn: sa.Connection, schema: str, table: str, *,
     key = conn.execute(_PARTITION_KEY, {"t": name}).first()
     if key is None:
         raise TableShapeError(
-            f"{qualified} is not a partitioned table, but drop_expired_partitions is set: "
+            f"{qualified} is not a partitioned table, but {setting} is set: "
             f"declare it PARTITION BY RANGE ({age_column or '<age column>'}), or leave "
-            f"drop_expired_partitions unset")
+            f"{setting} unset")
     strategy, columns, column, type_name, keydef = key
     wanted = age_column or column
     if strategy != "r" or columns != 1 or column is None or column != wanted:
         raise TableShapeError(
-            f"{qualified} is partitioned by {keydef}, but drop_expired_partitions needs it "
+            f"{qualified} is partitioned by {keydef}, but {setting} needs it "
             f"partitioned by RANGE ({wanted or '<age column>'}), the policy's age column: a "
             f"partition's range must bound the age of every row it holds",
             column=age_column)
     if type_name != "timestamp with time zone":
         raise TableShapeError(
             f"{qualified} is partitioned by {keydef} of type {type_name}, but "
-            f"drop_expired_partitions compares its bounds with a UTC instant and needs "
+            f"{setting} compares its bounds with a UTC instant and needs "
             f"timestamp with time zone", column=column)
     rows = conn.execute(_PARTITIONS, {"t": name}).all()
     nested = [f"{s}.{n}" for s, n, kind, _, _ in rows if kind == "p"]
     if nested:
         raise TableShapeError(
             f"{qualified} has partitions that are themselves partitioned ({', '.join(nested)}): "
-            f"drop_expired_partitions handles one level of range partitions only")
+            f"{setting} handles one level of range partitions only")
     literals: list[str] = []
     parsed = []
     for part_schema, part_name, _, pending, bound in rows:
@@ -181,21 +184,29 @@ def leaf_partitions(conn: sa.Connection, schema: str, table: str, *,
                 ends.append(len(literals))
                 literals.append(_unquote(end))
         parsed.append((part_schema, part_name, pending, False, *ends))
-    instants: list[dt.datetime] = []
+    instants: list[dt.datetime | None] = []
     if literals:
         # Read back as microseconds since the epoch: the driver parses timestamptz text in the
-        # ISO DateStyle only.
-        instants = [_EPOCH + dt.timedelta(microseconds=us) for us in conn.execute(
-            sa.text("SELECT CAST(extract(epoch FROM CAST(v AS timestamptz)) * 1000000 AS bigint) "
-                    "FROM unnest(CAST(:v AS text[])) WITH ORDINALITY AS b(v, i) ORDER BY i"),
-            {"v": literals}).scalars()]
+        # ISO DateStyle only. 'infinity' and '-infinity' bound no more than MAXVALUE and
+        # MINVALUE do (NULL: an open end).
+        instants = [None if us is None else _EPOCH + dt.timedelta(microseconds=us)
+                    for us in conn.execute(sa.text(
+                        "SELECT CASE WHEN isfinite(CAST(v AS timestamptz)) THEN CAST(extract("
+                        "epoch FROM CAST(v AS timestamptz)) * 1000000 AS bigint) END "
+                        "FROM unnest(CAST(:v AS text[])) WITH ORDINALITY AS b(v, i) ORDER BY i"),
+                        {"v": literals}).scalars()]
     partitions = [
         TablePartition(schema=s, name=n, detach_pending=bool(pending), is_default=default,
-                       lower=None if lo is None else instants[lo].astimezone(_UTC),
-                       upper=None if hi is None else instants[hi].astimezone(_UTC))
+                       lower=_instant(instants, lo), upper=_instant(instants, hi))
         for s, n, pending, default, lo, hi in parsed]
     least = dt.datetime.min.replace(tzinfo=_UTC)
     return sorted(partitions, key=lambda p: (p.is_default, p.lower or least, p.name))
+
+
+def _instant(instants: list[dt.datetime | None], index: int | None) -> dt.datetime | None:
+    """The bound at ``index`` in UTC; ``None`` for an open end (none, or an infinity)."""
+    value = None if index is None else instants[index]
+    return None if value is None else value.astimezone(_UTC)
 
 
 def _quote(identifier: str) -> str:
@@ -360,8 +371,10 @@ def drop_expired_partitions(engine: sa.Engine, rule: RetentionRule, cutoff: dt.d
     Raises:
         TableShapeError: the table is not range-partitioned on the rule's age column.
         TableCheckError: the catalogs could not be read (a lost connection, a lock held past
-            ``lock_timeout``); nothing was detached. A check or an alteration that fails is
-            logged instead, and leaves that partition to the batches.
+            ``lock_timeout``) before anything was detached or dropped. After that, the phase
+            ends there with what it did (a WARNING says why), so that the run counts it. A
+            check or an alteration that fails is logged instead, and leaves that partition to
+            the batches.
         InvalidArgumentError: a naive ``cutoff``.
     """
     rule.prunable(cutoff)  # refuses a naive cutoff
@@ -423,6 +436,7 @@ class _DropPhase:
     lock_timeout: dt.timedelta
     statement_timeout: dt.timedelta
     decisions: list[PartitionDecision] = field(default_factory=list)
+    privilege: str = "none"
 
     @property
     def parent(self) -> str:
@@ -440,10 +454,22 @@ class _DropPhase:
             return self._run()
         except sa.exc.DBAPIError as exc:
             # Raised only by the catalog reads; a failed check or alteration is logged instead.
-            raise TableCheckError(describe(exc), self.parent) from None
+            done = [d for d in self.decisions if d.action in (Action.DETACHED, Action.DROPPED)]
+            if not done:
+                raise TableCheckError(describe(exc), self.parent) from None
+            # What it detached has left the table: a retry would not see it again, so the
+            # run must count it now.
+            log.warning("drop_expired_partitions stopped after %d partitions detached or "
+                        "dropped: %s; the batches delete the prunable rows of the others",
+                        len(done), describe(exc))
+            return self.result(self.privilege)
 
     def _run(self) -> PartitionDropResult:
-        with self.engine.connect() as conn:
+        with self.engine.connect() as conn, conn.begin():
+            # pg_get_expr locks each partition: a lock an application holds on one must not
+            # keep this read waiting past lock_timeout.
+            limit_transaction(conn, lock_timeout=self.lock_timeout,
+                              statement_timeout=self.statement_timeout)
             partitions = leaf_partitions(conn, self.rule.table.schema, self.rule.table.name,
                                          age_column=self.rule.age.name)
             owner, may_detach, may_drop = conn.execute(_PRIVILEGE, {
@@ -451,6 +477,7 @@ class _DropPhase:
                 "detach": self.function(DETACH_FUNCTION, _DETACH_ARGS),
                 "drop": self.function(DROP_FUNCTION, _DROP_ARGS)}).one()
         privilege = "owner" if owner else "function" if may_detach and may_drop else "none"
+        self.privilege = privilege
         if privilege == "none":
             log.warning(
                 "drop_expired_partitions: the job's role may not alter %s and cannot execute "
@@ -464,6 +491,9 @@ class _DropPhase:
         for partition in partitions:
             self.decide(partition, privilege, has_default)
         self.drop_due(privilege)
+        return self.result(privilege)
+
+    def result(self, privilege: str) -> PartitionDropResult:
         for decision in self.decisions:
             log.debug("%s", decision.describe())
         detached = tuple(d.partition for d in self.decisions if d.action is Action.DETACHED)
@@ -561,12 +591,15 @@ class _DropPhase:
             form = "DETACH (the table has a default partition, which refuses CONCURRENTLY)"
         ours = partition.detach_pending and self.marked_by_us(partition, state="detaching")
         marked = False
+        gone: str | None = None
 
         def attempt() -> None:
-            nonlocal marked
+            nonlocal marked, gone
             if not partition.detach_pending and not marked:
                 # The mark says the detach was ours should this run die before it completes.
-                self.mark(partition, "detaching", 0)
+                gone = self.mark_detaching(partition)
+                if gone is not None:
+                    return
                 marked = True
             # A CONCURRENTLY whose wait for older snapshots timed out left the detach pending:
             # the next attempt finishes it.
@@ -576,6 +609,10 @@ class _DropPhase:
                 self.alter(statement + (" CONCURRENTLY" if concurrently else ""))
 
         error = self.with_lock_retries(form, partition, attempt)
+        if gone is not None:
+            self.decisions.append(PartitionDecision(partition.qualified_name, Action.KEPT,
+                                                    (*checks, gone)))
+            return
         if error is not None:
             self.decisions.append(PartitionDecision(
                 partition.qualified_name, Action.KEPT,
@@ -613,9 +650,23 @@ class _DropPhase:
                 (*checks, f"{form}; then not marked ({error}): not dropped")))
             return
         if kept_row:
+            # The row must stay in the table the application reads: attach it again.
+            attach = (f"ALTER TABLE {self.quoted_parent} ATTACH PARTITION {name} "
+                      f"{_bound_sql(partition)}")
+            error = self.with_lock_retries("ATTACH PARTITION", partition,
+                                           lambda: self.alter(attach))
+            if error is None:
+                log.warning("partition %s was detached from %s, but a row the rule keeps "
+                            "reached it after the check: attached again",
+                            partition.qualified_name, self.parent)
+                self.decisions.append(PartitionDecision(
+                    partition.qualified_name, Action.KEPT,
+                    (*checks, f"{form}; then a row the rule keeps was found: attached again")))
+                return
             log.warning("partition %s was detached from %s, but a row the rule keeps reached "
-                        "it after the check: it is not dropped. Attach it again: ALTER TABLE "
-                        "%s ATTACH PARTITION %s %s", partition.qualified_name, self.parent,
+                        "it after the check, and attaching it again failed (%s): it is not "
+                        "dropped. Attach it again: ALTER TABLE %s ATTACH PARTITION %s %s",
+                        partition.qualified_name, self.parent, error,
                         self.parent, partition.qualified_name, _bound_sql(partition))
             self.decisions.append(PartitionDecision(
                 partition.qualified_name, Action.KEPT_DETACHED,
@@ -650,7 +701,9 @@ class _DropPhase:
 
     def drop_due(self, privilege: str) -> None:
         """Drop the tables this job detached from the parent whose retention is over."""
-        with self.engine.connect() as conn:
+        with self.engine.connect() as conn, conn.begin():
+            limit_transaction(conn, lock_timeout=self.lock_timeout,
+                              statement_timeout=self.statement_timeout)
             marked = conn.execute(_MARKED, {"mark": MARK + "%"}).all()
             now = conn.execute(sa.select(sa.func.now())).scalar_one()
         just_detached = {d.partition for d in self.decisions
@@ -786,19 +839,47 @@ class _DropPhase:
 
     def mark(self, partition: TablePartition, state: str | None, rows: int) -> None:
         """Write (or, ``state`` None, clear) the job's comment on ``partition``."""
+        with self.engine.begin() as conn:
+            limit_transaction(conn, lock_timeout=self.lock_timeout,
+                              statement_timeout=self.statement_timeout)
+            self.write_mark(conn, partition, state, rows)
+
+    def write_mark(self, conn: sa.Connection, partition: TablePartition, state: str | None,
+                   rows: int) -> None:
+        """:meth:`mark`, in the open transaction of ``conn``."""
+        name = _quote(partition.schema) + "." + _quote(partition.name)
+        if state is None:
+            conn.execute(sa.text(f"COMMENT ON TABLE {name} IS NULL"))
+            return
+        now = conn.execute(sa.select(sa.func.now())).scalar_one().astimezone(_UTC)
+        text = json.dumps({"favorites_maintenance": state, "from": self.parent,
+                           "at": now.isoformat(), "rows": rows})
+        literal = "'" + text.replace("'", "''") + "'"
+        conn.execute(sa.text(f"COMMENT ON TABLE {name} IS "
+                             + literal.replace(":", r"\:")))
+
+    def mark_detaching(self, partition: TablePartition) -> str | None:
+        """Mark ``partition`` as being detached by this job, if it is still an attached
+        partition of the parent; else say why not (another session detached it, or began to,
+        since the partitions were read: its mark is left as that session wrote it).
+
+        The partition is locked (``SHARE UPDATE EXCLUSIVE``, as a ``DETACH`` locks it) while
+        this is checked and the comment written, so another run's detach cannot pass between."""
         name = _quote(partition.schema) + "." + _quote(partition.name)
         with self.engine.begin() as conn:
             limit_transaction(conn, lock_timeout=self.lock_timeout,
                               statement_timeout=self.statement_timeout)
-            if state is None:
-                conn.execute(sa.text(f"COMMENT ON TABLE {name} IS NULL"))
-                return
-            now = conn.execute(sa.select(sa.func.now())).scalar_one().astimezone(_UTC)
-            text = json.dumps({"favorites_maintenance": state, "from": self.parent,
-                               "at": now.isoformat(), "rows": rows})
-            literal = "'" + text.replace("'", "''") + "'"
-            conn.execute(sa.text(f"COMMENT ON TABLE {name} IS "
-                                 + literal.replace(":", r"\:")))
+            conn.execute(sa.text(f"LOCK TABLE {name} IN SHARE UPDATE EXCLUSIVE MODE"))
+            pending = conn.execute(sa.text(
+                "SELECT inhdetachpending FROM pg_inherits WHERE inhrelid = CAST(:p AS regclass) "
+                "AND inhparent = CAST(:parent AS regclass)"),
+                {"p": name, "parent": self.quoted_parent}).scalar()
+            if pending is None:
+                return "detached by another session meanwhile; left to it"
+            if pending:
+                return "a detach another session began meanwhile; left to it"
+            self.write_mark(conn, partition, "detaching", 0)
+        return None
 
     def pending(self, partition: TablePartition) -> bool:
         """Whether a detach of ``partition`` is pending (``pg_inherits.inhdetachpending``)."""

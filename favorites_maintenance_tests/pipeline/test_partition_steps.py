@@ -259,3 +259,104 @@ def test_a_policy_file_declares_the_partitioned_shape_and_loads_without_a_databa
     # The guest-favorites policy beside it keeps its graph and the location's executor.
     assert defs.resolve_job_def("guest_favorites_cleanup_job").executor_def is (
         dg.in_process_executor)
+
+
+def test_terminating_a_run_of_the_partition_steps_ends_it_canceled(monthly):
+    import signal
+    import threading
+    import time
+
+    engine, _ = monthly
+    before = spread(engine)
+    # Each DELETE on a partition takes 0.2 s: the steps are mid-purge when the run is stopped.
+    with engine.begin() as conn:
+        conn.execute(sa.text(
+            "CREATE FUNCTION favorites.slow_batch() RETURNS trigger LANGUAGE plpgsql AS "
+            "$$ BEGIN PERFORM pg_sleep(0.2); RETURN NULL; END $$"))
+        for name in partitions_of(engine, before["prunable"]):
+            conn.execute(sa.text(f"CREATE TRIGGER slow_batch BEFORE DELETE ON {name} "
+                                 "FOR EACH STATEMENT EXECUTE FUNCTION favorites.slow_batch()"))
+
+    def prunable_left() -> int:
+        return len(snapshot(engine)["prunable"])
+
+    with dg.instance_for_test() as instance:
+        def terminate_after_two_batches() -> None:
+            deadline = time.monotonic() + 120
+            while time.monotonic() < deadline:
+                if prunable_left() <= len(before["prunable"]) - 2 * BATCH:
+                    [run] = instance.get_runs(limit=1)
+                    instance.report_run_canceling(run)
+                    os.kill(os.getpid(), signal.SIGINT)
+                    return
+                time.sleep(0.01)
+
+        thread = threading.Thread(target=terminate_after_two_batches, daemon=True)
+        thread.start()
+        with dg.execute_job(dg.reconstructable(partitioned_job), instance=instance,
+                            tags={"dagster/partition": PARTITION}) as result:
+            run_id = result.run_id
+        thread.join(10)
+        status = instance.get_run_by_id(run_id).status
+        events = [r.dagster_event for r in instance.all_logs(run_id) if r.dagster_event]
+
+    assert status == dg.DagsterRunStatus.CANCELED
+    assert not [e for e in events if e.event_type_value == "ASSET_MATERIALIZATION"]
+    assert f"{NODE}.collect_partitions" not in step_keys(events, "STEP_SUCCESS")
+    after = snapshot(engine)
+    assert 0 < len(after["prunable"]) < len(before["prunable"])
+    assert after["accounts"] == before["accounts"] and after["recent"] == before["recent"]
+    # Each stopped step recorded what it deleted: together, the rows gone.
+    stopped = [e.event_specific_data.asset_observation.metadata for e in events
+               if e.event_type_value == "ASSET_OBSERVATION"]
+    assert stopped and all(m["stopReason"].value == "stop_requested" for m in stopped)
+    assert sum(m["deletedTotal"].value for m in stopped) == (len(before["prunable"])
+                                                              - len(after["prunable"]))
+
+
+def test_a_partition_step_whose_backend_is_killed_is_retried_and_counted_once(monthly):
+    import threading
+    import time
+
+    engine, _ = monthly
+    before = spread(engine)
+    failing = min(partitions_of(engine, before["prunable"]))
+    # The second DELETE on that partition sleeps; its backend is then killed.
+    with engine.begin() as conn:
+        conn.execute(sa.text("CREATE SEQUENCE favorites.deletes"))
+        conn.execute(sa.text(
+            "CREATE FUNCTION favorites.sleep_once() RETURNS trigger LANGUAGE plpgsql AS $$ "
+            "BEGIN IF nextval('favorites.deletes') = 2 THEN PERFORM pg_sleep(60); END IF; "
+            "RETURN NULL; END $$"))
+        conn.execute(sa.text(f"CREATE TRIGGER sleep_once BEFORE DELETE ON {failing} "
+                             "FOR EACH STATEMENT EXECUTE FUNCTION favorites.sleep_once()"))
+    killed = []
+
+    def kill_the_sleeper() -> None:
+        deadline = time.monotonic() + 60
+        with engine.connect() as watcher:
+            while not killed and time.monotonic() < deadline:
+                pid = watcher.execute(sa.text(
+                    "SELECT pid FROM pg_stat_activity WHERE wait_event = 'PgSleep' "
+                    "AND pid <> pg_backend_pid()")).scalar()
+                if pid is not None:
+                    watcher.execute(sa.text("SELECT pg_terminate_backend(:p)"), {"p": pid})
+                    killed.append(pid)
+                watcher.rollback()
+                time.sleep(0.02)
+
+    thread = threading.Thread(target=kill_the_sleeper, daemon=True)
+    thread.start()
+    with dg.instance_for_test() as instance:
+        result = partitioned_defs().resolve_job_def(JOB).execute_in_process(
+            partition_key=PARTITION, instance=instance, run_config=retries(2),
+            raise_on_error=False)
+    thread.join(10)
+    assert killed and result.success
+    key = failing.removeprefix("favorites.")
+    assert step_keys(result.all_events, "STEP_UP_FOR_RETRY") == [
+        f"{NODE}.purge_partition[{key}]"]
+    after = snapshot(engine)
+    assert after["prunable"] == set() and after["accounts"] == before["accounts"]
+    assert materialization(result, asset_key=ASSET_KEY)["deletedTotal"] == len(
+        before["prunable"])

@@ -536,6 +536,16 @@ def test_drop_expired_partitions_and_detached_retention_load_without_the_databas
 @pytest.mark.parametrize("written, said", [
     ("\n  drop_expired_partitions: yes", "drop_expired_partitions: 'yes' is not true or false"),
     ("\n  detached_retention: -P1D", "detached_retention: '-P1D' must not be negative"),
+    ("\n  drop_expired_partitions: true\n  detached_retention: -P1D",
+     (r"detached_retention: '-P1D' must not be negative \(PT0S drops a detached table on the "
+      r"next run, null keeps it for good\)")),
+    ("\n  drop_expired_partitions: true\n  detached_retention: P3651D",
+     "detached_retention: 'P3651D' must be at most P3650D"),
+    ("\n  detached_retention: P30D",
+     ("policy guest_carts, detached_retention is set, but policy guest_carts, "
+      "drop_expired_partitions is not true")),
+    ("\n  drop_expired_partitions: false\n  detached_retention: null",
+     "detached_retention is set, but .*drop_expired_partitions is not true"),
     ("\n  drop_expired_partitions: true\n  archive_table: carts.archive",
      "archive_table and policy guest_carts, drop_expired_partitions cannot be set together"),
 ])

@@ -116,3 +116,41 @@ def test_a_killed_batch_is_retried_and_the_run_reports_everything_it_deleted(
     assert meta["batches"] == N // BATCH
     assert meta["backlogRemaining"] == 0
     assert rows.ids() == keep
+
+
+def sleep_in_delete_number(engine, table: str, n: int) -> None:
+    """The ``n``-th DELETE statement on ``table`` sleeps 60 s inside its transaction (a
+    statement-level trigger): its backend can be killed mid-batch."""
+    with engine.begin() as conn:
+        conn.execute(sa.text("CREATE SEQUENCE favorites.deletes"))
+        conn.execute(sa.text(
+            "CREATE FUNCTION favorites.sleep_once() RETURNS trigger LANGUAGE plpgsql AS $$ "
+            f"BEGIN IF nextval('favorites.deletes') = {n} THEN PERFORM pg_sleep(60); END IF; "
+            "RETURN NULL; END $$"))
+        conn.execute(sa.text(f"CREATE TRIGGER sleep_once BEFORE DELETE ON {table} "
+                             "FOR EACH STATEMENT EXECUTE FUNCTION favorites.sleep_once()"))
+
+
+def test_a_page_order_batch_whose_backend_is_killed_is_retried_and_counted_once(
+        db_url, engine, rows, monkeypatch):
+    from favorites_maintenance_tests.core.test_page_order import fill
+
+    fill(engine, 60_000, old_guest_every=3, old_account_every=7, old=OLD)
+    monkeypatch.setattr("favorites_maintenance.retention.scan.PAGE_ORDER_MIN_ROWS", 5_000)
+    monkeypatch.setattr("favorites_maintenance.retention.scan.PAGE_ORDER_MIN_PAGES", 256)
+    accounts, total = rows.accounts(), rows.count()
+    sleep_in_delete_number(engine, "favorites.favorites", 3)
+
+    with dg.instance_for_test() as instance:
+        killer, killed = in_thread(kill_when_sleeping, engine)
+        result = run_job(db_url, instance, batch_size=2000, retries=2)
+        killer.join(10)
+        assert isinstance(killed[0], int)
+        assert result.success
+        retries = [e for e in result.all_events if e.event_type_value == "STEP_UP_FOR_RETRY"]
+        meta = materialization(result)
+    assert len(retries) == 1
+    assert meta["scanMode"] == "page_order"
+    assert rows.accounts() == accounts
+    assert meta["deletedTotal"] == total - rows.count() == 20_000
+    assert meta["backlogRemaining"] == 0

@@ -20,6 +20,7 @@ from favorites_maintenance.retention import partitioned
 from favorites_maintenance.retention.database import create_engine
 from favorites_maintenance.retention.defaults import DATABASE_URL_VAR
 from favorites_maintenance.retention.least_privilege import apply_partition_functions
+from favorites_maintenance.retention.rule import GUEST_FAVORITES
 from favorites_maintenance.retention.schema import (
     create_partitioned_dev_schema,
     drop_dev_schema,
@@ -30,6 +31,7 @@ from favorites_maintenance_tests.helpers.jobs import (
     failure_text,
     guest_settings_env,
     materialization,
+    purge_retries,
     run_partition,
 )
 from favorites_maintenance_tests.helpers.policies import (
@@ -41,6 +43,7 @@ from favorites_maintenance_tests.reliability.conftest import CUTOFF, PARTITION
 UTC = dt.UTC
 POLICY = "monthly_favorites"
 JOB = f"{POLICY}_cleanup_job"
+NODE = f"favorites__{POLICY}_cleanup"
 ASSET_KEY = dg.AssetKey(["favorites", f"{POLICY}_cleanup"])
 #: Monthly partitions from January 2025 to December 2026; the cutoff of PARTITION is
 #: 2025-06-16, so January to May 2025 lie wholly before it.
@@ -444,4 +447,266 @@ def test_partition_steps_under_the_least_privilege_role_need_its_grants_on_each_
     with dg.instance_for_test() as instance:
         result = run(instance, max_parallel_partitions=2)
         assert result.success, failure_text(result)
+    assert rows.ids() == {*made["feb_account"], *made["jun_fresh"], *made["fresh"]}
+
+
+JUNE = "favorites.favorites_20250601"
+
+
+def lock_until_a_wait_times_out(engine, table: str, pattern: str, timed_out: threading.Event,
+                                *, hold_s: float = 30) -> None:
+    """Hold ACCESS EXCLUSIVE on ``table``, as an application's migration would, until a
+    session of the job waiting for it on a query like ``pattern`` stops waiting (its
+    lock_timeout), or ``hold_s`` seconds."""
+    with engine.connect() as holder, engine.connect() as watcher:
+        holder.execute(sa.text(f"LOCK TABLE {table} IN ACCESS EXCLUSIVE MODE"))
+        waited = False
+        deadline = time.monotonic() + hold_s
+        while time.monotonic() < deadline:
+            waiting = watcher.execute(sa.text(
+                "SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock' "
+                "AND query LIKE :q"), {"q": pattern}).scalar_one() > 0
+            watcher.rollback()
+            if waited and not waiting:
+                timed_out.set()
+                break
+            waited = waited or waiting
+            time.sleep(0.02)
+        holder.rollback()
+
+
+def test_the_partition_read_gives_up_on_a_locked_partition_within_lock_timeout(table, rows):
+    # Reading a partition's bounds (pg_get_expr) locks it: behind an application's ACCESS
+    # EXCLUSIVE lock on one partition, the drop phase's read must give up within lock_timeout
+    # and the step be retried, not wait for as long as the lock is held.
+    made = fill(rows)
+    timed_out = threading.Event()
+    thread = threading.Thread(target=lock_until_a_wait_times_out, daemon=True,
+                              args=(table, JUNE, "%pg_get_expr(c.relpartbound%", timed_out))
+    thread.start()
+    time.sleep(0.2)
+    with dg.instance_for_test() as instance:
+        result = run_partition(defs(), instance, PARTITION, job=JOB,
+                               run_config=purge_retries(1, asset_key=ASSET_KEY),
+                               raise_on_error=False)
+        assert result.success, failure_text(result)
+        meta = materialization(result, asset_key=ASSET_KEY)
+        lines = log_lines(instance, result)
+        retried = [e.step_key for e in result.all_events
+                   if e.event_type_value == "STEP_UP_FOR_RETRY"]
+    thread.join(10)
+    assert timed_out.is_set() and retried == [f"{NODE}.purge"]
+    assert "transient database error (lock_not_available)" in lines
+    assert (meta["partitionsDetached"], meta["deletedTotal"]) == (4, 60)
+    assert rows.ids() == {*made["feb_account"], *made["jun_fresh"], *made["fresh"]}
+
+
+def test_a_plan_retried_after_its_drop_phase_still_counts_the_detached_rows(table, rows,
+                                                                           monkeypatch):
+    # The plan detaches January to May, then its look for partitions with prunable rows finds
+    # June locked by the application past lock_timeout: the plan is retried, and the retry has
+    # nothing left to detach. The first attempt's detached rows are still the run's.
+    from favorites_maintenance.pipeline import partition_steps
+    from favorites_maintenance_tests.helpers.partitioned import retries
+
+    made = fill(rows)
+    real = partition_steps.prunable_partitions
+    calls = []
+
+    def behind_a_lock_the_first_time(engine, rule, cutoff):
+        calls.append(1)
+        if len(calls) > 1:
+            return real(engine, rule, cutoff)
+        with table.connect() as holder:
+            holder.execute(sa.text(f"LOCK TABLE {JUNE} IN ACCESS EXCLUSIVE MODE"))
+            try:
+                return real(engine, rule, cutoff)
+            finally:
+                holder.rollback()
+
+    monkeypatch.setattr(partition_steps, "prunable_partitions", behind_a_lock_the_first_time)
+    with dg.instance_for_test() as instance:
+        result = run_partition(defs(max_parallel_partitions=2), instance, PARTITION, job=JOB,
+                               run_config=retries(1), raise_on_error=False)
+        assert result.success, failure_text(result)
+        meta = materialization(result, asset_key=ASSET_KEY)
+        retried = [e.step_key for e in result.all_events
+                   if e.event_type_value == "STEP_UP_FOR_RETRY"]
+    assert len(calls) == 2 and retried == [f"{NODE}.plan_partitions"]
+    assert {JAN, MAR, APR, MAY}.isdisjoint(partitions_of(table))
+    assert (meta["partitionsDetached"], meta["partitionsDropped"]) == (4, 0)
+    assert meta["deletedTotal"] == 30 + 5 + 20 + 5
+    assert rows.ids() == {*made["feb_account"], *made["jun_fresh"], *made["fresh"]}
+
+
+def test_an_account_row_that_reaches_the_partition_after_the_check_stays_in_the_table(
+        table, rows, monkeypatch):
+    # Between the check and the DETACH, a guest signs up and their January favorites become
+    # an account's: the partition must not leave the table with that row.
+    made = fill(rows)
+    claimed = made["jan"][0]
+    real = partitioned._DropPhase.alter
+
+    def claim_then_alter(phase, statement):
+        if JAN.split(".")[1] in statement and "FINALIZE" not in statement:
+            with table.begin() as conn:
+                conn.execute(sa.text("UPDATE favorites.favorites SET user_id = 9 "
+                                     "WHERE id = :id"), {"id": claimed})
+        return real(phase, statement)
+
+    monkeypatch.setattr(partitioned._DropPhase, "alter", claim_then_alter)
+    with dg.instance_for_test() as instance:
+        result = run(instance)
+        assert result.success, failure_text(result)
+        meta = materialization(result, asset_key=ASSET_KEY)
+        lines = log_lines(instance, result)
+    assert JAN in partitions_of(table)
+    assert (f"partition {JAN} was detached from favorites.favorites, but a row the rule keeps "
+            "reached it after the check: attached again") in lines
+    assert rows.ids() == {claimed, *made["feb_account"], *made["jun_fresh"], *made["fresh"]}
+    assert (meta["partitionsDetached"], meta["deletedTotal"]) == (3, 59)
+
+
+
+def test_two_drop_phases_at_once_detach_each_partition_once_and_count_its_rows_once(
+        db_url, engine, rows):
+    # Two runs of the policy at once (a run launched by hand beside the schedule's, outside
+    # the run queue's pools) over 29 expired monthly partitions.
+    drop_dev_schema(engine)
+    create_partitioned_dev_schema(engine, month_starts(dt.datetime(2023, 1, 1, tzinfo=UTC), 42))
+    old = [rows.add_many(3, updated_at=dt.datetime(2023 + m // 12, m % 12 + 1, 5, tzinfo=UTC))
+           for m in range(29)]
+    accounts = [rows.add(updated_at=dt.datetime(2023, 1 + m, 20, tzinfo=UTC), user_id=m + 1)
+                for m in (2, 7)]
+    fresh = rows.add_many(4, updated_at=dt.datetime(2026, 3, 1, tzinfo=UTC))
+    results, engines = {}, [create_engine(db_url) for _ in range(2)]
+    start = threading.Barrier(2)
+
+    def one(n: int) -> None:
+        start.wait()
+        results[n] = partitioned.drop_expired_partitions(engines[n], GUEST_FAVORITES, CUTOFF)
+
+    threads = [threading.Thread(target=one, args=(n,), daemon=True) for n in (0, 1)]
+    try:
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join(300)
+    finally:
+        for e in engines:
+            e.dispose()
+    assert set(results) == {0, 1}
+    detached = [p for r in results.values() for p in r.detached]
+    assert len(detached) == len(set(detached)) == 27  # March and August hold an account row
+    assert sum(r.rows_removed for r in results.values()) == 27 * 3
+    with engine.connect() as conn:
+        marks = {n: json.loads(d)["favorites_maintenance"] for n, d in conn.execute(sa.text(
+            "SELECT format('%s.%s', n.nspname, c.relname), obj_description(c.oid, 'pg_class') "
+            "FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace "
+            "WHERE n.nspname = 'favorites' AND c.relkind = 'r' AND NOT c.relispartition")) if d}
+    # Each table either run detached is marked detached, so that a later run drops it.
+    assert marks == dict.fromkeys(detached, "detached")
+    kept = {*accounts, *fresh, *old[2], *old[7]}
+    assert rows.ids() == kept
+
+
+def test_a_range_run_with_partition_steps_counts_the_detached_rows_once_on_its_last_day(
+        table, rows):
+    made = fill(rows)
+    days = ["2026-06-13", "2026-06-14", PARTITION]
+    with dg.instance_for_test() as instance:
+        result = defs(max_parallel_partitions=2).resolve_job_def(JOB).execute_in_process(
+            instance=instance, raise_on_error=False,
+            tags={"dagster/asset_partition_range_start": days[0],
+                  "dagster/asset_partition_range_end": days[-1]})
+        assert result.success, failure_text(result)
+        metas = {}
+        for day in days:
+            [record] = instance.fetch_materializations(
+                dg.AssetRecordsFilter(asset_key=ASSET_KEY, asset_partitions=[day]),
+                limit=5).records
+            metas[day] = {k: v.value for k, v in
+                          record.asset_materialization.metadata.items()}
+    assert sum(m["deletedTotal"] for m in metas.values()) == 30 + 5 + 20 + 5
+    assert sum(m.get("partitionsDetached", 0) for m in metas.values()) == 4
+    assert metas[PARTITION]["partitionsDetached"] == 4
+    assert rows.ids() == {*made["feb_account"], *made["jun_fresh"], *made["fresh"]}
+
+
+def test_partition_steps_with_nothing_left_after_the_detach_still_record_it(table, rows):
+    # Every prunable row lies in partitions wholly before the cutoff: the plan detaches them
+    # (January to May), and no partition step is left to run.
+    jan, apr = rows.add_many(4, updated_at=month(1)), rows.add_many(3, updated_at=month(4))
+    fresh = rows.add_many(2, updated_at=dt.datetime(2026, 3, 1, tzinfo=UTC))
+    with dg.instance_for_test() as instance:
+        result = run(instance, max_parallel_partitions=2)
+        assert result.success, failure_text(result)
+        meta = materialization(result, asset_key=ASSET_KEY)
+        starts = [e.step_key for e in result.all_events if e.event_type_value == "STEP_START"]
+    assert not [k for k in starts if "purge_partition" in k]
+    assert (meta["partitionsDetached"], meta["deletedTotal"], meta["batches"]) == (5, 7, 0)
+    assert meta["backlogRemaining"] == 0
+    assert rows.ids() == set(fresh) and set(jan + apr).isdisjoint(rows.ids())
+
+
+def test_a_detach_blocked_past_its_last_attempt_leaves_the_rows_to_the_batches(
+        db_url, engine, rows, monkeypatch):
+    # An application's maintenance (a VACUUM, a CREATE INDEX CONCURRENTLY) holds SHARE UPDATE
+    # EXCLUSIVE on the table longer than every attempt of the detach (and of the mark before
+    # it: a lock on the table blocks one on its partition); it does not block the batches'
+    # DELETE.
+    monkeypatch.setattr(partitioned, "LOCK_BACKOFF_S", 0.1)
+    drop_dev_schema(engine)
+    create_partitioned_dev_schema(engine, [month(1, 1), month(2, 1),
+                                           dt.datetime(2027, 1, 1, tzinfo=UTC)])
+    monkeypatch.setenv(DATABASE_URL_VAR, db_url.render_as_string(hide_password=False))
+    guest_settings_env(monkeypatch)
+    jan = rows.add_many(8, updated_at=month(1))
+    account = rows.add(updated_at=month(1, 20) + dt.timedelta(days=30), user_id=5)
+    with engine.connect() as holder:
+        holder.execute(sa.text("LOCK TABLE favorites.favorites IN SHARE UPDATE EXCLUSIVE MODE"))
+        with dg.instance_for_test() as instance:
+            result = run(instance)
+            assert result.success, failure_text(result)
+            meta = materialization(result, asset_key=ASSET_KEY)
+            lines = log_lines(instance, result)
+        holder.rollback()
+    assert "attempt 4/5" in lines and f"DETACH ... CONCURRENTLY of {JAN} failed" in lines
+    assert JAN in partitions_of(engine)
+    assert (meta["partitionsDetached"], meta["deletedTotal"]) == (0, 8)
+    assert rows.ids() == {account} and set(jan).isdisjoint(rows.ids())
+    # No mark is left saying the job is detaching it: a detach someone else begins later and
+    # leaves pending must not pass for the job's own (which the job would drop).
+    with engine.connect() as conn:
+        assert conn.execute(sa.text("SELECT obj_description(CAST(:p AS regclass), "
+                                    "'pg_class')"), {"p": JAN}).scalar() is None
+
+
+def test_a_drop_phase_that_fails_after_its_detaches_still_counts_them(table, rows,
+                                                                      monkeypatch):
+    # After January to May are detached, the read of the detached tables fails on a lock
+    # timeout (a real one: a table the application holds). A retry of the step would find
+    # nothing left to detach: the phase ends with what it did, and the batches go on.
+    made = fill(rows)
+    real = partitioned._DropPhase.drop_due
+    calls = []
+
+    def behind_a_lock_the_first_time(phase, privilege):
+        calls.append(1)
+        if len(calls) == 1:
+            with table.connect() as holder, phase.engine.connect() as conn:
+                holder.execute(sa.text(f"LOCK TABLE {JUNE} IN ACCESS EXCLUSIVE MODE"))
+                conn.execute(sa.text("SET lock_timeout = '100ms'"))
+                conn.execute(sa.text(f"SELECT 1 FROM {JUNE} LIMIT 1"))
+        return real(phase, privilege)
+
+    monkeypatch.setattr(partitioned._DropPhase, "drop_due", behind_a_lock_the_first_time)
+    with dg.instance_for_test() as instance:
+        result = run_partition(defs(), instance, PARTITION, job=JOB,
+                               run_config=purge_retries(1, asset_key=ASSET_KEY),
+                               raise_on_error=False)
+        assert result.success, failure_text(result)
+        meta = materialization(result, asset_key=ASSET_KEY)
+    assert {JAN, MAR, APR, MAY}.isdisjoint(partitions_of(table))
+    assert (meta["partitionsDetached"], meta["deletedTotal"]) == (4, 60)
     assert rows.ids() == {*made["feb_account"], *made["jun_fresh"], *made["fresh"]}
