@@ -11,6 +11,8 @@ policies of ``favorites_maintenance/defs/``.
   seeded dev table, until Ctrl-C.
 - ``bench``: the purge against the physical limit and the usual alternatives.
 - ``restore``: a policy's archived rows back into its table (its ``restore_<policy>_job``).
+- ``partition-functions``: the SQL that installs the owner's functions a policy with
+  ``drop_expired_partitions`` calls under a least-privileged role, for ``psql -f -``.
 """
 
 from __future__ import annotations
@@ -342,6 +344,42 @@ def _echo_dry_run(count: dict) -> None:
         _echo(f"next run   {upcoming['at']} ({upcoming['cron']}), partition "
               f"{upcoming['partition']}: cutoff {upcoming['cutoff']}, {upcoming['prunable']:,} "
               "rows prunable")
+
+
+@main.command("partition-functions",
+              short_help="Print the SQL of a policy's partition functions, for psql.")
+@click.option("--policy", "policy_name", required=True, metavar="NAME",
+              help="The policy (with drop_expired_partitions: true) whose table the functions "
+                   "detach and drop partitions of.")
+@click.option("--role", required=True, metavar="ROLE",
+              help="The job's role, the only one granted EXECUTE on the functions.")
+def partition_functions(policy_name: str, role: str) -> None:
+    """Print the SQL that installs, as the owner of a policy's range-partitioned table, the two
+    SECURITY DEFINER functions its job calls to detach and drop expired partitions when its
+    role may not alter the table: <schema>.<table>_detach_partition and
+    <schema>.<table>_drop_detached, written for the policy's table, age column and guard
+    columns, with EXECUTE granted to --role only. Pipe it to psql as the table's owner:
+
+        favorites-maintenance partition-functions --policy NAME --role ROLE | psql -f - URL
+
+    Connects to no database (docs/partitioned-tables.md).
+    """
+    from favorites_maintenance.retention.errors import InvalidArgumentError
+    from favorites_maintenance.retention.least_privilege import partition_functions_sql
+    from favorites_maintenance.retention.rule import RuleError
+
+    policy = _load_policy(policy_name)
+    if not policy.settings.drop_expired_partitions:
+        _fail(f"--policy {policy.name}: drop_expired_partitions is not true in its defs.yaml, "
+              "so its job detaches no partition and calls no function; set "
+              "drop_expired_partitions: true first")
+    try:
+        sql = partition_functions_sql(policy.rule, role)
+    except RuleError as exc:
+        _fail(f"policy {policy.name}: {exc}")
+    except InvalidArgumentError as exc:
+        _fail(f"--role: {exc}")
+    click.echo(sql, nl=False)
 
 
 @main.command(short_help="Move a policy's archived rows back into its table.")

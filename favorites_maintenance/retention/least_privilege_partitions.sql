@@ -1,28 +1,28 @@
 -- Optional: what the cleanup role needs, on top of least_privilege.sql, for a policy with
--- drop_expired_partitions: true on favorites.favorites partitioned by range on updated_at
--- (docs/partitioned-tables.md). For another table, write its name, its age column and its
--- guard columns where this file writes favorites.favorites, updated_at and user_id, and name
--- the functions <schema>.<table>_detach_partition and <schema>.<table>_drop_detached.
+-- drop_expired_partitions: true on {{table}}, partitioned by range on {{age}}; the
+-- functions keep every partition that holds a {{guard_text}} (docs/partitioned-tables.md).
 --
--- Run once per database, as the owner of the table (or a superuser), after least_privilege.sql:
---     psql -v role=favorites_cleanup -f least_privilege_partitions.sql "$OWNER_URL"
+-- This file is a template: print it for a policy, and run it once per database as the owner of
+-- the table (or a superuser), after least_privilege.sql:
+--     favorites-maintenance partition-functions --policy NAME --role favorites_cleanup \
+--         | psql -f - "$OWNER_URL"
 -- favorites_maintenance.retention.least_privilege.apply_partition_functions() runs the same text.
 --
 -- Detaching and dropping a partition alter the table, which only its owner may do. Rather than
 -- giving the cleanup role ownership, the owner installs two SECURITY DEFINER functions that run
 -- as the owner, with a fixed search_path, and do one thing each, after checking again, under the
 -- lock they take, what the job checked before calling them:
---   favorites.favorites_detach_partition(partition, cutoff, lock_timeout_ms) -> rows detached
---       detaches one partition of favorites.favorites only when its upper bound is at or before
---       the cutoff (itself not in the future), it holds no row with user_id NOT NULL and no row
+--   {{detach_function}}(partition, cutoff, lock_timeout_ms) -> rows detached
+--       detaches one partition of {{table}} only when its upper bound is at or before
+--       the cutoff (itself not in the future), it holds no {{guard_text}} and no row
 --       at or after the cutoff, and no DELETE trigger, row-level security, publication that
 --       publishes deletes or foreign key referencing it or the table would be bypassed; a
 --       detach left pending (DETACH ... CONCURRENTLY interrupted) is finalized. The table is
 --       marked by a comment (from which table, when, how many rows).
---   favorites.favorites_drop_detached(table, keep_for, lock_timeout_ms) -> rows dropped
---       drops one table only when the comment says it was detached from favorites.favorites by
+--   {{drop_function}}(table, keep_for, lock_timeout_ms) -> rows dropped
+--       drops one table only when the comment says it was detached from {{table}} by
 --       these functions or the job, keep_for has passed since, it is not a partition again and
---       it holds no row with user_id NOT NULL.
+--       it holds no {{guard_text}}.
 -- Each refusal raises SQLSTATE 55000 with a message starting "kept: ", which the run logs; the
 -- job then leaves the partition's rows to its batches.
 --
@@ -31,7 +31,7 @@
 -- time of the catalog change only; its wait for that lock, behind other sessions, is bounded by
 -- lock_timeout_ms (the job's lock timeout), and the job tries again later with a longer pause.
 
-CREATE OR REPLACE FUNCTION favorites.favorites_detach_partition(
+CREATE OR REPLACE FUNCTION {{detach_function}}(
     part regclass, cutoff timestamptz, lock_timeout_ms integer)
 RETURNS bigint
 LANGUAGE plpgsql SECURITY DEFINER
@@ -39,7 +39,7 @@ SET search_path = pg_catalog, pg_temp
 SET TimeZone = 'UTC'
 AS $fn$
 DECLARE
-    parent CONSTANT regclass := 'favorites.favorites'::regclass;
+    parent CONSTANT regclass := {{parent_literal}}::regclass;
     bound text;
     pending boolean;
     upper_bound timestamptz;
@@ -91,13 +91,14 @@ BEGIN
         RAISE EXCEPTION USING ERRCODE = '55000',
             MESSAGE = format('kept: a DROP would bypass %s', blocker);
     END IF;
-    EXECUTE format('SELECT EXISTS (SELECT 1 FROM %s WHERE user_id IS NOT NULL)', part)
+    -- The rows the guard keeps ('false' for a rule with no guard, which keeps none).
+    EXECUTE format('SELECT EXISTS (SELECT 1 FROM %s WHERE %s)', part, {{kept_condition}})
        INTO found;
     IF found THEN
         RAISE EXCEPTION USING ERRCODE = '55000',
-            MESSAGE = format('kept: %s holds a row with user_id NOT NULL', part);
+            MESSAGE = format('kept: %s holds a row with %s NOT NULL', part, {{guard_names}});
     END IF;
-    EXECUTE format('SELECT EXISTS (SELECT 1 FROM %s WHERE updated_at >= $1)', part)
+    EXECUTE format('SELECT EXISTS (SELECT 1 FROM %s WHERE %I >= $1)', part, {{age_literal}})
        INTO found USING cutoff;
     IF found THEN
         RAISE EXCEPTION USING ERRCODE = '55000',
@@ -110,13 +111,13 @@ BEGIN
         EXECUTE format('ALTER TABLE %s DETACH PARTITION %s', parent, part);
     END IF;
     EXECUTE format('COMMENT ON TABLE %s IS %L', part, json_build_object(
-        'favorites_maintenance', 'detached', 'from', 'favorites.favorites',
+        'favorites_maintenance', 'detached', 'from', {{table_literal}},
         'at', now(), 'rows', rows_found)::text);
     RETURN rows_found;
 END
 $fn$;
 
-CREATE OR REPLACE FUNCTION favorites.favorites_drop_detached(
+CREATE OR REPLACE FUNCTION {{drop_function}}(
     detached regclass, keep_for interval, lock_timeout_ms integer)
 RETURNS bigint
 LANGUAGE plpgsql SECURITY DEFINER
@@ -135,9 +136,9 @@ BEGIN
     END IF;
     mark := note::jsonb;
     IF mark->>'favorites_maintenance' IS DISTINCT FROM 'detached'
-       OR mark->>'from' IS DISTINCT FROM 'favorites.favorites' THEN
+       OR mark->>'from' IS DISTINCT FROM {{table_literal}} THEN
         RAISE EXCEPTION USING ERRCODE = '55000',
-            MESSAGE = format('kept: %s was not detached from favorites.favorites', detached);
+            MESSAGE = format('kept: %s was not detached from %s', detached, {{table_literal}});
     END IF;
     IF (SELECT c.relispartition OR c.relkind <> 'r' FROM pg_class c WHERE c.oid = detached) THEN
         RAISE EXCEPTION USING ERRCODE = '55000',
@@ -149,11 +150,11 @@ BEGIN
     END IF;
     PERFORM set_config('lock_timeout', greatest(coalesce(lock_timeout_ms, 1), 1) || 'ms', true);
     EXECUTE format('LOCK TABLE %s IN ACCESS EXCLUSIVE MODE', detached);
-    EXECUTE format('SELECT EXISTS (SELECT 1 FROM %s WHERE user_id IS NOT NULL)', detached)
+    EXECUTE format('SELECT EXISTS (SELECT 1 FROM %s WHERE %s)', detached, {{kept_condition}})
        INTO found;
     IF found THEN
         RAISE EXCEPTION USING ERRCODE = '55000',
-            MESSAGE = format('kept: %s holds a row with user_id NOT NULL', detached);
+            MESSAGE = format('kept: %s holds a row with %s NOT NULL', detached, {{guard_names}});
     END IF;
     EXECUTE format('SELECT count(*) FROM %s', detached) INTO rows_found;
     EXECUTE format('DROP TABLE %s', detached);
@@ -161,11 +162,11 @@ BEGIN
 END
 $fn$;
 
-REVOKE ALL ON FUNCTION favorites.favorites_detach_partition(regclass, timestamptz, integer)
+REVOKE ALL ON FUNCTION {{detach_function}}(regclass, timestamptz, integer)
     FROM PUBLIC;
-REVOKE ALL ON FUNCTION favorites.favorites_drop_detached(regclass, interval, integer)
+REVOKE ALL ON FUNCTION {{drop_function}}(regclass, interval, integer)
     FROM PUBLIC;
-GRANT EXECUTE ON FUNCTION favorites.favorites_detach_partition(regclass, timestamptz, integer)
+GRANT EXECUTE ON FUNCTION {{detach_function}}(regclass, timestamptz, integer)
     TO :"role";
-GRANT EXECUTE ON FUNCTION favorites.favorites_drop_detached(regclass, interval, integer)
+GRANT EXECUTE ON FUNCTION {{drop_function}}(regclass, interval, integer)
     TO :"role";

@@ -234,7 +234,8 @@ LOCK_BACKOFF_S = 1.0
 MARK = '{"favorites_maintenance"'
 
 #: The function a table's owner installs so that a role that may not alter the table has its
-#: expired partitions detached and dropped (``least_privilege_partitions.sql``):
+#: expired partitions detached and dropped (``least_privilege_partitions.sql``, rendered for
+#: the rule by ``least_privilege.partition_functions_sql``):
 #: ``<schema>.<table>_detach_partition(regclass, timestamptz, integer)`` and
 #: ``<schema>.<table>_drop_detached(regclass, interval, integer)``.
 DETACH_FUNCTION = "{schema}.{table}_detach_partition"
@@ -482,7 +483,7 @@ class _DropPhase:
             log.warning(
                 "drop_expired_partitions: the job's role may not alter %s and cannot execute "
                 "%s and %s: nothing detached, every prunable row is deleted in batches. Install "
-                "them as the table's owner (least_privilege_partitions.sql, docs/"
+                "them as the table's owner (favorites-maintenance partition-functions, docs/"
                 "partitioned-tables.md)", self.parent,
                 self.function(DETACH_FUNCTION, _DETACH_ARGS),
                 self.function(DROP_FUNCTION, _DROP_ARGS))

@@ -335,3 +335,64 @@ def test_demo_of_another_policy_shows_its_protected_rows_before_and_after(checko
     assert re.search(r"rows of the guard\s+13 -> 0  \(customer_ref IS NULL\)", proc.stdout)
     assert re.search(r"protected rows\s+7 -> 7  \(NOT \(customer_ref IS NULL\)\)  \(unchanged\)",
                      proc.stdout), proc.stdout
+
+
+SHARED_LISTS = """\
+type: favorites_maintenance.RetentionPolicy
+attributes:
+  name: shared_lists
+  table: lists.shared_lists
+  key_column: list_id
+  age_column: touched_at
+  null_columns: [owner_id, team_id]
+  retention_days: 365
+  drop_expired_partitions: true
+"""
+
+
+def test_partition_functions_prints_the_sql_of_the_policys_table_for_psql(checkout, engine):
+    """The command's output, run as the owner, installs the two functions named after the
+    policy's table, SECURITY DEFINER, executable by --role only; a policy without
+    drop_expired_partitions and an unknown policy are refused naming them."""
+    import sqlalchemy as sa
+
+    from favorites_maintenance_tests.helpers.policy_files import defs_folder
+
+    role = f"{engine.url.database}_lists_cleanup"
+    with defs_folder("shared_lists", SHARED_LISTS):
+        proc = cli("partition-functions", "--policy", "shared_lists", "--role", role,
+                   cwd=checkout)
+        guest = cli("partition-functions", "--policy", "guest_favorites", "--role", role,
+                    cwd=checkout)
+        unknown = cli("partition-functions", "--policy", "shared_list", "--role", role,
+                      cwd=checkout)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stderr == ""
+    assert 'CREATE OR REPLACE FUNCTION "lists"."shared_lists_detach_partition"(' in proc.stdout
+    assert "'\"owner_id\" IS NOT NULL OR \"team_id\" IS NOT NULL'" in proc.stdout
+    assert guest.returncode == 2
+    assert guest.stderr == ("error: --policy guest_favorites: drop_expired_partitions is not "
+                            "true in its defs.yaml, so its job detaches no partition and calls "
+                            "no function; set drop_expired_partitions: true first\n")
+    assert unknown.returncode == 2
+    assert unknown.stderr.startswith("error: --policy 'shared_list': no such policy")
+    with engine.begin() as conn:
+        conn.execute(sa.text("CREATE SCHEMA lists"))
+        conn.execute(sa.text(
+            "CREATE TABLE lists.shared_lists (list_id bigint, owner_id bigint, team_id bigint, "
+            "touched_at timestamptz NOT NULL) PARTITION BY RANGE (touched_at)"))
+        conn.exec_driver_sql(f'CREATE ROLE "{role}"')
+    try:
+        with engine.begin() as conn:
+            conn.connection.cursor().execute(proc.stdout)
+        with engine.connect() as conn:
+            installed = conn.execute(sa.text(
+                "SELECT p.proname, p.prosecdef, has_function_privilege(:r, p.oid, 'EXECUTE'), "
+                "has_function_privilege('public', p.oid, 'EXECUTE') FROM pg_proc p "
+                "WHERE p.pronamespace = 'lists'::regnamespace ORDER BY 1"), {"r": role}).all()
+    finally:
+        with engine.begin() as conn:
+            conn.exec_driver_sql(f'DROP OWNED BY "{role}"')
+            conn.exec_driver_sql(f'DROP ROLE "{role}"')
+    assert installed == [("shared_lists_detach_partition", True, True, False),
+                         ("shared_lists_drop_detached", True, True, False)]
