@@ -64,6 +64,7 @@ from favorites_maintenance.pipeline.resources import (
 )
 from favorites_maintenance.pipeline.run_log import core_logs_in_run_log
 from favorites_maintenance.pipeline.run_report import RunReport
+from favorites_maintenance.pipeline.stop_requests import StopRequests
 from favorites_maintenance.retention.backlog import measure_backlog as count_backlog
 from favorites_maintenance.retention.errors import BacklogError, ConnectError, RetentionError
 
@@ -276,9 +277,10 @@ def _partition_ops(policy: Policy, asset_key: dg.AssetKey, settings_of, database
         started = dt.datetime.now(dt.UTC)
         dropped = None
         try:
-            with core_logs_in_run_log(context):
+            with core_logs_in_run_log(context), StopRequests(context) as stop_requests:
+                # A stop ends the drop phase early; the partition steps then stop too.
                 dropped = run_drop_phase(context, database_of(context), policy, settings,
-                                         cutoff)
+                                         cutoff, stop_requests.requested)
             found = partitions_to_purge(context, database_of(context), policy, cutoff)
         except RetentionError as exc:
             # The partitions it detached are gone from the table: a retry does not see them.

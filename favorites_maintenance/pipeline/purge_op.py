@@ -7,6 +7,7 @@ import dataclasses
 import datetime as dt
 import logging
 import time
+from collections.abc import Callable
 
 import dagster as dg
 from dagster._core.errors import DagsterExecutionInterruptedError
@@ -134,14 +135,16 @@ def run_purge_op(context: dg.OpExecutionContext, config: PurgeConfig,
 
 
 def run_drop_phase(context: dg.OpExecutionContext, database: FavoritesDatabase,
-                   policy: Policy, settings: PolicySettings,
-                   cutoff: dt.datetime) -> PartitionDropResult | None:
+                   policy: Policy, settings: PolicySettings, cutoff: dt.datetime,
+                   should_stop: Callable[[], bool] = lambda: False,
+                   ) -> PartitionDropResult | None:
     """With ``drop_expired_partitions``: detach the partitions of the policy's table wholly
     before ``cutoff`` that hold nothing the rule keeps, finish an interrupted detach, drop the
     detached tables whose ``detached_retention`` is over (:func:`~favorites_maintenance.
     retention.partitioned.drop_expired_partitions`), each decision in the run's log; ``None``
     without the setting. Runs before the batches (or the partition steps), which then delete
-    the prunable rows of every partition left attached.
+    the prunable rows of every partition left attached. ``should_stop`` (the run's stop
+    requests) ends the phase early, the partitions not reached left attached.
 
     Raises:
         TableShapeError: the table is not range-partitioned by the age column.
@@ -150,7 +153,8 @@ def run_drop_phase(context: dg.OpExecutionContext, database: FavoritesDatabase,
     if not settings.drop_expired_partitions:
         return None
     result = drop_expired_partitions(database.engine, policy.rule, cutoff,
-                                     detached_retention=settings.detached_retention)
+                                     detached_retention=settings.detached_retention,
+                                     should_stop=should_stop)
     later = [d.partition for d in result.decisions if d.ends_after_cutoff]
     for decision in result.decisions:
         if not decision.ends_after_cutoff:
@@ -232,7 +236,7 @@ class PurgeStep:
                     retention_days=settings.retention_days,
                     batch_size=settings.batch_size) as span:
             try:
-                dropped = self.drop_expired_partitions()
+                dropped = self.drop_expired_partitions(stop_requests.requested)
                 report = run_purge(
                     self.database.engine, self.cutoff,
                     batch_size=settings.batch_size,
@@ -269,14 +273,15 @@ class PurgeStep:
                 self.stopped(report, summary)
         return summary
 
-    def drop_expired_partitions(self) -> PartitionDropResult | None:
+    def drop_expired_partitions(self, should_stop: Callable[[], bool],
+                                ) -> PartitionDropResult | None:
         """The drop phase (:func:`run_drop_phase`) when this step purges the policy's whole
         table; ``None`` for a partition step (the plan ran it before the steps) or without
         ``drop_expired_partitions``."""
         if self.rule != self.policy.rule:
             return None
         self.dropped = run_drop_phase(self.context, self.database, self.policy, self.settings,
-                                      self.cutoff)
+                                      self.cutoff, should_stop)
         return self.dropped
 
     def archive_target(self) -> ArchiveTarget | None:

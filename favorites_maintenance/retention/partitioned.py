@@ -327,6 +327,7 @@ def drop_expired_partitions(engine: sa.Engine, rule: RetentionRule, cutoff: dt.d
                             detached_retention: dt.timedelta | None = dt.timedelta(days=7),
                             lock_timeout: dt.timedelta = DEFAULT_LOCK_TIMEOUT,
                             statement_timeout: dt.timedelta = DEFAULT_STATEMENT_TIMEOUT,
+                            should_stop: Callable[[], bool] = lambda: False,
                             ) -> PartitionDropResult:
     """Detach the partitions of the rule's table that hold nothing the rule keeps and lie
     wholly before ``cutoff``, finish a detach an earlier run left pending, and drop the tables
@@ -365,6 +366,9 @@ def drop_expired_partitions(engine: sa.Engine, rule: RetentionRule, cutoff: dt.d
             ``None``: kept for good.
         lock_timeout: the longest wait of one DETACH or DROP for its locks.
         statement_timeout: the limit of each check's query.
+        should_stop: polled before each partition and during the pauses between lock
+            attempts; ``True`` ends the phase there with what it did (a stop request: the
+            partitions not reached stay attached).
 
     Returns:
         The :class:`PartitionDropResult`.
@@ -380,7 +384,7 @@ def drop_expired_partitions(engine: sa.Engine, rule: RetentionRule, cutoff: dt.d
     """
     rule.prunable(cutoff)  # refuses a naive cutoff
     phase = _DropPhase(engine, rule, cutoff, detached_retention, lock_timeout,
-                       statement_timeout)
+                       statement_timeout, should_stop)
     return phase.run()
 
 
@@ -436,7 +440,9 @@ class _DropPhase:
     detached_retention: dt.timedelta | None
     lock_timeout: dt.timedelta
     statement_timeout: dt.timedelta
+    should_stop: Callable[[], bool] = lambda: False
     decisions: list[PartitionDecision] = field(default_factory=list)
+    stop_logged: bool = False
     privilege: str = "none"
 
     @property
@@ -490,9 +496,22 @@ class _DropPhase:
             return PartitionDropResult(privilege=privilege)
         has_default = any(p.is_default for p in partitions)
         for partition in partitions:
+            if self.stopped():
+                return self.result(privilege)
             self.decide(partition, privilege, has_default)
-        self.drop_due(privilege)
+        if not self.stopped():
+            self.drop_due(privilege)
         return self.result(privilege)
+
+    def stopped(self) -> bool:
+        """Whether a stop was requested (logged once, the first time it is seen)."""
+        if not self.should_stop():
+            return False
+        if not self.stop_logged:
+            self.stop_logged = True
+            log.warning("drop_expired_partitions stopped on request after %d partitions "
+                        "decided; the others stay attached", len(self.decisions))
+        return True
 
     def result(self, privilege: str) -> PartitionDropResult:
         for decision in self.decisions:
@@ -834,9 +853,20 @@ class _DropPhase:
                 log.warning("%s of %s: lock_timeout (%s) on attempt %d/%d; again in %g s",
                             what, table.qualified_name, _ms(self.lock_timeout), number,
                             LOCK_ATTEMPTS, pause)
-                time.sleep(pause)
+                if self.pause_or_stop(pause):
+                    return "a stop was requested before the next attempt"
                 pause *= 2
         return "no attempt left"  # pragma: no cover - the loop returns
+
+    def pause_or_stop(self, seconds: float) -> bool:
+        """Sleep ``seconds``, polling :attr:`should_stop` every tenth of a second; whether a
+        stop was requested."""
+        end = time.monotonic() + seconds
+        while (left := end - time.monotonic()) > 0:
+            if self.stopped():
+                return True
+            time.sleep(min(left, 0.1))
+        return self.stopped()
 
     def mark(self, partition: TablePartition, state: str | None, rows: int) -> None:
         """Write (or, ``state`` None, clear) the job's comment on ``partition``."""

@@ -710,3 +710,36 @@ def test_a_drop_phase_that_fails_after_its_detaches_still_counts_them(table, row
     assert {JAN, MAR, APR, MAY}.isdisjoint(partitions_of(table))
     assert (meta["partitionsDetached"], meta["deletedTotal"]) == (4, 60)
     assert rows.ids() == {*made["feb_account"], *made["jun_fresh"], *made["fresh"]}
+
+
+def test_a_stop_request_ends_the_drop_phase_between_lock_attempts(db_url, engine, rows,
+                                                                   monkeypatch, caplog):
+    # A detach waiting on an application's lock retries with pauses of up to seconds: a stop
+    # requested meanwhile ends the phase at once, the partition attached and unmarked.
+    monkeypatch.setattr(partitioned, "LOCK_BACKOFF_S", 30)
+    drop_dev_schema(engine)
+    create_partitioned_dev_schema(engine, [month(1, 1), month(2, 1), month(3, 1),
+                                           dt.datetime(2027, 1, 1, tzinfo=UTC)])
+    jan = rows.add_many(5, updated_at=month(1))
+    feb = rows.add_many(5, updated_at=month(2))
+    def stop_once_a_wait_timed_out() -> bool:
+        return any("lock_timeout" in r.getMessage() for r in caplog.records)
+
+    caplog.set_level("INFO", logger="favorites_maintenance.retention.partitioned")
+    with engine.connect() as holder:
+        holder.execute(sa.text("LOCK TABLE favorites.favorites IN SHARE UPDATE EXCLUSIVE MODE"))
+        result = partitioned.drop_expired_partitions(
+            engine, GUEST_FAVORITES, CUTOFF, lock_timeout=dt.timedelta(milliseconds=200),
+            should_stop=stop_once_a_wait_timed_out)
+        holder.rollback()
+    messages = [r.getMessage() for r in caplog.records]
+    # One wait timed out, and no second attempt followed its 30 s pause.
+    assert any("attempt 1/5; again in 30 s" in m for m in messages)
+    assert not any("attempt 2/5" in m for m in messages)
+    assert any("stopped on request" in m for m in messages)
+    assert (result.detached, result.rows_removed) == ((), 0)
+    assert {JAN, FEB} <= partitions_of(engine)
+    assert set(jan) | set(feb) <= rows.ids()
+    with engine.connect() as conn:
+        assert conn.execute(sa.text("SELECT obj_description(CAST(:p AS regclass), "
+                                    "'pg_class')"), {"p": JAN}).scalar() is None
