@@ -13,6 +13,8 @@ from __future__ import annotations
 
 import datetime as dt
 import re
+from collections.abc import Callable
+from typing import Any
 from urllib.parse import urlsplit, urlunsplit
 
 import pydantic
@@ -99,29 +101,29 @@ def date_between(low: dt.date, high: dt.date):
     return parse
 
 
+def _within(raw: str, value, low, high, show: Callable[[Any], str]):
+    """``value`` (read from ``raw``) when ``low <= value <= high``; else ``ValueError`` naming
+    the bound it passes, written by ``show``."""
+    if value < low:
+        raise ValueError(f"{raw!r} must be at least {show(low)}")
+    if value > high:
+        raise ValueError(f"{raw!r} must be at most {show(high)}")
+    return value
+
+
 def number_between(low: float, high: float):
     """A decimal number from ``low`` to ``high`` (``0.5``, ``2``; no exponent, no ``nan``)."""
     def parse(raw: str) -> float:
         if not re.fullmatch(r"[+-]?([0-9]+(\.[0-9]*)?|\.[0-9]+)", raw):
             raise ValueError(f"{raw!r} is not a decimal number")
-        value = float(raw)
-        if value < low:
-            raise ValueError(f"{raw!r} must be at least {low:g}")
-        if value > high:
-            raise ValueError(f"{raw!r} must be at most {high:g}")
-        return value
+        return _within(raw, float(raw), low, high, lambda bound: f"{bound:g}")
 
     return parse
 
 
 def duration_between(low: dt.timedelta, high: dt.timedelta):
     def parse(raw: str) -> dt.timedelta:
-        value = parse_duration(raw)
-        if value < low:
-            raise ValueError(f"{raw!r} must be at least {iso_duration(low)}")
-        if value > high:
-            raise ValueError(f"{raw!r} must be at most {iso_duration(high)}")
-        return value
+        return _within(raw, parse_duration(raw), low, high, iso_duration)
 
     return parse
 
