@@ -362,12 +362,19 @@ def test_the_least_privilege_role_without_the_functions_deletes_rows_instead(
     assert rows.ids() == {*made["feb_account"], *made["jun_fresh"], *made["fresh"]}
 
 
-def test_the_least_privilege_role_detaches_and_drops_through_the_owners_functions(
-        table, rows, roles, monkeypatch):
-    made = fill(rows)
+def cleanup_role_with_functions(table, roles, monkeypatch) -> sa.URL:
+    """The job runs as the least-privilege role (its URL returned), the owner's partition
+    functions installed."""
     url = roles.create("cleanup", least_privilege=True)
     apply_partition_functions(table, url.username)
     monkeypatch.setenv(DATABASE_URL_VAR, url.render_as_string(hide_password=False))
+    return url
+
+
+def test_the_least_privilege_role_detaches_and_drops_through_the_owners_functions(
+        table, rows, roles, monkeypatch):
+    made = fill(rows)
+    cleanup_role_with_functions(table, roles, monkeypatch)
     with dg.instance_for_test() as instance:
         first = run(instance)
         assert first.success, failure_text(first)
@@ -428,9 +435,7 @@ def test_with_partition_steps_the_plan_detaches_and_the_steps_delete_the_rest(ta
 def test_partition_steps_under_the_least_privilege_role_need_its_grants_on_each_partition(
         table, rows, roles, monkeypatch):
     made = fill(rows)
-    url = roles.create("cleanup", least_privilege=True)
-    apply_partition_functions(table, url.username)
-    monkeypatch.setenv(DATABASE_URL_VAR, url.render_as_string(hide_password=False))
+    url = cleanup_role_with_functions(table, roles, monkeypatch)
     with dg.instance_for_test() as instance:
         refused = run(instance, max_parallel_partitions=2)
     assert not refused.success
