@@ -182,7 +182,8 @@ class CatalogType(sa.types.UserDefinedType):
 
 def archive_table(target: ArchiveTarget, columns: tuple[TableColumn, ...]) -> sa.Table:
     """The archive of ``target`` as a ``Table``: ``columns`` (the table's, every one nullable,
-    no default), the three archive columns, ``ctid``, and its index (BRIN, on the three)."""
+    no default), the three archive columns, the system columns ``ctid`` and ``tableoid`` (a
+    row's address is only unique with its partition's), and its index (BRIN, on the three)."""
     t = sa.Table(
         target.name, sa.MetaData(schema=target.schema),
         *(sa.Column(c.name, CatalogType(c.type), nullable=True) for c in columns),
@@ -190,6 +191,7 @@ def archive_table(target: ArchiveTarget, columns: tuple[TableColumn, ...]) -> sa
         sa.Column(POLICY_COLUMN, sa.Text, nullable=False),
         sa.Column(ARCHIVED_AT_COLUMN, TIMESTAMP(timezone=True), nullable=False),
         sa.Column("ctid", sa.types.NullType(), system=True),
+        sa.Column("tableoid", sa.types.NullType(), system=True),
     )
     # Rows arrive in the order they are archived and are never updated, so a BRIN index (a
     # summary per range of pages) finds a run's rows and the rows past the retention at
@@ -219,7 +221,7 @@ class Archive:
     Attributes:
         target: the archive, the policy and the run.
         table: the archive as a ``Table`` (every column of the source, the archive's three,
-            ``ctid``).
+            ``ctid`` and ``tableoid``).
         source_rule: the rule over its table with every column, for the batch statements
             (:meth:`~favorites_maintenance.retention.rule.RetentionRule.with_columns`).
         columns: the table's columns as checked.
@@ -408,18 +410,21 @@ def _prune_statement(target_table: str) -> sa.Select:
     t = sa.Table(name, sa.MetaData(schema=schema),
                  sa.Column(POLICY_COLUMN, sa.Text),
                  sa.Column(ARCHIVED_AT_COLUMN, TIMESTAMP(timezone=True)),
-                 sa.Column("ctid", sa.types.NullType(), system=True))
+                 sa.Column("ctid", sa.types.NullType(), system=True),
+                 sa.Column("tableoid", sa.types.NullType(), system=True))
     # The database's clock, the one that stamped the rows.
     old = sa.and_(t.c[POLICY_COLUMN] == sa.bindparam("policy", type_=sa.Text),
                   t.c[ARCHIVED_AT_COLUMN] < sa.func.now() - sa.bindparam("keep",
                                                                           type_=sa.Interval))
     # In no order: every row past the retention goes, and an order would sort them all per
     # batch (the archive's index is a BRIN one).
-    batch = (sa.select(t.c.ctid).where(old)
+    batch = (sa.select(t.c.tableoid, t.c.ctid).where(old)
              .limit(sa.bindparam("batch_size", type_=sa.Integer, literal_execute=True))
              .cte("archive_batch").prefix_with("MATERIALIZED"))
-    # Archived rows are never updated: the address read in this statement names the row.
-    deleted = (sa.delete(t).where(t.c.ctid == batch.c.ctid, old)
+    # Archived rows are never updated: the address read in this statement names the row, with
+    # its partition's (each partition of an archive numbers its addresses from the start).
+    deleted = (sa.delete(t).where(t.c.tableoid == batch.c.tableoid, t.c.ctid == batch.c.ctid,
+                                  old)
                .returning(sa.literal_column("1")).cte("archive_deleted"))
     return sa.select(
         sa.select(sa.func.count()).select_from(batch).scalar_subquery().label("selected"),

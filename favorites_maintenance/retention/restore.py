@@ -7,20 +7,26 @@ which finds where the selection lies but not in key order), sized to hold about 
 of its rows::
 
     WITH restore_batch AS MATERIALIZED (
-        SELECT DISTINCT ON (id) ctid, id FROM <archive>
+        SELECT DISTINCT ON (id) tableoid, ctid, id FROM <archive>
          WHERE _retention_policy = :policy AND _retention_run_id = :run_id   -- or the instants
            AND ctid >= :from_tid AND ctid < :to_tid                          -- the page range
          ORDER BY id, _retention_archived_at DESC),
     restore_moved AS (
         DELETE FROM <archive> USING restore_batch
-         WHERE <archive>.ctid = restore_batch.ctid
+         WHERE <archive>.tableoid = restore_batch.tableoid
+           AND <archive>.ctid = restore_batch.ctid AND <archive>.id = restore_batch.id
+           AND _retention_policy = :policy AND _retention_run_id = :run_id   -- the selection
            AND NOT EXISTS (SELECT 1 FROM <table> WHERE <table>.id = <archive>.id)
         RETURNING <every column>),
     restore_inserted AS (INSERT INTO <table> (<every column but generated ones>)
                          SELECT ... FROM restore_moved RETURNING 1)
     SELECT (SELECT count(*) FROM restore_batch), (SELECT count(*) FROM restore_inserted)
 
-so a row is either restored or left in the archive, never both and never neither. A row whose key
+so a row is either restored or left in the archive, never both and never neither. What leaves
+the archive is matched by the selection itself (policy, run or instants, key) and by its address
+with its partition's: the partitions of a partitioned archive each number their addresses from
+the start, so an address alone names a row in each of them. A restore therefore never moves more
+rows than it selected. A row whose key
 exists in the table again (the application wrote it anew) is left in the archive and counted,
 never written over. A key archived more than once (in a selection by instants) comes back once:
 the first version met in the archive's order, the latest when they share a page range.
@@ -215,12 +221,16 @@ def restore_statement(archive: Archive, rule: RetentionRule,
     key = rule.key.name
     where = [*_selected(a, archive.target.policy, selection),
              a.c.ctid >= _address("from_tid"), a.c.ctid < _address("to_tid")]
-    batch = (sa.select(a.c.ctid, a.c[key].label("key")).where(*where)
+    batch = (sa.select(a.c.tableoid, a.c.ctid, a.c[key].label("key")).where(*where)
              .ext(distinct_on(a.c[key])).order_by(a.c[key], a.c[ARCHIVED_AT_COLUMN].desc())
              .cte("restore_batch").prefix_with("MATERIALIZED"))
     back = sa.select(sa.literal(1)).where(s.c[key] == a.c[key]).exists()
     names = [c.name for c in archive.columns if not c.generated]
-    moved = (sa.delete(a).where(a.c.ctid == batch.c.ctid, ~back)
+    # The row the batch chose, and only a row of the selection: an address is unique only
+    # with its partition's.
+    moved = (sa.delete(a).where(a.c.tableoid == batch.c.tableoid, a.c.ctid == batch.c.ctid,
+                                a.c[key] == batch.c.key,
+                                *_selected(a, archive.target.policy, selection), ~back)
              .returning(*(a.c[n] for n in names)).cte("restore_moved"))
     insert_cls = (_InsertOverridingSystemValue
                   if any(c.identity_always for c in archive.columns) else Insert)
@@ -431,17 +441,21 @@ def _one_by_one(conn: sa.Connection, statement: sa.Select, archive: Archive,
                 selection: Selection, page: int, progress: _Progress,
                 lock_timeout: dt.timedelta,
                 statement_timeout: dt.timedelta) -> ErrorDescription | None:
-    """The selection's rows of one archive ``page``, each in its own transaction; a row that
-    fails on a row-level error stays in the archive, counted with its cause. Another error
-    ends it: its description is returned (that row's transaction rolled back)."""
+    """The selection's rows of one archive ``page``, one address at a time, each in its own
+    transaction; a row that fails on a row-level error stays in the archive, counted with its
+    cause. Another error ends it: its description is returned (that row's transaction rolled
+    back). In a partitioned archive one address holds a row in each partition: they go, or
+    fail, together."""
     a = archive.table
     with conn.begin():
-        items = list(conn.execute(
-            sa.select(sa.cast(a.c.ctid, sa.Text))
+        items = conn.execute(
+            sa.select(sa.cast(a.c.ctid, sa.Text),
+                      sa.func.count(sa.distinct(a.c[archive.source_rule.key.name])))
             .where(*_selected(a, archive.target.policy, selection),
-                   a.c.ctid >= _address("from_tid"), a.c.ctid < _address("to_tid")),
-            {"from_tid": f"({page},0)", "to_tid": f"({page + 1},0)"}).scalars())
-    for address in items:
+                   a.c.ctid >= _address("from_tid"), a.c.ctid < _address("to_tid"))
+            .group_by(a.c.ctid).order_by(a.c.ctid),
+            {"from_tid": f"({page},0)", "to_tid": f"({page + 1},0)"}).all()
+    for address, rows in items:
         item = int(address.strip("()").split(",")[1])
         try:
             row = _run_batch(conn, statement, address, f"({page},{item + 1})", lock_timeout,
@@ -450,8 +464,8 @@ def _one_by_one(conn: sa.Connection, statement: sa.Select, archive: Archive,
             error = describe(exc)
             if not error.row_level:
                 return error
-            progress.failed += 1
-            progress.causes[error.cause] = progress.causes.get(error.cause, 0) + 1
+            progress.failed += rows
+            progress.causes[error.cause] = progress.causes.get(error.cause, 0) + rows
             continue
         progress.restored += row.restored
         progress.batches += 1 if row.restored else 0

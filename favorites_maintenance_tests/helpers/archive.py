@@ -50,6 +50,21 @@ CREATE TABLE shop.items (
 CREATE INDEX items_prunable_idx ON shop.items (updated_at, id) WHERE owner_id IS NULL;
 """
 
+#: :data:`ARCHIVE` made by its owner, partitioned by the month of archiving: this month's rows
+#: in ``items_archive_current``, earlier ones in ``items_archive_earlier``.
+PARTITIONED_ARCHIVE = """
+CREATE TABLE shop.items_archive (
+    id bigint, owner_id bigint, tags text[], attrs jsonb, scores integer[],
+    price numeric(10, 2), mood shop.mood, note text, price_cents bigint, updated_at timestamptz,
+    _retention_run_id text NOT NULL, _retention_policy text NOT NULL,
+    _retention_archived_at timestamptz NOT NULL
+) PARTITION BY RANGE (_retention_archived_at);
+CREATE TABLE shop.items_archive_earlier PARTITION OF shop.items_archive
+    FOR VALUES FROM (MINVALUE) TO (date_trunc('month', now()));
+CREATE TABLE shop.items_archive_current PARTITION OF shop.items_archive
+    FOR VALUES FROM (date_trunc('month', now())) TO (MAXVALUE);
+"""
+
 
 def policy(batch_size: int = 7, **attributes) -> dict:
     """The attributes of ``shop_items``: guard ``owner_id``, retention read from
