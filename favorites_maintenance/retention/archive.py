@@ -47,6 +47,7 @@ out of the archived rows.
 
 from __future__ import annotations
 
+import dataclasses
 import datetime as dt
 import logging
 import time
@@ -55,6 +56,8 @@ from dataclasses import dataclass
 
 import sqlalchemy as sa
 from sqlalchemy.dialects.postgresql import TIMESTAMP
+from sqlalchemy.ext.compiler import compiles
+from sqlalchemy.sql.dml import Insert
 
 from favorites_maintenance.retention.database import (
     DEFAULT_LOCK_TIMEOUT,
@@ -125,6 +128,8 @@ class TableColumn:
         generated: whether it is a generated column (``GENERATED ALWAYS AS (...) STORED``):
             archived as a value, recomputed by the table on restore.
         identity_always: whether it is ``GENERATED ALWAYS AS IDENTITY``.
+        expression: a generated column's expression as the server writes it back
+            (``pg_get_expr``), else ``None``.
     """
 
     name: str
@@ -132,13 +137,17 @@ class TableColumn:
     not_null: bool = False
     generated: bool = False
     identity_always: bool = False
+    expression: str | None = None
 
 
 #: Every column of ``:t`` (``schema.table``) in order; no row for a missing table.
 _COLUMNS = sa.text(
     "SELECT a.attname, format_type(a.atttypid, a.atttypmod), a.attnotnull, "
-    "       a.attgenerated <> '', a.attidentity = 'a' "
-    "  FROM pg_attribute a WHERE a.attrelid = to_regclass(:t) AND a.attnum > 0 "
+    "       a.attgenerated <> '', a.attidentity = 'a', "
+    "       CASE WHEN a.attgenerated <> '' THEN pg_get_expr(d.adbin, d.adrelid) END "
+    "  FROM pg_attribute a LEFT JOIN pg_attrdef d "
+    "       ON d.adrelid = a.attrelid AND d.adnum = a.attnum "
+    " WHERE a.attrelid = to_regclass(:t) AND a.attnum > 0 "
     "   AND NOT a.attisdropped ORDER BY a.attnum")
 
 #: The relation's kind (``r`` table, ``p`` partitioned table, ...), or no row.
@@ -178,6 +187,27 @@ class CatalogType(sa.types.UserDefinedType):
 
     def get_col_spec(self, **kw) -> str:
         return self.spec
+
+
+class InsertOverridingSystemValue(Insert):
+    """``INSERT INTO t (<columns>) OVERRIDING SYSTEM VALUE SELECT ...``: writes the given value
+    of a ``GENERATED ALWAYS`` identity column (PostgreSQL refuses it otherwise, SQLSTATE
+    428C9). Only for ``insert(...).from_select(...)``."""
+
+    inherit_cache = True
+
+
+@compiles(InsertOverridingSystemValue)
+def _insert_overriding(element, compiler, **kw):
+    text = compiler.visit_insert(element, **kw)
+    # After the statement's own "INSERT INTO <table> (": its column list is the first
+    # parenthesis closed before the SELECT (a WITH in front may hold other parentheses).
+    into = f"INSERT INTO {compiler.preparer.format_table(element.table)} ("
+    start = text.find(into)
+    head, found, tail = text[start:].partition(") SELECT ")
+    if start < 0 or not found:
+        raise sa.exc.CompileError("OVERRIDING SYSTEM VALUE needs INSERT ... SELECT")
+    return f"{text[:start]}{head}) OVERRIDING SYSTEM VALUE SELECT {tail}"
 
 
 def archive_table(target: ArchiveTarget, columns: tuple[TableColumn, ...]) -> sa.Table:
@@ -225,12 +255,20 @@ class Archive:
         source_rule: the rule over its table with every column, for the batch statements
             (:meth:`~favorites_maintenance.retention.rule.RetentionRule.with_columns`).
         columns: the table's columns as checked.
+        computed: columns the archive computes itself, by the table's own expression (an
+            archive made with ``LIKE ... INCLUDING GENERATED``): not written, as PostgreSQL
+            refuses a value for them.
+        overriding: the archive has a ``GENERATED ALWAYS`` identity column (``LIKE ...
+            INCLUDING IDENTITY``): its rows are written ``OVERRIDING SYSTEM VALUE``, with the
+            archived row's value.
     """
 
     target: ArchiveTarget
     table: sa.Table
     source_rule: RetentionRule
     columns: tuple[TableColumn, ...]
+    computed: frozenset[str] = frozenset()
+    overriding: bool = False
 
     def move(self, delete: sa.Delete) -> sa.CTE:
         """The batch's ``delete`` (of :attr:`source_rule`'s table) turned into a move to the
@@ -245,7 +283,7 @@ class Archive:
         (DELETE ... RETURNING <columns>) INSERT INTO <archive> SELECT ...``, whose row count
         is the rows moved (an optimistic batch's second statement: without ``RETURNING``
         and a count over it, a tenth less time for 100,000 rows)."""
-        names = [c.name for c in self.columns]
+        names = [c.name for c in self.columns if c.name not in self.computed]
         source = delete.table
         deleted = delete.returning(*(source.c[n] for n in names)).cte("retention_deleted")
         stamped = sa.select(
@@ -253,7 +291,8 @@ class Archive:
             sa.bindparam("archive_run_id", self.target.run_id, type_=sa.Text),
             sa.bindparam("archive_policy", self.target.policy, type_=sa.Text),
             sa.func.now())
-        return sa.insert(self.table).from_select(
+        insert = InsertOverridingSystemValue if self.overriding else Insert
+        return insert(self.table).from_select(
             [*names, RUN_ID_COLUMN, POLICY_COLUMN, ARCHIVED_AT_COLUMN], stamped)
 
     def check_unchanged(self, conn: sa.Connection) -> None:
@@ -300,9 +339,8 @@ def prepare_archive(conn: sa.Connection, rule: RetentionRule, target: ArchiveTar
                       rule.with_columns([c.name for c in source]), source)
     if existing is None:
         _create(conn, archive, rule)
-    else:
-        check_archive(conn, archive, rule, existing)
-    return archive
+        return archive
+    return check_archive(conn, archive, rule, existing)
 
 
 def _create(conn: sa.Connection, archive: Archive, rule: RetentionRule) -> None:
@@ -327,9 +365,12 @@ def _create(conn: sa.Connection, archive: Archive, rule: RetentionRule) -> None:
 
 
 def check_archive(conn: sa.Connection, archive: Archive, rule: RetentionRule,
-                  existing: tuple[TableColumn, ...]) -> None:
+                  existing: tuple[TableColumn, ...]) -> Archive:
     """Refuse an existing archive (of columns ``existing``) that does not match ``rule``'s
-    table: see the module docstring.
+    table: see the module docstring. Returns ``archive`` set to write what the archive's
+    columns take: its generated columns computed by the table's own expression left to it
+    (:attr:`Archive.computed`), its ``GENERATED ALWAYS`` identity overridden
+    (:attr:`Archive.overriding`).
 
     Raises:
         ArchiveError: naming the column or constraint at fault and the fix.
@@ -381,6 +422,33 @@ def check_archive(conn: sa.Connection, archive: Archive, rule: RetentionRule,
             f"archive {target} has a {what} constraint {name!r}, which could refuse an archived "
             f"row (a key deleted, inserted again and deleted again is archived twice). Nothing "
             f"was deleted. Fix: drop it")
+    computed = _computed_alike(archive, existing, source, quote)
+    return dataclasses.replace(archive, computed=computed,
+                               overriding=any(c.identity_always for c in existing))
+
+
+def _computed_alike(archive: Archive, existing: tuple[TableColumn, ...], source: str,
+                    quote: Callable[[str], str]) -> frozenset[str]:
+    """The archive's generated columns, each computed by the expression of the table's column
+    of that name, which then computes the value the row had; any other is refused."""
+    target = archive.target.table
+    table = {c.name: c for c in archive.columns}
+    for column in existing:
+        if not column.generated:
+            continue
+        of_table = table.get(column.name)
+        if of_table is not None and of_table.expression == column.expression:
+            continue
+        why = ("it holds what the purge writes" if of_table is None
+               else f"{source}'s is not" if not of_table.generated
+               else f"{source}'s is generated otherwise (GENERATED ALWAYS AS "
+                    f"({of_table.expression}) STORED)")
+        raise ArchiveError(
+            f"archive {target} column {column.name!r} is generated (GENERATED ALWAYS AS "
+            f"({column.expression}) STORED), but {why}: the archive would compute a value of "
+            f"its own in place of the row's. Nothing was deleted. Fix: ALTER TABLE {target} "
+            f"ALTER COLUMN {quote(column.name)} DROP EXPRESSION", column.name)
+    return frozenset(c.name for c in existing if c.generated)
 
 
 # --- The archive's retention ---------------------------------------------------------------

@@ -54,7 +54,6 @@ from dataclasses import dataclass, field
 
 import sqlalchemy as sa
 from sqlalchemy.dialects.postgresql import TIMESTAMP, distinct_on
-from sqlalchemy.ext.compiler import compiles
 from sqlalchemy.sql.dml import Insert
 
 from favorites_maintenance.retention.archive import (
@@ -64,6 +63,7 @@ from favorites_maintenance.retention.archive import (
     Archive,
     ArchiveTarget,
     CatalogType,
+    InsertOverridingSystemValue,
     archive_table,
     check_archive,
     table_columns,
@@ -173,21 +173,6 @@ class _Progress:
     causes: dict = field(default_factory=dict)
 
 
-class _InsertOverridingSystemValue(Insert):
-    """``INSERT ... OVERRIDING SYSTEM VALUE SELECT ...``: writes a ``GENERATED ALWAYS``
-    identity column's archived value (PostgreSQL refuses it otherwise)."""
-
-    inherit_cache = True
-
-
-@compiles(_InsertOverridingSystemValue)
-def _insert_overriding(element, compiler, **kw):
-    text = compiler.visit_insert(element, **kw)
-    # The column list is the only parenthesis before the SELECT of INSERT ... SELECT.
-    head, found, tail = text.partition(") SELECT ")
-    return f"{head}) OVERRIDING SYSTEM VALUE SELECT {tail}" if found else text
-
-
 def _selected(t: sa.Table, policy: str, selection: Selection) -> list[sa.ColumnElement[bool]]:
     where = [t.c[POLICY_COLUMN] == sa.bindparam("policy", policy, type_=sa.Text)]
     if selection.run_id is not None:
@@ -232,7 +217,7 @@ def restore_statement(archive: Archive, rule: RetentionRule,
                                 a.c[key] == batch.c.key,
                                 *_selected(a, archive.target.policy, selection), ~back)
              .returning(*(a.c[n] for n in names)).cte("restore_moved"))
-    insert_cls = (_InsertOverridingSystemValue
+    insert_cls = (InsertOverridingSystemValue
                   if any(c.identity_always for c in archive.columns) else Insert)
     inserted = (insert_cls(s).from_select(names, sa.select(*(moved.c[n] for n in names)))
                 .returning(sa.literal_column("1")).cte("restore_inserted"))

@@ -65,6 +65,16 @@ CREATE TABLE shop.items_archive_current PARTITION OF shop.items_archive
     FOR VALUES FROM (date_trunc('month', now())) TO (MAXVALUE);
 """
 
+#: :data:`ARCHIVE` made by its owner with ``LIKE ... INCLUDING ALL``: it keeps the table's
+#: ``GENERATED ALWAYS`` identity on ``id`` and its generated ``price_cents`` (its key, which
+#: could refuse an archived row, dropped).
+ARCHIVE_LIKE_THE_TABLE = """
+CREATE TABLE shop.items_archive (LIKE shop.items INCLUDING ALL,
+    _retention_run_id text NOT NULL, _retention_policy text NOT NULL,
+    _retention_archived_at timestamptz NOT NULL);
+ALTER TABLE shop.items_archive DROP CONSTRAINT items_archive_pkey;
+"""
+
 
 def policy(batch_size: int = 7, **attributes) -> dict:
     """The attributes of ``shop_items``: guard ``owner_id``, retention read from
