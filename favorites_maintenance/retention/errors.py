@@ -516,8 +516,11 @@ class ArchiveError(PurgeError):
 
     Raised before the first batch when the archive table's columns or types do not match the
     table's, a column of the table bears the name of an archive column, the archive has a
-    constraint that could refuse an archived row, or it is missing and this role may not create
-    it; the message names the column (or constraint) and the fix.
+    constraint that could refuse an archived row, a generated column it would compute otherwise
+    than the table, or a ``BEFORE INSERT`` row trigger or ``ON INSERT`` rule that could take an
+    archived row elsewhere, or it is missing and this role may not create it; the message names
+    the column (or constraint, trigger, rule) and the fix. A trigger or rule that appears
+    during the run rolls back the batch that met it.
 
     Attributes:
         column: the column at fault, or ``None``.
@@ -546,7 +549,8 @@ class ArchivePruneError(DatabaseError):
 class RestoreError(RetentionError):
     """A restore was refused or could not finish. When refused (an unknown run id, restored
     rows the rule would prune again, an archive that does not match the table), nothing was
-    moved; otherwise the batches committed before it stay restored.
+    moved; otherwise (e.g. a batch the table's insert did not return whole, rolled back) the
+    batches committed before it stay restored.
 
     Attributes:
         report: what the restore did (or would do) before it stopped, or ``None``.

@@ -20,7 +20,8 @@ of its rows::
         RETURNING <every column>),
     restore_inserted AS (INSERT INTO <table> (<every column but generated ones>)
                          SELECT ... FROM restore_moved RETURNING 1)
-    SELECT (SELECT count(*) FROM restore_batch), (SELECT count(*) FROM restore_inserted)
+    SELECT (SELECT count(*) FROM restore_batch), (SELECT count(*) FROM restore_moved),
+           (SELECT count(*) FROM restore_inserted)
 
 so a row is either restored or left in the archive, never both and never neither. What leaves
 the archive is matched by the selection itself (policy, run or instants, key) and by its address
@@ -42,6 +43,11 @@ counts and moves nothing. Counts only: no value of an archived row is ever logge
 A batch that fails on a row-level error (a foreign key whose parent is gone, a check the table
 gained) is taken again on half the pages, down to one page, whose rows then go one at a time; a
 row that still fails stays in the archive, counted with its cause.
+
+A batch whose insert returns fewer rows than it took out of the archive (a ``BEFORE INSERT``
+trigger of the table returned NULL for them, sending them to another table or dropping them)
+is rolled back and ends the restore, naming the trigger: the restore could not tell where
+those rows went, and counts only rows the table took.
 """
 
 from __future__ import annotations
@@ -66,6 +72,7 @@ from favorites_maintenance.retention.archive import (
     InsertOverridingSystemValue,
     archive_table,
     check_archive,
+    insert_interceptor,
     table_columns,
 )
 from favorites_maintenance.retention.database import (
@@ -165,6 +172,15 @@ class RestoreReport:
     stopped: bool = False
 
 
+class _Swallowed(Exception):
+    """A batch took ``moved`` rows out of the archive, but the table's insert returned only
+    ``restored``; raised inside the batch's transaction, which it rolls back."""
+
+    def __init__(self, moved: int, restored: int):
+        super().__init__(f"{moved} rows moved, {restored} inserted")
+        self.moved, self.restored = moved, restored
+
+
 @dataclass
 class _Progress:
     restored: int = 0
@@ -201,7 +217,8 @@ def restore_statement(archive: Archive, rule: RetentionRule,
     """The statement of one restore batch (see the module docstring): the selection's rows at
     addresses from ``:from_tid`` up to, not including, ``:to_tid`` (row addresses as text,
     ``'(page,item)'``, bound at execution). It returns one row: ``selected`` (rows of the
-    selection in the range, one per key) and ``restored``."""
+    selection in the range, one per key), ``moved`` (rows taken out of the archive) and
+    ``restored`` (rows the table's insert returned)."""
     a, s = archive.table, archive.source_rule.table
     key = rule.key.name
     where = [*_selected(a, archive.target.policy, selection),
@@ -223,6 +240,7 @@ def restore_statement(archive: Archive, rule: RetentionRule,
                 .returning(sa.literal_column("1")).cte("restore_inserted"))
     return sa.select(
         sa.select(sa.func.count()).select_from(batch).scalar_subquery().label("selected"),
+        sa.select(sa.func.count()).select_from(moved).scalar_subquery().label("moved"),
         sa.select(sa.func.count()).select_from(inserted).scalar_subquery().label("restored"))
 
 
@@ -303,6 +321,9 @@ def restore(engine: sa.Engine, rule: RetentionRule, target_table: str, policy: s
             ``allow_prunable``, the archive missing or not matching the table; nothing moved.
         RestoreBatchError: a batch failed on an error that is not about one row (rolled
             back, its rows left in the archive; earlier batches stay restored).
+        RestoreError: also when the table's insert returned fewer rows than a batch took out
+            of the archive (a ``BEFORE INSERT`` trigger returning NULL, named): that batch
+            rolled back, earlier batches stay restored.
         TableShapeError: the table is not one the policy's rule can use.
         StandbyError, InvalidArgumentError: a standby; a ``batch_size`` not > 0.
     """
@@ -376,6 +397,10 @@ def restore(engine: sa.Engine, rule: RetentionRule, target_table: str, policy: s
                 pages = max(1, min(pages * 2, int(pages * batch_size / row.selected))
                             if row.selected else pages * 2)
             final = _report(report, progress, started, stopped)
+    except _Swallowed as swallowed:
+        # That batch rolled back; the batches before it stay restored.
+        raise _swallowed_error(engine, rule, target_table, batch_no, swallowed,
+                               _report(report, progress, started, False)) from None
     except sa.exc.DBAPIError as exc:
         # Outside a batch (the checks, the counts, the archive's page bounds): nothing of it
         # was moved; the batches before it stay restored.
@@ -414,12 +439,51 @@ def _check_selected(report: RestoreReport, rule: RetentionRule, target_table: st
              report.prunable_rows, " (pretend: nothing moved)" if pretend else "")
 
 
+def _swallowed_error(engine: sa.Engine, rule: RetentionRule, target_table: str, batch_no: int,
+                     swallowed: _Swallowed, partial: RestoreReport) -> RestoreError:
+    """The error ending a restore whose batch ``batch_no`` the table's insert did not return
+    whole (rolled back), naming the trigger or rule that took the rows away when there is
+    one."""
+    table, lost = rule.qualified_name, swallowed.moved - swallowed.restored
+    try:
+        with engine.connect() as conn:
+            interceptor = insert_interceptor(conn, table)
+    except sa.exc.DBAPIError:
+        interceptor = None  # the message says what is known without it
+    if interceptor is None:
+        what = (f"something on {table} took {lost} of the {swallowed.moved} rows away from the "
+                "insert")
+        fix = "find what takes inserted rows away from it"
+    else:
+        kind, name, relation, function = interceptor
+        if kind == "trigger":
+            what = (f"its BEFORE INSERT trigger {name!r} (function {function}) on {relation} "
+                    f"returned NULL for {lost} of the {swallowed.moved} rows (sending them to "
+                    f"another table, or dropping them)")
+            fix = (f"ALTER TABLE {relation} DISABLE TRIGGER {name} for the time of the restore "
+                   f"(the rows then go back into {relation} itself), then ENABLE it again")
+        else:
+            what = (f"its rule {name!r} ON INSERT on {relation} put other statements in the "
+                    f"place of the insert of {lost} of the {swallowed.moved} rows")
+            fix = f"drop or disable the rule {name} for the time of the restore"
+    message = (f"restore batch {batch_no} took {swallowed.moved} rows out of {target_table}, but "
+               f"the insert into {table} returned only {swallowed.restored}: {what}, so the "
+               f"restore cannot tell where they went. The batch was rolled back and its rows are "
+               f"still in the archive ({partial.restored_rows} rows restored before stay "
+               f"restored). Fix: {fix}, and run the restore again")
+    log.warning("%s", message)
+    return RestoreError(message, partial)
+
+
 def _run_batch(conn: sa.Connection, statement: sa.Select, from_tid: str, to_tid: str,
                lock_timeout: dt.timedelta, statement_timeout: dt.timedelta) -> sa.Row:
     with conn.begin():
         limit_transaction(conn, lock_timeout=lock_timeout, statement_timeout=statement_timeout,
                           synchronous_commit=False)
-        return conn.execute(statement, {"from_tid": from_tid, "to_tid": to_tid}).one()
+        row = conn.execute(statement, {"from_tid": from_tid, "to_tid": to_tid}).one()
+        if row.moved != row.restored:
+            raise _Swallowed(row.moved, row.restored)  # rolls the batch back
+        return row
 
 
 def _one_by_one(conn: sa.Connection, statement: sa.Select, archive: Archive,

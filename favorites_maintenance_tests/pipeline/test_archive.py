@@ -187,6 +187,41 @@ def test_an_archive_computing_a_column_otherwise_is_refused_naming_it(env, engin
     assert shop.rows_of(engine, shop.TABLE) == before
 
 
+def test_an_archive_whose_trigger_routes_rows_elsewhere_is_refused_naming_it(env, engine):
+    """Rows its trigger sends to a child table never come back from the ``INSERT``: the run
+    could not count them, nor tell them from rows the trigger dropped."""
+    fill(engine)
+    before = shop.rows_of(engine, shop.TABLE)
+    with engine.begin() as conn:
+        conn.exec_driver_sql(shop.ROUTED_ARCHIVE)
+    with dg.instance_for_test() as instance:
+        result = run_shop(instance)
+    text = _refused_before_any_delete(
+        engine, result, "archive shop.items_archive has a BEFORE INSERT trigger "
+        "'route_archived' (function shop.route_archived) on shop.items_archive",
+        "DROP TRIGGER route_archived ON shop.items_archive")
+    assert "NoProgressError" not in text
+    assert shop.rows_of(engine, shop.TABLE) == before
+    assert shop.ids_of(engine, shop.ARCHIVE) == []
+
+    # Rows such an archive took before (by its trigger, into its child) are still its own: a
+    # restore, which only takes rows out of it, brings them back.
+    with engine.begin() as conn:
+        conn.exec_driver_sql(
+            "WITH moved AS (DELETE FROM shop.items WHERE owner_id IS NULL AND updated_at < "
+            f"'{shop.CUTOFF.isoformat()}' RETURNING *) INSERT INTO shop.items_archive "
+            "SELECT *, 'an-earlier-run', 'shop_items', now() FROM moved")
+    assert len(shop.ids_of(engine, "shop.items_archive_routed")) == 40
+    with dg.instance_for_test() as instance:
+        restored = shop_defs().resolve_job_def(shop.RESTORE_JOB).execute_in_process(
+            run_config={"ops": {shop.RESTORE_OP: {"config": {
+                "run_id": "an-earlier-run", "allow_prunable": True}}}},
+            instance=instance, raise_on_error=False)
+    assert restored.success, failure_text(restored)
+    assert shop.rows_of(engine, shop.TABLE) == before
+    assert shop.ids_of(engine, shop.ARCHIVE) == []
+
+
 def test_a_table_column_named_like_an_archive_column_is_refused_at_the_first_run(env, engine):
     fill(engine)
     with engine.begin() as conn:

@@ -229,6 +229,33 @@ def test_a_restore_from_a_partitioned_archive_takes_only_the_rows_it_selected(en
     assert shop.rows_of(engine, shop.TABLE) == before
 
 
+def test_a_restore_into_a_table_whose_trigger_routes_rows_elsewhere_moves_none(env, engine):
+    """The table's trigger sends each row to a child and returns NULL: the insert returns no
+    row, so the restore cannot tell a row routed from a row dropped. Its batch rolls back,
+    every row stays in the archive, and the figures say so."""
+    with dg.instance_for_test() as instance:
+        _, run = over_deleted(engine, env, instance)
+        archived = shop.rows_of(engine, shop.ARCHIVE)
+        with engine.begin() as conn:
+            conn.exec_driver_sql(
+                "CREATE TABLE shop.items_routed () INHERITS (shop.items); "
+                "CREATE FUNCTION shop.route_items() RETURNS trigger LANGUAGE plpgsql AS $$ "
+                "BEGIN INSERT INTO shop.items_routed (id, owner_id, tags, attrs, scores, price, "
+                "mood, note, updated_at) VALUES (NEW.id, NEW.owner_id, NEW.tags, NEW.attrs, "
+                "NEW.scores, NEW.price, NEW.mood, NEW.note, NEW.updated_at); RETURN NULL; "
+                "END $$; CREATE TRIGGER route_items BEFORE INSERT ON shop.items FOR EACH ROW "
+                "EXECUTE FUNCTION shop.route_items()")
+        kept = shop.rows_of(engine, shop.TABLE)
+        result = restore(defs_with_retention(env, 365), instance, run_id=run.run_id)
+    assert not result.success
+    assert ("its BEFORE INSERT trigger 'route_items' (function shop.route_items) on shop.items "
+            "returned NULL for 30 of the 30 rows") in failure_text(result)
+    meta = figures(result)
+    assert (meta["selectedRows"], meta["restoredRows"], meta["leftInArchive"]) == (30, 0, 30)
+    assert shop.rows_of(engine, shop.ARCHIVE) == archived
+    assert shop.rows_of(engine, shop.TABLE) == kept
+
+
 def test_a_restore_never_runs_beside_a_run_of_the_policy(env, engine):
     with dg.instance_for_test() as instance:
         _, run = over_deleted(engine, env, instance)
