@@ -454,18 +454,18 @@ def _swallowed_error(engine: sa.Engine, rule: RetentionRule, target_table: str, 
         what = (f"something on {table} took {lost} of the {swallowed.moved} rows away from the "
                 "insert")
         fix = "find what takes inserted rows away from it"
+    elif interceptor.kind == "trigger":
+        what = (f"its BEFORE INSERT trigger {interceptor.name!r} (function "
+                f"{interceptor.function}) on {interceptor.relation} returned NULL for {lost} of "
+                f"the {swallowed.moved} rows (sending them to another table, or dropping them)")
+        fix = (f"ALTER TABLE {interceptor.relation} DISABLE TRIGGER {interceptor.quoted} for the "
+               f"time of the restore (the rows then go back into {interceptor.relation} "
+               "itself), then ENABLE it again")
     else:
-        kind, name, relation, function = interceptor
-        if kind == "trigger":
-            what = (f"its BEFORE INSERT trigger {name!r} (function {function}) on {relation} "
-                    f"returned NULL for {lost} of the {swallowed.moved} rows (sending them to "
-                    f"another table, or dropping them)")
-            fix = (f"ALTER TABLE {relation} DISABLE TRIGGER {name} for the time of the restore "
-                   f"(the rows then go back into {relation} itself), then ENABLE it again")
-        else:
-            what = (f"its rule {name!r} ON INSERT on {relation} put other statements in the "
-                    f"place of the insert of {lost} of the {swallowed.moved} rows")
-            fix = f"drop or disable the rule {name} for the time of the restore"
+        what = (f"its rule {interceptor.name!r} ON INSERT on {interceptor.relation} put other "
+                f"statements in the place of the insert of {lost} of the {swallowed.moved} rows")
+        fix = (f"ALTER TABLE {interceptor.relation} DISABLE RULE {interceptor.quoted} for the "
+               "time of the restore, then ENABLE it again")
     message = (f"restore batch {batch_no} took {swallowed.moved} rows out of {target_table}, but "
                f"the insert into {table} returned only {swallowed.restored}: {what}, so the "
                f"restore cannot tell where they went. The batch was rolled back and its rows are "

@@ -250,6 +250,7 @@ def test_a_restore_into_a_table_whose_trigger_routes_rows_elsewhere_moves_none(e
     assert not result.success
     assert ("its BEFORE INSERT trigger 'route_items' (function shop.route_items) on shop.items "
             "returned NULL for 30 of the 30 rows") in failure_text(result)
+    assert "ALTER TABLE shop.items DISABLE TRIGGER route_items" in failure_text(result)
     meta = figures(result)
     assert (meta["selectedRows"], meta["restoredRows"], meta["leftInArchive"]) == (30, 0, 30)
     assert shop.rows_of(engine, shop.ARCHIVE) == archived
