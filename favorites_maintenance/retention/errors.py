@@ -71,6 +71,7 @@ class ErrorKind(str, enum.Enum):
     DATA_EXCEPTION = "data_exception"
     TRIGGERED_ACTION_EXCEPTION = "triggered_action_exception"
     TRIGGERED_DATA_CHANGE_VIOLATION = "triggered_data_change_violation"
+    GENERATED_ALWAYS = "generated_always"
     DATABASE_ERROR = "database_error"
 
     def __str__(self) -> str:
@@ -112,6 +113,9 @@ _KINDS: dict[str, ErrorKind] = {
     # A table the statement needs is not in the state it requires, e.g. one in a publication
     # that publishes deletes and has no replica identity: PostgreSQL refuses every DELETE.
     "55000": ErrorKind.OBJECT_NOT_IN_PREREQUISITE_STATE,
+    # A value written into a generated column or a GENERATED ALWAYS identity: the message names
+    # the column, never the value.
+    "428C9": ErrorKind.GENERATED_ALWAYS,
     # Row-level errors: one row of a batch cannot be deleted (a foreign key, a trigger, a
     # cascade into another table); the rest of the batch could.
     "23001": ErrorKind.RESTRICT_VIOLATION,
@@ -141,7 +145,7 @@ _SAFE_MESSAGE_KINDS = frozenset({
     ErrorKind.CONNECTION_LOST, ErrorKind.TLS_ERROR, ErrorKind.TOO_MANY_CONNECTIONS,
     ErrorKind.INSUFFICIENT_RESOURCES,
     ErrorKind.STALE_STATEMENT, ErrorKind.FEATURE_NOT_SUPPORTED,
-    ErrorKind.OBJECT_NOT_IN_PREREQUISITE_STATE,
+    ErrorKind.OBJECT_NOT_IN_PREREQUISITE_STATE, ErrorKind.GENERATED_ALWAYS,
     ErrorKind.RESTRICT_VIOLATION, ErrorKind.FOREIGN_KEY_VIOLATION, ErrorKind.NOT_NULL_VIOLATION,
     ErrorKind.CHECK_VIOLATION, ErrorKind.EXCLUSION_VIOLATION,
     ErrorKind.INTEGRITY_CONSTRAINT_VIOLATION,
@@ -153,6 +157,8 @@ _SAFE_MESSAGE_KINDS = frozenset({
 ROW_LEVEL_CLASSES = frozenset({"23", "22", "P0", "09", "27", "2F", "38", "39"})
 
 _ROUTINE = re.compile(r"PL/pgSQL function ([^\s(]+)\(")
+#: The column a generated-always message names (the server sets no column field for it).
+_GENERATED_COLUMN = re.compile(r'column "(.*)"')
 
 #: libpq's words for a TLS session that cannot be set up: a server certificate refused (another
 #: authority, another host name, expired), a certificate or key file of the URL missing, no
@@ -267,6 +273,9 @@ def describe(exc: BaseException) -> ErrorDescription:
                 else ErrorKind.CONNECTION_LOST)
         primary = _first_line(orig)
     objects = _schema_objects(diag)
+    if kind is ErrorKind.GENERATED_ALWAYS and not objects.get("column") and primary:
+        found = _GENERATED_COLUMN.search(primary)
+        objects["column"] = found.group(1) if found else None
     if kind is None:
         return ErrorDescription(ErrorKind.DATABASE_ERROR, type(orig).__name__, sqlstate, None,
                                 **objects)
@@ -507,8 +516,11 @@ class ArchiveError(PurgeError):
 
     Raised before the first batch when the archive table's columns or types do not match the
     table's, a column of the table bears the name of an archive column, the archive has a
-    constraint that could refuse an archived row, or it is missing and this role may not create
-    it; the message names the column (or constraint) and the fix.
+    constraint that could refuse an archived row, a generated column it would compute otherwise
+    than the table, or a ``BEFORE INSERT`` row trigger or ``ON INSERT`` rule that could take an
+    archived row elsewhere, or it is missing and this role may not create it; the message names
+    the column (or constraint, trigger, rule) and the fix. A trigger or rule that appears
+    during the run rolls back the batch that met it.
 
     Attributes:
         column: the column at fault, or ``None``.
@@ -537,7 +549,8 @@ class ArchivePruneError(DatabaseError):
 class RestoreError(RetentionError):
     """A restore was refused or could not finish. When refused (an unknown run id, restored
     rows the rule would prune again, an archive that does not match the table), nothing was
-    moved; otherwise the batches committed before it stay restored.
+    moved; otherwise (e.g. a batch the table's insert did not return whole, rolled back) the
+    batches committed before it stay restored.
 
     Attributes:
         report: what the restore did (or would do) before it stopped, or ``None``.

@@ -7,20 +7,27 @@ which finds where the selection lies but not in key order), sized to hold about 
 of its rows::
 
     WITH restore_batch AS MATERIALIZED (
-        SELECT DISTINCT ON (id) ctid, id FROM <archive>
+        SELECT DISTINCT ON (id) tableoid, ctid, id FROM <archive>
          WHERE _retention_policy = :policy AND _retention_run_id = :run_id   -- or the instants
            AND ctid >= :from_tid AND ctid < :to_tid                          -- the page range
          ORDER BY id, _retention_archived_at DESC),
     restore_moved AS (
         DELETE FROM <archive> USING restore_batch
-         WHERE <archive>.ctid = restore_batch.ctid
+         WHERE <archive>.tableoid = restore_batch.tableoid
+           AND <archive>.ctid = restore_batch.ctid AND <archive>.id = restore_batch.id
+           AND _retention_policy = :policy AND _retention_run_id = :run_id   -- the selection
            AND NOT EXISTS (SELECT 1 FROM <table> WHERE <table>.id = <archive>.id)
         RETURNING <every column>),
     restore_inserted AS (INSERT INTO <table> (<every column but generated ones>)
                          SELECT ... FROM restore_moved RETURNING 1)
-    SELECT (SELECT count(*) FROM restore_batch), (SELECT count(*) FROM restore_inserted)
+    SELECT (SELECT count(*) FROM restore_batch), (SELECT count(*) FROM restore_moved),
+           (SELECT count(*) FROM restore_inserted)
 
-so a row is either restored or left in the archive, never both and never neither. A row whose key
+so a row is either restored or left in the archive, never both and never neither. What leaves
+the archive is matched by the selection itself (policy, run or instants, key) and by its address
+with its partition's: the partitions of a partitioned archive each number their addresses from
+the start, so an address alone names a row in each of them. A restore therefore never moves more
+rows than it selected. A row whose key
 exists in the table again (the application wrote it anew) is left in the archive and counted,
 never written over. A key archived more than once (in a selection by instants) comes back once:
 the first version met in the archive's order, the latest when they share a page range.
@@ -36,6 +43,11 @@ counts and moves nothing. Counts only: no value of an archived row is ever logge
 A batch that fails on a row-level error (a foreign key whose parent is gone, a check the table
 gained) is taken again on half the pages, down to one page, whose rows then go one at a time; a
 row that still fails stays in the archive, counted with its cause.
+
+A batch whose insert returns fewer rows than it took out of the archive (a ``BEFORE INSERT``
+trigger of the table returned NULL for them, sending them to another table or dropping them)
+is rolled back and ends the restore, naming the trigger: the restore could not tell where
+those rows went, and counts only rows the table took.
 """
 
 from __future__ import annotations
@@ -48,7 +60,6 @@ from dataclasses import dataclass, field
 
 import sqlalchemy as sa
 from sqlalchemy.dialects.postgresql import TIMESTAMP, distinct_on
-from sqlalchemy.ext.compiler import compiles
 from sqlalchemy.sql.dml import Insert
 
 from favorites_maintenance.retention.archive import (
@@ -58,8 +69,10 @@ from favorites_maintenance.retention.archive import (
     Archive,
     ArchiveTarget,
     CatalogType,
+    InsertOverridingSystemValue,
     archive_table,
     check_archive,
+    insert_interceptor,
     table_columns,
 )
 from favorites_maintenance.retention.database import (
@@ -159,27 +172,21 @@ class RestoreReport:
     stopped: bool = False
 
 
+class _Swallowed(Exception):
+    """A batch took ``moved`` rows out of the archive, but the table's insert returned only
+    ``restored``; raised inside the batch's transaction, which it rolls back."""
+
+    def __init__(self, moved: int, restored: int):
+        super().__init__(f"{moved} rows moved, {restored} inserted")
+        self.moved, self.restored = moved, restored
+
+
 @dataclass
 class _Progress:
     restored: int = 0
     batches: int = 0
     failed: int = 0
     causes: dict = field(default_factory=dict)
-
-
-class _InsertOverridingSystemValue(Insert):
-    """``INSERT ... OVERRIDING SYSTEM VALUE SELECT ...``: writes a ``GENERATED ALWAYS``
-    identity column's archived value (PostgreSQL refuses it otherwise)."""
-
-    inherit_cache = True
-
-
-@compiles(_InsertOverridingSystemValue)
-def _insert_overriding(element, compiler, **kw):
-    text = compiler.visit_insert(element, **kw)
-    # The column list is the only parenthesis before the SELECT of INSERT ... SELECT.
-    head, found, tail = text.partition(") SELECT ")
-    return f"{head}) OVERRIDING SYSTEM VALUE SELECT {tail}" if found else text
 
 
 def _selected(t: sa.Table, policy: str, selection: Selection) -> list[sa.ColumnElement[bool]]:
@@ -210,24 +217,30 @@ def restore_statement(archive: Archive, rule: RetentionRule,
     """The statement of one restore batch (see the module docstring): the selection's rows at
     addresses from ``:from_tid`` up to, not including, ``:to_tid`` (row addresses as text,
     ``'(page,item)'``, bound at execution). It returns one row: ``selected`` (rows of the
-    selection in the range, one per key) and ``restored``."""
+    selection in the range, one per key), ``moved`` (rows taken out of the archive) and
+    ``restored`` (rows the table's insert returned)."""
     a, s = archive.table, archive.source_rule.table
     key = rule.key.name
     where = [*_selected(a, archive.target.policy, selection),
              a.c.ctid >= _address("from_tid"), a.c.ctid < _address("to_tid")]
-    batch = (sa.select(a.c.ctid, a.c[key].label("key")).where(*where)
+    batch = (sa.select(a.c.tableoid, a.c.ctid, a.c[key].label("key")).where(*where)
              .ext(distinct_on(a.c[key])).order_by(a.c[key], a.c[ARCHIVED_AT_COLUMN].desc())
              .cte("restore_batch").prefix_with("MATERIALIZED"))
     back = sa.select(sa.literal(1)).where(s.c[key] == a.c[key]).exists()
     names = [c.name for c in archive.columns if not c.generated]
-    moved = (sa.delete(a).where(a.c.ctid == batch.c.ctid, ~back)
+    # The row the batch chose, and only a row of the selection: an address is unique only
+    # with its partition's.
+    moved = (sa.delete(a).where(a.c.tableoid == batch.c.tableoid, a.c.ctid == batch.c.ctid,
+                                a.c[key] == batch.c.key,
+                                *_selected(a, archive.target.policy, selection), ~back)
              .returning(*(a.c[n] for n in names)).cte("restore_moved"))
-    insert_cls = (_InsertOverridingSystemValue
+    insert_cls = (InsertOverridingSystemValue
                   if any(c.identity_always for c in archive.columns) else Insert)
     inserted = (insert_cls(s).from_select(names, sa.select(*(moved.c[n] for n in names)))
                 .returning(sa.literal_column("1")).cte("restore_inserted"))
     return sa.select(
         sa.select(sa.func.count()).select_from(batch).scalar_subquery().label("selected"),
+        sa.select(sa.func.count()).select_from(moved).scalar_subquery().label("moved"),
         sa.select(sa.func.count()).select_from(inserted).scalar_subquery().label("restored"))
 
 
@@ -308,6 +321,9 @@ def restore(engine: sa.Engine, rule: RetentionRule, target_table: str, policy: s
             ``allow_prunable``, the archive missing or not matching the table; nothing moved.
         RestoreBatchError: a batch failed on an error that is not about one row (rolled
             back, its rows left in the archive; earlier batches stay restored).
+        RestoreError: also when the table's insert returned fewer rows than a batch took out
+            of the archive (a ``BEFORE INSERT`` trigger returning NULL, named): that batch
+            rolled back, earlier batches stay restored.
         TableShapeError: the table is not one the policy's rule can use.
         StandbyError, InvalidArgumentError: a standby; a ``batch_size`` not > 0.
     """
@@ -381,6 +397,10 @@ def restore(engine: sa.Engine, rule: RetentionRule, target_table: str, policy: s
                 pages = max(1, min(pages * 2, int(pages * batch_size / row.selected))
                             if row.selected else pages * 2)
             final = _report(report, progress, started, stopped)
+    except _Swallowed as swallowed:
+        # That batch rolled back; the batches before it stay restored.
+        raise _swallowed_error(engine, rule, target_table, batch_no, swallowed,
+                               _report(report, progress, started, False)) from None
     except sa.exc.DBAPIError as exc:
         # Outside a batch (the checks, the counts, the archive's page bounds): nothing of it
         # was moved; the batches before it stay restored.
@@ -419,29 +439,72 @@ def _check_selected(report: RestoreReport, rule: RetentionRule, target_table: st
              report.prunable_rows, " (pretend: nothing moved)" if pretend else "")
 
 
+def _swallowed_error(engine: sa.Engine, rule: RetentionRule, target_table: str, batch_no: int,
+                     swallowed: _Swallowed, partial: RestoreReport) -> RestoreError:
+    """The error ending a restore whose batch ``batch_no`` the table's insert did not return
+    whole (rolled back), naming the trigger or rule that took the rows away when there is
+    one."""
+    table, lost = rule.qualified_name, swallowed.moved - swallowed.restored
+    try:
+        with engine.connect() as conn:
+            interceptor = insert_interceptor(conn, table)
+    except sa.exc.DBAPIError:
+        interceptor = None  # the message says what is known without it
+    if interceptor is None:
+        what = (f"something on {table} took {lost} of the {swallowed.moved} rows away from the "
+                "insert")
+        fix = "find what takes inserted rows away from it"
+    elif interceptor.kind == "trigger":
+        what = (f"its BEFORE INSERT trigger {interceptor.name!r} (function "
+                f"{interceptor.function}) on {interceptor.relation} returned NULL for {lost} of "
+                f"the {swallowed.moved} rows (sending them to another table, or dropping them)")
+        fix = (f"ALTER TABLE {interceptor.relation} DISABLE TRIGGER {interceptor.quoted} for the "
+               f"time of the restore (the rows then go back into {interceptor.relation} "
+               "itself), then ENABLE it again")
+    else:
+        what = (f"its rule {interceptor.name!r} ON INSERT on {interceptor.relation} put other "
+                f"statements in the place of the insert of {lost} of the {swallowed.moved} rows")
+        fix = (f"ALTER TABLE {interceptor.relation} DISABLE RULE {interceptor.quoted} for the "
+               "time of the restore, then ENABLE it again")
+    message = (f"restore batch {batch_no} took {swallowed.moved} rows out of {target_table}, but "
+               f"the insert into {table} returned only {swallowed.restored}: {what}, so the "
+               f"restore cannot tell where they went. The batch was rolled back and its rows are "
+               f"still in the archive ({partial.restored_rows} rows restored before stay "
+               f"restored). Fix: {fix}, and run the restore again")
+    log.warning("%s", message)
+    return RestoreError(message, partial)
+
+
 def _run_batch(conn: sa.Connection, statement: sa.Select, from_tid: str, to_tid: str,
                lock_timeout: dt.timedelta, statement_timeout: dt.timedelta) -> sa.Row:
     with conn.begin():
         limit_transaction(conn, lock_timeout=lock_timeout, statement_timeout=statement_timeout,
                           synchronous_commit=False)
-        return conn.execute(statement, {"from_tid": from_tid, "to_tid": to_tid}).one()
+        row = conn.execute(statement, {"from_tid": from_tid, "to_tid": to_tid}).one()
+        if row.moved != row.restored:
+            raise _Swallowed(row.moved, row.restored)  # rolls the batch back
+        return row
 
 
 def _one_by_one(conn: sa.Connection, statement: sa.Select, archive: Archive,
                 selection: Selection, page: int, progress: _Progress,
                 lock_timeout: dt.timedelta,
                 statement_timeout: dt.timedelta) -> ErrorDescription | None:
-    """The selection's rows of one archive ``page``, each in its own transaction; a row that
-    fails on a row-level error stays in the archive, counted with its cause. Another error
-    ends it: its description is returned (that row's transaction rolled back)."""
+    """The selection's rows of one archive ``page``, one address at a time, each in its own
+    transaction; a row that fails on a row-level error stays in the archive, counted with its
+    cause. Another error ends it: its description is returned (that row's transaction rolled
+    back). In a partitioned archive one address holds a row in each partition: they go, or
+    fail, together."""
     a = archive.table
     with conn.begin():
-        items = list(conn.execute(
-            sa.select(sa.cast(a.c.ctid, sa.Text))
+        items = conn.execute(
+            sa.select(sa.cast(a.c.ctid, sa.Text),
+                      sa.func.count(sa.distinct(a.c[archive.source_rule.key.name])))
             .where(*_selected(a, archive.target.policy, selection),
-                   a.c.ctid >= _address("from_tid"), a.c.ctid < _address("to_tid")),
-            {"from_tid": f"({page},0)", "to_tid": f"({page + 1},0)"}).scalars())
-    for address in items:
+                   a.c.ctid >= _address("from_tid"), a.c.ctid < _address("to_tid"))
+            .group_by(a.c.ctid).order_by(a.c.ctid),
+            {"from_tid": f"({page},0)", "to_tid": f"({page + 1},0)"}).all()
+    for address, rows in items:
         item = int(address.strip("()").split(",")[1])
         try:
             row = _run_batch(conn, statement, address, f"({page},{item + 1})", lock_timeout,
@@ -450,8 +513,8 @@ def _one_by_one(conn: sa.Connection, statement: sa.Select, archive: Archive,
             error = describe(exc)
             if not error.row_level:
                 return error
-            progress.failed += 1
-            progress.causes[error.cause] = progress.causes.get(error.cause, 0) + 1
+            progress.failed += rows
+            progress.causes[error.cause] = progress.causes.get(error.cause, 0) + rows
             continue
         progress.restored += row.restored
         progress.batches += 1 if row.restored else 0

@@ -54,6 +54,53 @@ def test_a_column_added_during_the_run_rolls_the_batch_back_and_ends_the_run(ite
     assert len(shop.ids_of(engine, shop.TABLE)) == 20
 
 
+def test_a_routing_trigger_added_to_the_archive_during_the_run_rolls_the_batch_back(items):
+    engine = items
+    ids = shop.add_items(engine, 30, updated_at=shop.OLD)
+    before = shop.rows_of(engine, shop.TABLE)
+
+    def route_after_the_first_batch(batch):
+        if batch.batch_no == 1:
+            with engine.begin() as conn:  # every row sent to a table outside the archive
+                conn.exec_driver_sql(
+                    "CREATE TABLE shop.elsewhere (LIKE shop.items_archive); "
+                    "CREATE FUNCTION shop.route() RETURNS trigger LANGUAGE plpgsql AS $$ BEGIN "
+                    "INSERT INTO shop.elsewhere VALUES (NEW.*); RETURN NULL; END $$; "
+                    "CREATE TRIGGER route BEFORE INSERT ON shop.items_archive FOR EACH ROW "
+                    "EXECUTE FUNCTION shop.route()")
+
+    with pytest.raises(ArchiveError) as raised:
+        purge(engine, shop.CUTOFF, batch_size=10, max_run_duration=MINUTE, rule=RULE,
+              archive=ArchiveTarget(shop.ARCHIVE, shop.POLICY, "run-1"),
+              on_batch=route_after_the_first_batch)
+    assert ("archive shop.items_archive has a BEFORE INSERT trigger 'route' (function "
+            "shop.route) on shop.items_archive") in str(raised.value)
+    assert "The batch was rolled back and no batch follows" in str(raised.value)
+    # Batch 1 moved its 10 rows; batch 2 rolled back: no row left for the other table.
+    assert shop.rows_of(engine, shop.ARCHIVE) == {i: before[i] for i in sorted(ids)[:10]}
+    assert sorted(shop.ids_of(engine, shop.TABLE)) == sorted(ids)[10:]
+    assert shop.ids_of(engine, "shop.elsewhere") == []
+
+
+def test_an_archive_with_an_insert_rule_is_refused_before_any_delete(items):
+    engine = items
+    purge(engine, shop.CUTOFF, batch_size=10, max_run_duration=MINUTE, rule=RULE,
+          archive=ArchiveTarget(shop.ARCHIVE, shop.POLICY, "run-0"))  # creates the archive
+    shop.add_items(engine, 5, updated_at=shop.OLD)
+    before = shop.rows_of(engine, shop.TABLE)
+    with engine.begin() as conn:
+        conn.exec_driver_sql("CREATE TABLE shop.elsewhere (LIKE shop.items_archive); "
+                             "CREATE RULE elsewhere AS ON INSERT TO shop.items_archive "
+                             "DO INSTEAD INSERT INTO shop.elsewhere VALUES (NEW.*)")
+    with pytest.raises(ArchiveError) as raised:
+        purge(engine, shop.CUTOFF, batch_size=10, max_run_duration=MINUTE, rule=RULE,
+              archive=ArchiveTarget(shop.ARCHIVE, shop.POLICY, "run-1"))
+    assert ("archive shop.items_archive has a rule 'elsewhere' ON INSERT on "
+            "shop.items_archive") in str(raised.value)
+    assert "DROP RULE elsewhere ON shop.items_archive" in str(raised.value)
+    assert shop.rows_of(engine, shop.TABLE) == before
+
+
 def test_archive_retention_deletes_only_its_own_policys_rows_past_it(items):
     engine = items
     shop.add_items(engine, 12, updated_at=shop.OLD)
@@ -101,10 +148,15 @@ def test_a_restore_leaves_the_rows_the_table_refuses_in_the_archive_counted(item
 
 @pytest.mark.parametrize("scan", [ScanMode.KEYSET, ScanMode.PAGE_ORDER])
 @pytest.mark.parametrize("optimistic", [True, False], ids=["optimistic", "locking"])
-def test_every_batch_form_moves_its_rows_into_the_archive(items, scan, optimistic):
+@pytest.mark.parametrize("made", ["by_the_run", "like_the_table"])
+def test_every_batch_form_moves_its_rows_into_the_archive(items, scan, optimistic, made):
     """Keyset and page order, the optimistic pair of statements and the locking statement:
-    every row a batch removes reaches the archive whole, in the batch's own transaction."""
+    every row a batch removes reaches the archive whole, in the batch's own transaction, the
+    archive made by the run or by its owner with ``LIKE ... INCLUDING ALL``."""
     engine = items
+    if made == "like_the_table":
+        with engine.begin() as conn:
+            conn.exec_driver_sql(shop.ARCHIVE_LIKE_THE_TABLE)
     ids = shop.add_items(engine, 23, updated_at=shop.OLD)
     before = shop.rows_of(engine, shop.TABLE)
     report = purge(engine, shop.CUTOFF, batch_size=5, max_run_duration=MINUTE, rule=RULE,

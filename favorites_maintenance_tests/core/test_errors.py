@@ -44,6 +44,22 @@ def test_kinds_and_what_is_said(engine, sql, kind, sqlstate, message):
     assert transient_error_kind(exc) is None  # retrying would fail the same way
 
 
+@pytest.mark.parametrize("column, sql", [
+    ("id", "INSERT INTO favorites.written (id) VALUES (424242)"),
+    ("label", "INSERT INTO favorites.written (label) VALUES ('PRIVATE')"),
+])
+def test_a_value_written_into_a_generated_column_is_told_by_its_column(engine, column, sql):
+    with engine.begin() as conn:
+        conn.execute(sa.text(
+            "CREATE TABLE favorites.written (id bigint GENERATED ALWAYS AS IDENTITY, "
+            "note text, label text GENERATED ALWAYS AS (upper(note)) STORED)"))
+    error = describe(failing(engine, sql))
+    assert (error.kind, error.sqlstate, error.column) == ("generated_always", "428C9", column)
+    assert str(error) == (f'generated_always: GeneratedAlways (SQLSTATE 428C9): cannot insert a '
+                          f'non-DEFAULT value into column "{column}" [column {column}]')
+    assert "PRIVATE" not in str(error) and "424242" not in str(error)
+
+
 def test_a_trigger_quoting_a_row_is_summarised_without_it(engine):
     exc = failing(engine, "DO $$ BEGIN RAISE EXCEPTION 'note: %', 'PRIVATE'; END $$")
     assert "PRIVATE" in str(exc)  # what psycopg and SQLAlchemy would have printed

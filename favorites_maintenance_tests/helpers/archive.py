@@ -50,6 +50,47 @@ CREATE TABLE shop.items (
 CREATE INDEX items_prunable_idx ON shop.items (updated_at, id) WHERE owner_id IS NULL;
 """
 
+#: :data:`ARCHIVE` made by its owner, partitioned by the month of archiving: this month's rows
+#: in ``items_archive_current``, earlier ones in ``items_archive_earlier``.
+PARTITIONED_ARCHIVE = """
+CREATE TABLE shop.items_archive (
+    id bigint, owner_id bigint, tags text[], attrs jsonb, scores integer[],
+    price numeric(10, 2), mood shop.mood, note text, price_cents bigint, updated_at timestamptz,
+    _retention_run_id text NOT NULL, _retention_policy text NOT NULL,
+    _retention_archived_at timestamptz NOT NULL
+) PARTITION BY RANGE (_retention_archived_at);
+CREATE TABLE shop.items_archive_earlier PARTITION OF shop.items_archive
+    FOR VALUES FROM (MINVALUE) TO (date_trunc('month', now()));
+CREATE TABLE shop.items_archive_current PARTITION OF shop.items_archive
+    FOR VALUES FROM (date_trunc('month', now())) TO (MAXVALUE);
+"""
+
+#: :data:`ARCHIVE` made by its owner with ``LIKE ... INCLUDING ALL``: it keeps the table's
+#: ``GENERATED ALWAYS`` identity on ``id`` and its generated ``price_cents`` (its key, which
+#: could refuse an archived row, dropped).
+ARCHIVE_LIKE_THE_TABLE = """
+CREATE TABLE shop.items_archive (LIKE shop.items INCLUDING ALL,
+    _retention_run_id text NOT NULL, _retention_policy text NOT NULL,
+    _retention_archived_at timestamptz NOT NULL);
+ALTER TABLE shop.items_archive DROP CONSTRAINT items_archive_pkey;
+"""
+
+#: :data:`ARCHIVE` split by inheritance the old way: a ``BEFORE INSERT`` trigger routes each row
+#: into the child ``items_archive_routed`` and returns NULL, so no row lands in the archive
+#: itself and an ``INSERT ... RETURNING`` into it returns none.
+ROUTED_ARCHIVE = """
+CREATE TABLE shop.items_archive (
+    id bigint, owner_id bigint, tags text[], attrs jsonb, scores integer[],
+    price numeric(10, 2), mood shop.mood, note text, price_cents bigint, updated_at timestamptz,
+    _retention_run_id text NOT NULL, _retention_policy text NOT NULL,
+    _retention_archived_at timestamptz NOT NULL);
+CREATE TABLE shop.items_archive_routed () INHERITS (shop.items_archive);
+CREATE FUNCTION shop.route_archived() RETURNS trigger LANGUAGE plpgsql AS $$
+BEGIN INSERT INTO shop.items_archive_routed VALUES (NEW.*); RETURN NULL; END $$;
+CREATE TRIGGER route_archived BEFORE INSERT ON shop.items_archive FOR EACH ROW
+    EXECUTE FUNCTION shop.route_archived();
+"""
+
 
 def policy(batch_size: int = 7, **attributes) -> dict:
     """The attributes of ``shop_items``: guard ``owner_id``, retention read from

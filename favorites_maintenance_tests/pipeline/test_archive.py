@@ -147,6 +147,81 @@ def test_an_archive_that_does_not_match_the_table_is_refused_naming_why(env, eng
     assert shop.rows_of(engine, shop.TABLE) == before
 
 
+def test_an_archive_made_like_the_table_including_all_takes_each_row_as_it_was(env, engine):
+    """Its ``GENERATED ALWAYS`` identity is written with the archived key, and its generated
+    column, computed by the same expression as the table's, computes the same value."""
+    old, kept = fill(engine)
+    before = shop.rows_of(engine, shop.TABLE)
+    with engine.begin() as conn:
+        conn.exec_driver_sql(shop.ARCHIVE_LIKE_THE_TABLE)
+    with dg.instance_for_test() as instance:
+        result = run_shop(instance)
+        assert result.success, failure_text(result)
+        meta = materialization(result, asset_key=shop.ASSET_KEY)
+    assert (meta["deletedTotal"], meta["archiveRows"]) == (40, 40)
+    assert shop.rows_of(engine, shop.ARCHIVE) == {i: before[i] for i in old}
+    assert sorted(shop.rows_of(engine, shop.TABLE)) == sorted(kept)
+
+
+@pytest.mark.parametrize("ddl, phrase", [
+    # A generated column the table's is not: the archive would not keep the row's value.
+    ("ALTER TABLE shop.items_archive DROP COLUMN note, ADD COLUMN note text "
+     "GENERATED ALWAYS AS (tags[1]) STORED",
+     "archive shop.items_archive column 'note' is generated (GENERATED ALWAYS AS "
+     "(tags[1]) STORED), but shop.items's is not"),
+    ("ALTER TABLE shop.items_archive DROP COLUMN price_cents, ADD COLUMN price_cents bigint "
+     "GENERATED ALWAYS AS ((price * 1000)::bigint) STORED",
+     "archive shop.items_archive column 'price_cents' is generated (GENERATED ALWAYS AS "
+     "(((price * (1000)::numeric))::bigint) STORED), but shop.items's is generated otherwise"),
+])
+def test_an_archive_computing_a_column_otherwise_is_refused_naming_it(env, engine, ddl, phrase):
+    fill(engine)
+    before = shop.rows_of(engine, shop.TABLE)
+    with engine.begin() as conn:
+        conn.exec_driver_sql(shop.ARCHIVE_LIKE_THE_TABLE)
+        conn.exec_driver_sql(ddl)
+    with dg.instance_for_test() as instance:
+        result = run_shop(instance)
+    text = _refused_before_any_delete(engine, result, phrase)
+    assert "ALTER TABLE shop.items_archive ALTER COLUMN" in text and "DROP EXPRESSION" in text
+    assert shop.rows_of(engine, shop.TABLE) == before
+
+
+def test_an_archive_whose_trigger_routes_rows_elsewhere_is_refused_naming_it(env, engine):
+    """Rows its trigger sends to a child table never come back from the ``INSERT``: the run
+    could not count them, nor tell them from rows the trigger dropped."""
+    fill(engine)
+    before = shop.rows_of(engine, shop.TABLE)
+    with engine.begin() as conn:
+        conn.exec_driver_sql(shop.ROUTED_ARCHIVE)
+    with dg.instance_for_test() as instance:
+        result = run_shop(instance)
+    text = _refused_before_any_delete(
+        engine, result, "archive shop.items_archive has a BEFORE INSERT trigger "
+        "'route_archived' (function shop.route_archived) on shop.items_archive",
+        "DROP TRIGGER route_archived ON shop.items_archive")
+    assert "NoProgressError" not in text
+    assert shop.rows_of(engine, shop.TABLE) == before
+    assert shop.ids_of(engine, shop.ARCHIVE) == []
+
+    # Rows such an archive took before (by its trigger, into its child) are still its own: a
+    # restore, which only takes rows out of it, brings them back.
+    with engine.begin() as conn:
+        conn.exec_driver_sql(
+            "WITH moved AS (DELETE FROM shop.items WHERE owner_id IS NULL AND updated_at < "
+            f"'{shop.CUTOFF.isoformat()}' RETURNING *) INSERT INTO shop.items_archive "
+            "SELECT *, 'an-earlier-run', 'shop_items', now() FROM moved")
+    assert len(shop.ids_of(engine, "shop.items_archive_routed")) == 40
+    with dg.instance_for_test() as instance:
+        restored = shop_defs().resolve_job_def(shop.RESTORE_JOB).execute_in_process(
+            run_config={"ops": {shop.RESTORE_OP: {"config": {
+                "run_id": "an-earlier-run", "allow_prunable": True}}}},
+            instance=instance, raise_on_error=False)
+    assert restored.success, failure_text(restored)
+    assert shop.rows_of(engine, shop.TABLE) == before
+    assert shop.ids_of(engine, shop.ARCHIVE) == []
+
+
 def test_a_table_column_named_like_an_archive_column_is_refused_at_the_first_run(env, engine):
     fill(engine)
     with engine.begin() as conn:

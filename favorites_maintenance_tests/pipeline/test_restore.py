@@ -45,10 +45,11 @@ def env(db_url, engine, monkeypatch):
     return monkeypatch
 
 
-def defs_with_retention(monkeypatch, days: int) -> dg.Definitions:
-    """The code location with ``shop_items``'s retention deployed at ``days``."""
+def defs_with_retention(monkeypatch, days: int, **attributes) -> dg.Definitions:
+    """The code location with ``shop_items``'s retention deployed at ``days`` (and
+    ``attributes`` on top of the policy's)."""
     monkeypatch.setenv(shop.RETENTION_VAR, str(days))
-    with policy_sandbox(shop.policy()) as sandbox:
+    with policy_sandbox(shop.policy(**attributes)) as sandbox:
         return sandbox.code_location()
 
 
@@ -75,14 +76,14 @@ def figures(result: dg.ExecuteInProcessResult) -> dict:
     return {}
 
 
-def over_deleted(engine, monkeypatch, instance, n: int = 30):
+def over_deleted(engine, monkeypatch, instance, n: int = 30, **attributes):
     """``n`` rows 100 days old deleted by the mistaken 30-day retention, 10 kept; the snapshot
     of the table before, the purge's run."""
     shop.add_items(engine, n, updated_at=MID)
     shop.add_items(engine, 5, updated_at=FRESH)
     shop.add_items(engine, 5, updated_at=MID, owner_id=9)
     before = shop.rows_of(engine, shop.TABLE)
-    run = purge(defs_with_retention(monkeypatch, 30), instance)
+    run = purge(defs_with_retention(monkeypatch, 30, **attributes), instance)
     assert materialization(run, asset_key=shop.ASSET_KEY)["deletedTotal"] == n
     return before, run
 
@@ -195,6 +196,65 @@ def test_a_restore_by_instants_takes_the_rows_archived_between_them(env, engine)
     assert figures(result)["restoredRows"] == 4
     assert sorted(shop.ids_of(engine, shop.TABLE)) == sorted(second)
     assert shop.ids_of(engine, shop.ARCHIVE) == sorted(first)
+
+
+def test_a_restore_from_a_partitioned_archive_takes_only_the_rows_it_selected(env, engine):
+    """Partitions of the archive number their rows' addresses each from the start: the rows of
+    two runs, one per partition, sit at the same addresses. Restoring one run brings back its
+    rows and no other."""
+    with engine.begin() as conn:  # the archive, partitioned by the month of archiving
+        conn.exec_driver_sql(shop.PARTITIONED_ARCHIVE)
+    with dg.instance_for_test() as instance:
+        _, first = over_deleted(engine, env, instance, archive_retention_days=365)
+        with engine.begin() as conn:  # the first run's rows, archived 40 days ago
+            conn.exec_driver_sql("UPDATE shop.items_archive SET _retention_archived_at = "
+                                 "_retention_archived_at - interval '40 days'")
+        with engine.connect().execution_options(isolation_level="AUTOCOMMIT") as conn:
+            conn.exec_driver_sql("VACUUM shop.items_archive_current")  # its addresses free
+        first_rows = shop.rows_of(engine, shop.ARCHIVE)
+        before, second = over_deleted(engine, env, instance, archive_retention_days=365)
+        with engine.connect() as conn:
+            shared = conn.exec_driver_sql(
+                "SELECT count(*) FROM shop.items_archive_earlier e "
+                "JOIN shop.items_archive_current c ON c.ctid = e.ctid").scalar_one()
+        assert shared  # the premise: rows of one run at the addresses of the other's
+
+        done = restore(defs_with_retention(env, 365, archive_retention_days=365), instance,
+                       run_id=second.run_id, batch_size=8)
+        assert done.success, failure_text(done)
+    meta = figures(done)
+    assert (meta["selectedRows"], meta["restoredRows"], meta["leftInArchive"]) == (30, 30, 0)
+    assert shop.rows_of(engine, shop.ARCHIVE) == first_rows
+    assert shop.archive_stamps(engine) == [(first.run_id, shop.POLICY, 30)]
+    assert shop.rows_of(engine, shop.TABLE) == before
+
+
+def test_a_restore_into_a_table_whose_trigger_routes_rows_elsewhere_moves_none(env, engine):
+    """The table's trigger sends each row to a child and returns NULL: the insert returns no
+    row, so the restore cannot tell a row routed from a row dropped. Its batch rolls back,
+    every row stays in the archive, and the figures say so."""
+    with dg.instance_for_test() as instance:
+        _, run = over_deleted(engine, env, instance)
+        archived = shop.rows_of(engine, shop.ARCHIVE)
+        with engine.begin() as conn:
+            conn.exec_driver_sql(
+                "CREATE TABLE shop.items_routed () INHERITS (shop.items); "
+                "CREATE FUNCTION shop.route_items() RETURNS trigger LANGUAGE plpgsql AS $$ "
+                "BEGIN INSERT INTO shop.items_routed (id, owner_id, tags, attrs, scores, price, "
+                "mood, note, updated_at) VALUES (NEW.id, NEW.owner_id, NEW.tags, NEW.attrs, "
+                "NEW.scores, NEW.price, NEW.mood, NEW.note, NEW.updated_at); RETURN NULL; "
+                "END $$; CREATE TRIGGER route_items BEFORE INSERT ON shop.items FOR EACH ROW "
+                "EXECUTE FUNCTION shop.route_items()")
+        kept = shop.rows_of(engine, shop.TABLE)
+        result = restore(defs_with_retention(env, 365), instance, run_id=run.run_id)
+    assert not result.success
+    assert ("its BEFORE INSERT trigger 'route_items' (function shop.route_items) on shop.items "
+            "returned NULL for 30 of the 30 rows") in failure_text(result)
+    assert "ALTER TABLE shop.items DISABLE TRIGGER route_items" in failure_text(result)
+    meta = figures(result)
+    assert (meta["selectedRows"], meta["restoredRows"], meta["leftInArchive"]) == (30, 0, 30)
+    assert shop.rows_of(engine, shop.ARCHIVE) == archived
+    assert shop.rows_of(engine, shop.TABLE) == kept
 
 
 def test_a_restore_never_runs_beside_a_run_of_the_policy(env, engine):
