@@ -227,23 +227,27 @@ def dry_run(partition: str | None, policy_name: str, all_policies: bool, as_json
     Reads each policy's database from the variable its database_url_env names
     (FAVORITES_DATABASE_URL by default) and its settings like the job does, "now" from the
     database server's clock, and counts with the function policy tests use
-    (favorites_maintenance.testing). With --all, a policy whose database or table cannot be
-    read is reported and the others are still counted; the exit code is then 2.
+    (favorites_maintenance.testing). With --all, a policy whose file does not load, or whose
+    database or table cannot be read, is reported with its error and the others are still
+    counted; the exit code is then 2.
     """
     import json
 
-    from favorites_maintenance.components.policy_tree import policy_files
+    from favorites_maintenance.components.policy_tree import declared_name, policy_files
 
     _check_deployment_settings()
     if all_policies:
-        files = policy_files()
-        for broken in (f for f in files if f.error):
-            _warn_broken(broken.error)
-        policies = [p for f in files for p in f.policies]
+        counts = []
+        for file in policy_files():
+            if file.error:
+                # One of "all": a script reading the document must see it, not only stderr.
+                click.secho(f"error: {file.error} (not loaded; the code location does not "
+                            "load until it is fixed)", fg="red", err=True)
+                counts.append({"policy": declared_name(file.path), "error": file.error})
+            counts += [_dry_run_counts(policy, partition, fail_fast=False)
+                       for policy in file.policies]
     else:
-        policies = [_load_policy(policy_name)]
-    counts = [_dry_run_counts(policy, partition, fail_fast=not all_policies)
-              for policy in policies]
+        counts = [_dry_run_counts(_load_policy(policy_name), partition, fail_fast=True)]
     if as_json:
         _echo(json.dumps({"policies": counts, "deleted": 0}, indent=2))
     else:
@@ -327,7 +331,12 @@ def _dry_run_counts(policy, partition: str | None, *, fail_fast: bool) -> dict:
 
 
 def _echo_dry_run(count: dict) -> None:
-    """The text form of one policy's dry run."""
+    """The text form of one policy's dry run (of a policy file that does not load: its
+    name and error)."""
+    if "table" not in count:
+        _echo(f"policy     {count['policy']} (not loaded)")
+        _echo(f"error      {count['error']}")
+        return
     _echo(f"database   {count['database'] or 'unset'} ({count['database_variable']})")
     _echo(f"policy     {count['policy']} ({count['table']}, {count['guard']})")
     if "error" in count:

@@ -50,7 +50,8 @@ class PrunableRows:
 
     Attributes:
         policy: the policy whose rule it is.
-        cutoff: the timezone-aware UTC instant rows must be older than (strictly).
+        cutoff: the timezone-aware UTC instant rows must be older than (strictly, or at it
+            too for a policy with ``cutoff_inclusive``).
         clock: the database server's clock the cutoff was derived from, with this host's
             (its ``warning`` says when they disagree); ``None`` when ``now`` was given.
 

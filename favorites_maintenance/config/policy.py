@@ -34,6 +34,7 @@ This module imports no Dagster: the command line uses it too.
 
 from __future__ import annotations
 
+import dataclasses
 import re
 from dataclasses import dataclass, field
 
@@ -86,7 +87,8 @@ class Policy:
     Attributes:
         name: snake_case name, at most 40 characters; every Dagster name derives from it.
         rule: the table and the predicate (see :class:`~favorites_maintenance.retention.rule.
-            RetentionRule`).
+            RetentionRule`); its comparison with the cutoff is the one ``settings``'
+            ``cutoff_inclusive`` says, whatever rule was given.
         settings: retention days, batch size, schedule and limits.
         labels: field of
             :class:`~favorites_maintenance.config.policy_settings.PolicySettings` -> what
@@ -119,6 +121,10 @@ class Policy:
     archive_table: str | None = None
 
     def __post_init__(self):
+        if self.rule.cutoff_inclusive != self.settings.cutoff_inclusive:
+            # The setting is where a policy says it; every statement takes it from the rule.
+            object.__setattr__(self, "rule", dataclasses.replace(
+                self.rule, cutoff_inclusive=self.settings.cutoff_inclusive))
         if not isinstance(self.name, str) or not _NAME.fullmatch(self.name) \
                 or len(self.name) > _MAX_NAME:
             raise PolicyError(f"policy {self.name!r}: name must be snake_case (a-z, 0-9, single "

@@ -192,6 +192,12 @@ class PolicySettings:
         "retention period in days: a row whose age column is further past than this is "
         "prunable",
         f"1 to {MAX_RETENTION_DAYS:,}")
+    cutoff_inclusive: bool = setting(
+        False, parse_bool, bool,
+        "true: a row whose age column is exactly at the cutoff is prunable too (age <= cutoff, "
+        "as Laravel's expires_at <= now() - 30 days); false: only rows strictly older "
+        "(age < cutoff)",
+        "true or false")
     batch_size: int = setting(
         DEFAULT_BATCH_SIZE, int_between(1, MAX_BATCH_SIZE), int,
         "rows per batch transaction: set, no batch has more (a batch may shrink under load); "

@@ -121,8 +121,10 @@ def build_asset_checks(policy: Policy) -> list[dg.AssetChecksDefinition]:
             # An earlier day's limit is older: none of its rows is left if none is left at the
             # last day's, so only a non-zero count needs a query of its own.
             overdue = overdue_at(own - dt.timedelta(days=1)) if latest.remaining else latest
-            results[partition] = _overdue_result(own, overdue, overdue_key, noun)
-        results[_last_partition(context)] = _overdue_result(cutoff, latest, overdue_key, noun)
+            results[partition] = _overdue_result(own, overdue, overdue_key, noun,
+                                                 rule.older_than)
+        results[_last_partition(context)] = _overdue_result(cutoff, latest, overdue_key, noun,
+                                                            rule.older_than)
         yield from _outcome(context, asset_key, overdue_check_name(policy), results)
 
     @dg.asset_check(
@@ -168,10 +170,12 @@ CheckOutput = dg.AssetCheckResult | dg.AssetCheckEvaluation | dg.Output
 
 
 def _overdue_result(cutoff: dt.datetime, overdue: Backlog, key: str,
-                    noun: str) -> dg.AssetCheckResult:
+                    noun: str, older_than: str = "older than") -> dg.AssetCheckResult:
     """The overdue-rows result of a day whose cutoff is ``cutoff``, from the rows left older
     than ``cutoff - 1 day`` (``overdue``: its count and oldest age); ``key`` is the count's
-    metadata key, ``noun`` what a row is called (``guest row``, or ``row``)."""
+    metadata key, ``noun`` what a row is called (``guest row``, or ``row``), ``older_than`` how
+    the rule compares an age with the limit (:attr:`~favorites_maintenance.retention.rule.
+    RetentionRule.older_than`)."""
     limit = cutoff - dt.timedelta(days=1)
     oldest = overdue.oldest_age
     return dg.AssetCheckResult(
@@ -183,7 +187,7 @@ def _overdue_result(cutoff: dt.datetime, overdue: Backlog, key: str,
             "cutoff": cutoff.isoformat(),
             "limit": limit.isoformat(),
         },
-        description=(f"{overdue.remaining} {noun}s are older than this run's cutoff "
+        description=(f"{overdue.remaining} {noun}s are {older_than} this run's cutoff "
                      f"minus one day ({limit.isoformat()})" if overdue.remaining else None),
     )
 

@@ -76,8 +76,8 @@ def partitions_to_purge(context: dg.OpExecutionContext, database: FavoritesDatab
     """
     found = prunable_partitions(database.engine, policy.rule, cutoff)
     context.log.info(
-        f"{len(found)} partitions of {policy.rule.qualified_name} hold rows older than "
-        f"{cutoff.isoformat()}: "
+        f"{len(found)} partitions of {policy.rule.qualified_name} hold rows "
+        f"{policy.rule.older_than} {cutoff.isoformat()}: "
         + (", ".join(f"{p.name} {p.describe_range()}" for p in found) or "none"))
     return found
 

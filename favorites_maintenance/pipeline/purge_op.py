@@ -321,7 +321,7 @@ class PurgeStep:
         if batch.deleted == 0:  # not a batch in the run's metadata (`batches` counts none)
             if batch.batch_no == 1:
                 to_run_log(self.context, logging.INFO,
-                           f"nothing to delete: no {self.rule.row_noun} older than "
+                           f"nothing to delete: no {self.rule.row_noun} {self.rule.older_than} "
                            f"{self.cutoff.isoformat()} that no other session holds")
             return
         now = time.monotonic()

@@ -8,7 +8,9 @@ can run at once, in different processes or on different hosts.
 
 A partition is listed when an indexed probe finds a prunable row in it (``SELECT 1 ... WHERE
 <prunable> LIMIT 1``, served by the partition's copy of the rule's partial index); one whose
-lower bound is at or after the cutoff cannot hold one and is not probed.
+lower bound is at or after the cutoff cannot hold one and is not probed (after it, for a rule
+that prunes the row at the cutoff: :meth:`~favorites_maintenance.retention.rule.RetentionRule.
+prunable_before`).
 """
 
 from __future__ import annotations
@@ -91,7 +93,7 @@ def prunable_partitions(engine: sa.Engine, rule: RetentionRule,
             for partition in partitions:
                 if partition.detach_pending:
                     continue
-                if partition.lower is not None and partition.lower >= cutoff:
+                if partition.lower is not None and partition.lower >= rule.prunable_before(cutoff):
                     continue  # every row of it is at or after its lower bound
                 own = rule.on_table(partition.schema, partition.name)
                 probe = sa.select(sa.literal(1)).select_from(own.table).where(

@@ -546,6 +546,10 @@ class _DropPhase:
         elif partition.is_default:
             return kept("the default partition: its rows are not bounded by a range")
         elif partition.upper is None or partition.upper > self.cutoff:
+            # The upper bound is exclusive: a range ending at the cutoff holds only ages before
+            # it, prunable with either comparison of the rule (< or <=), and so does the owner's
+            # function, which is given the same cutoff. A range ending just past it is left to
+            # the batches, which delete the row at the cutoff of an inclusive rule.
             upper = partition.upper.isoformat() if partition.upper else "MAXVALUE"
             return kept(f"upper bound {upper} > cutoff {self.cutoff.isoformat()}")
         else:

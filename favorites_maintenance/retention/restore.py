@@ -279,7 +279,8 @@ def _counts(conn: sa.Connection, archive: Archive, rule: RetentionRule, selectio
     back = sa.select(sa.literal(1)).where(s.c[key] == a.c[key]).exists()
     # The rule's own predicate, on the archive's columns of the same names.
     on_archive = RetentionRule(table=a, key=a.c[key], age=a.c[rule.age.name],
-                               guards=tuple(a.c[c.name] for c in rule.guards))
+                               guards=tuple(a.c[c.name] for c in rule.guards),
+                               cutoff_inclusive=rule.cutoff_inclusive)
     row = conn.execute(sa.select(
         sa.func.count().label("selected"),
         sa.func.count().filter(back).label("key_exists"),

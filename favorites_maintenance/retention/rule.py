@@ -7,7 +7,9 @@ guest-favorites rule, :data:`GUEST_FAVORITES`, prunes a row iff::
     user_id IS NULL AND updated_at < :cutoff
 
 A rule may have no guard column (every row older than the cutoff is prunable, whoever owns it),
-e.g. ``expires_at < :cutoff``.
+e.g. ``expires_at < :cutoff``. A rule may also take the row exactly at the cutoff (a policy's
+``cutoff_inclusive: true``, as Laravel writes ``expires_at <= now() - 30 days``): its comparison
+is then ``<=`` in every statement built from it.
 """
 
 from __future__ import annotations
@@ -26,6 +28,7 @@ SCHEMA = "favorites"
 TABLE = "favorites"
 
 _UTC = dt.timezone.utc
+_MICROSECOND = dt.timedelta(microseconds=1)
 #: A lower-case SQL identifier, as a policy's YAML may name a schema, table or column. Anything
 #: else (quotes, dots, spaces, upper case) is refused rather than quoted into a surprise.
 _IDENTIFIER = re.compile(r"[a-z_][a-z0-9_$]{0,62}")
@@ -59,6 +62,8 @@ class RetentionRule:
 
         <guard_1> IS NULL AND ... AND <age> < :cutoff
 
+    or, with ``cutoff_inclusive``, at or before it (``<age> <= :cutoff``).
+
     The guard is rendered literally, never as a bound parameter, so the planner can prove that
     a partial index ``(<age>, <key>) WHERE <guard> IS NULL`` serves the query. Every DELETE the
     project issues is built by :meth:`delete_prunable`, which always carries this predicate.
@@ -75,22 +80,26 @@ class RetentionRule:
             uuid, text; values are only ever read back and rebound).
         age: the ``timestamptz`` column compared with the cutoff.
         guards: the columns that must be NULL; empty for a rule with no guard.
+        cutoff_inclusive: a row whose age equals the cutoff is prunable too (``<=``); default
+            ``False``, strictly before it (``<``).
     """
 
     table: sa.Table
     key: sa.Column
     age: sa.Column
     guards: tuple[sa.Column, ...]
+    cutoff_inclusive: bool = False
 
     @classmethod
     def define(cls, table: str, *, key_column: str, age_column: str,
-               null_columns: Sequence[str]) -> "RetentionRule":
+               null_columns: Sequence[str], cutoff_inclusive: bool = False) -> "RetentionRule":
         """Build the rule of ``table`` (``schema.table``) from column names.
 
         The names become SQLAlchemy ``Table``/``Column`` objects, quoted by the dialect
         wherever they reach SQL; none is ever formatted into a statement's text.
 
-        ``null_columns`` empty is a rule with no guard (see the class).
+        ``null_columns`` empty is a rule with no guard; ``cutoff_inclusive`` prunes the row
+        exactly at the cutoff too (see the class).
 
         Raises:
             RuleError: ``table`` is not ``schema.table``, a name is not a lower-case SQL
@@ -116,7 +125,8 @@ class RetentionRule:
             sa.Column("ctid", sa.types.NullType(), system=True),
         )
         return cls(table=t, key=t.c[key_column], age=t.c[age_column],
-                   guards=tuple(t.c[c] for c in null_columns))
+                   guards=tuple(t.c[c] for c in null_columns),
+                   cutoff_inclusive=bool(cutoff_inclusive))
 
     def with_columns(self, names: Sequence[str]) -> "RetentionRule":
         """The same rule over a ``Table`` of the same name that also has the columns ``names``
@@ -132,7 +142,8 @@ class RetentionRule:
             *(sa.Column(name, sa.types.NullType()) for name in names if name not in own),
         )
         return RetentionRule(table=t, key=t.c[self.key.name], age=t.c[self.age.name],
-                             guards=tuple(t.c[c.name] for c in self.guards))
+                             guards=tuple(t.c[c.name] for c in self.guards),
+                             cutoff_inclusive=self.cutoff_inclusive)
 
     def on_table(self, schema: str, name: str) -> "RetentionRule":
         """The same rule (key, age, guards, predicate) over the table ``schema.name``: a
@@ -145,11 +156,12 @@ class RetentionRule:
                         system=c.system) for c in self.table.columns),
         )
         return RetentionRule(table=t, key=t.c[self.key.name], age=t.c[self.age.name],
-                             guards=tuple(t.c[c.name] for c in self.guards))
+                             guards=tuple(t.c[c.name] for c in self.guards),
+                             cutoff_inclusive=self.cutoff_inclusive)
 
     def _names(self) -> tuple:
         return (self.table.schema, self.table.name, self.key.name, self.age.name,
-                tuple(c.name for c in self.guards))
+                tuple(c.name for c in self.guards), self.cutoff_inclusive)
 
     def __eq__(self, other: object) -> bool:
         # Two rules built from the same names are the same rule (Table objects compare by
@@ -187,11 +199,36 @@ class RetentionRule:
         return " AND ".join(f"{c.name} IS NULL" for c in self.guards)
 
     @property
+    def comparison(self) -> str:
+        """The age column's comparison with the cutoff: ``<``, or ``<=`` for a rule with
+        ``cutoff_inclusive``."""
+        return "<=" if self.cutoff_inclusive else "<"
+
+    @property
     def predicate_sql(self) -> str:
         """The whole predicate as text, for messages (never for SQL): ``user_id IS NULL AND
-        updated_at < cutoff``, or ``expires_at < cutoff`` for a rule with no guard."""
+        updated_at < cutoff``, or ``expires_at < cutoff`` for a rule with no guard
+        (``<=`` with ``cutoff_inclusive``)."""
         return " AND ".join([*(f"{c.name} IS NULL" for c in self.guards),
-                             f"{self.age.name} < cutoff"])
+                             f"{self.age.name} {self.comparison} cutoff"])
+
+    @property
+    def older_than(self) -> str:
+        """How messages say that an age is prunable against an instant: ``older than``, or
+        ``at or before`` for a rule with ``cutoff_inclusive``."""
+        return "at or before" if self.cutoff_inclusive else "older than"
+
+    def prunable_before(self, cutoff: dt.datetime) -> dt.datetime:
+        """The instant every prunable age lies strictly before: ``cutoff`` itself, or one
+        microsecond (the resolution of ``timestamptz``) after it for a rule with
+        ``cutoff_inclusive``. A range of ages that starts at or after it holds no prunable
+        row.
+
+        Raises:
+            InvalidArgumentError: ``cutoff`` is naive.
+        """
+        _require_aware(cutoff, "cutoff")
+        return cutoff + _MICROSECOND if self.cutoff_inclusive else cutoff
 
     @property
     def row_noun(self) -> str:
@@ -200,18 +237,22 @@ class RetentionRule:
         return "guest row" if self.guards else "row"
 
     def prunable(self, cutoff: dt.datetime) -> sa.ColumnElement[bool]:
-        """The prunable predicate ``<guards> IS NULL AND <age> < :cutoff``.
+        """The prunable predicate ``<guards> IS NULL AND <age> < :cutoff`` (``<=`` with
+        ``cutoff_inclusive``): every statement of the project that selects, counts or deletes
+        prunable rows is built from it.
 
         Args:
-            cutoff: timezone-aware instant; rows aged strictly before it are prunable.
+            cutoff: timezone-aware instant; rows aged strictly before it are prunable (or at
+                it too, with ``cutoff_inclusive``).
 
         Raises:
             InvalidArgumentError: ``cutoff`` is naive.
         """
         _require_aware(cutoff, "cutoff")
+        bound = sa.bindparam("cutoff", cutoff, type_=TIMESTAMP(timezone=True))
         return sa.and_(
             *(c.is_(None) for c in self.guards),
-            self.age < sa.bindparam("cutoff", cutoff, type_=TIMESTAMP(timezone=True)),
+            self.age <= bound if self.cutoff_inclusive else self.age < bound,
         )
 
     def delete_prunable(self, cutoff: dt.datetime, *where: sa.ColumnElement[bool]) -> sa.Delete:

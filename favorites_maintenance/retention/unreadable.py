@@ -130,10 +130,11 @@ class _Search:
 
     def age(self) -> dt.datetime | None:
         """The row's age: the last bound ``b`` with no failure for ``<age> < b``, in
-        microseconds from the keyset position (or the earliest instant) to the cutoff."""
+        microseconds from the keyset position (or the earliest instant) to the end of the
+        prunable ages (the cutoff, or just past it for a rule that prunes the row at it)."""
         bound = sa.bindparam("bound", type_=TIMESTAMP(timezone=True))
         start = self.after["after_age"] if self.after else MIN_UTC
-        lo, hi = 0, _micros(self.cutoff - start)
+        lo, hi = 0, _micros(self.rule.prunable_before(self.cutoff) - start)
         if not self.fails(self.rule.age < bound, bound=start + hi * _MICRO):
             return None
         while hi - lo > 1:

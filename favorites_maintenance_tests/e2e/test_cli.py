@@ -263,6 +263,46 @@ def test_demo_and_dry_run_of_a_valid_policy_go_on_beside_a_broken_one(checkout, 
         assert broken.stderr == f"error: {MISSPELLED_ERROR}\n"
 
 
+
+def test_dry_run_all_lists_a_broken_policy_with_its_error_and_fails(checkout, db_url, rows):
+    """A script running ``dry-run --all --json`` sees the broken policy in the document, with
+    the one line every tool shows for it, and a non-zero exit; the valid policy is still
+    counted, and ``dry-run --policy`` of it still succeeds."""
+    import datetime as dt
+    import json
+
+    from favorites_maintenance_tests.helpers.policy_files import (
+        MISSPELLED,
+        MISSPELLED_ERROR,
+        defs_folder,
+    )
+
+    rows.add_many(4, updated_at=dt.datetime.now(dt.timezone.utc) - dt.timedelta(days=400))
+    url = {"FAVORITES_DATABASE_URL": db_url.render_as_string(hide_password=False)}
+    with defs_folder("guest_carts", MISSPELLED):
+        every = cli("dry-run", "--all", "--json", cwd=checkout, env_extra=url)
+        text = cli("dry-run", "--all", cwd=checkout, env_extra=url)
+        one = cli("dry-run", "--policy", "guest_favorites", "--json", cwd=checkout,
+                  env_extra=url)
+
+    assert every.returncode == 2, every.stderr
+    document = json.loads(every.stdout)
+    reports = {r["policy"]: r for r in document["policies"]}
+    assert reports["guest_carts"] == {"policy": "guest_carts", "error": MISSPELLED_ERROR}
+    assert reports["guest_favorites"]["now"]["prunable"] == 4
+    assert "error" not in reports["guest_favorites"] and document["deleted"] == 0
+    assert f"error: {MISSPELLED_ERROR} (not loaded;" in every.stderr
+    assert "Traceback" not in every.stderr
+
+    assert text.returncode == 2
+    assert f"policy     guest_carts (not loaded)\nerror      {MISSPELLED_ERROR}\n" in text.stdout
+    assert "prunable   4 rows" in text.stdout
+
+    assert one.returncode == 0, one.stderr
+    [report] = json.loads(one.stdout)["policies"]
+    assert (report["policy"], report["now"]["prunable"]) == ("guest_favorites", 4)
+
+
 INSTANCE_AS_DAGSTER_DEV_LOADS_IT = """
 import os, tempfile
 import dagster as dg

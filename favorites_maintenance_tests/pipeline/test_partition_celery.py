@@ -1,7 +1,8 @@
 """The job of a policy that purges its table one partition per step, on a distributed
 executor: ``dagster-celery`` with two Celery workers and a real Redis as broker and result
 backend, the run's steps landing on both workers, every prunable row deleted and every account
-row kept.
+row kept. The executor is configured and the workers are started as docs/dagster.md says ("On
+Celery"): the same variables, the same command, the same instance storage.
 
 Needs Debian's ``redis-server`` (``.ci/run`` installs it): without it the test skips locally and
 fails under ``CI=true``.
@@ -9,14 +10,15 @@ fails under ``CI=true``.
 
 from __future__ import annotations
 
-import os
+import contextlib
+from collections.abc import Iterator
 
 import dagster as dg
 import pytest
 import sqlalchemy as sa
 
+from favorites_maintenance.instance_storage import STORAGE_URL_VAR
 from favorites_maintenance_tests.helpers.celery import RedisServer, celery_workers, require_redis
-from favorites_maintenance_tests.helpers.daemon import pg_instance
 from favorites_maintenance_tests.helpers.partitioned import (
     NODE,
     PARTITION,
@@ -27,18 +29,25 @@ from favorites_maintenance_tests.helpers.partitioned import (
     spread,
 )
 
-#: The broker and result backend of the run and its workers, set by the test.
-BROKER_VAR = "FAVORITES_TEST_CELERY_BROKER"
-
 
 def celery_job():
-    """The policy's job with Dagster's Celery executor on the test's Redis (reconstructable:
-    the run and each worker build it from the environment)."""
+    """The policy's job with Dagster's Celery executor, configured as docs/dagster.md's
+    deployment module does (reconstructable: the run and each worker build it)."""
     from dagster_celery import celery_executor
 
-    url = os.environ[BROKER_VAR]
-    return partitioned_job().with_executor_def(
-        celery_executor.configured({"broker": url, "backend": url}))
+    return partitioned_job().with_executor_def(celery_executor.configured(
+        {"broker": {"env": "CELERY_BROKER_URL"}, "backend": {"env": "CELERY_RESULT_BACKEND"}}))
+
+
+@contextlib.contextmanager
+def deployed_instance(storage_url: str, monkeypatch) -> Iterator[dg.DagsterInstance]:
+    """An instance whose storage is dagster.yaml's: ``DeployedPostgresStorage`` on
+    ``DAGSTER_POSTGRES_URL`` (set here to ``storage_url``), which each worker reads too."""
+    monkeypatch.setenv(STORAGE_URL_VAR, storage_url)
+    with dg.instance_for_test(overrides={"storage": {"custom": {
+            "module": "favorites_maintenance.instance_storage",
+            "class": "DeployedPostgresStorage", "config": {}}}}) as instance:
+        yield instance
 
 
 @pytest.fixture
@@ -74,9 +83,11 @@ def test_the_partition_steps_run_on_two_celery_workers(monthly, monkeypatch,
                                  "STATEMENT EXECUTE FUNCTION favorites.slow_delete()"))
 
     with RedisServer(require_redis()) as redis:
-        monkeypatch.setenv(BROKER_VAR, redis.url())
+        # The run's executor and the workers on one Redis, through the documented variables.
+        monkeypatch.setenv("CELERY_BROKER_URL", redis.url())
+        monkeypatch.setenv("CELERY_RESULT_BACKEND", redis.url())
         # Each worker opens the run's instance from the step's arguments.
-        with pg_instance(dagster_storage_url) as instance, celery_workers(
+        with deployed_instance(dagster_storage_url, monkeypatch) as instance, celery_workers(
                 ["first", "second"], broker=redis.url(), backend=redis.url()) as workers:
             with dg.execute_job(dg.reconstructable(celery_job), instance=instance,
                                 tags={"dagster/partition": PARTITION}) as result:

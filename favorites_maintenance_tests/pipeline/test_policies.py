@@ -283,11 +283,12 @@ def test_dry_run_all_counts_every_valid_policy_and_names_the_broken_and_unreadab
     with defs_folder("guest_carts", MISSPELLED), defs_folder("guest_orders", orders):
         result = CliRunner().invoke(main, ["dry-run", "--all", "--json"])
     assert result.exit_code == 2, result.output  # shop.guest_orders does not exist
-    assert f"warning: {MISSPELLED_ERROR} (not loaded;" in result.stderr
+    assert f"error: {MISSPELLED_ERROR} (not loaded;" in result.stderr
     assert "error: policy guest_orders: " in result.stderr
     reports = {r["policy"]: r for r in json.loads(result.stdout)["policies"]}
-    assert set(reports) == {"guest_favorites", "guest_orders"}
+    assert set(reports) == {"guest_carts", "guest_favorites", "guest_orders"}
     assert reports["guest_favorites"]["now"]["prunable"] == 3
+    assert reports["guest_carts"]["error"] == MISSPELLED_ERROR
     assert "shop.guest_orders" in reports["guest_orders"]["error"]
     assert json.loads(result.stdout)["deleted"] == 0
 

@@ -33,6 +33,7 @@ from favorites_maintenance.retention.statements import (
     keyset_delete_statement,
     page_delete_statement,
 )
+from favorites_maintenance.testing import PrunableRows
 from favorites_maintenance_tests.helpers.jobs import (
     guest_settings_env,
     purge_retries,
@@ -266,3 +267,61 @@ def test_the_delete_of_a_rule_with_no_guard_still_repeats_the_age_and_the_key():
         assert "email_change_requests.expires_at < %(cutoff)s" in where
     assert rule.recommended_index_sql.endswith(
         "ON accounts.email_change_requests (expires_at, id)")
+
+
+@pytest.mark.parametrize("inclusive", [True, False], ids=["inclusive", "strict"])
+def test_cutoff_inclusive_deletes_the_request_expired_exactly_30_days_ago_and_only_then(
+        sandbox, requests_table, engine, db_url, monkeypatch, inclusive):
+    """Laravel's rule is ``expires_at <= now() - 30 days``: with ``cutoff_inclusive: true`` the
+    request that expired exactly at the cutoff goes, by the run, its count, its dry run and its
+    SLO check alike; without it, it stays. The one just newer stays in both."""
+    monkeypatch.setenv(DATABASE_URL_VAR, db_url.render_as_string(hide_password=False))
+    guest_settings_env(monkeypatch)
+    write_policy(sandbox.defs_folder_path, {**REQUESTS, "cutoff_inclusive": inclusive})
+    with sandbox.build_component_tree() as tree:
+        defs = code_location(tree)
+        [policy] = [p for p in load_policies(tree) if p.name == "email_change_requests"]
+    job = defs.resolve_job_def(JOB)
+    comparison = "<=" if inclusive else "<"
+    assert f"(expires_at {comparison} cutoff)" in job.description
+    micro = dt.timedelta(microseconds=1)
+
+    with dg.instance_for_test() as instance:
+        empty = job.execute_in_process(partition_key=PARTITION, instance=instance,
+                                       run_config=RETRIES)
+        older_than = "at or before" if inclusive else "older than"
+        assert any(f"nothing to delete: no row {older_than} {CUTOFF.isoformat()}" in t
+                   for t in texts_of_run(instance, empty))
+
+        older = set(add_requests(engine, 3, CUTOFF - micro))
+        at_cutoff = set(add_requests(engine, 2, CUTOFF))
+        newer = set(add_requests(engine, 1, CUTOFF + micro))
+        # Exactly one day past the cutoff (the SLO's limit), and held back by a trigger.
+        [blocked] = add_requests(engine, 1, CUTOFF - dt.timedelta(days=1),
+                                 email="blocked@example.test")
+        with engine.begin() as conn:
+            conn.exec_driver_sql("""
+                CREATE FUNCTION accounts.keep_blocked() RETURNS trigger LANGUAGE plpgsql AS $$
+                BEGIN IF OLD.new_email = 'blocked@example.test' THEN
+                    RAISE EXCEPTION 'held for review'; END IF; RETURN OLD; END $$;
+                CREATE TRIGGER keep_blocked BEFORE DELETE ON accounts.email_change_requests
+                    FOR EACH ROW EXECUTE FUNCTION accounts.keep_blocked();""")
+        deleted = older | (at_cutoff if inclusive else set())
+        # What dry-run counts (favorites_maintenance.testing) at the run's cutoff.
+        with engine.connect() as conn:
+            assert PrunableRows(policy, CUTOFF).count(conn) == (
+                len(deleted) + 1, CUTOFF - dt.timedelta(days=1))
+
+        result = job.execute_in_process(partition_key=PARTITION, instance=instance,
+                                        run_config=RETRIES)
+
+    assert result.success
+    run = run_report(result, asset_key=ASSET_KEY)
+    assert run.cutoff == CUTOFF.isoformat()
+    assert (run.deleted_total, run.skipped_rows, run.backlog_remaining) == (len(deleted), 1, 1)
+    assert requests_left(engine) == newer | {blocked} | (set() if inclusive else at_cutoff)
+    # The SLO counts a row at its limit as overdue only under <=.
+    overdue = {c.check_name: c for c in result.get_asset_check_evaluations()}[
+        "no_row_older_than_retention_plus_one_day"]
+    assert overdue.metadata["overdueRows"].value == (1 if inclusive else 0)
+    assert overdue.passed is not inclusive

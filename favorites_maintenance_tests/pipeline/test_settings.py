@@ -333,3 +333,37 @@ def test_the_readme_table_of_policy_settings_is_the_declared_one():
                       re.S)
     assert found, "README.md has no table between <!-- policy-settings --> markers"
     assert found[1].strip() == markdown_table()
+
+
+@pytest.mark.parametrize("written, comparison", [
+    ("", "expires_at < cutoff"),
+    ("\n  cutoff_inclusive: false", "expires_at < cutoff"),
+    ("\n  cutoff_inclusive: true", "expires_at <= cutoff"),
+    ("\n  cutoff_inclusive: yes", "cutoff_inclusive: 'yes' is not true or false"),
+])
+def test_cutoff_inclusive_is_the_policys_own_and_decides_its_rules_comparison(
+        written, comparison):
+    from dagster.components.testing import create_defs_folder_sandbox
+
+    from favorites_maintenance.components.retention_policy import policy_template
+    from favorites_maintenance.config.policy_settings import LAUNCH_LIMITS
+
+    with create_defs_folder_sandbox() as sandbox:
+        folder = sandbox.defs_folder_path / "email_change_requests"
+        folder.mkdir()
+        (folder / "defs.yaml").write_text(
+            "type: favorites_maintenance.RetentionPolicy\nattributes:\n"
+            "  name: email_change_requests\n  table: accounts.email_change_requests\n"
+            "  key_column: id\n  age_column: expires_at\n  null_columns: []" + written + "\n")
+        with sandbox.build_component_tree() as tree:
+            if "is not" in comparison:
+                with pytest.raises(PolicyLoadError,
+                                   match=f"policy email_change_requests, {comparison}"):
+                    load_policies(tree)
+                return
+            [policy] = load_policies(tree)
+    assert policy.rule.predicate_sql == comparison
+    assert policy.settings.cutoff_inclusive is ("<=" in comparison)
+    # Set in the policy's file only: the scaffold offers it at its default, a launch cannot.
+    assert "  # cutoff_inclusive: false\n" in policy_template("email_change_requests")
+    assert "cutoff_inclusive" not in LAUNCH_LIMITS.values()

@@ -296,3 +296,37 @@ def test_a_row_a_row_level_security_policy_raises_for_is_located_and_skipped(
     assert second.success and materialization(second)["skippedRows"] == 1
     for text in (recorded, all_logs.text):
         assert SENTINEL_NOTE not in text and SENTINEL_ANON not in text
+
+
+def test_a_row_exactly_at_an_inclusive_cutoff_that_cannot_be_read_is_located_and_skipped(
+        engine, rows, roles):
+    """An inclusive rule prunes the row at the cutoff: when a row-level security policy
+    raises for that row, it is located at the cutoff itself, skipped and counted, not missed
+    by a search that would end just before it."""
+    from favorites_maintenance.retention.backlog import measure_backlog
+    from favorites_maintenance.retention.database import create_engine
+    from favorites_maintenance.retention.least_privilege import apply_row_level_security
+    from favorites_maintenance.retention.rule import RetentionRule
+
+    rule = RetentionRule.define("favorites.favorites", key_column="id",
+                                age_column="updated_at", null_columns=["user_id"],
+                                cutoff_inclusive=True)
+    older = set(rows.add_many(5, updated_at=OLD))
+    poison = rows.add(updated_at=CUTOFF)
+    newer = rows.add(updated_at=CUTOFF + dt.timedelta(microseconds=1))
+    url = roles.create("cleanup", least_privilege=True)
+    apply_row_level_security(engine, url.username)
+    with engine.begin() as conn:
+        conn.exec_driver_sql("ALTER TABLE favorites.favorites ENABLE ROW LEVEL SECURITY")
+        conn.exec_driver_sql(
+            f'CREATE POLICY fragile ON favorites.favorites AS RESTRICTIVE TO "{url.username}" '
+            f"USING ((1.0 / (id - {poison})) IS NOT NULL)")
+    job = create_engine(url)
+    try:
+        report = purge(job, CUTOFF, batch_size=8, max_run_duration=TEN_MIN, rule=rule)
+        assert (report.deleted_total, report.skipped_rows) == (len(older), 1)
+        assert rows.ids() == {poison, newer}
+        # Counted around the row it cannot read.
+        assert measure_backlog(job, CUTOFF, rule).remaining == 1
+    finally:
+        job.dispose()
