@@ -46,6 +46,8 @@ the target, shrinks at once when one goes over or when another session waited on
 batch held. Before batches, at a bounded rate, the database's health is read
 (:mod:`~favorites_maintenance.retention.health`: replication lag, a VACUUM on the table, WAL
 rate); while an indicator is over its threshold the purge pauses with no transaction open.
+Pauses are for batches: a run whose backlog, counted before the first batch, is empty does not
+wait.
 
 Batches walk the backlog oldest first over the rule's index (keyset order), or, when the backlog
 is spread over the table and the run can clear it within its time budget, in heap page order: the
@@ -293,6 +295,9 @@ class BatchLoop:
         self.statements: BatchStatements | None = None
         self.keyset_index = False
         self.spans: BatchSpans | None = None
+        # The backlog was counted whole before the first batch and is empty: no batch to
+        # hold back, so no health pause either.
+        self.nothing_prunable = False
 
     def run(self) -> PurgeReport:
         """Check the table, run batches until one comes back less than full or the run stops,
@@ -373,6 +378,8 @@ class BatchLoop:
             # Nothing can refuse this role the lock that would not refuse the DELETE: the
             # first batch may be optimistic (one write per row), as every later one.
             self.proven = True
+        self.nothing_prunable = (estimate is not None and estimate.counted_all
+                                 and not estimate.backlog)
         if estimate is not None and mode is ScanMode.KEYSET and estimate.counted_all:
             # The whole backlog is counted: one batch may take it all (a day's rows).
             self.size = self.sizes.fit(estimate.backlog)
@@ -417,8 +424,9 @@ class BatchLoop:
             reason = self._pace()
             if reason is not None:
                 return reason
-        if self.monitor is not None:
-            # No transaction is open here: a pause holds no lock and no snapshot.
+        if self.monitor is not None and not (self.nothing_prunable and not self.batch_no):
+            # No transaction is open here: a pause holds no lock and no snapshot. A run with
+            # no prunable row waits for nothing: its one batch finds none.
             outcome = self.monitor.wait(self.conn, should_stop=self.should_stop,
                                         deadline=self.deadline)
             if outcome is Outcome.STOP_REQUESTED:

@@ -125,7 +125,8 @@ def purge(
         health: thresholds of the database health indicators read before batches (see
             :mod:`~favorites_maintenance.retention.health`): while one is over, the purge
             pauses with no transaction open, honouring ``should_stop`` and the time budget, and
-            ends with ``stop_reason=db_unhealthy`` when the pause lasts too long. ``None`` (the
+            ends with ``stop_reason=db_unhealthy`` when the pause lasts too long; a run whose
+            backlog, counted before the first batch, is empty never pauses. ``None`` (the
             default): not read.
         rule: the table and predicate to purge (default: the guest-favorites rule).
         archive: move each batch's rows into this archive in the batch's own statement
