@@ -81,6 +81,8 @@ class PurgeReport:
             :mod:`~favorites_maintenance.retention.scan`); empty when no batch was prepared.
         scan_reason: why, one sentence (the counts and estimate it was chosen from).
         paced_s: time spent pausing between batches for ``sleep_ratio``, in seconds.
+        row_s: time in the batch transactions that deleted rows per row they deleted, in
+            seconds (the next run's ``previous_row_s``); ``None`` when no row was deleted.
     """
 
     cutoff: dt.datetime
@@ -103,6 +105,7 @@ class PurgeReport:
     scan_mode: str = ""
     scan_reason: str = ""
     paced_s: float = 0.0
+    row_s: float | None = None
 
     @property
     def duration_ms(self) -> int:
