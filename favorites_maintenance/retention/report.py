@@ -66,7 +66,8 @@ class PurgeReport:
         isolation_batches: transactions spent splitting failed batches to isolate those rows.
         retried_batches: batches run again at once after a stale prepared statement or cached
             plan (a schema change during the run).
-        batch_size_first: the first batch's size, rows.
+        batch_size_first: the first batch's size, rows (from ``previous_row_s`` when known,
+            else ``batch_size``).
         batch_size_max: the largest size a batch ran with, rows (0 when none ran).
         paused_s: time spent paused on an unhealthy database, in seconds.
         pauses: how many pauses began.
