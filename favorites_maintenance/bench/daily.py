@@ -4,9 +4,10 @@ A data set of ``daily_rows`` rows (the same seed as the backlog scenario) whose 
 cleared the day before (every row prunable at the bench's cutoff deleted by the purge, then
 ``VACUUM (FREEZE, ANALYZE)``, as autovacuum would leave it), purged one day later: only the rows
 that expired during that day are prunable. ``A`` and ``J`` start from the time per row of the
-purge that cleared the backlog, as a daily run starts from its previous run's. Each of ``daily_strategies`` (``A``, ``B``, ``B_index``,
-``C``, ``J``) deletes them on a fresh copy, without the user workload (the runs last
-milliseconds, which a concurrent workload would blur). What counts is the fixed cost of a run:
+purge that cleared the backlog, as a daily run starts from its previous run's. Each of
+``daily_strategies`` (``A``, ``B``, ``B_index``, ``C``, ``J``) deletes them on a fresh copy,
+without the user workload (the runs last milliseconds, which a concurrent workload would
+blur). What counts is the fixed cost of a run:
 ``A``'s whole purge and ``J``'s ``durationMs`` against one ``DELETE`` of the same rows, the
 faster of ``B`` (which, from the table's statistics, still expects a year of guest rows and
 may read the whole table) and ``B_index`` (the same ``DELETE`` through the rule's partial
@@ -19,13 +20,13 @@ import datetime as dt
 import statistics
 
 from favorites_maintenance.bench.config import BenchConfig
+from favorites_maintenance.bench.server import BenchServer
+from favorites_maintenance.bench.timing import run_strategy
+from favorites_maintenance.bench.workload import count_rows, seed_template
 from favorites_maintenance.config.policy_settings import (
     DEFAULT_BATCH_SIZE_MAX,
     DEFAULT_TARGET_BATCH_DURATION,
 )
-from favorites_maintenance.bench.server import BenchServer
-from favorites_maintenance.bench.timing import run_strategy
-from favorites_maintenance.bench.workload import count_rows, seed_template
 
 #: How much later the daily run is than the clearing of the backlog.
 ONE_DAY = dt.timedelta(days=1)
