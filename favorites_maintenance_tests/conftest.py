@@ -7,6 +7,8 @@ import datetime as dt
 import itertools
 import os
 import tempfile
+import threading
+import time
 from pathlib import Path
 
 import pytest
@@ -112,19 +114,77 @@ def rows(engine) -> Rows:
 
 
 @contextlib.contextmanager
-def slow_batches(engine, seconds: float):
+def slow_batches(engine, seconds: float, *, per_row: bool = False):
     """Every batch's DELETE takes at least ``seconds`` (a statement-level BEFORE DELETE trigger
-    that sleeps, dropped on exit): the time budget runs out during the first batch, for real."""
+    that sleeps, dropped on exit): the time budget runs out during the first batch, for real.
+    With ``per_row``, every deleted row takes at least ``seconds`` instead (a row-level one):
+    a batch costs in proportion to its rows, as a table with a heavy trigger does."""
+    level = "ROW" if per_row else "STATEMENT"
     with engine.begin() as conn:
+        # A row-level BEFORE trigger returning NULL would skip the row: it returns OLD.
         conn.execute(sa.text(
             "CREATE FUNCTION favorites.slow_batch() RETURNS trigger LANGUAGE plpgsql AS "
-            f"$$ BEGIN PERFORM pg_sleep({seconds}); RETURN NULL; END $$"))
+            f"$$ BEGIN PERFORM pg_sleep({seconds}); RETURN OLD; END $$"))
         conn.execute(sa.text(
             "CREATE TRIGGER slow_batch BEFORE DELETE ON favorites.favorites "
-            "FOR EACH STATEMENT EXECUTE FUNCTION favorites.slow_batch()"))
+            f"FOR EACH {level} EXECUTE FUNCTION favorites.slow_batch()"))
     try:
         yield
     finally:
         with engine.begin() as conn:
             conn.execute(sa.text("DROP TRIGGER IF EXISTS slow_batch ON favorites.favorites"))
             conn.execute(sa.text("DROP FUNCTION IF EXISTS favorites.slow_batch()"))
+
+
+#: The VACUUM running on the test table, if any: one row (its pid) or none.
+VACUUM_PROGRESS = sa.text("""
+    SELECT pid FROM pg_stat_progress_vacuum
+     WHERE datid = (SELECT oid FROM pg_database WHERE datname = current_database())
+       AND relid = 'favorites.favorites'::regclass""")
+
+
+@pytest.fixture
+def slow_vacuum(db_url, engine):
+    """A manual VACUUM of the table that runs until the test ends it (a cost delay on every
+    page of a few MB of account rows), on a connection of its own; yields ``start()`` and
+    ``end()``, which cancels it and waits for it."""
+    with engine.begin() as conn:
+        conn.execute(sa.text(
+            "INSERT INTO favorites.favorites (user_id, item_id, note) "
+            "SELECT 99, g, repeat('b', 1000) FROM generate_series(1, 5000) g"))
+    vacuum_engine = create_engine(db_url)
+    pid: list[int] = []
+
+    def run():
+        with vacuum_engine.connect().execution_options(isolation_level="AUTOCOMMIT") as conn:
+            pid.append(conn.execute(sa.text("SELECT pg_backend_pid()")).scalar_one())
+            conn.execute(sa.text("SET vacuum_cost_limit = 1"))
+            conn.execute(sa.text("SET vacuum_cost_delay = 100"))
+            try:
+                conn.execute(sa.text(
+                    "VACUUM (DISABLE_PAGE_SKIPPING, INDEX_CLEANUP ON) favorites.favorites"))
+            except sa.exc.DBAPIError:
+                pass  # canceled by end()
+
+    thread = threading.Thread(target=run, daemon=True)
+
+    def end():
+        with engine.connect() as conn:
+            conn.execute(sa.text("SELECT pg_cancel_backend(:p)"), {"p": pid[0]})
+        thread.join(30)
+        assert not thread.is_alive()
+
+    def start():
+        thread.start()
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline:
+            with engine.connect() as conn:
+                if conn.execute(VACUUM_PROGRESS).first():
+                    return
+            time.sleep(0.05)
+        raise AssertionError("the VACUUM never showed in pg_stat_progress_vacuum")
+
+    yield start, end
+    if thread.is_alive():
+        end()
+    vacuum_engine.dispose()

@@ -132,9 +132,10 @@ def run_bench(server, cfg: BenchConfig) -> dict:
         if "daily" in cfg.scenarios:
             echo(f"daily: {cfg.daily_rows:,} rows, the backlog at {cutoff.isoformat()} cleared, "
                  f"purged at {(cutoff + ONE_DAY).isoformat()} ...")
-            prepare_daily(srv, cfg, daily_db, cutoff,
-                          seed_db if cfg.daily_rows == cfg.rows else None)
-            daily = run_daily(ctx, srv, cfg, daily_db, run_db, cutoff + ONE_DAY)
+            prepared = prepare_daily(srv, cfg, daily_db, cutoff,
+                                     seed_db if cfg.daily_rows == cfg.rows else None)
+            daily = run_daily(ctx, srv, cfg, daily_db, run_db, cutoff + ONE_DAY,
+                              previous_row_s=prepared["previous_row_s"])
         load_after = os.getloadavg()
     finally:
         for db in (run_db, seed_db, seed10_db, daily_db):

@@ -32,6 +32,9 @@ MAX_RUN_DURATION_VAR = "FAVORITES_GUEST_RETENTION_MAX_RUN_DURATION"
 RETENTION_DAYS_VAR = "FAVORITES_GUEST_RETENTION_DAYS"
 PARTITIONS_START_VAR = "FAVORITES_GUEST_RETENTION_PARTITIONS_START"
 
+#: The guest-favorites policy's cleanup asset.
+ASSET_KEY = dg.AssetKey(["favorites", "guest_favorites_cleanup"])
+
 #: The day the bench's job run materializes, the first partition of the asset as the bench sets
 #: it: the day of the data set's fixed "now".
 PARTITION = "2026-01-01"
@@ -45,7 +48,8 @@ def cleanup_job() -> dg.JobDefinition:
     return code_location().resolve_job_def("guest_favorites_cleanup_job")
 
 
-def run_job(url: URL, cutoff: dt.datetime, batch_size: int, max_run_s: float) -> dict:
+def run_job(url: URL, cutoff: dt.datetime, batch_size: int, max_run_s: float,
+            previous_row_s: float | None = None) -> dict:
     """Run the job once on ``url``'s database and say what it did.
 
     Args:
@@ -56,6 +60,9 @@ def run_job(url: URL, cutoff: dt.datetime, batch_size: int, max_run_s: float) ->
         batch_size: rows of the first batch (``FAVORITES_GUEST_RETENTION_BATCH_SIZE``); the
             size adapts up to the default max as A's does (``..._BATCH_SIZE_MAX`` set to it).
         max_run_s: the purge's time budget, in seconds.
+        previous_row_s: the time per row of the run before, seconds, recorded as the
+            ``msPerRow`` of an earlier materialization of the asset, where the job reads it;
+            ``None``: the job's first run.
 
     Returns:
         ``deleted``, ``batches``, ``purge_seconds`` (the run's ``durationMs``),
@@ -95,6 +102,10 @@ def run_job(url: URL, cutoff: dt.datetime, batch_size: int, max_run_s: float) ->
             MAX_RUN_DURATION_VAR: f"PT{max_run_s:g}S",
         })
         with dg.DagsterInstance.from_config(str(home)) as instance:
+            if previous_row_s is not None:
+                # The previous day's record, as far as the next run reads it.
+                instance.report_runless_asset_event(dg.AssetMaterialization(
+                    asset_key=ASSET_KEY, metadata={"msPerRow": previous_row_s * 1000}))
             t0 = time.monotonic()
             # The console shows warnings only: the bench prints its own progress.
             quiet = {"loggers": {"console": {"config": {"log_level": "WARNING"}}}}

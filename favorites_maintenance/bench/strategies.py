@@ -92,6 +92,7 @@ def _purge_a(strategy: str, engine: sa.Engine, url: str, cutoff: dt.datetime, ba
                    **({"scan": ScanMode.KEYSET} if strategy == "A_keyset" else {}),
                    **({"scan": ScanMode.PAGE_ORDER} if strategy == "A_page" else {}),
                    **({"sleep_ratio": options["sleep_ratio"]} if strategy == "A_paced" else {}),
+                   previous_row_s=options.get("previous_row_s"),
                    **adaptive)
     extra = {"batch_size_max": report.batch_size_max, "paused_ms": report.paused_ms,
              "paced_ms": report.paced_ms, "scan_mode": report.scan_mode,
@@ -153,7 +154,8 @@ def _job_j(strategy, engine, url, cutoff, batch_size, max_run_s, batches,
            options) -> _Outcome:
     from favorites_maintenance.bench.job import run_job
 
-    job = run_job(sa.make_url(url), cutoff, batch_size, max_run_s)
+    job = run_job(sa.make_url(url), cutoff, batch_size, max_run_s,
+                  previous_row_s=options.get("previous_row_s"))
     return job["deleted"], job["stop_reason"], {
         "purge_seconds": job["purge_seconds"], "run_seconds": job["run_seconds"],
         "launch_seconds": job["launch_seconds"], "scan_mode": job["scan_mode"],
@@ -201,7 +203,8 @@ def purge_child(strategy: str, url: str, cutoff: dt.datetime, batch_size: int,
     (each batch, s) and ``batch_rows`` (each batch's rows), ``t0``/``t1`` (monotonic),
     ``stop_reason``, ``rss_mb``/``rss_before_mb``, ``wal_bytes`` (the worker's own, ``None``
     where the server cannot tell) and the strategy's own figures; or ``{"error": ...}``.
-    ``options``: ``sleep_ratio`` of ``A_paced``.
+    ``options``: ``sleep_ratio`` of ``A_paced``; ``previous_row_s``, the time per row of the
+    run before (seconds, or ``None``), of ``A`` and ``J``.
     """
     try:
         result = _run_worker(strategy, url, cutoff, batch_size, max_run_s, start, pipe,

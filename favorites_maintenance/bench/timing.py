@@ -14,10 +14,13 @@ from favorites_maintenance.bench.workload import count_rows, sample_ids, user_wo
 
 
 def run_strategy(ctx, srv: BenchServer, cfg: BenchConfig, strategy: str, template: str,
-                 db: str, cutoff: dt.datetime, workload: bool) -> dict:
+                 db: str, cutoff: dt.datetime, workload: bool,
+                 previous_row_s: float | None = None) -> dict:
     """Restore ``template`` as ``db``, run ``strategy`` on it (beside the user workload when
     ``workload``) and return its :func:`~favorites_maintenance.bench.report.run_figures`, with
-    ``statements`` where ``pg_stat_statements`` is loaded.
+    ``statements`` where ``pg_stat_statements`` is loaded. ``previous_row_s``: the time per
+    row of the run before, seconds, which ``A`` and ``J`` size their first batch from
+    (``None``: a first run).
 
     Raises:
         RuntimeError: a worker or the user workload failed.
@@ -46,7 +49,8 @@ def run_strategy(ctx, srv: BenchServer, cfg: BenchConfig, strategy: str, templat
             p = ctx.Process(target=purge_child, name=f"bench-purge-{strategy}",
                             args=(worker_kind(strategy), url_s, cutoff, cfg.batch_size,
                                   cfg.max_run_duration.total_seconds(), start, send,
-                                  {"sleep_ratio": cfg.paced_sleep_ratio}))
+                                  {"sleep_ratio": cfg.paced_sleep_ratio,
+                                   "previous_row_s": previous_row_s}))
             p.start()
             send.close()
             pipes.append(recv)

@@ -201,7 +201,8 @@ class PolicySettings:
     batch_size: int = setting(
         DEFAULT_BATCH_SIZE, int_between(1, MAX_BATCH_SIZE), int,
         "rows per batch transaction: set, no batch has more (a batch may shrink under load); "
-        "unset, the first batch's size, which then adapts",
+        "unset, the first batch's size when no earlier run's time per row is known, which "
+        "then adapts",
         f"1 to {MAX_BATCH_SIZE:,}",
         launch="batch_size", launch_bounds=(1, MAX_BATCH_SIZE))
     cron: str = setting(

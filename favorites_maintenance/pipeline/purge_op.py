@@ -6,6 +6,7 @@ its metrics.
 import dataclasses
 import datetime as dt
 import logging
+import math
 import time
 from collections.abc import Callable
 
@@ -45,6 +46,10 @@ from favorites_maintenance.retention.rule import RetentionRule
 #: every batch is logged at DEBUG by the retention core's Python logger). An event written to
 #: Dagster's storage for each batch would cost more than the batch itself.
 PROGRESS_EVERY_S = 5.0
+
+#: How many of the asset's latest materializations are read for the time per row of the
+#: previous run that deleted rows: a month of daily runs, some of which may have found nothing.
+PREVIOUS_RUNS_READ = 30
 
 
 class PurgeConfig(dg.Config):
@@ -119,6 +124,11 @@ def run_purge_op(context: dg.OpExecutionContext, config: PurgeConfig,
     Dagster's interruption so the run ends CANCELED rather than SUCCESS. What was deleted
     before the stop is recorded as an asset observation.
 
+    The first batch is sized from the time per row of the asset's previous run that deleted
+    rows (:func:`previous_row_s`; see :mod:`~favorites_maintenance.retention.batch_size`), or
+    has ``batch_size`` rows when none is recorded: the time budget cannot stop a batch in
+    flight.
+
     A failure that ends the run (no retry left) and a stop push the run's gauges to
     ``metrics``, if given, with ``last_run_success`` 0.
 
@@ -132,6 +142,21 @@ def run_purge_op(context: dg.OpExecutionContext, config: PurgeConfig,
     """
     return PurgeStep(context, config, database, policy, settings, asset_key, cutoff,
                      metrics, rule=rule or policy.rule).run()
+
+
+def previous_row_s(instance: dg.DagsterInstance, asset_key: dg.AssetKey) -> float | None:
+    """The time a row took in the batch transactions of the latest run of ``asset_key`` that
+    recorded one (``msPerRow`` of its materialization, among the latest
+    :data:`PREVIOUS_RUNS_READ`, any partition), in seconds; ``None`` when none did (a new
+    policy, runs that deleted nothing, records older than the figure)."""
+    for record in instance.fetch_materializations(asset_key, limit=PREVIOUS_RUNS_READ).records:
+        materialization = record.asset_materialization
+        item = materialization.metadata.get("msPerRow") if materialization else None
+        value = getattr(item, "value", item)
+        if (isinstance(value, int | float) and not isinstance(value, bool)
+                and 0 < value < math.inf):
+            return value / 1000
+    return None
 
 
 def run_drop_phase(context: dg.OpExecutionContext, database: FavoritesDatabase,
@@ -237,6 +262,7 @@ class PurgeStep:
                     batch_size=settings.batch_size) as span:
             try:
                 dropped = self.drop_expired_partitions(stop_requests.requested)
+                known_row_s = previous_row_s(context.instance, self.asset_key)
                 report = run_purge(
                     self.database.engine, self.cutoff,
                     batch_size=settings.batch_size,
@@ -249,6 +275,7 @@ class PurgeStep:
                     rule=self.rule,
                     archive=self.archive_target(),
                     sleep_ratio=settings.sleep_ratio,
+                    previous_row_s=known_row_s,
                 )
             except Exception as exc:
                 tracing.run_failed(span, exc)

@@ -77,6 +77,9 @@ class RunReport:
             [``partitionsDetached``].
         partitions_dropped: with ``drop_expired_partitions``, the detached tables the run
             dropped; ``None`` without it [``partitionsDropped``].
+        ms_per_row: time in the batch transactions that deleted rows per row they deleted,
+            milliseconds: what the next run sizes its first batch from; ``None`` (no key) when
+            the run deleted no row, and in a reference [``msPerRow``].
 
     With an archive, ``deleted_total`` counts the rows moved into it.
     """
@@ -107,6 +110,7 @@ class RunReport:
     archive_rows: int | None = None
     partitions_detached: int | None = None
     partitions_dropped: int | None = None
+    ms_per_row: float | None = None
 
     @classmethod
     def of_purge(cls, report: PurgeReport, settings: PolicySettings) -> "RunReport":
@@ -132,6 +136,7 @@ class RunReport:
             scan_reason=report.scan_reason,
             throttled_by=report.throttled_by or _NONE,
             health_unreadable="; ".join(report.health_unreadable) or _NONE,
+            ms_per_row=None if report.row_s is None else round(report.row_s * 1000, 6),
         )
 
     @classmethod
@@ -143,7 +148,8 @@ class RunReport:
 
         Rows, batches, skipped rows, isolation transactions and pauses add up; the longest
         batch and the largest batch size are the largest of any step; the causes and readings
-        are each named once. ``duration_ms`` is the run's wall time from the plan to the last
+        are each named once; the time per row is the steps' weighted by their rows.
+        ``duration_ms`` is the run's wall time from the plan to the last
         step, milliseconds (the steps overlap, so their durations do not add up). The stop
         reason is the one that left rows behind, if a step stopped early (``db_unhealthy``
         before ``max_run_duration``), else ``exhausted``. No report (nothing to purge): zero
@@ -175,17 +181,19 @@ class RunReport:
             paused_ms=sum(r.paused_ms for r in reports),
             throttled_by=names(r.throttled_by for r in reports),
             health_unreadable=names(r.health_unreadable for r in reports),
+            ms_per_row=_ms_per_row(reports),
         )
 
     def after(self, earlier: "RunReport | None") -> "RunReport":
         """This attempt's record with the rows, batches and partitions of ``earlier`` attempts
-        added."""
+        added (the time per row: both attempts', weighted by their rows)."""
         if earlier is None:
             return self
         partitions = {name: (getattr(self, name) or 0) + getattr(earlier, name)
                       for name in _PARTITIONS if getattr(earlier, name) is not None}
         return dataclasses.replace(self, deleted_total=self.deleted_total + earlier.deleted_total,
-                                   batches=self.batches + earlier.batches, **partitions)
+                                   batches=self.batches + earlier.batches,
+                                   ms_per_row=_ms_per_row((self, earlier)), **partitions)
 
     def with_backlog(self, remaining: int, oldest: str | None) -> "RunReport":
         """The record with the backlog measured after the purge (``oldest``: ISO 8601 or
@@ -205,10 +213,11 @@ class RunReport:
 
     def as_metadata(self) -> dict[str, Any]:
         """The record as Dagster metadata: numbers stay numbers so the UI can plot them; the
-        backlog keys only once it was measured, the archive's only for a policy with one."""
+        backlog keys only once it was measured, the archive's only for a policy with one, the
+        time per row only when the run deleted rows."""
         metadata = {_KEYS[f.name]: getattr(self, f.name) for f in dataclasses.fields(self)
-                    if f.name not in (*_BACKLOG, *_ARCHIVE, *_PARTITIONS)}
-        for name in (*_ARCHIVE, *_PARTITIONS):
+                    if f.name not in (*_BACKLOG, *_ARCHIVE, *_PARTITIONS, *_OPTIONAL)}
+        for name in (*_ARCHIVE, *_PARTITIONS, *_OPTIONAL):
             if getattr(self, name) is not None:
                 metadata[_KEYS[name]] = getattr(self, name)
         if self.backlog_remaining is not None:
@@ -219,8 +228,8 @@ class RunReport:
     def as_reference(self) -> RunReport:
         """The record of a day a range run covered but whose figures are on another day: every
         measure of the run's work (rows, batches, time, skipped rows, pauses, batch sizes,
-        archived rows deleted, partitions detached and dropped) at 0; the cutoff, the settings, the stop reason, the backlog and
-        the archive's rows as the run's."""
+        archived rows deleted, partitions detached and dropped) at 0, and no time per row; the
+        cutoff, the settings, the stop reason, the backlog and the archive's rows as the run's."""
         archive = {} if self.archive_deleted_total is None else {"archive_deleted_total": 0}
         partitions = ({} if self.partitions_detached is None
                       else {"partitions_detached": 0, "partitions_dropped": 0})
@@ -270,6 +279,16 @@ class RunReport:
         return cls(**found)
 
 
+def _ms_per_row(reports: Sequence[RunReport]) -> float | None:
+    """The time per row of ``reports`` together: each one's weighted by the rows it deleted;
+    ``None`` when none deleted rows and recorded its time per row."""
+    timed = [r for r in reports if r.ms_per_row is not None and r.deleted_total > 0]
+    rows = sum(r.deleted_total for r in timed)
+    if not rows:
+        return None
+    return round(sum(r.ms_per_row * r.deleted_total for r in timed) / rows, 6)
+
+
 #: Field -> metadata key.
 _KEYS = {
     "deleted_total": "deletedTotal",
@@ -298,12 +317,15 @@ _KEYS = {
     "archive_rows": "archiveRows",
     "partitions_detached": "partitionsDetached",
     "partitions_dropped": "partitionsDropped",
+    "ms_per_row": "msPerRow",
 }
 _BACKLOG = ("backlog_remaining", "backlog_oldest")
 #: The stop reasons that leave prunable rows behind, the one a combined record names first.
 _EARLY_STOPS = (StopReason.DB_UNHEALTHY, StopReason.MAX_RUN_DURATION)
 _ARCHIVE = ("archive_deleted_total", "archive_rows")
 _PARTITIONS = ("partitions_detached", "partitions_dropped")
+#: Figures recorded only when known.
+_OPTIONAL = ("ms_per_row",)
 #: What a reference (:meth:`RunReport.as_reference`) records of the run's work.
 _WORK_AT_ZERO = {
     "deleted_total": 0,
@@ -318,4 +340,5 @@ _WORK_AT_ZERO = {
     "paused_ms": 0,
     "paced_ms": 0,
     "throttled_by": _NONE,
+    "ms_per_row": None,
 }

@@ -43,9 +43,13 @@ idempotent, so a commit lost to a server crash only returns its rows to the back
 The batch size adapts to a target time per batch when one is given
 (:mod:`~favorites_maintenance.retention.batch_size`): it grows while batches stay well under
 the target, shrinks at once when one goes over or when another session waited on a lock the
-batch held. Before batches, at a bounded rate, the database's health is read
-(:mod:`~favorites_maintenance.retention.health`: replication lag, a VACUUM on the table, WAL
-rate); while an indicator is over its threshold the purge pauses with no transaction open.
+batch held. The first batch, which no measurement of this run bounds and which the time budget
+(checked between batches) cannot stop, is sized from the previous run's time per row when the
+caller knows it, else has ``batch_size`` rows. Before batches, at a bounded rate, the
+database's health is read (:mod:`~favorites_maintenance.retention.health`: replication lag, a
+VACUUM on the table, WAL rate); while an indicator is over its threshold the purge pauses with
+no transaction open. Pauses are for batches: a run whose backlog, counted before the first
+batch, is empty does not wait.
 
 Batches walk the backlog oldest first over the rule's index (keyset order), or, when the backlog
 is spread over the table and the run can clear it within its time budget, in heap page order: the
@@ -75,6 +79,7 @@ from __future__ import annotations
 
 import datetime as dt
 import logging
+import math
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -178,7 +183,7 @@ class PurgeOptions:
     documents its keyword of the same name).
 
     Attributes:
-        batch_size: rows of the first batch, > 0.
+        batch_size: rows of the first batch when ``previous_row_s`` is not known, > 0.
         max_run_duration: the run's time budget, > 0, checked between batches after the first.
         lock_timeout, statement_timeout: server-side limits of each batch transaction.
         synchronous_commit: whether each batch's commit waits for the flush to disk.
@@ -193,10 +198,12 @@ class PurgeOptions:
             where the table or the role does not allow it.
         sleep_ratio: pause between batches, as a multiple of the last batch's time, >= 0
             (0: none).
+        previous_row_s: the time a row took in the previous run's batch transactions, seconds
+            (its report's ``row_s``), > 0; ``None``: not known.
 
     Raises:
-        InvalidArgumentError: ``batch_size``, ``max_run_duration``, ``max_skipped_rows`` or
-            ``sleep_ratio`` out of range.
+        InvalidArgumentError: ``batch_size``, ``max_run_duration``, ``max_skipped_rows``,
+            ``sleep_ratio`` or ``previous_row_s`` out of range.
     """
 
     batch_size: int
@@ -211,6 +218,7 @@ class PurgeOptions:
     health: HealthLimits | None = None
     scan: ScanMode | None = None
     sleep_ratio: float = 0.0
+    previous_row_s: float | None = None
 
     def __post_init__(self):
         if self.batch_size <= 0:
@@ -223,6 +231,9 @@ class PurgeOptions:
                 f"max_skipped_rows must be >= 0, got {self.max_skipped_rows!r}")
         if not self.sleep_ratio >= 0:  # NaN included
             raise InvalidArgumentError(f"sleep_ratio must be >= 0, got {self.sleep_ratio!r}")
+        if self.previous_row_s is not None and not 0 < self.previous_row_s < math.inf:
+            raise InvalidArgumentError(
+                f"previous_row_s must be a number of seconds > 0, got {self.previous_row_s!r}")
 
 
 class BatchLoop:
@@ -256,7 +267,8 @@ class BatchLoop:
         self.deadline = self.started + options.max_run_duration.total_seconds()
         self.sizes = BatchSizeController(options.batch_size,
                                          options.batch_size_max or options.batch_size,
-                                         options.target_batch_duration)
+                                         options.target_batch_duration,
+                                         row_s=options.previous_row_s)
         self.size = self.sizes.size  # below _full_size() while failed batches are split
         # After a batch ran past statement_timeout: the largest batch expected to finish
         # within it, and how long the cancelled batch ran, seconds.
@@ -273,6 +285,11 @@ class BatchLoop:
         self.fast_lock_timeout = min(options.lock_timeout, OPTIMISTIC_LOCK_TIMEOUT)
         self.deleted_total = self.batches = self.batch_no = self.selected_total = 0
         self.batch_max_s = 0.0
+        self.batch_s = 0.0  # time in committed batch transactions that deleted rows
+        self.first_limit = 0  # the first batch's size, once it ran
+        # The backlog counted whole before the first batch (keyset order), else None: the
+        # rest of it is taken in one batch once a batch's rate says it fits.
+        self.counted: int | None = None
         self.skipped = self.isolation_batches = self.retried_batches = 0
         self.failed_in_a_row = self.size_max = self.lock_waits = 0
         self.causes: dict[str, int] = {}  # cause of skipped rows -> rows
@@ -293,6 +310,9 @@ class BatchLoop:
         self.statements: BatchStatements | None = None
         self.keyset_index = False
         self.spans: BatchSpans | None = None
+        # The backlog was counted whole before the first batch and is empty: no batch to
+        # hold back, so no health pause either.
+        self.nothing_prunable = False
 
     def run(self) -> PurgeReport:
         """Check the table, run batches until one comes back less than full or the run stops,
@@ -318,7 +338,8 @@ class BatchLoop:
                            skipped_rows=self.skipped, skipped_causes=tuple(self.causes),
                            isolation_batches=self.isolation_batches,
                            retried_batches=self.retried_batches,
-                           batch_size_first=self.options.batch_size,
+                           batch_size_first=self.first_limit or self.size,
+                           row_s=self.batch_s / self.deleted_total if self.deleted_total else None,
                            batch_size_max=self.size_max, lock_waits=self.lock_waits,
                            scan_mode=",".join(map(str, self.scan_modes)),
                            scan_reason=self.scan_reason, paced_s=self.paced_s,
@@ -373,9 +394,13 @@ class BatchLoop:
             # Nothing can refuse this role the lock that would not refuse the DELETE: the
             # first batch may be optimistic (one write per row), as every later one.
             self.proven = True
+        self.nothing_prunable = (estimate is not None and estimate.counted_all
+                                 and not estimate.backlog)
         if estimate is not None and mode is ScanMode.KEYSET and estimate.counted_all:
-            # The whole backlog is counted: one batch may take it all (a day's rows).
-            self.size = self.sizes.fit(estimate.backlog)
+            # The whole backlog is counted (a day's rows): once a batch's rate says the rest
+            # fits, one batch takes it (at a known time per row it is within the first size).
+            self.counted = estimate.backlog
+        self._log_first_size()
         if mode is ScanMode.PAGE_ORDER:
             density = (estimate.density if estimate.density is not None
                        else estimate.backlog / max(estimate.blocks, 1))
@@ -386,6 +411,18 @@ class BatchLoop:
             self.scan = KeysetScan(self.statements)
         self.scan_modes.append(mode)
         log.info("%s: %s", self.rule.qualified_name, self.scan_reason)
+
+    def _log_first_size(self) -> None:
+        """Say where the first batch's size comes from, when the size adapts."""
+        if not self.sizes.adaptive:
+            return
+        known = self.options.previous_row_s
+        if known is None:
+            log.info("first batch at most %d rows: no earlier run's time per row is known",
+                     self.size)
+        else:
+            log.info("first batch at most %d rows: the previous run took %.4g ms a row, and a "
+                     "batch aims at %g ms", self.size, known * 1000, self.sizes.target_s * 1000)
 
     def _project(self) -> None:
         """In page order, from :data:`~favorites_maintenance.retention.scan.PROJECT_AFTER_S`
@@ -417,8 +454,9 @@ class BatchLoop:
             reason = self._pace()
             if reason is not None:
                 return reason
-        if self.monitor is not None:
-            # No transaction is open here: a pause holds no lock and no snapshot.
+        if self.monitor is not None and not (self.nothing_prunable and not self.batch_no):
+            # No transaction is open here: a pause holds no lock and no snapshot. A run with
+            # no prunable row waits for nothing: its one batch finds none.
             outcome = self.monitor.wait(self.conn, should_stop=self.should_stop,
                                         deadline=self.deadline)
             if outcome is Outcome.STOP_REQUESTED:
@@ -450,6 +488,7 @@ class BatchLoop:
         self.again = False
         limit = self.size
         self.size_max = max(self.size_max, limit)
+        self.first_limit = self.first_limit or limit
         self.row_key = None
         fast = self._optimistic(limit)
         statement, params = self.scan.batch(fast, limit)
@@ -672,6 +711,7 @@ class BatchLoop:
         self._resize(row.selected, limit, waiters, elapsed)
         if row.deleted:
             self.batches += 1
+            self.batch_s += elapsed
             self.failed_in_a_row = 0
         if row.selected:
             log.debug("batch %d deleted %d rows of at most %d in %.1f ms; next batch %d rows",
@@ -698,6 +738,10 @@ class BatchLoop:
             self.size = min(self._full_size(), self.size * 2)
         elif self.scan.rates_batch(selected, limit) and not waiters:
             self.sizes.after_batch(selected, elapsed)
+            if self.counted is not None:
+                # What is left of the counted backlog, in one batch if this batch's rate
+                # says it fits.
+                self.sizes.fit(self.counted - self.selected_total)
             self.size = self._full_size()
         elif self.scan.rates_batch(selected, limit):
             # Someone waited on this batch's locks: whatever its time, the next is smaller.

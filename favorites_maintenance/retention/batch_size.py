@@ -23,6 +23,15 @@ moves the size toward a target wall time per batch, after every batch:
 - the size always stays between :attr:`~BatchSizeController.floor` and
   :attr:`~BatchSizeController.maximum`.
 
+The first batch is the one no measurement bounds, and the run's time budget is only checked
+between batches: its size comes from what is known. Given the time per row of the previous run
+(:attr:`~BatchSizeController.row_s`), it aims at :data:`AIM` of the target at that rate; with
+nothing known, it is the first size (1,000 rows by default). A backlog counted whole before the
+run (a day's rows) that fits within :data:`AIM` of the target at a known time per row is then
+within the first size and goes in one batch; with nothing known, the first batch measures the
+rate, and the rest of the backlog goes in the next batch when it fits at that rate
+(:meth:`~BatchSizeController.fit`), rather than growing toward it batch after batch.
+
 A target of zero turns adaptation off: every batch has the first size. The rule follows the
 shape of GitLab's batched background migrations (time efficiency against a target band, growth
 capped per step); the numbers are this project's. The module is pure: no database, no clock.
@@ -59,31 +68,44 @@ class BatchSizeController:
     """Chooses each batch's size.
 
     Args:
-        first: the first batch's size, rows (> 0).
+        first: the first batch's size when no time per row is known, rows (> 0).
         maximum: the largest size it may reach, rows; raised to ``first`` when smaller.
         target: wall time a batch transaction aims at; zero (or negative) turns adaptation off.
         floor: the smallest size it may shrink to, rows; at most ``first``
             (default :data:`FLOOR`).
+        row_s: the time a row took in the previous run's batch transactions, seconds (> 0);
+            when the size adapts, the first batch aims at :data:`AIM` of the target at that
+            rate, between the floor and the max. ``None``: not known, the first batch has
+            ``first`` rows.
 
     Raises:
-        InvalidArgumentError: ``first`` or ``floor`` not positive.
+        InvalidArgumentError: ``first`` or ``floor`` not positive, ``row_s`` not a positive
+            finite number.
 
     Attributes:
         size: the next batch's size, rows.
+        row_s: the latest known time per row, seconds: ``row_s`` as given, then that of the
+            last batch taken by :meth:`after_batch`; ``None`` when not known (and always when
+            the size does not adapt).
         shrinks: how many times the size shrank (a slow batch, a step too far, a lock waiter).
         ceiling: the size growth may not pass for now, after a step too far (``None``: none).
     """
 
-    def __init__(self, first: int, maximum: int, target: dt.timedelta, *, floor: int = FLOOR):
+    def __init__(self, first: int, maximum: int, target: dt.timedelta, *, floor: int = FLOOR,
+                 row_s: float | None = None):
         if first <= 0:
             raise InvalidArgumentError(f"first must be > 0, got {first!r}")
         if floor <= 0:
             raise InvalidArgumentError(f"floor must be > 0, got {floor!r}")
-        self.first = first
+        if row_s is not None and not 0 < row_s < math.inf:
+            raise InvalidArgumentError(f"row_s must be a number of seconds > 0, got {row_s!r}")
         self.maximum = max(maximum, first)
         self.floor = min(floor, first)
         self.target_s = max(target.total_seconds(), 0.0)
+        self.row_s = row_s if self.adaptive else None
         self.size = first
+        if self.row_s is not None:
+            self._set(AIM * self.target_s / self.row_s)
         self.shrinks = 0
         self.ceiling: int | None = None
         self._ceiling_left = 0
@@ -102,6 +124,7 @@ class BatchSizeController:
         (a range of pages aims at more rows than the size, so most come back full)."""
         if not self.adaptive or rows <= 0:
             return self.size
+        self.row_s = max(duration_s, 0.0) / rows
         rate = rows / duration_s if duration_s > 0 else math.inf
         before, self._before_growth = self._before_growth, None
         if self._ceiling_left:
@@ -129,11 +152,18 @@ class BatchSizeController:
         return self.size
 
     def fit(self, rows: int) -> int:
-        """Take a backlog known to hold ``rows`` rows before the first batch: when the size
-        adapts, the first batch takes all of them at once (``rows + 1``, so that it comes back
-        less than full and ends the run) if that is within :attr:`maximum`, rather than growing
-        toward it batch after batch. Returns the first batch's size."""
-        if self.adaptive and self.size <= rows < self.maximum:
+        """Take a backlog known to hold ``rows`` more prunable rows (counted before the first
+        batch, less what the batches since took): when the size adapts, the next batch takes
+        all of them at once (``rows + 1``, so that it comes back less than full and ends the
+        run), rather than growing toward them batch after batch, if that is within
+        :attr:`maximum` (and a ceiling a step too far set) and the known time per row
+        (:attr:`row_s`) says they take at most :data:`AIM` of the target. With no time per row
+        known the size stays: a batch of unknown cost is no larger than the first size. (At
+        the previous run's time per row, rows that fit are already within the first size.)
+        Returns the next batch's size."""
+        largest = min(self.maximum, self.ceiling or self.maximum)
+        if (self.adaptive and self.row_s is not None and self.size <= rows < largest
+                and rows * self.row_s <= AIM * self.target_s):
             self.size = rows + 1
         return self.size
 

@@ -72,6 +72,7 @@ def purge(
     archive: ArchiveTarget | None = None,
     scan: ScanMode | None = None,
     sleep_ratio: float = 0.0,
+    previous_row_s: float | None = None,
 ) -> PurgeReport:
     """Delete every prunable row older than ``cutoff``, one batch transaction at a time, and
     return the run's :class:`PurgeReport`.
@@ -99,7 +100,8 @@ def purge(
         engine: engine on the favorites database (the primary).
         cutoff: timezone-aware UTC instant (see :func:`~favorites_maintenance.retention.rule.
             compute_cutoff`).
-        batch_size: at most this many rows per batch transaction, > 0.
+        batch_size: at most this many rows per batch transaction, > 0; when the size adapts,
+            the first batch's size unless ``previous_row_s`` is known.
         max_run_duration: time budget; checked between batches, after the first. When it runs
             out the purge returns normally with ``stop_reason=max_run_duration``.
         should_stop: polled before each batch; ``True`` ends the purge with
@@ -125,7 +127,8 @@ def purge(
         health: thresholds of the database health indicators read before batches (see
             :mod:`~favorites_maintenance.retention.health`): while one is over, the purge
             pauses with no transaction open, honouring ``should_stop`` and the time budget, and
-            ends with ``stop_reason=db_unhealthy`` when the pause lasts too long. ``None`` (the
+            ends with ``stop_reason=db_unhealthy`` when the pause lasts too long; a run whose
+            backlog, counted before the first batch, is empty never pauses. ``None`` (the
             default): not read.
         rule: the table and predicate to purge (default: the guest-favorites rule).
         archive: move each batch's rows into this archive in the batch's own statement
@@ -138,6 +141,14 @@ def purge(
         sleep_ratio: after each batch, pause that multiple of its time (no transaction open,
             stop requests polled, never past the time budget) before the next; 0 (the
             default): no pause. The report's ``paced_s`` says how long it paused.
+        previous_row_s: the time a row took in the previous run's batch transactions, seconds
+            (its report's ``row_s``), > 0. When the size adapts, the first batch aims at 0.8 of
+            ``target_batch_duration`` at that rate (between ``min(100, batch_size)`` and
+            ``batch_size_max``), and a backlog counted before it goes in one batch only when it
+            fits within that at that rate: the time budget, checked between batches, cannot
+            stop a batch in flight. ``None`` (the default): not known; the first batch has
+            ``batch_size`` rows, and the rest of a counted backlog goes in one batch once a
+            batch's rate says it fits.
 
     Raises:
         StandbyError: the connection is on a hot standby; nothing was deleted.
@@ -160,15 +171,15 @@ def purge(
             ``max_skipped_rows`` did.
         NoProgressError: the rule matches rows no other session holds, yet the batches deleted
             none of them or far fewer than they selected.
-        InvalidArgumentError: ``batch_size``, ``max_run_duration``, ``max_skipped_rows`` or
-            ``sleep_ratio`` out of range, or a naive ``cutoff``.
+        InvalidArgumentError: ``batch_size``, ``max_run_duration``, ``max_skipped_rows``,
+            ``sleep_ratio`` or ``previous_row_s`` out of range, or a naive ``cutoff``.
     """
     options = PurgeOptions(
         batch_size=batch_size, max_run_duration=max_run_duration, lock_timeout=lock_timeout,
         statement_timeout=statement_timeout, synchronous_commit=synchronous_commit,
         max_skipped_rows=max_skipped_rows, optimistic=optimistic, batch_size_max=batch_size_max,
         target_batch_duration=target_batch_duration, health=health, scan=scan,
-        sleep_ratio=sleep_ratio)
+        sleep_ratio=sleep_ratio, previous_row_s=previous_row_s)
     rule.prunable(cutoff)  # refuses a naive cutoff before any connection
     return BatchLoop(engine, rule, cutoff, options, should_stop=should_stop,
                      on_batch=on_batch, archive=archive).run()

@@ -66,7 +66,8 @@ class PurgeReport:
         isolation_batches: transactions spent splitting failed batches to isolate those rows.
         retried_batches: batches run again at once after a stale prepared statement or cached
             plan (a schema change during the run).
-        batch_size_first: the first batch's size, rows.
+        batch_size_first: the first batch's size, rows (from ``previous_row_s`` when known,
+            else ``batch_size``).
         batch_size_max: the largest size a batch ran with, rows (0 when none ran).
         paused_s: time spent paused on an unhealthy database, in seconds.
         pauses: how many pauses began.
@@ -81,6 +82,8 @@ class PurgeReport:
             :mod:`~favorites_maintenance.retention.scan`); empty when no batch was prepared.
         scan_reason: why, one sentence (the counts and estimate it was chosen from).
         paced_s: time spent pausing between batches for ``sleep_ratio``, in seconds.
+        row_s: time in the batch transactions that deleted rows per row they deleted, in
+            seconds (the next run's ``previous_row_s``); ``None`` when no row was deleted.
     """
 
     cutoff: dt.datetime
@@ -103,6 +106,7 @@ class PurgeReport:
     scan_mode: str = ""
     scan_reason: str = ""
     paced_s: float = 0.0
+    row_s: float | None = None
 
     @property
     def duration_ms(self) -> int:

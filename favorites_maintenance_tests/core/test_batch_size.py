@@ -69,14 +69,37 @@ def test_another_session_waiting_on_the_purge_halves_the_size():
     assert sizes.shrinks == 2
 
 
-def test_a_backlog_known_to_fit_is_taken_in_one_batch_when_the_size_adapts():
-    assert BatchSizeController(1000, 10_000, TARGET).fit(3600) == 3601
-    # Larger than the max: the size grows toward it batch after batch as before.
-    assert BatchSizeController(1000, 10_000, TARGET).fit(10_000) == 1000
-    # Smaller than the first batch: nothing to change.
-    assert BatchSizeController(1000, 10_000, TARGET).fit(300) == 1000
+def test_a_known_time_per_row_sizes_the_first_batch():
+    # 0.8 of the 200 ms target at the previous run's time per row, within [floor, max].
+    assert BatchSizeController(1000, 10_000, TARGET, row_s=100e-6).size == 1600
+    assert BatchSizeController(1000, 10_000, TARGET, row_s=2e-3).size == FLOOR
+    assert BatchSizeController(1000, 10_000, TARGET, row_s=1e-6).size == 10_000
+    # Unknown: the first size. A fixed size (no target) takes no rate either.
+    assert BatchSizeController(1000, 10_000, TARGET).size == 1000
+    assert BatchSizeController(1000, 10_000, dt.timedelta(0), row_s=1e-6).size == 1000
+    # An explicit size stays the bound: a known rate may only lower the first batch.
+    assert BatchSizeController(500, 500, TARGET, row_s=1e-6).size == 500
+    assert BatchSizeController(500, 500, TARGET, row_s=1e-3).size == 160
+
+
+def test_after_a_batch_the_rest_of_a_counted_backlog_fits_at_the_rate_it_showed():
+    sizes = BatchSizeController(1000, 10_000, TARGET)
+    # Nothing measured: a batch of unknown cost is never larger than the first size.
+    assert sizes.fit(3600) == 1000
+    sizes.after_batch(1000, 0.005)  # 5 us a row
+    assert sizes.row_s == pytest.approx(5e-6)
+    assert sizes.fit(6000) == 6001  # 30 ms
+    slow = BatchSizeController(1000, 10_000, TARGET)
+    slow.after_batch(1000, 0.090)  # 90 us a row: 6,000 rows would take 540 ms
+    assert slow.fit(6000) == slow.size < 6000
+    # Larger than the max: the size grows toward it batch after batch.
+    large = BatchSizeController(1000, 10_000, TARGET)
+    large.after_batch(1000, 0.001)
+    assert large.fit(10_000) == 2000
     # An explicit size is the bound of every batch: never above it.
-    assert BatchSizeController(1000, 1000, TARGET).fit(3600) == 1000
+    fixed = BatchSizeController(1000, 1000, TARGET)
+    fixed.after_batch(1000, 0.001)
+    assert fixed.fit(3600) == 1000
     assert BatchSizeController(1000, 10_000, dt.timedelta(0)).fit(3600) == 1000
 
 
@@ -99,6 +122,9 @@ def test_bad_sizes_are_refused():
         BatchSizeController(0, 10, TARGET)
     with pytest.raises(ValueError, match="floor"):
         BatchSizeController(10, 10, TARGET, floor=0)
+    for row_s in (0.0, -1.0, float("nan"), float("inf")):
+        with pytest.raises(ValueError, match="row_s must be a number of seconds > 0"):
+            BatchSizeController(10, 10, TARGET, row_s=row_s)
 
 
 def test_a_purge_grows_its_batches_and_reports_the_largest(engine, rows):

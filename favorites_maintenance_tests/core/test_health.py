@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import datetime as dt
 import logging
-import threading
 import time
 
 import pytest
@@ -17,6 +16,7 @@ from favorites_maintenance.retention import HealthLimits, StopReason, purge
 from favorites_maintenance.retention.database import create_engine
 from favorites_maintenance.retention.least_privilege import least_privilege_sql
 from favorites_maintenance.retention.schema import dev_favorites
+from favorites_maintenance_tests.conftest import VACUUM_PROGRESS
 from favorites_maintenance_tests.reliability.conftest import (
     Roles,
     in_thread,
@@ -32,11 +32,6 @@ CUTOFF = dt.datetime(2024, 1, 1, tzinfo=UTC)
 QUICK = dict(check_every=dt.timedelta(0), first_backoff=dt.timedelta(milliseconds=100),
              max_backoff=dt.timedelta(milliseconds=200))
 
-_PROGRESS = sa.text("""
-    SELECT pid FROM pg_stat_progress_vacuum
-     WHERE datid = (SELECT oid FROM pg_database WHERE datname = current_database())
-       AND relid = 'favorites.favorites'::regclass""")
-
 
 @pytest.fixture
 def roles(db_url, engine):
@@ -49,56 +44,9 @@ def guests(rows) -> int:
     return rows.count(dev_favorites.c.user_id.is_(None))
 
 
-@pytest.fixture
-def slow_vacuum(db_url, engine):
-    """A manual VACUUM of the table that runs until the test ends it (a cost delay on every
-    page of a few MB of account rows), on a connection of its own; yields ``start()`` and
-    ``end()``, which cancels it and waits for it."""
-    with engine.begin() as conn:
-        conn.execute(sa.text(
-            "INSERT INTO favorites.favorites (user_id, item_id, note) "
-            "SELECT 99, g, repeat('b', 1000) FROM generate_series(1, 5000) g"))
-    vacuum_engine = create_engine(db_url)
-    pid: list[int] = []
-
-    def run():
-        with vacuum_engine.connect().execution_options(isolation_level="AUTOCOMMIT") as conn:
-            pid.append(conn.execute(sa.text("SELECT pg_backend_pid()")).scalar_one())
-            conn.execute(sa.text("SET vacuum_cost_limit = 1"))
-            conn.execute(sa.text("SET vacuum_cost_delay = 100"))
-            try:
-                conn.execute(sa.text(
-                    "VACUUM (DISABLE_PAGE_SKIPPING, INDEX_CLEANUP ON) favorites.favorites"))
-            except sa.exc.DBAPIError:
-                pass  # canceled by end()
-
-    thread = threading.Thread(target=run, daemon=True)
-
-    def end():
-        with engine.connect() as conn:
-            conn.execute(sa.text("SELECT pg_cancel_backend(:p)"), {"p": pid[0]})
-        thread.join(30)
-        assert not thread.is_alive()
-
-    def start():
-        thread.start()
-        deadline = time.monotonic() + 30
-        while time.monotonic() < deadline:
-            with engine.connect() as conn:
-                if conn.execute(_PROGRESS).first():
-                    return
-            time.sleep(0.05)
-        raise AssertionError("the VACUUM never showed in pg_stat_progress_vacuum")
-
-    yield start, end
-    if thread.is_alive():
-        end()
-    vacuum_engine.dispose()
-
-
 def vacuum_running(engine) -> bool:
     with engine.connect() as conn:
-        return conn.execute(_PROGRESS).first() is not None
+        return conn.execute(VACUUM_PROGRESS).first() is not None
 
 
 def purge_paused_by_a_vacuum(engine, rows, slow_vacuum):
@@ -201,6 +149,23 @@ def test_a_stop_request_ends_a_pause(engine, rows, slow_vacuum):
     end_vacuum()
     assert report.stop_reason is StopReason.STOP_REQUESTED
     assert guests(rows) == 300 and report.pauses == 1
+
+
+def test_a_run_with_nothing_prunable_does_not_wait_for_a_vacuum(engine, rows, slow_vacuum,
+                                                               caplog):
+    caplog.set_level(logging.INFO, logger="favorites_maintenance")
+    rows.add_many(50, updated_at=CUTOFF + dt.timedelta(days=1))  # guest rows, none expired
+    start_vacuum, end_vacuum = slow_vacuum
+    start_vacuum()
+    report = purge(engine, CUTOFF, batch_size=100, max_run_duration=dt.timedelta(minutes=1),
+                   health=HealthLimits(max_pause=dt.timedelta(seconds=1), **QUICK))
+    assert vacuum_running(engine)  # the VACUUM ran the whole time
+    end_vacuum()
+    # Health pauses are for batches: with no prunable row there is none to hold back.
+    assert report.stop_reason is StopReason.EXHAUSTED
+    assert (report.deleted_total, report.pauses, report.paused_s) == (0, 0, 0.0)
+    assert report.throttled_by is None
+    assert guests(rows) == 50 and "purge paused" not in caplog.text
 
 
 def test_a_wal_rate_over_its_threshold_pauses_the_purge_between_batches(engine, rows, caplog):

@@ -143,15 +143,23 @@ def test_a_backlog_thin_over_every_page_goes_by_keyset_from_a_sample_of_the_page
 
 def test_a_days_worth_counted_whole_goes_in_one_batch_when_the_size_adapts(engine, rows):
     fill(engine, 130_000, old_guest_every=3, old=OLD - dt.timedelta(days=400))
-    run(engine)  # the backlog cleared
+    cleared = run(engine)  # the backlog cleared: its time per row is known
+    adaptive = dict(batch_size=1000, batch_size_max=10_000,
+                    target_batch_duration=dt.timedelta(milliseconds=200))
     rows.add_many(1500, updated_at=OLD)
     batches = []
-    report = run(engine, batch_size=1000, batch_size_max=10_000,
-                 target_batch_duration=dt.timedelta(milliseconds=200), on_batch=batches.append)
+    report = run(engine, previous_row_s=cleared.row_s, on_batch=batches.append, **adaptive)
     assert report.scan_mode == "keyset"
-    # The count before the first batch found all 1,500 rows: one batch takes them.
-    assert [(b.batch_size, b.deleted) for b in batches] == [(1501, 1500)]
+    # At the previous run's time per row, the first batch holds the 1,500 rows counted.
+    assert [b.deleted for b in batches] == [1500] and batches[0].batch_size > 1500
     assert report.deleted_total == 1500 and report.batches == 1
+    # Nothing known: 1,000 rows first; at the rate they showed, the rest in one more, which
+    # ends the run (a batch of exactly the rest would come back full, and one more would
+    # find nothing).
+    rows.add_many(3000, updated_at=OLD)
+    unknown = []
+    run(engine, on_batch=unknown.append, **adaptive)
+    assert [(b.batch_size, b.deleted) for b in unknown] == [(1000, 1000), (2001, 2000)]
     # An explicit size stays the bound of every batch.
     rows.add_many(1500, updated_at=OLD)
     fixed = []

@@ -104,6 +104,24 @@ def test_max_run_duration_leaves_a_backlog_and_still_succeeds(db_url, monkeypatc
     assert meta["backlogRemaining"] == 50 - meta["deletedTotal"] > 0
 
 
+def test_a_run_with_nothing_to_delete_records_no_pause_for_a_running_vacuum(
+        db_url, monkeypatch, rows, engine, slow_vacuum):
+    defs = load_code_location(db_url, monkeypatch, retention_days=365,
+                              max_pause=dt.timedelta(seconds=1))
+    rows.add_many(20, updated_at=CUTOFF + dt.timedelta(days=1))  # guest rows, none expired
+    start_vacuum, end_vacuum = slow_vacuum
+    start_vacuum()
+    with dg.instance_for_test() as instance:
+        result = run_partition(defs, instance, PARTITION)
+        meta = materialization(result)
+    end_vacuum()
+    assert result.success
+    assert (meta["deletedTotal"], meta["batches"], meta["stopReason"]) == (0, 0, "exhausted")
+    # The VACUUM held no batch back: there was none to hold.
+    assert (meta["pausedMs"], meta["throttledBy"]) == (0, "none")
+    assert rows.count() == 20 + 5000
+
+
 def test_a_missing_table_fails_the_run_naming_the_table(db_url, monkeypatch, engine):
     with engine.begin() as conn:
         conn.execute(sa.text("DROP TABLE favorites.favorites"))

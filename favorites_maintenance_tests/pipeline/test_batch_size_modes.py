@@ -4,7 +4,8 @@ Each test runs ``guest_favorites_cleanup_job`` through Dagster against a real Po
 table carries an ``AFTER DELETE`` row trigger recording the deleting transaction's id, so the
 rows of every committed transaction are counted by the server itself. The target time per
 batch is the longest one (10 s): batches of a few milliseconds are then far under it, so the
-adaptive size grows at every batch where it may, and never shrinks for a slow one.
+adaptive size grows at every batch where it may, and never shrinks for a slow one; the test of
+a slow table keeps the default 200 ms against rows that cost 2 ms each.
 """
 
 from __future__ import annotations
@@ -20,6 +21,9 @@ import yaml
 from dagster.components.testing import create_defs_folder_sandbox
 
 import favorites_maintenance.defs
+from favorites_maintenance.config.policy_settings import parse_policy_settings
+from favorites_maintenance.pipeline.run_report import RunReport
+from favorites_maintenance_tests.conftest import slow_batches
 from favorites_maintenance_tests.helpers.jobs import (
     failure_text,
     load_code_location,
@@ -119,15 +123,51 @@ def test_neither_set_adapts_from_the_default_first_size(db_url, monkeypatch, row
     assert rows.count() == 0
 
 
-def test_a_backlog_within_the_largest_batch_goes_in_one_batch(db_url, monkeypatch, rows,
-                                                               transactions):
+def test_a_backlog_within_the_largest_batch_goes_in_one_batch_once_rows_are_known_cheap(
+        db_url, monkeypatch, rows, transactions):
     rows.add_many(7000, updated_at=OLD)
     with dg.instance_for_test() as instance:
-        result = run(db_url, monkeypatch, instance, target_batch_duration=TARGET)
-        assert result.success
-    # Counted under the adaptive maximum of 10,000 rows, the day's backlog is one transaction.
-    assert transactions() == [7000]
+        first = run(db_url, monkeypatch, instance, target_batch_duration=TARGET)
+        rows.add_many(7000, updated_at=OLD)  # the next day's backlog
+        second = run(db_url, monkeypatch, instance, target_batch_duration=TARGET)
+        assert first.success and second.success
+    # Nothing known of the table: 1,000 rows first; at the rate they showed, the rest of the
+    # backlog counted before the run fits in one more. The next run starts from the first's
+    # time per row: the day's backlog is one transaction.
+    assert transactions() == [1000, 6000, 7000]
+    # The second run's first batch may take the largest batch: at the first run's time per
+    # row, 10,000 rows are far within the target.
+    assert run_report(first).ms_per_row > 0
+    assert run_report(second).batch_size_first == 10_000
     assert rows.count() == 0
+
+
+def test_a_slow_tables_first_batch_stays_within_the_budget_and_the_next_run_starts_small(
+        db_url, engine, monkeypatch, rows, transactions):
+    # 5,924 rows at 2 ms or more each: 12 s of deletes or more, four times the run's budget.
+    rows.add_many(5924, updated_at=OLD)
+    settings = dict(max_run_duration=dt.timedelta(seconds=3),
+                    target_batch_duration=dt.timedelta(milliseconds=200))
+    with slow_batches(engine, 0.002, per_row=True), dg.instance_for_test() as instance:
+        first = run(db_url, monkeypatch, instance, **settings)
+        second = run(db_url, monkeypatch, instance, **settings)
+        assert first.success and second.success
+        one, two = run_report(first), run_report(second)
+    sizes = transactions()
+    assert len(sizes) == one.batches + two.batches
+    # Nothing known: 1,000 rows, not the whole backlog; after that, batches of the floor,
+    # 100 rows (at 2 ms a row, 0.8 of 200 ms is 80 rows).
+    assert sizes[0] == one.batch_size_first == 1000
+    assert max(sizes[1:one.batches], default=0) <= 100
+    assert one.ms_per_row >= 2.0
+    # The next run sizes its first batch from that: 100 rows, as every later one.
+    assert two.batch_size_first == 100 and max(sizes[one.batches:]) <= 100
+    # Each run stops on its budget. Every row takes 2 ms or more: a run that deleted more than
+    # 1,600 rows would have passed its 3 s by more than one 200 ms batch.
+    assert one.stop_reason == two.stop_reason == "max_run_duration"
+    assert one.deleted_total <= 1600 and two.deleted_total <= 1600
+    assert one.deleted_total + two.deleted_total + two.backlog_remaining == 5924
+    assert sum(sizes) == one.deleted_total + two.deleted_total
 
 
 def test_a_zero_target_keeps_every_batch_at_batch_size_whatever_the_max(
@@ -209,3 +249,18 @@ def test_above_the_cap_of_one_policy_only_that_policys_run_refuses_the_launch(
                               run_config={**launch, **purge_retries(0)})
         assert guest.success and run_report(guest).batch_size_mode == "fixed"
     assert transactions() == [500, 100]
+
+
+def test_the_time_per_row_is_recorded_when_known_and_summed_by_rows():
+    settings = parse_policy_settings({}, {})
+    steps = [RunReport(deleted_total=100, batches=1, ms_per_row=2.0),
+             RunReport(deleted_total=300, batches=1, ms_per_row=1.0),
+             RunReport(deleted_total=0, batches=0)]
+    combined = RunReport.combined(steps, cutoff="", settings=settings, duration_ms=0)
+    # 100 rows at 2 ms and 300 at 1 ms: 1.25 ms a row.
+    assert combined.as_metadata()["msPerRow"] == 1.25
+    assert steps[1].after(steps[0]).ms_per_row == 1.25
+    # No row deleted, or a reference to another day's record: no figure, no key.
+    assert "msPerRow" not in steps[2].as_metadata()
+    assert "msPerRow" not in combined.as_reference().as_metadata()
+    assert RunReport.from_metadata(combined.as_metadata()) == combined
