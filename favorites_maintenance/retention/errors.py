@@ -551,6 +551,18 @@ class ArchivePruneError(DatabaseError):
         self.deleted_total = deleted_total
 
 
+class ArchiveCountError(DatabaseError):
+    """The archived rows past the archive's retention could not be counted.
+
+    Attributes:
+        error: the database error, described without private data.
+    """
+
+    def __init__(self, archive: str, error: ErrorDescription):
+        super().__init__(f"could not count the rows of {archive} past the archive's retention: "
+                         f"{error}", error)
+
+
 class RestoreError(RetentionError):
     """A restore was refused or could not finish. When refused (an unknown run id, restored
     rows the rule would prune again, an archive that does not match the table), nothing was
