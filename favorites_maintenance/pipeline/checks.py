@@ -27,7 +27,9 @@ result, stored under none; the UI then shows the planned one as "Skipped".)
 
 - ``archive_within_retention`` (ERROR), only for a policy with an ``archive_table``: no row the
   policy archived is older than its ``archive_retention_days`` (by the database's clock), i.e.
-  the archive's retention ran. It reads the archive as it is, whatever the day.
+  the archive's retention ran. It reads the archive as it is, whatever the day; a run whose purge
+  failed records it from the purge's step (:func:`archive_check_evaluation`), since the check's
+  own step does not run after a failed purge.
 
 A range run (a single-run backfill) records one result per check for every day of its range:
 each day is judged by its own materialization, as a run of that day would be. The earlier days
@@ -64,6 +66,7 @@ from favorites_maintenance.pipeline.resources import FavoritesDatabase, name_dat
 from favorites_maintenance.pipeline.run_report import ATTRIBUTED_KEY, RunReport
 from favorites_maintenance.retention.archive import count_overdue_archive
 from favorites_maintenance.retention.backlog import Backlog, measure_backlog
+from favorites_maintenance.retention.database import error_summary
 
 # Partitioned checks are a preview feature of Dagster 1.13: say it once, here, not at every load.
 warnings.filterwarnings("ignore", message="Specifying a partitions_def on an AssetCheckSpec",
@@ -225,6 +228,24 @@ def archive_retention_result(engine: sa.Engine, policy: Policy,
                      f"({days}): archived before {overdue.limit.isoformat()}"
                      if overdue.rows else None),
     )
+
+
+def archive_check_evaluation(context: dg.OpExecutionContext, engine: sa.Engine,
+                             policy: Policy, days: int) -> dg.AssetCheckEvaluation:
+    """The archive's check of ``policy``, evaluated from an op of its run (the purge, after it
+    failed: the check's own step is then skipped), for the run's day (the last of a range).
+    An archive that cannot be read fails it, saying why."""
+    try:
+        result = archive_retention_result(engine, policy, days)
+    except Exception as exc:
+        result = dg.AssetCheckResult(
+            passed=False, severity=dg.AssetCheckSeverity.ERROR,
+            description=f"{policy.archive_table} could not be read: {error_summary(exc)}")
+    partitions = run_partitions(context)
+    return dg.AssetCheckEvaluation(
+        asset_key=dg.AssetKey(list(policy.asset_key_path)), check_name=ARCHIVE_CHECK,
+        passed=result.passed, metadata=result.metadata, severity=result.severity,
+        description=result.description, partition=partitions[-1] if partitions else None)
 
 
 #: What a check function yields: one result (a run of one day), or one evaluation per day and

@@ -274,6 +274,94 @@ def archive_check(instance, result) -> dg.AssetCheckEvaluation:
     return record.event.dagster_event.event_specific_data
 
 
+def failure_observation(instance, result) -> dict:
+    """The metadata of the observation a failed run recorded of what stays done."""
+    [entry] = instance.all_logs(result.run_id,
+                                of_type=dg.DagsterEventType.ASSET_OBSERVATION)
+    return {k: v.value for k, v in entry.asset_observation.metadata.items()}
+
+
+def hold_archive(engine) -> None:
+    """Have the archive refuse every delete (a trigger raising, as a legal hold might)."""
+    with engine.begin() as conn:
+        conn.exec_driver_sql(
+            "CREATE FUNCTION shop.hold() RETURNS trigger LANGUAGE plpgsql AS "
+            "$$ BEGIN RAISE EXCEPTION 'on hold'; END $$; "
+            "CREATE TRIGGER hold BEFORE DELETE ON shop.items_archive "
+            "FOR EACH ROW EXECUTE FUNCTION shop.hold()")
+
+
+def test_the_archive_retention_runs_while_a_migration_has_the_purge_refused(env, engine):
+    old, _ = fill(engine)
+    with dg.instance_for_test() as instance:
+        assert run_shop(instance).success
+        date_archive(engine, 25)
+        newer = shop.add_items(engine, 3, updated_at=shop.OLD)
+        # The table gains a column the archive lacks: the purge is refused, as it must be.
+        with engine.begin() as conn:
+            conn.exec_driver_sql("ALTER TABLE shop.items ADD COLUMN coupon text")
+        result = run_shop(instance, archive_retention_days=30)
+        observed = failure_observation(instance, result)
+        check = archive_check(instance, result)
+    text = _refused_before_any_delete(
+        engine, result, "archive shop.items_archive has no column 'coupon' (text)",
+        "the archive's retention ran all the same: 25 rows of shop.items_archive archived "
+        "more than 30 days ago deleted, 15 rows of the policy kept")
+    assert "did not run" not in text
+    assert (observed["deletedTotal"], observed["archiveDeletedTotal"],
+            observed["archiveRows"]) == (0, 25, 15)
+    assert shop.ids_of(engine, shop.ARCHIVE) == sorted(old)[25:]
+    assert set(newer) <= set(shop.ids_of(engine, shop.TABLE))
+    assert check.passed and check.metadata["overdueArchivedRows"].value == 0
+
+
+def test_when_the_archive_retention_cannot_run_the_failure_says_so_and_its_check_is_red(
+        env, engine):
+    old, _ = fill(engine)
+    with dg.instance_for_test() as instance:
+        assert run_shop(instance).success
+        date_archive(engine, 25)
+        with engine.begin() as conn:
+            conn.exec_driver_sql("ALTER TABLE shop.items ADD COLUMN coupon text")
+        hold_archive(engine)  # its retention cannot run either
+        result = run_shop(instance, archive_retention_days=30)
+        text = _refused_before_any_delete(
+            engine, result, "archive shop.items_archive has no column 'coupon' (text)",
+            "the archive's retention did not run: deleting rows of shop.items_archive past the "
+            "archive's retention failed (0 deleted before stay deleted): raise_exception")
+        check = archive_check(instance, result)
+        assert not check.passed and check.severity == dg.AssetCheckSeverity.ERROR
+        assert check.metadata["overdueArchivedRows"].value == 25
+        assert len(shop.ids_of(engine, shop.ARCHIVE)) == 40
+
+        with engine.begin() as conn:  # both fixed: the next run deletes what is overdue
+            conn.exec_driver_sql("DROP TRIGGER hold ON shop.items_archive; "
+                                 "ALTER TABLE shop.items_archive ADD COLUMN coupon text")
+        result = run_shop(instance, archive_retention_days=30)
+        assert result.success, failure_text(result)
+        meta = materialization(result, asset_key=shop.ASSET_KEY)
+        assert archive_check(instance, result).passed
+    assert (meta["archiveDeletedTotal"], meta["archiveRows"]) == (25, 15)
+    assert shop.ids_of(engine, shop.ARCHIVE) == sorted(old)[25:]
+
+
+def test_an_archive_retention_that_fails_after_the_purge_turns_its_check_red(env, engine):
+    fill(engine)
+    with dg.instance_for_test() as instance:
+        assert run_shop(instance).success
+        date_archive(engine, 25)
+        hold_archive(engine)
+        newer = shop.add_items(engine, 3, updated_at=shop.OLD)
+        result = run_shop(instance, archive_retention_days=30)
+        check = archive_check(instance, result)
+    assert not result.success
+    assert ("deleting rows of shop.items_archive past the archive's retention failed (0 deleted "
+            "before stay deleted): raise_exception") in failure_text(result)
+    assert not check.passed and check.metadata["overdueArchivedRows"].value == 25
+    assert len(shop.ids_of(engine, shop.ARCHIVE)) == 43  # the purge moved the 3 new rows
+    assert not set(newer) & set(shop.ids_of(engine, shop.TABLE))
+
+
 def test_archive_within_retention_is_red_while_archived_rows_are_past_it(env, engine):
     fill(engine)
     check_key = dg.AssetCheckKey(shop.ASSET_KEY, ARCHIVE_CHECK)
