@@ -28,6 +28,7 @@ from favorites_maintenance.retention.schema import (
     month_starts,
 )
 from favorites_maintenance.retention.table_check import check_table
+from favorites_maintenance_tests.helpers.jobs import TEST_PARTITIONS_START, guest_variable
 from favorites_maintenance_tests.reliability.conftest import (
     CUTOFF,
     OLD,
@@ -71,8 +72,11 @@ def ids(engine) -> set[int]:
 
 
 def dry_run(db_url):
+    """``dry-run`` of :data:`PARTITION`, a day of the policy whatever ran before (the variable
+    of its first day set as the job's runs set it)."""
     return CliRunner().invoke(main, ["dry-run", "--partition", PARTITION], env={
-        DATABASE_URL_VAR: sa.make_url(db_url).render_as_string(hide_password=False)})
+        DATABASE_URL_VAR: sa.make_url(db_url).render_as_string(hide_password=False),
+        guest_variable("partitions_start"): TEST_PARTITIONS_START.isoformat()})
 
 
 def test_a_timestamp_without_time_zone_is_refused_by_the_job_and_the_dry_run(
