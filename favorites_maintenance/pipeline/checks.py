@@ -25,13 +25,20 @@ result, stored under none; the UI then shows the planned one as "Skipped".)
   times that median and the median plus :data:`SPIKE_MIN_ROWS` (so a quiet table going from 3
   to 40 rows is no spike). Fewer than :data:`SPIKE_MIN_HISTORY` earlier runs: passes, saying so.
 
+- ``archive_within_retention`` (ERROR), only for a policy with an ``archive_table``: no row the
+  policy archived is older than its ``archive_retention_days`` (by the database's clock), i.e.
+  the archive's retention ran. It reads the archive as it is, whatever the day; a run whose purge
+  failed records it from the purge's step (:func:`archive_check_evaluation`), since the check's
+  own step does not run after a failed purge.
+
 A range run (a single-run backfill) records one result per check for every day of its range:
 each day is judged by its own materialization, as a run of that day would be. The earlier days
 of a range hold a reference to the last day's record, whose figures they do not repeat
 (:meth:`~favorites_maintenance.pipeline.run_report.RunReport.range_metadata`): they pass the
 spike and skipped-rows checks saying so, are left out of the spike check's baseline, and the
 last day is checked with the run's figures. The overdue-rows check counts each day against
-that day's own cutoff.
+that day's own cutoff; the archive's check, which does not depend on the day, refers the
+earlier days to the last one as the spike check does.
 """
 
 
@@ -41,6 +48,7 @@ import warnings
 from collections.abc import Iterator, Mapping
 
 import dagster as dg
+import sqlalchemy as sa
 from dagster._core.definitions.asset_checks.asset_check_evaluation import (
     AssetCheckEvaluationTargetMaterializationData,
 )
@@ -56,7 +64,9 @@ from favorites_maintenance.pipeline.partitions import (
 from favorites_maintenance.pipeline.ranges import is_range_run, run_partitions
 from favorites_maintenance.pipeline.resources import FavoritesDatabase, name_database
 from favorites_maintenance.pipeline.run_report import ATTRIBUTED_KEY, RunReport
+from favorites_maintenance.retention.archive import count_overdue_archive
 from favorites_maintenance.retention.backlog import Backlog, measure_backlog
+from favorites_maintenance.retention.database import error_summary
 
 # Partitioned checks are a preview feature of Dagster 1.13: say it once, here, not at every load.
 warnings.filterwarnings("ignore", message="Specifying a partitions_def on an AssetCheckSpec",
@@ -70,6 +80,8 @@ SPIKE_MIN_ROWS = 10_000
 #: cost of a check stays bounded whatever the length of the history.
 _PAGE = 50
 _MAX_PAGES = 4
+#: The archive's check, on a policy with an ``archive_table``.
+ARCHIVE_CHECK = "archive_within_retention"
 
 
 def overdue_check_name(policy: Policy) -> str:
@@ -81,7 +93,8 @@ def overdue_check_name(policy: Policy) -> str:
 
 
 def build_asset_checks(policy: Policy) -> list[dg.AssetChecksDefinition]:
-    """The three asset checks of ``policy``'s cleanup asset (see the module docstring)."""
+    """The asset checks of ``policy``'s cleanup asset (see the module docstring): three, and
+    the archive's for a policy with an ``archive_table``."""
     asset_key = dg.AssetKey(list(policy.asset_key_path))
     rule = policy.rule
     noun = rule.row_noun
@@ -161,7 +174,78 @@ def build_asset_checks(policy: Policy) -> list[dg.AssetChecksDefinition]:
             record.asset_materialization.metadata if record else None)
         yield from _outcome(context, asset_key, "no_rows_skipped", results)
 
-    return [overdue_rows, deleted_total_spike, no_rows_skipped]
+    if policy.archive_table is None:
+        return [overdue_rows, deleted_total_spike, no_rows_skipped]
+
+    days = policy.settings.archive_retention_days
+
+    @dg.asset_check(
+        asset=asset_key,
+        partitions_def=policy_partitions(policy),
+        name=ARCHIVE_CHECK,
+        description=(f"No row archived in {policy.archive_table} by this policy more than "
+                     f"archive_retention_days ({days}) days ago, by the database's clock: the "
+                     "archive's retention ran."),
+        required_resource_keys={policy.database_key},
+    )
+    def archive_within_retention(context: dg.AssetCheckExecutionContext
+                                 ) -> Iterator[CheckOutput]:
+        """Count the policy's archived rows past the archive's retention; any fails (ERROR)."""
+        database: FavoritesDatabase = getattr(context.resources, policy.database_key)
+        results = _references(context, asset_key, figures={})
+        results[_last_partition(context)] = archive_retention_result(database.engine, policy,
+                                                                     days)
+        yield from _outcome(context, asset_key, ARCHIVE_CHECK, results)
+
+    return [overdue_rows, deleted_total_spike, no_rows_skipped, archive_within_retention]
+
+
+def archive_retention_result(engine: sa.Engine, policy: Policy,
+                             days: int) -> dg.AssetCheckResult:
+    """The archive's check of ``policy`` (which has an ``archive_table``) on ``engine``: passes
+    when none of its rows was archived more than ``days`` days ago.
+
+    Raises:
+        ArchiveCountError: the archive could not be read (a note names the database's
+            variable).
+    """
+    try:
+        overdue = count_overdue_archive(engine, policy.archive_table, policy.name, days)
+    except Exception as exc:
+        name_database(exc, policy)
+        raise
+    return dg.AssetCheckResult(
+        passed=overdue.rows == 0,
+        severity=dg.AssetCheckSeverity.ERROR,
+        metadata={
+            "overdueArchivedRows": overdue.rows,
+            "oldestOverdueArchivedAt": overdue.oldest.isoformat() if overdue.oldest else "none",
+            "archiveRetentionDays": days,
+            "limit": overdue.limit.isoformat(),
+        },
+        description=(f"{overdue.rows} archived rows of policy {policy.name} in "
+                     f"{policy.archive_table} are older than its archive_retention_days "
+                     f"({days}): archived before {overdue.limit.isoformat()}"
+                     if overdue.rows else None),
+    )
+
+
+def archive_check_evaluation(context: dg.OpExecutionContext, engine: sa.Engine,
+                             policy: Policy, days: int) -> dg.AssetCheckEvaluation:
+    """The archive's check of ``policy``, evaluated from an op of its run (the purge, after it
+    failed: the check's own step is then skipped), for the run's day (the last of a range).
+    An archive that cannot be read fails it, saying why."""
+    try:
+        result = archive_retention_result(engine, policy, days)
+    except Exception as exc:
+        result = dg.AssetCheckResult(
+            passed=False, severity=dg.AssetCheckSeverity.ERROR,
+            description=f"{policy.archive_table} could not be read: {error_summary(exc)}")
+    partitions = run_partitions(context)
+    return dg.AssetCheckEvaluation(
+        asset_key=dg.AssetKey(list(policy.asset_key_path)), check_name=ARCHIVE_CHECK,
+        passed=result.passed, metadata=result.metadata, severity=result.severity,
+        description=result.description, partition=partitions[-1] if partitions else None)
 
 
 #: What a check function yields: one result (a run of one day), or one evaluation per day and
@@ -242,16 +326,18 @@ def _last_partition(context: dg.AssetCheckExecutionContext) -> str | None:
     return partitions[-1] if partitions else None
 
 
-def _references(context: dg.AssetCheckExecutionContext,
-                asset_key: dg.AssetKey) -> dict[str, dg.AssetCheckResult]:
+def _references(context: dg.AssetCheckExecutionContext, asset_key: dg.AssetKey,
+                figures: Mapping | None = None) -> dict[str, dg.AssetCheckResult]:
     """The passing result of each earlier day of a range run (none for a run of one day):
-    its materialization refers to the last day's, which is the one checked."""
+    its materialization refers to the last day's, which is the one checked. ``figures``: the
+    metadata each holds besides the reference (default ``deletedTotal`` 0)."""
     if not is_range_run(context):
         return {}
     last = _last_partition(context)
+    figures = {"deletedTotal": 0} if figures is None else figures
     return {partition: dg.AssetCheckResult(
                 passed=True, severity=dg.AssetCheckSeverity.WARN,
-                metadata={"deletedTotal": 0, ATTRIBUTED_KEY: last},
+                metadata={**figures, ATTRIBUTED_KEY: last},
                 description=f"this run's figures are on {last}, the last day of its range")
             for partition in run_partitions(context)[:-1]}
 

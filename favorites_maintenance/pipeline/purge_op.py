@@ -18,6 +18,7 @@ from pydantic import Field
 from favorites_maintenance.config.policy import Policy
 from favorites_maintenance.config.policy_settings import PolicySettings
 from favorites_maintenance.pipeline import tracing
+from favorites_maintenance.pipeline.checks import archive_check_evaluation
 from favorites_maintenance.pipeline.resources import (
     FavoritesDatabase,
     MetricsPush,
@@ -27,7 +28,11 @@ from favorites_maintenance.pipeline.resources import (
 from favorites_maintenance.pipeline.run_log import core_logs_in_run_log, to_run_log
 from favorites_maintenance.pipeline.run_report import RunReport
 from favorites_maintenance.pipeline.stop_requests import StopRequests
-from favorites_maintenance.retention.archive import ArchiveTarget, prune_archive
+from favorites_maintenance.retention.archive import (
+    ArchivePruneReport,
+    ArchiveTarget,
+    prune_archive,
+)
 from favorites_maintenance.retention.database import (
     error_summary,
     is_database_error,
@@ -67,6 +72,14 @@ class PurgeConfig(dg.Config):
     retry_delay_seconds: float = Field(default=5.0, ge=0)
 
 
+def retry_follows(context: dg.OpExecutionContext, config: PurgeConfig,
+                  exc: BaseException) -> bool:
+    """Whether a failure ``exc`` of this attempt of an op is retried (see
+    :func:`attempt_failed`): a transient database error, with retries left."""
+    return (transient_error_kind(exc) is not None
+            and context.retry_number < config.max_retries)
+
+
 def attempt_failed(context: dg.OpExecutionContext, config: PurgeConfig, policy: Policy,
                    exc: BaseException, *, batch_no: int = 0,
                    deleted_before: int = 0) -> dg.RetryRequested | None:
@@ -87,10 +100,9 @@ def attempt_failed(context: dg.OpExecutionContext, config: PurgeConfig, policy: 
               f"error={error_summary(exc)}")
     if database != "dagster_storage":
         name_database(exc, policy)
-    kind = transient_error_kind(exc)
-    if kind is not None and context.retry_number < config.max_retries:
+    if retry_follows(context, config, exc):
         wait = config.retry_delay_seconds * 2 ** context.retry_number
-        context.log.warning(f"transient database error ({kind}); retry "
+        context.log.warning(f"transient database error ({transient_error_kind(exc)}); retry "
                             f"{context.retry_number + 1}/{config.max_retries} in {wait:g} s: "
                             f"attempt {context.retry_number + 1} failed: {fields}")
         return dg.RetryRequested(max_retries=config.max_retries, seconds_to_wait=wait)
@@ -130,7 +142,9 @@ def run_purge_op(context: dg.OpExecutionContext, config: PurgeConfig,
     flight.
 
     A failure that ends the run (no retry left) and a stop push the run's gauges to
-    ``metrics``, if given, with ``last_run_success`` 0.
+    ``metrics``, if given, with ``last_run_success`` 0. With an archive, a failure that ends
+    the run still runs the archive's retention and records its check
+    (:meth:`PurgeStep.archive_after_failure`).
 
     The purge is the span ``<policy>.cleanup``, parent of the batch spans, exported only when
     an OTLP endpoint is configured (:mod:`favorites_maintenance.pipeline.tracing`).
@@ -242,6 +256,8 @@ class PurgeStep:
     last_progress: float = dataclasses.field(default_factory=time.monotonic)
     #: What this attempt's drop phase did, once it ran.
     dropped: PartitionDropResult | None = None
+    #: When this attempt started (``time.monotonic()``, seconds).
+    started: float = dataclasses.field(default_factory=time.monotonic)
 
     def __post_init__(self):
         if self.rule is None:
@@ -279,7 +295,7 @@ class PurgeStep:
                 )
             except Exception as exc:
                 tracing.run_failed(span, exc)
-                self.failed(exc)
+                self.failed(exc, archive=self.archive_after_failure(exc, stop_requests))
                 raise
             # A request that arrived during the last batch is still a request: the flag is
             # only visible inside capture_interrupts, which resets it on exit.
@@ -333,6 +349,8 @@ class PurgeStep:
                 settings.archive_retention_days, batch_size=settings.batch_size_max,
                 max_duration=max(left, dt.timedelta(0)), should_stop=stop_requests.requested)
         except Exception as exc:
+            if not retry_follows(self.context, self.config, exc):
+                self.record_archive_check()  # the check's own step will not run
             # The purge's batches are committed: the failure's record (and a retry) counts them.
             self.failed(exc, purged=report)
             raise
@@ -341,6 +359,51 @@ class PurgeStep:
                    f"more than {settings.archive_retention_days} days ago deleted, "
                    f"{pruned.rows} rows of the policy kept")
         return summary.with_archive(pruned.deleted_total, pruned.rows)
+
+    def archive_after_failure(self, exc: Exception,
+                              stop_requests: StopRequests) -> ArchivePruneReport | None:
+        """After a purge that failed for good (``exc``, no retry follows), with an archive:
+        run the archive's retention all the same, within what is left of the run's time budget
+        (at least one batch), so that a refused purge (a migration the archive does not fit
+        yet) never keeps archived rows past ``archive_retention_days``. What it did, or why it
+        could not, is added to ``exc`` as a note (Dagster shows it with the step's error) and
+        logged; the archive's check is recorded (:meth:`record_archive_check`). Returns its
+        report, or ``None`` when it did not run or failed."""
+        if self.policy.archive_table is None or retry_follows(self.context, self.config, exc):
+            return None
+        settings, archive = self.settings, self.policy.archive_table
+        days = settings.archive_retention_days
+        left = settings.max_run_duration - dt.timedelta(seconds=time.monotonic() - self.started)
+        pruned = None
+        try:
+            pruned = prune_archive(
+                self.database.engine, archive, self.policy.name, days,
+                batch_size=settings.batch_size_max, max_duration=max(left, dt.timedelta(0)),
+                should_stop=stop_requests.requested)
+        except Exception as failure:
+            why = str(failure) if isinstance(failure, RetentionError) else error_summary(failure)
+            note = (f"the archive's retention did not "
+                    f"{'finish' if getattr(failure, 'deleted_total', 0) else 'run'}: {why}; "
+                    f"the rows of {archive} archived more than {days} days ago stay until a "
+                    f"run deletes them")
+            level = logging.WARNING
+        else:
+            note = (f"the archive's retention ran all the same: {pruned.deleted_total} rows of "
+                    f"{archive} archived more than {days} days ago deleted, {pruned.rows} rows "
+                    f"of the policy kept"
+                    + (" (stopped with rows left, for the next run)" if pruned.stopped else ""))
+            level = logging.INFO
+        exc.add_note(note)
+        to_run_log(self.context, level, f"archive {archive}: {note}")
+        self.record_archive_check()
+        return pruned
+
+    def record_archive_check(self) -> None:
+        """Record the archive's check (``archive_within_retention``) for this run from this
+        step: after a failure that ends the run, the check's own step is skipped."""
+        self.context.log_event(archive_check_evaluation(
+            self.context, self.database.engine, self.policy,
+            self.settings.archive_retention_days))
 
     def on_batch(self, batch: BatchResult) -> None:
         """A progress line in the run's log: the first batch, then every
@@ -358,11 +421,13 @@ class PurgeStep:
             self.last_progress = now
             to_run_log(self.context, logging.INFO, line)
 
-    def failed(self, exc: Exception, purged: PurgeReport | None = None) -> None:
+    def failed(self, exc: Exception, purged: PurgeReport | None = None,
+               archive: ArchivePruneReport | None = None) -> None:
         """Log the failure, record what stays deleted (``purged``: the report of a purge that
-        finished before ``exc``, else the one ``exc`` carries), and request a retry for a
-        transient error with retries left (raises ``RetryRequested``); otherwise push the
-        run's gauges and return, so the caller re-raises ``exc``."""
+        finished before ``exc``, else the one ``exc`` carries; ``archive``: what the archive's
+        retention did after it), and request a retry for a transient error with retries left
+        (raises ``RetryRequested``); otherwise push the run's gauges and return, so the caller
+        re-raises ``exc``."""
         context, settings = self.context, self.settings
         failed_report = purged or (getattr(exc, "report", None)
                                    if isinstance(exc, PurgeError) else None)
@@ -380,8 +445,10 @@ class PurgeStep:
         if self.dropped is not None:
             this_attempt = this_attempt.with_partitions(
                 len(self.dropped.detached), len(self.dropped.dropped), self.dropped.rows_removed)
+        if archive is not None:
+            this_attempt = this_attempt.with_archive(archive.deleted_total, archive.rows)
         if deleted_before or (failed_report and failed_report.skipped_rows) or (
-                self.dropped is not None and self.dropped.dropped):
+                self.dropped is not None and self.dropped.dropped) or archive is not None:
             # Those rows stay deleted: say so, and let a retry of this op count them.
             context.log_event(dg.AssetObservation(asset_key=self.asset_key, metadata={
                 **this_attempt.as_metadata(),

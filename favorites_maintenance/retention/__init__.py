@@ -1,10 +1,15 @@
 """The retention core: the rule, the batched purge, the backlog, the archive and restore. No
 Dagster import here."""
 
-from favorites_maintenance.retention.archive import ArchiveTarget, prune_archive
+from favorites_maintenance.retention.archive import (
+    ArchiveTarget,
+    count_overdue_archive,
+    prune_archive,
+)
 from favorites_maintenance.retention.backlog import Backlog, measure_backlog
 from favorites_maintenance.retention.batch_size import BatchSizeController
 from favorites_maintenance.retention.errors import (
+    ArchiveCountError,
     ArchiveError,
     ArchivePruneError,
     BacklogError,
@@ -35,6 +40,7 @@ from favorites_maintenance.retention.scan import ScanMode
 from favorites_maintenance.retention.table_check import check_table
 
 __all__ = [
+    "ArchiveCountError",
     "ArchiveError",
     "ArchivePruneError",
     "ArchiveTarget",
@@ -69,6 +75,7 @@ __all__ = [
     "TableShapeError",
     "check_table",
     "compute_cutoff",
+    "count_overdue_archive",
     "delete_prunable",
     "measure_backlog",
     "prunable",

@@ -50,7 +50,8 @@ the check rolls the batch back and ends the run, so a column added during a run 
 out of the archived rows. It reads the archive's insert triggers and rules again the same way.
 
 :func:`prune_archive` deletes the policy's archived rows older than its ``archive_retention_days``
-(by ``_retention_archived_at``), in batches, after the main purge.
+(by ``_retention_archived_at``), in batches, after the main purge, whether the purge succeeded or
+not; :func:`count_overdue_archive` counts those still there.
 """
 
 from __future__ import annotations
@@ -74,6 +75,7 @@ from favorites_maintenance.retention.database import (
     limit_transaction,
 )
 from favorites_maintenance.retention.errors import (
+    ArchiveCountError,
     ArchiveError,
     ArchivePruneError,
     ErrorKind,
@@ -646,3 +648,55 @@ def prune_archive(engine: sa.Engine, table: str, policy: str, retention_days: in
                  deleted, table, retention_days)
     return ArchivePruneReport(deleted_total=deleted, batches=batches, rows=rows,
                               duration_s=time.monotonic() - started, stopped=stopped)
+
+
+@dataclass(frozen=True)
+class ArchiveOverdue:
+    """A policy's archived rows past the archive's retention, by the database's clock.
+
+    Attributes:
+        rows: the policy's rows archived before ``limit``.
+        oldest: ``_retention_archived_at`` of the oldest of them, a UTC instant, or ``None``.
+        limit: the database's ``now()`` minus the retention, a UTC instant.
+    """
+
+    rows: int
+    oldest: dt.datetime | None
+    limit: dt.datetime
+
+
+def count_overdue_archive(engine: sa.Engine, table: str, policy: str, retention_days: int, *,
+                          lock_timeout: dt.timedelta = DEFAULT_LOCK_TIMEOUT,
+                          statement_timeout: dt.timedelta = DEFAULT_STATEMENT_TIMEOUT,
+                          ) -> ArchiveOverdue:
+    """Count ``policy``'s rows of archive ``table`` archived more than ``retention_days`` ago
+    (by the database's clock): the rows :func:`prune_archive` deletes. A missing archive holds
+    none. One read, in a transaction bounded like a batch's.
+
+    Raises:
+        ArchiveCountError: the archive could not be read.
+        InvalidArgumentError: ``retention_days`` not > 0.
+    """
+    if retention_days <= 0:
+        raise InvalidArgumentError("retention_days must be > 0")
+    schema, name = split_table_name(table, "archive_table")
+    t = sa.Table(name, sa.MetaData(schema=schema),
+                 sa.Column(POLICY_COLUMN, sa.Text),
+                 sa.Column(ARCHIVED_AT_COLUMN, TIMESTAMP(timezone=True)))
+    limit = sa.func.now() - sa.bindparam("keep", type_=sa.Interval)
+    overdue = (sa.select(sa.func.count(), sa.func.min(t.c[ARCHIVED_AT_COLUMN]), limit)
+               .where(t.c[POLICY_COLUMN] == sa.bindparam("policy", type_=sa.Text),
+                      t.c[ARCHIVED_AT_COLUMN] < limit))
+    params = {"policy": policy, "keep": dt.timedelta(days=retention_days)}
+    try:
+        with engine.connect() as conn, conn.begin():
+            limit_transaction(conn, lock_timeout=lock_timeout,
+                              statement_timeout=statement_timeout)
+            if conn.execute(_RELKIND, {"t": table}).first() is None:
+                rows, oldest, at = 0, None, conn.execute(sa.select(limit), params).scalar_one()
+            else:
+                rows, oldest, at = conn.execute(overdue, params).one()
+    except sa.exc.DBAPIError as exc:
+        raise ArchiveCountError(table, describe(exc)) from None
+    return ArchiveOverdue(rows=rows, oldest=oldest.astimezone(dt.UTC) if oldest else None,
+                          limit=at.astimezone(dt.UTC))

@@ -59,6 +59,7 @@ class ErrorKind(str, enum.Enum):
     STALE_STATEMENT = "stale_statement"
     FEATURE_NOT_SUPPORTED = "feature_not_supported"
     OBJECT_NOT_IN_PREREQUISITE_STATE = "object_not_in_prerequisite_state"
+    INVALID_COLUMN_REFERENCE = "invalid_column_reference"
     RESTRICT_VIOLATION = "restrict_violation"
     FOREIGN_KEY_VIOLATION = "foreign_key_violation"
     NOT_NULL_VIOLATION = "not_null_violation"
@@ -113,6 +114,9 @@ _KINDS: dict[str, ErrorKind] = {
     # A table the statement needs is not in the state it requires, e.g. one in a publication
     # that publishes deletes and has no replica identity: PostgreSQL refuses every DELETE.
     "55000": ErrorKind.OBJECT_NOT_IN_PREREQUISITE_STATE,
+    # A column the statement relies on is refused, e.g. a publication's row filter on a column
+    # outside the table's replica identity: PostgreSQL refuses every DELETE on it.
+    "42P10": ErrorKind.INVALID_COLUMN_REFERENCE,
     # A value written into a generated column or a GENERATED ALWAYS identity: the message names
     # the column, never the value.
     "428C9": ErrorKind.GENERATED_ALWAYS,
@@ -145,7 +149,8 @@ _SAFE_MESSAGE_KINDS = frozenset({
     ErrorKind.CONNECTION_LOST, ErrorKind.TLS_ERROR, ErrorKind.TOO_MANY_CONNECTIONS,
     ErrorKind.INSUFFICIENT_RESOURCES,
     ErrorKind.STALE_STATEMENT, ErrorKind.FEATURE_NOT_SUPPORTED,
-    ErrorKind.OBJECT_NOT_IN_PREREQUISITE_STATE, ErrorKind.GENERATED_ALWAYS,
+    ErrorKind.OBJECT_NOT_IN_PREREQUISITE_STATE, ErrorKind.INVALID_COLUMN_REFERENCE,
+    ErrorKind.GENERATED_ALWAYS,
     ErrorKind.RESTRICT_VIOLATION, ErrorKind.FOREIGN_KEY_VIOLATION, ErrorKind.NOT_NULL_VIOLATION,
     ErrorKind.CHECK_VIOLATION, ErrorKind.EXCLUSION_VIOLATION,
     ErrorKind.INTEGRITY_CONSTRAINT_VIOLATION,
@@ -544,6 +549,18 @@ class ArchivePruneError(DatabaseError):
         super().__init__(f"deleting rows of {archive} past the archive's retention failed "
                          f"({deleted_total} deleted before stay deleted): {error}", error)
         self.deleted_total = deleted_total
+
+
+class ArchiveCountError(DatabaseError):
+    """The archived rows past the archive's retention could not be counted.
+
+    Attributes:
+        error: the database error, described without private data.
+    """
+
+    def __init__(self, archive: str, error: ErrorDescription):
+        super().__init__(f"could not count the rows of {archive} past the archive's retention: "
+                         f"{error}", error)
 
 
 class RestoreError(RetentionError):

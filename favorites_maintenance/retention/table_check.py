@@ -18,6 +18,11 @@ guest-favorites rule's columns name the roles (another rule names its own):
   deletes while it has no replica identity: PostgreSQL refuses every ``DELETE`` on it
   (SQLSTATE 55000), so the job could never purge it: refused, naming the publication and the
   ``REPLICA IDENTITY`` fix;
+- no such publication has a row filter (``WHERE (user_id IS NULL)``, PostgreSQL 15 and later)
+  on a column outside the replica identity (the primary key, by default): PostgreSQL refuses
+  every ``DELETE`` then too (SQLSTATE 42P10, naming neither the publication nor the column):
+  refused, naming the publication, the filter's columns and the fix (``REPLICA IDENTITY FULL``,
+  or an identity index that covers them);
 - the recommended partial index exists (a plain index on ``(<age>, <key>)`` for a rule with no
   guard): without it each batch scans more than it deletes, so a warning with the ``CREATE
   INDEX`` to run, not a failure. An index left INVALID by a failed ``CREATE INDEX
@@ -26,7 +31,7 @@ guest-favorites rule's columns name the roles (another rule names its own):
   warning to drop it and create it again.
 
 The catalogs are readable by every role, so the check needs no privilege the job lacks. It is
-one catalog statement (:data:`_TABLE`) and, for the publications, one more: a few milliseconds
+one catalog statement (:data:`_TABLE`) and, for the publications, two more: a few milliseconds
 of the daily run, which a reflection of the table through SQLAlchemy's inspector took tens of.
 """
 
@@ -135,6 +140,7 @@ def check_table(conn: sa.Connection, rule: RetentionRule = GUEST_FAVORITES) -> T
                if broken else "Fix: make it the primary key, or ")
             + f"CREATE UNIQUE INDEX CONCURRENTLY ON {table} ({key_column})",
             column=key_column)
+    _refuse_filtered_publication(conn, rule)
     _refuse_unpublishable(conn, rule, indexes)
 
     guard = sorted(_normalised(f"{c.name} IS NULL") for c in rule.guards)
@@ -327,6 +333,118 @@ def _refuse_unpublishable(conn: sa.Connection, rule: RetentionRule, indexes: lis
         f"(SQLSTATE 55000). Fix, as the table's owner: ALTER TABLE {relation} REPLICA IDENTITY "
         f"{using} (or REPLICA IDENTITY FULL, which logs whole rows), or leave it out of the "
         f"publication (ALTER PUBLICATION {publications[0]} DROP TABLE {relation})")
+
+
+#: The first leaf of ``:t`` (as in :data:`_UNPUBLISHABLE`) whose deletes a publication publishes
+#: through a row filter on a column outside the leaf's replica identity, and that publication:
+#: the leaf, the publication, the filter as PostgreSQL prints it, the filter's columns outside
+#: the replica identity, those of its columns that may be NULL on the leaf (no identity index
+#: can hold them), the replica identity (``relreplident``), its index's name and key columns
+#: (none for ``NOTHING``, or ``DEFAULT`` without a primary key). The filter PostgreSQL applies
+#: to a partition is its own or, with ``publish_via_partition_root``, that of its topmost
+#: ancestor in the publication; its columns are the ``Var`` nodes of the stored expression
+#: (``:var``), matched to the leaf by name. ``REPLICA IDENTITY FULL`` covers every column.
+#: PostgreSQL 15 and later.
+_FILTERED = sa.text("""
+    WITH leaf AS (
+        SELECT c.oid, c.relreplident, c.relispartition,
+               format('%I.%I', n.nspname, c.relname) AS name
+          FROM (SELECT to_regclass(:t) AS oid
+                UNION SELECT relid FROM pg_partition_tree(to_regclass(:t)) WHERE isleaf) AS l
+          JOIN pg_class c ON c.oid = l.oid AND c.relkind <> 'p'
+          JOIN pg_namespace n ON n.oid = c.relnamespace
+         WHERE c.relreplident <> 'f'),
+    filtered AS (
+        SELECT leaf.oid, leaf.name, leaf.relreplident, p.pubname, r.prrelid AS declared,
+               r.prqual
+          FROM leaf
+          JOIN pg_publication p ON p.pubdelete AND NOT p.puballtables
+          CROSS JOIN LATERAL (
+              SELECT coalesce((
+                  SELECT a.relid
+                    FROM pg_partition_ancestors(leaf.oid) WITH ORDINALITY AS a(relid, level)
+                   WHERE p.pubviaroot AND leaf.relispartition AND a.relid <> leaf.oid
+                     AND (EXISTS (SELECT 1 FROM pg_publication_rel pr
+                                   WHERE pr.prpubid = p.oid AND pr.prrelid = a.relid)
+                          OR EXISTS (SELECT 1 FROM pg_publication_namespace pn
+                                      JOIN pg_class ac ON ac.oid = a.relid
+                                     WHERE pn.pnpubid = p.oid
+                                       AND pn.pnnspid = ac.relnamespace))
+                   ORDER BY a.level DESC LIMIT 1), leaf.oid) AS relid) AS published
+          JOIN pg_publication_rel r
+            ON r.prpubid = p.oid AND r.prrelid = published.relid AND r.prqual IS NOT NULL),
+    identity AS (
+        SELECT f.oid, ic.relname AS index_name,
+               array_agg(att.attname ORDER BY k.n) AS columns
+          FROM (SELECT DISTINCT oid, relreplident FROM filtered) AS f
+          JOIN pg_index i ON i.indrelid = f.oid AND i.indisvalid
+                         AND CASE f.relreplident WHEN 'd' THEN i.indisprimary
+                                                 WHEN 'i' THEN i.indisreplident
+                                                 ELSE false END
+          JOIN pg_class ic ON ic.oid = i.indexrelid
+          CROSS JOIN LATERAL unnest(i.indkey::int2[]) WITH ORDINALITY AS k(num, n)
+          JOIN pg_attribute att ON att.attrelid = f.oid AND att.attnum = k.num
+         WHERE k.n <= i.indnkeyatts
+         GROUP BY f.oid, ic.relname)
+    SELECT f.name, f.pubname, pg_get_expr(f.prqual, f.declared),
+           array_agg(DISTINCT coalesce(col.attname, 'a whole-row reference')
+                     ORDER BY coalesce(col.attname, 'a whole-row reference'))
+               FILTER (WHERE own.attname IS NULL
+                          OR NOT own.attname = ANY (coalesce(identity.columns, '{}'))),
+           coalesce(array_agg(DISTINCT col.attname ORDER BY col.attname)
+                        FILTER (WHERE NOT coalesce(own.attnotnull, false)), '{}'),
+           f.relreplident, identity.index_name, identity.columns
+      FROM filtered f
+      LEFT JOIN identity ON identity.oid = f.oid
+      CROSS JOIN LATERAL regexp_matches(f.prqual::text, :var, 'g') AS v(attno)
+      LEFT JOIN pg_attribute col
+        ON col.attrelid = f.declared AND col.attnum = v.attno[1]::int2
+      LEFT JOIN pg_attribute own
+        ON own.attrelid = f.oid AND own.attname = col.attname AND NOT own.attisdropped
+     GROUP BY f.name, f.pubname, f.prqual, f.declared, f.relreplident, identity.index_name,
+              identity.columns
+    HAVING bool_or(own.attname IS NULL
+                   OR NOT own.attname = ANY (coalesce(identity.columns, '{}')))
+     ORDER BY 1, 2
+     LIMIT 1
+""")
+
+
+#: A column reference in a stored expression (``{VAR :varno 1 :varattno 2 ...}``): its number.
+_VAR_ATTNO = r":varattno (-?\d+)"
+
+
+def _refuse_filtered_publication(conn: sa.Connection, rule: RetentionRule) -> None:
+    """Raise :class:`TableShapeError` when a publication's row filter makes PostgreSQL refuse
+    every DELETE on the table or one of its partitions (see the module docstring). Row filters
+    exist from PostgreSQL 15: nothing to read before."""
+    if (conn.dialect.server_version_info or (0,)) < (15,):
+        return
+    found = conn.execute(_FILTERED, {"t": rule.qualified_name, "var": _VAR_ATTNO}).first()
+    if found is None:
+        return
+    relation, publication, row_filter, columns, nullable, identity, index, key = found
+    named = ", ".join(columns)
+    if identity == "d" and index:
+        has = f"the primary key: {', '.join(key)}"
+    elif identity == "i" and index:
+        has = f"index {index}: {', '.join(key)}"
+    else:
+        has = _IDENTITY.get(identity, identity)
+    one = len(columns) == 1
+    # An identity index is unique on NOT NULL columns: it can cover no column that may be NULL.
+    index_fix = (f" (the WAL then logs whole rows; no index can serve instead, as "
+                 f"{', '.join(nullable)} may be NULL)" if nullable else
+                 " (the WAL then logs whole rows), or REPLICA IDENTITY USING INDEX of a unique "
+                 "index on NOT NULL columns that include every column of the filter")
+    raise TableShapeError(
+        f"{rule.qualified_name} cannot be purged: publication {publication} publishes the "
+        f"deletes of {relation} with the row filter {row_filter}, on column{'' if one else 's'} "
+        f"{named}, which {'is' if one else 'are'} not part of its replica identity ({has}), so "
+        f"PostgreSQL refuses every DELETE on it (SQLSTATE 42P10). Fix, as the table's owner: "
+        f"ALTER TABLE {relation} REPLICA IDENTITY FULL{index_fix}; or, with the owners of the "
+        f"publication's subscribers, a row filter on the replica identity's columns only",
+        column=columns[0])
 
 
 def _normalised(predicate: str | None) -> str:

@@ -7,7 +7,11 @@ import datetime as dt
 
 import pytest
 
-from favorites_maintenance.retention.archive import ArchiveTarget, prune_archive
+from favorites_maintenance.retention.archive import (
+    ArchiveTarget,
+    count_overdue_archive,
+    prune_archive,
+)
 from favorites_maintenance.retention.errors import ArchiveError
 from favorites_maintenance.retention.purge import purge
 from favorites_maintenance.retention.rule import RetentionRule
@@ -119,6 +123,36 @@ def test_archive_retention_deletes_only_its_own_policys_rows_past_it(items):
     assert len(shop.ids_of(engine, shop.ARCHIVE)) == 3  # the other policy's
     again = prune_archive(engine, shop.ARCHIVE, "other", 32, batch_size=2, max_duration=MINUTE)
     assert (again.deleted_total, again.rows) == (0, 3)
+
+
+def test_the_overdue_count_is_what_the_archive_retention_deletes(items):
+    engine = items
+    assert count_overdue_archive(engine, shop.ARCHIVE, shop.POLICY, 30).rows == 0  # no archive
+    shop.add_items(engine, 12, updated_at=shop.OLD)
+    purge(engine, shop.CUTOFF, batch_size=5, max_run_duration=MINUTE, rule=RULE,
+          archive=ArchiveTarget(shop.ARCHIVE, shop.POLICY, "run-1"))
+    with engine.begin() as conn:
+        # A quarter belongs to another policy; of this policy's 9, 8 are past 30 days.
+        conn.exec_driver_sql(
+            "UPDATE shop.items_archive SET _retention_archived_at = now() - interval '1 day' "
+            "* (31 + id), _retention_policy = CASE WHEN mod(id, 4) = 0 THEN 'other' "
+            "ELSE _retention_policy END")
+        conn.exec_driver_sql(
+            "UPDATE shop.items_archive SET _retention_archived_at = now() - interval '29 days' "
+            "WHERE id = (SELECT max(id) FROM shop.items_archive WHERE mod(id, 4) <> 0)")
+        oldest = conn.exec_driver_sql(
+            "SELECT min(_retention_archived_at) FROM shop.items_archive "
+            "WHERE _retention_policy = 'shop_items'").scalar_one()
+
+    overdue = count_overdue_archive(engine, shop.ARCHIVE, shop.POLICY, 30)
+    assert (overdue.rows, overdue.oldest) == (8, oldest)
+    assert overdue.oldest.utcoffset() == dt.timedelta(0) and overdue.oldest < overdue.limit
+    pruned = prune_archive(engine, shop.ARCHIVE, shop.POLICY, 30, batch_size=5,
+                           max_duration=MINUTE)
+    assert (pruned.deleted_total, pruned.rows) == (overdue.rows, 1)
+    after = count_overdue_archive(engine, shop.ARCHIVE, shop.POLICY, 30)
+    assert (after.rows, after.oldest) == (0, None)
+    assert count_overdue_archive(engine, shop.ARCHIVE, "other", 30).rows == 3
 
 
 def test_a_restore_leaves_the_rows_the_table_refuses_in_the_archive_counted(items):

@@ -35,6 +35,10 @@ def failing(engine, sql: str) -> sa.exc.DBAPIError:
      'relation "favorites.nowhere" does not exist'),
     ("DO $$ BEGIN RAISE EXCEPTION 'row %', 'PRIVATE' USING DETAIL = 'PRIVATE'; END $$",
      "raise_exception", "P0001", None),
+    # A publication's row filter outside the replica identity, created after the run's check.
+    ("CREATE PUBLICATION late FOR TABLE favorites.favorites WHERE (user_id IS NULL); "
+     "DELETE FROM favorites.favorites", "invalid_column_reference", "42P10",
+     'cannot delete from table "favorites"'),
 ])
 def test_kinds_and_what_is_said(engine, sql, kind, sqlstate, message):
     exc = failing(engine, sql)

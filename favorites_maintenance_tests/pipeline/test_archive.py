@@ -23,6 +23,8 @@ from favorites_maintenance_tests.helpers.jobs import (
 )
 from favorites_maintenance_tests.helpers.policies import policy_sandbox
 
+ARCHIVE_CHECK = "archive_within_retention"
+
 
 @pytest.fixture
 def env(db_url, engine, monkeypatch):
@@ -254,6 +256,155 @@ def test_archived_rows_past_the_archive_retention_are_deleted_by_the_next_run(en
     assert shop.ids_of(engine, shop.ARCHIVE) == sorted(old)[25:] + newer
 
 
+def date_archive(engine, past_retention: int) -> None:
+    """Date the first ``past_retention`` archived rows (by id) 31 days back, the others 29."""
+    with engine.begin() as conn:
+        conn.exec_driver_sql(
+            "UPDATE shop.items_archive SET _retention_archived_at = now() - CASE WHEN id IN "
+            f"(SELECT id FROM shop.items_archive ORDER BY id LIMIT {past_retention}) "
+            "THEN interval '31 days' ELSE interval '29 days' END")
+
+
+def archive_check(instance, result) -> dg.AssetCheckEvaluation:
+    """The latest evaluation of ``archive_within_retention``, as the asset's Checks tab shows
+    it: that of ``result``'s run."""
+    record = instance.get_latest_asset_check_evaluation_record(
+        dg.AssetCheckKey(shop.ASSET_KEY, ARCHIVE_CHECK))
+    assert record is not None and record.run_id == result.run_id
+    return record.event.dagster_event.event_specific_data
+
+
+def failure_observation(instance, result) -> dict:
+    """The metadata of the observation a failed run recorded of what stays done."""
+    [entry] = instance.all_logs(result.run_id,
+                                of_type=dg.DagsterEventType.ASSET_OBSERVATION)
+    return {k: v.value for k, v in entry.asset_observation.metadata.items()}
+
+
+def hold_archive(engine) -> None:
+    """Have the archive refuse every delete (a trigger raising, as a legal hold might)."""
+    with engine.begin() as conn:
+        conn.exec_driver_sql(
+            "CREATE FUNCTION shop.hold() RETURNS trigger LANGUAGE plpgsql AS "
+            "$$ BEGIN RAISE EXCEPTION 'on hold'; END $$; "
+            "CREATE TRIGGER hold BEFORE DELETE ON shop.items_archive "
+            "FOR EACH ROW EXECUTE FUNCTION shop.hold()")
+
+
+def test_the_archive_retention_runs_while_a_migration_has_the_purge_refused(env, engine):
+    old, _ = fill(engine)
+    with dg.instance_for_test() as instance:
+        assert run_shop(instance).success
+        date_archive(engine, 25)
+        newer = shop.add_items(engine, 3, updated_at=shop.OLD)
+        # The table gains a column the archive lacks: the purge is refused, as it must be.
+        with engine.begin() as conn:
+            conn.exec_driver_sql("ALTER TABLE shop.items ADD COLUMN coupon text")
+        result = run_shop(instance, archive_retention_days=30)
+        observed = failure_observation(instance, result)
+        check = archive_check(instance, result)
+    text = _refused_before_any_delete(
+        engine, result, "archive shop.items_archive has no column 'coupon' (text)",
+        "the archive's retention ran all the same: 25 rows of shop.items_archive archived "
+        "more than 30 days ago deleted, 15 rows of the policy kept")
+    assert "did not run" not in text
+    assert (observed["deletedTotal"], observed["archiveDeletedTotal"],
+            observed["archiveRows"]) == (0, 25, 15)
+    assert shop.ids_of(engine, shop.ARCHIVE) == sorted(old)[25:]
+    assert set(newer) <= set(shop.ids_of(engine, shop.TABLE))
+    assert check.passed and check.metadata["overdueArchivedRows"].value == 0
+
+
+def test_when_the_archive_retention_cannot_run_the_failure_says_so_and_its_check_is_red(
+        env, engine):
+    old, _ = fill(engine)
+    with dg.instance_for_test() as instance:
+        assert run_shop(instance).success
+        date_archive(engine, 25)
+        with engine.begin() as conn:
+            conn.exec_driver_sql("ALTER TABLE shop.items ADD COLUMN coupon text")
+        hold_archive(engine)  # its retention cannot run either
+        result = run_shop(instance, archive_retention_days=30)
+        text = _refused_before_any_delete(
+            engine, result, "archive shop.items_archive has no column 'coupon' (text)",
+            "the archive's retention did not run: deleting rows of shop.items_archive past the "
+            "archive's retention failed (0 deleted before stay deleted): raise_exception")
+        check = archive_check(instance, result)
+        assert not check.passed and check.severity == dg.AssetCheckSeverity.ERROR
+        assert check.metadata["overdueArchivedRows"].value == 25
+        assert len(shop.ids_of(engine, shop.ARCHIVE)) == 40
+
+        with engine.begin() as conn:  # both fixed: the next run deletes what is overdue
+            conn.exec_driver_sql("DROP TRIGGER hold ON shop.items_archive; "
+                                 "ALTER TABLE shop.items_archive ADD COLUMN coupon text")
+        result = run_shop(instance, archive_retention_days=30)
+        assert result.success, failure_text(result)
+        meta = materialization(result, asset_key=shop.ASSET_KEY)
+        assert archive_check(instance, result).passed
+    assert (meta["archiveDeletedTotal"], meta["archiveRows"]) == (25, 15)
+    assert shop.ids_of(engine, shop.ARCHIVE) == sorted(old)[25:]
+
+
+def test_an_archive_retention_that_fails_after_the_purge_turns_its_check_red(env, engine):
+    fill(engine)
+    with dg.instance_for_test() as instance:
+        assert run_shop(instance).success
+        date_archive(engine, 25)
+        hold_archive(engine)
+        newer = shop.add_items(engine, 3, updated_at=shop.OLD)
+        result = run_shop(instance, archive_retention_days=30)
+        check = archive_check(instance, result)
+    assert not result.success
+    assert ("deleting rows of shop.items_archive past the archive's retention failed (0 deleted "
+            "before stay deleted): raise_exception") in failure_text(result)
+    assert not check.passed and check.metadata["overdueArchivedRows"].value == 25
+    assert len(shop.ids_of(engine, shop.ARCHIVE)) == 43  # the purge moved the 3 new rows
+    assert not set(newer) & set(shop.ids_of(engine, shop.TABLE))
+
+
+def test_archive_within_retention_is_red_while_archived_rows_are_past_it(env, engine):
+    fill(engine)
+    check_key = dg.AssetCheckKey(shop.ASSET_KEY, ARCHIVE_CHECK)
+    with dg.instance_for_test() as instance:
+        result = run_shop(instance, archive_retention_days=30)
+        assert result.success and archive_check(instance, result).passed
+        date_archive(engine, 25)
+        # The check alone, as the asset's Checks tab runs it: no purge, no archive retention.
+        alone = shop_defs(archive_retention_days=30).resolve_job_def(shop.JOB).get_subset(
+            asset_selection=set(), asset_check_selection={check_key})
+        red = archive_check(instance, alone.execute_in_process(partition_key=shop.PARTITION,
+                                                               instance=instance))
+        assert not red.passed and red.severity == dg.AssetCheckSeverity.ERROR
+        assert red.metadata["overdueArchivedRows"].value == 25
+        assert "25 archived rows of policy shop_items" in red.description
+        green = archive_check(instance, run_shop(instance, archive_retention_days=30))
+    assert green.passed and green.metadata["overdueArchivedRows"].value == 0
+    assert len(shop.ids_of(engine, shop.ARCHIVE)) == 15
+
+
+def test_a_range_run_records_the_archive_check_once_for_each_day(env, engine):
+    fill(engine)
+    days = ["2026-06-13", "2026-06-14", shop.PARTITION]
+    check_key = dg.AssetCheckKey(shop.ASSET_KEY, ARCHIVE_CHECK)
+    with dg.instance_for_test() as instance:
+        assert run_shop(instance).success
+        date_archive(engine, 25)
+        result = shop_defs(archive_retention_days=30).resolve_job_def(shop.JOB).execute_in_process(
+            instance=instance, tags={"dagster/asset_partition_range_start": days[0],
+                                     "dagster/asset_partition_range_end": days[-1]})
+        assert result.success, failure_text(result)
+        history = instance.event_log_storage.get_asset_check_execution_history(check_key,
+                                                                               limit=10)
+    mine = {r.partition: r.event.dagster_event.asset_check_evaluation_data
+            for r in history if r.run_id == result.run_id}
+    assert sorted(mine) == days
+    assert all(e.passed for e in mine.values())
+    # The archive is checked once, on the last day; the earlier days refer to it.
+    assert mine[days[-1]].metadata["overdueArchivedRows"].value == 0
+    assert all(mine[d].metadata["attributedTo"].value == days[-1] for d in days[:-1])
+    assert len(shop.ids_of(engine, shop.ARCHIVE)) == 15
+
+
 @pytest.mark.parametrize("attributes, phrase", [
     ({"archive_table": "items_archive"},
      "archive_table 'items_archive' must be written schema.table"),
@@ -274,6 +425,7 @@ def test_the_guest_favorites_policy_keeps_no_archive(env, engine, rows):
 
     defs = code_location()
     assert not [j for j in defs.resolve_all_job_defs() if j.name.startswith("restore_")]
+    assert ARCHIVE_CHECK not in {c.name for c in defs.resolve_asset_graph().asset_check_keys}
     rows.add_many(30, updated_at=shop.OLD)
     with dg.instance_for_test() as instance:
         result = run_partition(defs, instance, shop.PARTITION, job=JOB)

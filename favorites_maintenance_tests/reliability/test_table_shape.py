@@ -17,8 +17,18 @@ import sqlalchemy as sa
 from click.testing import CliRunner
 
 from favorites_maintenance.cli import main
-from favorites_maintenance.retention.schema import RECOMMENDED_INDEX_NAME, RECOMMENDED_INDEX_SQL
 from favorites_maintenance.retention.defaults import DATABASE_URL_VAR
+from favorites_maintenance.retention.errors import TableShapeError
+from favorites_maintenance.retention.rule import GUEST_FAVORITES
+from favorites_maintenance.retention.schema import (
+    RECOMMENDED_INDEX_NAME,
+    RECOMMENDED_INDEX_SQL,
+    create_partitioned_dev_schema,
+    drop_dev_schema,
+    month_starts,
+)
+from favorites_maintenance.retention.table_check import check_table
+from favorites_maintenance_tests.helpers.jobs import TEST_PARTITIONS_START, guest_variable
 from favorites_maintenance_tests.reliability.conftest import (
     CUTOFF,
     OLD,
@@ -30,6 +40,7 @@ from favorites_maintenance_tests.reliability.conftest import (
 )
 
 THREE_HOURS = dt.timedelta(hours=3)
+UTC = dt.timezone.utc
 
 
 def recreate(engine, *, updated_at: str = "timestamptz NOT NULL",
@@ -61,8 +72,11 @@ def ids(engine) -> set[int]:
 
 
 def dry_run(db_url):
+    """``dry-run`` of :data:`PARTITION`, a day of the policy whatever ran before (the variable
+    of its first day set as the job's runs set it)."""
     return CliRunner().invoke(main, ["dry-run", "--partition", PARTITION], env={
-        DATABASE_URL_VAR: sa.make_url(db_url).render_as_string(hide_password=False)})
+        DATABASE_URL_VAR: sa.make_url(db_url).render_as_string(hide_password=False),
+        guest_variable("partitions_start"): TEST_PARTITIONS_START.isoformat()})
 
 
 def test_a_timestamp_without_time_zone_is_refused_by_the_job_and_the_dry_run(
@@ -210,13 +224,98 @@ def test_a_table_in_a_publication_without_replica_identity_is_refused_before_the
     assert ids(engine) == {2}
 
 
+def test_a_publication_row_filter_outside_the_replica_identity_is_refused_before_the_first_batch(
+        db_url, engine, rows, monkeypatch):
+    # The dev table's replica identity is its primary key (id): the filter's user_id is not in
+    # it, and PostgreSQL refuses every DELETE (SQLSTATE 42P10) to keep subscribers consistent.
+    guests = set(rows.add_many(3, updated_at=OLD))
+    accounts = set(rows.add_many(2, updated_at=OLD, user_id=5))
+    with engine.begin() as conn:
+        conn.exec_driver_sql("CREATE PUBLICATION guests_to_warehouse "
+                             "FOR TABLE favorites.favorites WHERE (user_id IS NULL)")
+
+    with dg.instance_for_test() as instance:
+        result = run_job(db_url, instance, monkeypatch=monkeypatch)
+        batches = [e.user_message for e in instance.all_logs(result.run_id)
+                   if e.user_message.startswith("batch ")]
+
+    assert not result.success and batches == []
+    step, error = step_failure(result)
+    assert step.endswith("purge")
+    text = error_text(error)
+    assert "TableShapeError" in text
+    said = ("favorites.favorites cannot be purged: publication guests_to_warehouse publishes the "
+            "deletes of favorites.favorites with the row filter (user_id IS NULL), on column "
+            "user_id, which is not part of its replica identity (the primary key: id)")
+    fix = "ALTER TABLE favorites.favorites REPLICA IDENTITY FULL"
+    assert said in text and "SQLSTATE 42P10" in text and fix in text
+    assert rows.ids() == guests | accounts
+    out = dry_run(db_url)
+    assert out.exit_code == 2 and said in out.output and fix in out.output
+
+    with engine.begin() as conn:
+        conn.exec_driver_sql(fix)
+    with dg.instance_for_test() as instance:
+        result = run_job(db_url, instance, monkeypatch=monkeypatch)
+    assert result.success and materialization(result)["deletedTotal"] == 3
+    assert rows.ids() == accounts
+
+
+@pytest.mark.parametrize("publication, refused", [
+    # Published through the parent: its filter applies to every partition.
+    ("FOR TABLE favorites.favorites WHERE (user_id IS NULL) "
+     "WITH (publish_via_partition_root = true)",
+     ["favorites.favorites_20240101", "favorites.favorites_20240201"]),
+    # One partition published with a filter of its own.
+    ("FOR TABLE favorites.favorites_20240201 WHERE (user_id IS NULL AND id > 0)",
+     ["favorites.favorites_20240201"]),
+    # Through the parent, the parent's filter wins over the partition's own.
+    ("FOR TABLE favorites.favorites WHERE (id > 0), favorites.favorites_20240201 "
+     "WHERE (user_id IS NULL) WITH (publish_via_partition_root = true)", []),
+])
+def test_a_row_filter_is_checked_on_each_partition_as_postgresql_applies_it(
+        engine, publication, refused):
+    drop_dev_schema(engine)
+    create_partitioned_dev_schema(engine, month_starts(dt.datetime(2024, 1, 1, tzinfo=UTC), 2))
+    with engine.begin() as conn:
+        conn.exec_driver_sql(f"CREATE PUBLICATION warehouse {publication}")
+    with engine.connect() as conn:
+        deletable = {}
+        for partition in ("favorites_20240101", "favorites_20240201"):
+            with conn.begin_nested() as attempt:  # what PostgreSQL says of a DELETE there
+                try:
+                    conn.exec_driver_sql(f"DELETE FROM favorites.{partition} WHERE false")
+                    deletable[f"favorites.{partition}"] = True
+                except sa.exc.DBAPIError:
+                    deletable[f"favorites.{partition}"] = False
+                attempt.rollback()
+        if not refused:
+            check_table(conn, GUEST_FAVORITES)
+        else:
+            with pytest.raises(TableShapeError) as raised:
+                check_table(conn, GUEST_FAVORITES)
+            assert (f"publication warehouse publishes the deletes of {refused[0]} with the row "
+                    "filter") in str(raised.value)
+            assert raised.value.column == "user_id"
+    assert [p for p, ok in deletable.items() if not ok] == refused
+
+    with engine.begin() as conn:  # the fix the refusal gives, on each partition
+        for partition in deletable:
+            conn.exec_driver_sql(f"ALTER TABLE {partition} REPLICA IDENTITY FULL")
+    with engine.connect() as conn:
+        check_table(conn, GUEST_FAVORITES)
+
+
 def test_a_publication_the_table_can_serve_changes_nothing(db_url, engine, rows, monkeypatch):
     # The dev table has a primary key: REPLICA IDENTITY DEFAULT uses it.
     rows.add_many(3, updated_at=OLD)
     with engine.begin() as conn:
         conn.exec_driver_sql("CREATE PUBLICATION everything FOR ALL TABLES")
         conn.exec_driver_sql("CREATE PUBLICATION inserts_only FOR TABLE favorites.favorites "
-                             "WITH (publish = 'insert')")
+                             "WHERE (user_id IS NULL) WITH (publish = 'insert')")
+        # A row filter on the replica identity's columns (the primary key) is no obstacle.
+        conn.exec_driver_sql("CREATE PUBLICATION by_key FOR TABLE favorites.favorites "
+                             "WHERE (id > 0)")
     with dg.instance_for_test() as instance:
         result = run_job(db_url, instance, monkeypatch=monkeypatch)
     assert result.success and materialization(result)["deletedTotal"] == 3
