@@ -11,6 +11,7 @@ The catalogs are readable by every role, so reading them needs no privilege the 
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import datetime as dt
 import enum
 import json
@@ -34,7 +35,7 @@ from favorites_maintenance.retention.errors import (
     TableShapeError,
     describe,
 )
-from favorites_maintenance.retention.rule import RetentionRule
+from favorites_maintenance.retention.rule import AgeRange, RetentionRule
 
 _UTC = dt.UTC
 _EPOCH = dt.datetime(1970, 1, 1, tzinfo=_UTC)
@@ -54,6 +55,8 @@ class TablePartition:
         is_default: the ``DEFAULT`` partition, which holds every row no other range admits.
         detach_pending: a ``DETACH PARTITION ... CONCURRENTLY`` of it was interrupted (a
             crash, a cancel) and awaits ``FINALIZE`` (``pg_inherits.inhdetachpending``).
+        uncovered: for the default partition, the ranges of the age column no other partition
+            covers (read with the others by :func:`leaf_partitions`); empty otherwise.
     """
 
     schema: str
@@ -62,6 +65,15 @@ class TablePartition:
     upper: dt.datetime | None
     is_default: bool = False
     detach_pending: bool = False
+    uncovered: tuple[AgeRange, ...] = ()
+
+    @property
+    def ages(self) -> tuple[AgeRange, ...]:
+        """The ranges of the age column its rows lie in, each ``[lower, upper)`` (``None`` for
+        an open end): its bounds; for the default partition, :attr:`uncovered`. Given to
+        :meth:`~favorites_maintenance.retention.rule.RetentionRule.within`, they reach its
+        rows through the table, every other partition pruned."""
+        return self.uncovered if self.is_default else ((self.lower, self.upper),)
 
     @property
     def qualified_name(self) -> str:
@@ -199,8 +211,30 @@ def leaf_partitions(conn: sa.Connection, schema: str, table: str, *,
         TablePartition(schema=s, name=n, detach_pending=bool(pending), is_default=default,
                        lower=_instant(instants, lo), upper=_instant(instants, hi))
         for s, n, pending, default, lo, hi in parsed]
-    least = dt.datetime.min.replace(tzinfo=_UTC)
-    return sorted(partitions, key=lambda p: (p.is_default, p.lower or least, p.name))
+    # A partition whose detach is pending no longer receives rows: its range is the default's.
+    covered = [(p.lower, p.upper) for p in partitions
+               if not p.is_default and not p.detach_pending]
+    partitions = [dataclasses.replace(p, uncovered=_uncovered(covered)) if p.is_default else p
+                  for p in partitions]
+    return sorted(partitions, key=lambda p: (p.is_default, p.lower or _LEAST, p.name))
+
+
+_LEAST = dt.datetime.min.replace(tzinfo=_UTC)
+
+
+def _uncovered(ranges: list[AgeRange]) -> tuple[AgeRange, ...]:
+    """The ranges of instants that none of ``ranges`` (``[lower, upper)``, disjoint, ``None``
+    for an open end) covers, in order; ``((None, None),)`` when ``ranges`` is empty."""
+    gaps: list[AgeRange] = []
+    start: dt.datetime | None = None  # covered up to here; None: nothing yet
+    for lower, upper in sorted(ranges, key=lambda r: r[0] or _LEAST):
+        if lower is not None and (start is None or lower > start):
+            gaps.append((start, lower))
+        if upper is None:
+            return tuple(gaps)
+        start = upper
+    gaps.append((start, None))
+    return tuple(gaps)
 
 
 def _instant(instants: list[dt.datetime | None], index: int | None) -> dt.datetime | None:
