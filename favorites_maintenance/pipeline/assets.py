@@ -305,8 +305,10 @@ def _partition_ops(policy: Policy, asset_key: dg.AssetKey, settings_of, database
                        f"database of {policy.database_url_env}.")
     def purge_partition(context: dg.OpExecutionContext, config: PurgeConfig,
                         cutoff: dt.datetime, work: PartitionWork) -> RunReport:
-        """Run the batched purge on one partition, within what is left of the run's time
-        budget (at least a second), and return its record (see :func:`run_purge_op`)."""
+        """Run the batched purge on one partition, through the table with the rule narrowed to
+        the partition's ranges (so the table's statement triggers see its DELETEs), within what
+        is left of the run's time budget (at least a second), and return its record (see
+        :func:`run_purge_op`)."""
         partition = work.partition
         settings = settings_of(context.resources.retention)
         left = work.deadline - dt.datetime.now(dt.UTC)
@@ -317,7 +319,7 @@ def _partition_ops(policy: Policy, asset_key: dg.AssetKey, settings_of, database
                          f"purged on host {socket.gethostname()} by pid {os.getpid()}")
         return run_purge_op(context, config, database_of(context), policy, settings,
                             asset_key, cutoff, metrics=context.resources.metrics,
-                            rule=rule.on_table(partition.schema, partition.name))
+                            rule=rule.within(partition.ages))
 
     @dg.op(name=f"{policy.name}_collect_partitions",
            required_resource_keys={"retention"},

@@ -118,9 +118,9 @@ def run_purge_op(context: dg.OpExecutionContext, config: PurgeConfig,
     """The body of a policy's purge op: the batched purge, its progress in the run's log, its
     retries and its stop requests; returns the run's record for ``measure_backlog``.
 
-    ``rule`` is the policy's rule on another table (a partition of the policy's, purged by a
-    step of its own; default: the policy's rule); the record then counts that step's rows and
-    its own retries.
+    ``rule`` is the policy's rule narrowed to one partition's ranges of the age column (a
+    partition purged by a step of its own, through the table; default: the policy's rule); the
+    record then counts that step's rows and its own retries.
 
     A transient database error (see :func:`~favorites_maintenance.retention.database.
     transient_error_kind`) retries the op with exponential backoff; batches committed before it
@@ -251,7 +251,7 @@ class PurgeStep:
     asset_key: dg.AssetKey
     cutoff: dt.datetime
     metrics: MetricsPush | None = None
-    #: The rule purged: the policy's, or the policy's on one of its table's partitions.
+    #: The rule purged: the policy's, or the policy's narrowed to one partition's ranges.
     rule: RetentionRule | None = None
     last_progress: float = dataclasses.field(default_factory=time.monotonic)
     #: What this attempt's drop phase did, once it ran.

@@ -18,7 +18,9 @@
 --       at or after the cutoff, and no DELETE trigger, row-level security, publication that
 --       publishes deletes or foreign key referencing it or the table would be bypassed; a
 --       detach left pending (DETACH ... CONCURRENTLY interrupted) is finalized. The table is
---       marked by a comment (from which table, when, how many rows).
+--       renamed <partition>_detached (_2, _3, ... when taken), so that a tool creating
+--       partitions by name (pg_partman) never writes into it, and marked by a comment (from
+--       which table, which partition it was and its bounds, when, how many rows).
 --   {{drop_function}}(table, keep_for, lock_timeout_ms) -> rows dropped
 --       drops one table only when the comment says it was detached from {{table}} by
 --       these functions or the job, keep_for has passed since, it is not a partition again and
@@ -46,6 +48,10 @@ DECLARE
     blocker text;
     found boolean;
     rows_found bigint;
+    part_schema name;
+    part_name name;
+    suffix text;
+    free_name text;
 BEGIN
     IF cutoff IS NULL OR cutoff > now() THEN
         RAISE EXCEPTION USING ERRCODE = '55000',
@@ -110,8 +116,23 @@ BEGIN
     ELSE
         EXECUTE format('ALTER TABLE %s DETACH PARTITION %s', parent, part);
     END IF;
+    -- A free name, so that nothing that creates partitions by name reuses this table.
+    SELECT n.nspname, c.relname INTO part_schema, part_name
+      FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace WHERE c.oid = part;
+    FOR attempt IN 1..1000 LOOP
+        suffix := '_detached' || CASE WHEN attempt > 1 THEN '_' || attempt ELSE '' END;
+        free_name := part_name;
+        WHILE octet_length(free_name || suffix) > 63 LOOP
+            free_name := left(free_name, -1);
+        END LOOP;
+        free_name := free_name || suffix;
+        EXIT WHEN to_regclass(format('%I.%I', part_schema, free_name)) IS NULL
+              AND to_regtype(format('%I.%I', part_schema, free_name)) IS NULL;
+    END LOOP;
+    EXECUTE format('ALTER TABLE %s RENAME TO %I', part, free_name);
     EXECUTE format('COMMENT ON TABLE %s IS %L', part, json_build_object(
         'favorites_maintenance', 'detached', 'from', {{table_literal}},
+        'partition', format('%s.%s', part_schema, part_name), 'bounds', bound,
         'at', now(), 'rows', rows_found)::text);
     RETURN rows_found;
 END

@@ -1,16 +1,21 @@
 """Which partitions of a range-partitioned table hold prunable rows: the work of a purge that
 runs one step per partition.
 
-Each partition is purged as a table of its own (:meth:`~favorites_maintenance.retention.rule.
-RetentionRule.on_table`): the same predicate, the same guard, the same batches, on the
-partition's rows alone, so that purges of different partitions never select the same row and
-can run at once, in different processes or on different hosts.
+Each partition is purged through the table, its rule narrowed to the partition's ranges of the
+age column (:meth:`~favorites_maintenance.retention.rule.RetentionRule.within`: its bounds; for
+the default partition, the ranges no other partition covers): the same predicate, the same
+guard, the same batches, on the partition's rows alone, so that purges of different partitions
+never select the same row and can run at once, in different processes or on different hosts.
+The planner prunes every other partition from each statement, and the DELETEs are the table's,
+as the application's are: its statement triggers fire (an erasure log fed by a transition
+table sees every row), its row-level security and its grants apply, and the job's role needs
+no grant on the partitions.
 
-A partition is listed when an indexed probe finds a prunable row in it (``SELECT 1 ... WHERE
-<prunable> LIMIT 1``, served by the partition's copy of the rule's partial index); one whose
-lower bound is at or after the cutoff cannot hold one and is not probed (after it, for a rule
-that prunes the row at the cutoff: :meth:`~favorites_maintenance.retention.rule.RetentionRule.
-prunable_before`).
+A partition is listed when an indexed probe through the table finds a prunable row in its
+ranges (``SELECT 1 ... WHERE <prunable> AND <age in its ranges> LIMIT 1``, served by the
+partition's copy of the rule's partial index); one whose lower bound is at or after the cutoff
+cannot hold one and is not probed (after it, for a rule that prunes the row at the cutoff:
+:meth:`~favorites_maintenance.retention.rule.RetentionRule.prunable_before`).
 """
 
 from __future__ import annotations
@@ -22,7 +27,6 @@ import sqlalchemy as sa
 from favorites_maintenance.retention.database import limit_transaction
 from favorites_maintenance.retention.errors import (
     DatabaseError,
-    ErrorKind,
     TableShapeError,
     describe,
 )
@@ -33,17 +37,10 @@ from favorites_maintenance.retention.rule import RetentionRule
 class PartitionPlanError(DatabaseError):
     """The partitions of the table could not be read or probed; no row was deleted by the plan
     (partitions the run's drop phase detached before it stay detached).
-    ``error`` describes the database error; a permission error says which grants the job's
-    role lacks."""
+    ``error`` describes the database error."""
 
     def __init__(self, error):
-        hint = ""
-        if error.kind is ErrorKind.PERMISSION_DENIED:
-            # Each partition is probed and purged by name: the parent's grants do not reach it.
-            hint = ("; with max_parallel_partitions the job's role needs on every partition "
-                    "the grants it has on the table (docs/dagster.md, \"Partitioned tables on "
-                    "several workers\")")
-        super().__init__(f"could not read the table's partitions: {error}{hint}", error)
+        super().__init__(f"could not read the table's partitions: {error}", error)
 
 
 #: Whether ``:t`` is a partitioned table (``relkind = 'p'``); no row when it does not exist.
@@ -95,7 +92,7 @@ def prunable_partitions(engine: sa.Engine, rule: RetentionRule,
                     continue
                 if partition.lower is not None and partition.lower >= rule.prunable_before(cutoff):
                     continue  # every row of it is at or after its lower bound
-                own = rule.on_table(partition.schema, partition.name)
+                own = rule.within(partition.ages)
                 probe = sa.select(sa.literal(1)).select_from(own.table).where(
                     own.prunable(cutoff)).limit(1)
                 if conn.execute(probe).first() is not None:

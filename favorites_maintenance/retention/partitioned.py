@@ -11,8 +11,10 @@ The catalogs are readable by every role, so reading them needs no privilege the 
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import datetime as dt
 import enum
+import itertools
 import json
 import logging
 import re
@@ -34,7 +36,7 @@ from favorites_maintenance.retention.errors import (
     TableShapeError,
     describe,
 )
-from favorites_maintenance.retention.rule import RetentionRule
+from favorites_maintenance.retention.rule import AgeRange, RetentionRule
 
 _UTC = dt.UTC
 _EPOCH = dt.datetime(1970, 1, 1, tzinfo=_UTC)
@@ -54,6 +56,8 @@ class TablePartition:
         is_default: the ``DEFAULT`` partition, which holds every row no other range admits.
         detach_pending: a ``DETACH PARTITION ... CONCURRENTLY`` of it was interrupted (a
             crash, a cancel) and awaits ``FINALIZE`` (``pg_inherits.inhdetachpending``).
+        uncovered: for the default partition, the ranges of the age column no other partition
+            covers (read with the others by :func:`leaf_partitions`); empty otherwise.
     """
 
     schema: str
@@ -62,6 +66,15 @@ class TablePartition:
     upper: dt.datetime | None
     is_default: bool = False
     detach_pending: bool = False
+    uncovered: tuple[AgeRange, ...] = ()
+
+    @property
+    def ages(self) -> tuple[AgeRange, ...]:
+        """The ranges of the age column its rows lie in, each ``[lower, upper)`` (``None`` for
+        an open end): its bounds; for the default partition, :attr:`uncovered`. Given to
+        :meth:`~favorites_maintenance.retention.rule.RetentionRule.within`, they reach its
+        rows through the table, every other partition pruned."""
+        return self.uncovered if self.is_default else ((self.lower, self.upper),)
 
     @property
     def qualified_name(self) -> str:
@@ -199,8 +212,30 @@ def leaf_partitions(conn: sa.Connection, schema: str, table: str, *,
         TablePartition(schema=s, name=n, detach_pending=bool(pending), is_default=default,
                        lower=_instant(instants, lo), upper=_instant(instants, hi))
         for s, n, pending, default, lo, hi in parsed]
-    least = dt.datetime.min.replace(tzinfo=_UTC)
-    return sorted(partitions, key=lambda p: (p.is_default, p.lower or least, p.name))
+    # A partition whose detach is pending no longer receives rows: its range is the default's.
+    covered = [(p.lower, p.upper) for p in partitions
+               if not p.is_default and not p.detach_pending]
+    partitions = [dataclasses.replace(p, uncovered=_uncovered(covered)) if p.is_default else p
+                  for p in partitions]
+    return sorted(partitions, key=lambda p: (p.is_default, p.lower or _LEAST, p.name))
+
+
+_LEAST = dt.datetime.min.replace(tzinfo=_UTC)
+
+
+def _uncovered(ranges: list[AgeRange]) -> tuple[AgeRange, ...]:
+    """The ranges of instants that none of ``ranges`` (``[lower, upper)``, disjoint, ``None``
+    for an open end) covers, in order; ``((None, None),)`` when ``ranges`` is empty."""
+    gaps: list[AgeRange] = []
+    start: dt.datetime | None = None  # covered up to here; None: nothing yet
+    for lower, upper in sorted(ranges, key=lambda r: r[0] or _LEAST):
+        if lower is not None and (start is None or lower > start):
+            gaps.append((start, lower))
+        if upper is None:
+            return tuple(gaps)
+        start = upper
+    gaps.append((start, None))
+    return tuple(gaps)
 
 
 def _instant(instants: list[dt.datetime | None], index: int | None) -> dt.datetime | None:
@@ -230,8 +265,16 @@ LOCK_ATTEMPTS = 5
 LOCK_BACKOFF_S = 1.0
 
 #: The first characters of the comment the job writes on a table it detaches (a JSON object:
-#: ``state``, ``from`` the parent, ``at`` the UTC instant, ``rows``).
+#: ``state``, ``from`` the parent, ``at`` the UTC instant, ``rows``; once detached, also
+#: ``partition``, its name as a partition, and ``bounds``, its ``FOR VALUES`` clause).
 MARK = '{"favorites_maintenance"'
+
+#: What a detached table's name becomes: the partition's name with this suffix (and ``_2``,
+#: ``_3``, ... when taken; the name shortened to fit 63 bytes). A tool that creates
+#: partitions by name (pg_partman's ``create_partition_time``, ``partition_data_time``) then
+#: finds no table of the partition's name and creates a new partition, rather than writing a
+#: late row of the range into the detached table.
+DETACHED_SUFFIX = "_detached"
 
 #: The function a table's owner installs so that a role that may not alter the table has its
 #: expired partitions detached and dropped (``least_privilege_partitions.sql``, rendered for
@@ -271,12 +314,15 @@ class PartitionDecision:
             2024-02-01T00:00:00+00:00 <= cutoff``, ``no account row (index scan on ...)``,
             ...); the last one is the reason when ``action`` is ``kept``.
         rows: rows of the partition counted when it was detached (or dropped), else 0.
+        detached_as: for a partition detached, the name (``schema.name``) its table took
+            (:data:`DETACHED_SUFFIX`); empty otherwise.
     """
 
     partition: str
     action: Action
     checks: tuple[str, ...] = ()
     rows: int = 0
+    detached_as: str = ""
 
     @property
     def ends_after_cutoff(self) -> bool:
@@ -353,10 +399,11 @@ def drop_expired_partitions(engine: sa.Engine, rule: RetentionRule, cutoff: dt.d
     ``CONCURRENTLY`` inside a function). With neither, a WARNING names the function to install
     and nothing is detached.
 
-    A detached table is marked by a comment (:data:`MARK`: from which table, when, how many
-    rows), so a later run finds it and knows when to drop it; before the ``DROP`` the guard
-    is checked again on the detached table, which no session writes through the parent any
-    more.
+    A detached table is renamed (:data:`DETACHED_SUFFIX`), so that nothing that creates
+    partitions by name writes into it, and marked by a comment (:data:`MARK`: from which
+    table, which partition it was, when, how many rows), so a later run finds it and knows
+    when to drop it; before the ``DROP`` the guard is checked again on the detached table,
+    which no session writes through the parent any more.
 
     Args:
         engine: engine on the table's database (the primary).
@@ -423,6 +470,16 @@ _MARKED = sa.text("""
        AND d.description LIKE :mark
      ORDER BY 1, 2
 """)
+
+#: Whether ``:t`` (``schema.name``, quoted) names no relation and no type: a table may take it.
+_NAME_FREE = sa.text("SELECT to_regclass(:t) IS NULL AND to_regtype(:t) IS NULL")
+
+#: ``schema.name`` of the relation ``:oid``.
+_NAME_OF = sa.text("SELECT format('%s.%s', n.nspname, c.relname) FROM pg_class c "
+                   "JOIN pg_namespace n ON n.oid = c.relnamespace WHERE c.oid = :oid")
+
+#: PostgreSQL's longest name, in bytes.
+_MAX_NAME_BYTES = 63
 
 _PRIVILEGE = sa.text("""
     SELECT pg_has_role(current_user, c.relowner, 'USAGE'),
@@ -650,17 +707,22 @@ class _DropPhase:
             return
         # Nothing writes to it through the parent any more: the count is exact, and the guard
         # is checked again, as the last check before the table can ever be dropped.
-        rows, kept_row = 0, False
+        rows, kept_row, renamed = 0, False, partition
 
         def count_and_mark() -> None:
-            nonlocal rows, kept_row
+            nonlocal rows, kept_row, renamed
             with self.engine.begin() as conn:
                 limit_transaction(conn, lock_timeout=self.lock_timeout,
                                   statement_timeout=self.statement_timeout)
                 rows = conn.execute(sa.select(sa.func.count()).select_from(
                     sa.table(partition.name, schema=partition.schema))).scalar_one()
                 kept_row = self.detached_holds_kept_row(conn, partition)
-            self.mark(partition, None if kept_row else "detached", rows)
+                if kept_row:
+                    self.write_mark(conn, partition, None, rows)
+                    return
+                # Out of the way of whatever creates partitions by name.
+                renamed = self.step_aside(conn, partition)
+                self.write_mark(conn, renamed, "detached", rows, partition_was=partition)
 
         error = self.with_lock_retries("the count and mark of the detached table", partition,
                                        count_and_mark)
@@ -696,30 +758,44 @@ class _DropPhase:
                 partition.qualified_name, Action.KEPT_DETACHED,
                 (*checks, f"{form}; then a row the rule keeps was found: not dropped")))
             return
-        self.decisions.append(PartitionDecision(partition.qualified_name, Action.DETACHED,
-                                                (*checks, form), rows))
+        self.decisions.append(PartitionDecision(
+            partition.qualified_name, Action.DETACHED,
+            (*checks, form, f"renamed {renamed.qualified_name}"), rows,
+            detached_as=renamed.qualified_name))
 
     def detach_by_function(self, partition: TablePartition, checks: list[str]) -> None:
         function = self.function(DETACH_FUNCTION, "")
-        rows = 0
+        rows, detached_as = 0, partition.qualified_name
 
         def call() -> None:
-            nonlocal rows
+            nonlocal rows, detached_as
             with self.engine.begin() as conn:
+                name = _quote(partition.schema) + "." + _quote(partition.name)
+                oid = conn.execute(sa.text("SELECT CAST(CAST(:p AS regclass) AS oid)"),
+                                   {"p": name}).scalar_one()
                 rows = conn.execute(
                     sa.text(f"SELECT {function}(CAST(:p AS regclass), :cutoff, :ms)"),
-                    {"p": _quote(partition.schema) + "." + _quote(partition.name),
-                     "cutoff": self.cutoff,
+                    {"p": name, "cutoff": self.cutoff,
                      "ms": _ms_int(self.lock_timeout)}).scalar_one()
+                # The function renames the table it detached: its oid stays.
+                detached_as = conn.execute(_NAME_OF, {"oid": oid}).scalar_one()
 
         error = self.with_lock_retries(function, partition, call)
         if error is not None:
             self.decisions.append(PartitionDecision(partition.qualified_name, Action.KEPT,
                                                     (*checks, f"{function}: {error}")))
             return
+        done = f"{function} checked it again under its lock and detached it"
+        if detached_as == partition.qualified_name:
+            log.warning("%s detached %s but left it under the partition's name, which a tool "
+                        "that creates partitions by name would reuse: install the owner's "
+                        "functions again (favorites-maintenance partition-functions, docs/"
+                        "partitioned-tables.md)", function, partition.qualified_name)
+        else:
+            done += f"; renamed {detached_as}"
         self.decisions.append(PartitionDecision(
-            partition.qualified_name, Action.DETACHED,
-            (*checks, f"{function} checked it again under its lock and detached it"), rows))
+            partition.qualified_name, Action.DETACHED, (*checks, done), rows,
+            detached_as=detached_as))
 
     # -- detached tables -------------------------------------------------------------------------
 
@@ -730,8 +806,9 @@ class _DropPhase:
                               statement_timeout=self.statement_timeout)
             marked = conn.execute(_MARKED, {"mark": MARK + "%"}).all()
             now = conn.execute(sa.select(sa.func.now())).scalar_one()
-        just_detached = {d.partition for d in self.decisions
-                         if d.action in (Action.DETACHED, Action.KEPT_DETACHED)}
+        just_detached = {name for d in self.decisions
+                         if d.action in (Action.DETACHED, Action.KEPT_DETACHED)
+                         for name in (d.partition, d.detached_as)}
         for schema, name, description, is_partition in marked:
             mark = _read_mark(description)
             if (mark is None or mark.get("from") != self.parent or is_partition
@@ -741,7 +818,9 @@ class _DropPhase:
                 continue
             table = TablePartition(schema=schema, name=name, lower=None, upper=None)
             at = dt.datetime.fromisoformat(mark["at"])
-            checks = [f"detached from {self.parent} at {at.isoformat()}"]
+            was = mark.get("partition")
+            checks = [(f"partition {was} " if isinstance(was, str) else "")
+                      + f"detached from {self.parent} at {at.isoformat()}"]
             if self.detached_retention is None:
                 self.decisions.append(PartitionDecision(
                     table.qualified_name, Action.KEPT_DETACHED,
@@ -872,26 +951,39 @@ class _DropPhase:
             time.sleep(min(left, 0.1))
         return self.stopped()
 
-    def mark(self, partition: TablePartition, state: str | None, rows: int) -> None:
-        """Write (or, ``state`` None, clear) the job's comment on ``partition``."""
-        with self.engine.begin() as conn:
-            limit_transaction(conn, lock_timeout=self.lock_timeout,
-                              statement_timeout=self.statement_timeout)
-            self.write_mark(conn, partition, state, rows)
-
     def write_mark(self, conn: sa.Connection, partition: TablePartition, state: str | None,
-                   rows: int) -> None:
-        """:meth:`mark`, in the open transaction of ``conn``."""
+                   rows: int, *, partition_was: TablePartition | None = None) -> None:
+        """Write (or, ``state`` None, clear) the job's comment on ``partition``, in the open
+        transaction of ``conn``; ``partition_was``: the partition a detached table was (its
+        name and bounds are recorded)."""
         name = _quote(partition.schema) + "." + _quote(partition.name)
         if state is None:
             conn.execute(sa.text(f"COMMENT ON TABLE {name} IS NULL"))
             return
         now = conn.execute(sa.select(sa.func.now())).scalar_one().astimezone(_UTC)
-        text = json.dumps({"favorites_maintenance": state, "from": self.parent,
-                           "at": now.isoformat(), "rows": rows})
+        mark = {"favorites_maintenance": state, "from": self.parent}
+        if partition_was is not None:
+            mark |= {"partition": partition_was.qualified_name,
+                     "bounds": _bound_sql(partition_was)}
+        text = json.dumps({**mark, "at": now.isoformat(), "rows": rows})
         literal = "'" + text.replace("'", "''") + "'"
         conn.execute(sa.text(f"COMMENT ON TABLE {name} IS "
                              + literal.replace(":", r"\:")))
+
+    def step_aside(self, conn: sa.Connection, partition: TablePartition) -> TablePartition:
+        """Rename the table ``partition`` was, just detached, to a free name
+        (:data:`DETACHED_SUFFIX`), in the open transaction of ``conn``; returns it under its
+        new name."""
+        for n in itertools.count(1):
+            suffix = DETACHED_SUFFIX + (f"_{n}" if n > 1 else "")
+            room = _MAX_NAME_BYTES - len(suffix.encode())
+            candidate = partition.name.encode()[:room].decode(errors="ignore") + suffix
+            qualified = _quote(partition.schema) + "." + _quote(candidate)
+            if conn.execute(_NAME_FREE, {"t": qualified}).scalar_one():
+                break
+        conn.execute(sa.text(f"ALTER TABLE {_quote(partition.schema)}.{_quote(partition.name)} "
+                             f"RENAME TO {_quote(candidate)}"))
+        return dataclasses.replace(partition, name=candidate)
 
     def mark_detaching(self, partition: TablePartition) -> str | None:
         """Mark ``partition`` as being detached by this job, if it is still an attached
@@ -904,6 +996,9 @@ class _DropPhase:
         with self.engine.begin() as conn:
             limit_transaction(conn, lock_timeout=self.lock_timeout,
                               statement_timeout=self.statement_timeout)
+            if conn.execute(sa.text("SELECT to_regclass(:p)"), {"p": name}).scalar() is None:
+                # Another run detached it and renamed it.
+                return "detached by another session meanwhile; left to it"
             conn.execute(sa.text(f"LOCK TABLE {name} IN SHARE UPDATE EXCLUSIVE MODE"))
             pending = conn.execute(sa.text(
                 "SELECT inhdetachpending FROM pg_inherits WHERE inhrelid = CAST(:p AS regclass) "

@@ -14,6 +14,7 @@ is then ``<=`` in every statement built from it.
 
 from __future__ import annotations
 
+import dataclasses
 import datetime as dt
 import re
 from collections.abc import Sequence
@@ -32,6 +33,10 @@ _MICROSECOND = dt.timedelta(microseconds=1)
 #: A lower-case SQL identifier, as a policy's YAML may name a schema, table or column. Anything
 #: else (quotes, dots, spaces, upper case) is refused rather than quoted into a surprise.
 _IDENTIFIER = re.compile(r"[a-z_][a-z0-9_$]{0,62}")
+
+
+#: A range of the age column, ``[lower, upper)``, as UTC instants; ``None`` for an open end.
+AgeRange = tuple[dt.datetime | None, dt.datetime | None]
 
 
 class RuleError(InvalidArgumentError):
@@ -74,6 +79,9 @@ class RetentionRule:
     age column may hold future instants (an expiry): such rows are never before the cutoff,
     which is in the past.
 
+    A rule may also be narrowed to ranges of the age column (:meth:`within`): the rows of one
+    partition of a range-partitioned table, reached through the table itself.
+
     Attributes:
         table: the table as the job sees it: only the key, the guards, the age and ``ctid``.
         key: the unique key the batches are ordered and matched by (type left open: bigint,
@@ -82,6 +90,8 @@ class RetentionRule:
         guards: the columns that must be NULL; empty for a rule with no guard.
         cutoff_inclusive: a row whose age equals the cutoff is prunable too (``<=``); default
             ``False``, strictly before it (``<``).
+        ages: the ranges of the age column the rule is narrowed to, each ``[lower,
+            upper)``; ``None`` for the whole table (an empty tuple admits no row).
     """
 
     table: sa.Table
@@ -89,6 +99,7 @@ class RetentionRule:
     age: sa.Column
     guards: tuple[sa.Column, ...]
     cutoff_inclusive: bool = False
+    ages: tuple[AgeRange, ...] | None = None
 
     @classmethod
     def define(cls, table: str, *, key_column: str, age_column: str,
@@ -143,25 +154,33 @@ class RetentionRule:
         )
         return RetentionRule(table=t, key=t.c[self.key.name], age=t.c[self.age.name],
                              guards=tuple(t.c[c.name] for c in self.guards),
-                             cutoff_inclusive=self.cutoff_inclusive)
+                             cutoff_inclusive=self.cutoff_inclusive, ages=self.ages)
 
-    def on_table(self, schema: str, name: str) -> "RetentionRule":
-        """The same rule (key, age, guards, predicate) over the table ``schema.name``: a
-        partition of the rule's table, purged as a table of its own. The names come from the
-        catalog, so they need not be lower-case identifiers; they reach SQL as a ``Table``,
-        quoted by the dialect."""
-        t = sa.Table(
-            name, sa.MetaData(schema=schema),
-            *(sa.Column(c.name, c.type, primary_key=c.primary_key, nullable=c.nullable,
-                        system=c.system) for c in self.table.columns),
-        )
-        return RetentionRule(table=t, key=t.c[self.key.name], age=t.c[self.age.name],
-                             guards=tuple(t.c[c.name] for c in self.guards),
-                             cutoff_inclusive=self.cutoff_inclusive)
+    def within(self, ages: Sequence[AgeRange]) -> "RetentionRule":
+        """The same rule on the same table, narrowed to the rows whose age lies in one of
+        ``ages`` (each ``[lower, upper)``, timezone-aware instants, ``None`` for an open end):
+        every statement built from it carries ``(<age> >= lower AND <age> < upper) OR ...``
+        beside the prunable predicate.
+
+        On a table range-partitioned by the age column, the ranges of one partition (its
+        bounds; for the default partition, the ranges no other partition covers) let the
+        planner prune every other partition, so the rule reaches that partition's rows through
+        the table: the table's statement triggers, row-level security and grants apply, as to
+        the application's own DELETEs. An empty ``ages`` admits no row.
+
+        Raises:
+            InvalidArgumentError: a naive bound.
+        """
+        for lower, upper in ages:
+            for name, value in (("lower", lower), ("upper", upper)):
+                if value is not None:
+                    _require_aware(value, f"age range {name} bound")
+        return dataclasses.replace(self, ages=tuple(ages))
 
     def _names(self) -> tuple:
         return (self.table.schema, self.table.name, self.key.name, self.age.name,
-                tuple(c.name for c in self.guards), self.cutoff_inclusive)
+                tuple(c.name for c in self.guards), self.cutoff_inclusive,
+                self.ages)
 
     def __eq__(self, other: object) -> bool:
         # Two rules built from the same names are the same rule (Table objects compare by
@@ -253,7 +272,22 @@ class RetentionRule:
         return sa.and_(
             *(c.is_(None) for c in self.guards),
             self.age <= bound if self.cutoff_inclusive else self.age < bound,
+            *self._in_ages(),
         )
+
+    def _in_ages(self) -> list[sa.ColumnElement[bool]]:
+        """The narrowing to :attr:`ages`, as one condition (none for the whole table)."""
+        if self.ages is None:
+            return []
+        ts = TIMESTAMP(timezone=True)
+        ranges = []
+        for lower, upper in self.ages:
+            ends = ([self.age >= sa.literal(lower, ts)] if lower is not None else []) + (
+                [self.age < sa.literal(upper, ts)] if upper is not None else [])
+            if not ends:
+                return []  # an unbounded range admits every row
+            ranges.append(sa.and_(*ends))
+        return [sa.or_(*ranges) if ranges else sa.false()]
 
     def delete_prunable(self, cutoff: dt.datetime, *where: sa.ColumnElement[bool]) -> sa.Delete:
         """``DELETE FROM <table> WHERE <prunable(cutoff)> AND <where...>``.

@@ -68,12 +68,66 @@ def test_each_partition_purged_on_its_own_keeps_the_rows_of_the_others(monthly):
                   if p.name == "favorites_20240201"]
 
     report = purge(monthly, CUTOFF, batch_size=2, max_run_duration=dt.timedelta(minutes=1),
-                   rule=GUEST_FAVORITES.on_table(february.schema, february.name))
+                   rule=GUEST_FAVORITES.within(february.ages))
 
     assert report.deleted_total == len(guests_feb)
     with monthly.connect() as conn:
         left = set(conn.execute(sa.select(dev_favorites.c.id)).scalars())
     assert left == accounts | guests_jan
+
+
+def scanned(engine, statement) -> set[str]:
+    """The tables the plan of ``statement`` scans (its literal values inlined, as the server
+    plans the job's statements with their parameters known)."""
+    sql = str(statement.compile(engine, compile_kwargs={"literal_binds": True}))
+    with engine.connect() as conn:
+        [plan] = conn.exec_driver_sql("EXPLAIN (FORMAT JSON) " + sql.replace("%", "%%")
+                                      ).scalar_one()
+    found, stack = set(), [plan["Plan"]]
+    while stack:
+        node = stack.pop()
+        if "Scan" in node["Node Type"]:
+            found.add(node["Relation Name"])
+        stack.extend(node.get("Plans", []))
+    return found
+
+
+def test_the_default_partition_is_purged_through_the_table_its_deletes_seen_by_its_triggers(
+        monthly):
+    with monthly.begin() as conn:
+        conn.execute(sa.text("CREATE TABLE favorites.erasure_log (deleted bigint NOT NULL)"))
+        conn.execute(sa.text(
+            "CREATE FUNCTION favorites.log_erasure() RETURNS trigger LANGUAGE plpgsql AS $$ "
+            "BEGIN INSERT INTO favorites.erasure_log SELECT count(*) FROM erased; "
+            "RETURN NULL; END $$"))
+        conn.execute(sa.text(
+            "CREATE TRIGGER log_erasure AFTER DELETE ON favorites.favorites "
+            "REFERENCING OLD TABLE AS erased FOR EACH STATEMENT "
+            "EXECUTE FUNCTION favorites.log_erasure()"))
+    before = {add(monthly, dt.datetime(2023, 6, d, tzinfo=UTC)) for d in (1, 2, 3)}   # default
+    after = {add(monthly, dt.datetime(2024, 9, d, tzinfo=UTC)) for d in (1, 2)}       # default
+    february = {add(monthly, dt.datetime(2024, 2, d, tzinfo=UTC)) for d in (1, 2)}
+    account = add(monthly, dt.datetime(2023, 6, 4, tzinfo=UTC), user_id=9)
+    found = {p.name: p for p in prunable_partitions(monthly, GUEST_FAVORITES, CUTOFF)}
+    default = found["favorites_default"]
+    assert default.ages == ((None, dt.datetime(2024, 1, 1, tzinfo=UTC)),
+                            (dt.datetime(2024, 7, 1, tzinfo=UTC), None))
+
+    rule = GUEST_FAVORITES.within(default.ages)
+    # The planner prunes every other partition from the step's statements.
+    assert scanned(monthly, rule.delete_prunable(CUTOFF)) == {"favorites_default"}
+    assert scanned(monthly, GUEST_FAVORITES.within(found["favorites_20240201"].ages)
+                   .delete_prunable(CUTOFF)) == {"favorites_20240201"}
+    report = purge(monthly, CUTOFF, batch_size=2, max_run_duration=dt.timedelta(minutes=1),
+                   rule=rule)
+
+    assert report.deleted_total == len(before)
+    with monthly.connect() as conn:
+        left = set(conn.execute(sa.select(dev_favorites.c.id)).scalars())
+        logged = conn.execute(sa.text("SELECT sum(deleted) FROM favorites.erasure_log")
+                              ).scalar_one()
+    assert left == after | february | {account}
+    assert logged == len(before)
 
 
 def test_a_table_that_is_not_partitioned_is_refused_naming_the_setting(engine):

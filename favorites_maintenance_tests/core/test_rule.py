@@ -112,7 +112,7 @@ def test_an_inclusive_rule_compares_with_less_or_equal_everywhere_a_strict_one_w
         "user_id IS NULL AND updated_at < cutoff", "user_id IS NULL AND updated_at <= cutoff")
     # The rules derived from it (a partition's, the archive move's) compare the same way.
     assert "updated_at <= %(cutoff)s" in sql(
-        inclusive.on_table("favorites", "favorites_2025").prunable(CUTOFF))
+        inclusive.within([(CUTOFF - MICRO, CUTOFF + MICRO)]).prunable(CUTOFF))
     assert "updated_at <= %(cutoff)s" in sql(inclusive.with_columns(["note"]).prunable(CUTOFF))
     assert strict != inclusive
     assert (strict.prunable_before(CUTOFF), inclusive.prunable_before(CUTOFF)) == (
@@ -173,11 +173,12 @@ def test_partitions_ending_at_the_cutoff_go_whole_and_the_row_at_it_goes_only_wh
 
     dropped = drop_expired_partitions(engine, rule, CUTOFF)
     assert dropped.detached == (f"favorites.{before}",) and dropped.rows_removed == 1
-    # What is left goes one planned partition per step, each purged as a table of its own.
+    # What is left goes one planned partition per step, each purged through the table within
+    # the partition's range.
     for partition in prunable_partitions(engine, rule, CUTOFF):
         assert partition.name == at
         purge(engine, CUTOFF, batch_size=10, max_run_duration=MINUTE,
-              rule=rule.on_table(partition.schema, partition.name))
+              rule=rule.within(partition.ages))
     assert rows.ids() == ({newer} if inclusive else {at_cutoff, newer})
 
 

@@ -7,6 +7,7 @@ processes and Celery workers import them from here.
 from __future__ import annotations
 
 import datetime as dt
+import json
 
 import dagster as dg
 import sqlalchemy as sa
@@ -111,3 +112,34 @@ def partitions_of(engine, ids) -> set[str]:
         return set(conn.execute(sa.text(
             "SELECT DISTINCT tableoid::regclass::text FROM favorites.favorites "
             "WHERE id = ANY(:ids)"), {"ids": list(ids)}).scalars())
+
+
+def detached_tables(engine) -> dict[str, dict]:
+    """The tables the job detached and still keeps, by name (``schema.name``): each one's
+    comment as JSON (``partition``: the partition it was)."""
+    with engine.connect() as conn:
+        found = conn.execute(sa.text(
+            "SELECT format('%s.%s', n.nspname, c.relname), obj_description(c.oid, 'pg_class') "
+            "FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace "
+            "WHERE c.relkind = 'r' AND NOT c.relispartition "
+            "AND obj_description(c.oid, 'pg_class') LIKE '{\"favorites_maintenance\"%'")).all()
+    return {name: json.loads(comment) for name, comment in found}
+
+
+def detached_from(engine) -> set[str]:
+    """The partitions (``schema.name``) whose detached tables the job still keeps."""
+    return {mark["partition"] for mark in detached_tables(engine).values()
+            if mark.get("favorites_maintenance") == "detached"}
+
+
+def backdate_detach(engine, partition: str, days: int) -> None:
+    """Move the instant the job recorded for detaching ``partition`` (``schema.name``, the
+    partition's name: the detached table's is found by its comment) ``days`` into the past."""
+    [(table, mark)] = [(name, mark) for name, mark in detached_tables(engine).items()
+                       if mark.get("partition") == partition]
+    mark["at"] = (dt.datetime.fromisoformat(mark["at"]) - dt.timedelta(days=days)).isoformat()
+    with engine.begin() as conn:
+        conn.execute(sa.text("SELECT set_config('test.note', :n, true)"),
+                     {"n": json.dumps(mark)})
+        conn.execute(sa.text(f"DO $$ BEGIN EXECUTE format('COMMENT ON TABLE {table} IS %L',"
+                             " current_setting('test.note')); END $$"))

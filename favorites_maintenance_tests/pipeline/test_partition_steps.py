@@ -16,6 +16,7 @@ import sqlalchemy as sa
 
 from favorites_maintenance.config.policy import Policy, PolicyError
 from favorites_maintenance.config.policy_settings import parse_policy_settings
+from favorites_maintenance.definitions import code_location
 from favorites_maintenance.retention.defaults import DATABASE_URL_VAR
 from favorites_maintenance.retention.rule import GUEST_FAVORITES
 from favorites_maintenance_tests.helpers.daemon import step_processes
@@ -108,20 +109,62 @@ def max_overlap(records, prefix: str) -> int:
     return most
 
 
+def erasure_log(engine) -> None:
+    """An application's erasure log on the table: an AFTER DELETE statement trigger on
+    ``favorites.favorites`` that records how many rows each DELETE removed (its transition
+    table)."""
+    with engine.begin() as conn:
+        conn.execute(sa.text("CREATE TABLE favorites.erasure_log (deleted bigint NOT NULL)"))
+        conn.execute(sa.text(
+            "CREATE FUNCTION favorites.log_erasure() RETURNS trigger LANGUAGE plpgsql AS $$ "
+            "BEGIN INSERT INTO favorites.erasure_log SELECT count(*) FROM erased; "
+            "RETURN NULL; END $$"))
+        conn.execute(sa.text(
+            "CREATE TRIGGER log_erasure AFTER DELETE ON favorites.favorites "
+            "REFERENCING OLD TABLE AS erased FOR EACH STATEMENT "
+            "EXECUTE FUNCTION favorites.log_erasure()"))
+
+
+def logged_erasures(engine) -> int:
+    with engine.connect() as conn:
+        return conn.execute(sa.text(
+            "SELECT coalesce(sum(deleted), 0) FROM favorites.erasure_log")).scalar_one()
+
+
+@pytest.mark.parametrize("parallel", ["2", None], ids=["partition_steps", "one_purge"])
+def test_a_statement_trigger_on_the_table_sees_every_row_the_run_deletes(monthly, parallel):
+    engine, _ = monthly
+    before = spread(engine)
+    erasure_log(engine)
+    defs = code_location(extra_policies=[partitioned_policy(max_parallel_partitions=parallel)])
+
+    with dg.instance_for_test() as instance:
+        result = defs.resolve_job_def(JOB).execute_in_process(partition_key=PARTITION,
+                                                              instance=instance)
+
+    assert result.success
+    assert snapshot(engine)["prunable"] == set()
+    deleted = materialization(result, asset_key=ASSET_KEY)["deletedTotal"]
+    assert deleted == len(before["prunable"])
+    # The steps delete through the table, as the application's own DELETEs do: its statement
+    # triggers see each of them.
+    assert logged_erasures(engine) == deleted
+
+
 def test_a_failing_partition_step_is_retried_alone_and_its_rows_counted_once(monthly):
     engine, _ = monthly
     before = spread(engine)
     failing = min(partitions_of(engine, before["prunable"]))  # the oldest month's
-    # The second DELETE on that partition fails once with a deadlock (transient):
-    # its first batch stays committed, the step is retried and goes on from there.
+    # The second batch on that partition (its first row) fails once with a deadlock
+    # (transient): its first batch stays committed, the step is retried and goes on from there.
     with engine.begin() as conn:
         conn.execute(sa.text("CREATE SEQUENCE favorites.deletes"))
         conn.execute(sa.text(
             "CREATE FUNCTION favorites.fail_once() RETURNS trigger LANGUAGE plpgsql AS $$ "
-            "BEGIN IF nextval('favorites.deletes') = 2 THEN RAISE EXCEPTION 'conflict' "
-            "USING ERRCODE = '40P01'; END IF; RETURN NULL; END $$"))
+            f"BEGIN IF nextval('favorites.deletes') = {BATCH + 1} THEN RAISE EXCEPTION "
+            "'conflict' USING ERRCODE = '40P01'; END IF; RETURN OLD; END $$"))
         conn.execute(sa.text(f"CREATE TRIGGER fail_once BEFORE DELETE ON {failing} "
-                             "FOR EACH STATEMENT EXECUTE FUNCTION favorites.fail_once()"))
+                             "FOR EACH ROW EXECUTE FUNCTION favorites.fail_once()"))
     key = failing.removeprefix("favorites.")
 
     with dg.instance_for_test() as instance:
@@ -268,14 +311,13 @@ def test_terminating_a_run_of_the_partition_steps_ends_it_canceled(monthly):
 
     engine, _ = monthly
     before = spread(engine)
-    # Each DELETE on a partition takes 0.2 s: the steps are mid-purge when the run is stopped.
+    # Each DELETE takes 0.2 s: the steps are mid-purge when the run is stopped.
     with engine.begin() as conn:
         conn.execute(sa.text(
             "CREATE FUNCTION favorites.slow_batch() RETURNS trigger LANGUAGE plpgsql AS "
             "$$ BEGIN PERFORM pg_sleep(0.2); RETURN NULL; END $$"))
-        for name in partitions_of(engine, before["prunable"]):
-            conn.execute(sa.text(f"CREATE TRIGGER slow_batch BEFORE DELETE ON {name} "
-                                 "FOR EACH STATEMENT EXECUTE FUNCTION favorites.slow_batch()"))
+        conn.execute(sa.text("CREATE TRIGGER slow_batch BEFORE DELETE ON favorites.favorites "
+                             "FOR EACH STATEMENT EXECUTE FUNCTION favorites.slow_batch()"))
 
     def prunable_left() -> int:
         return len(snapshot(engine)["prunable"])
@@ -321,15 +363,15 @@ def test_a_partition_step_whose_backend_is_killed_is_retried_and_counted_once(mo
     engine, _ = monthly
     before = spread(engine)
     failing = min(partitions_of(engine, before["prunable"]))
-    # The second DELETE on that partition sleeps; its backend is then killed.
+    # The second batch on that partition sleeps at its first row; its backend is then killed.
     with engine.begin() as conn:
         conn.execute(sa.text("CREATE SEQUENCE favorites.deletes"))
         conn.execute(sa.text(
             "CREATE FUNCTION favorites.sleep_once() RETURNS trigger LANGUAGE plpgsql AS $$ "
-            "BEGIN IF nextval('favorites.deletes') = 2 THEN PERFORM pg_sleep(60); END IF; "
-            "RETURN NULL; END $$"))
+            f"BEGIN IF nextval('favorites.deletes') = {BATCH + 1} THEN PERFORM pg_sleep(60); "
+            "END IF; RETURN OLD; END $$"))
         conn.execute(sa.text(f"CREATE TRIGGER sleep_once BEFORE DELETE ON {failing} "
-                             "FOR EACH STATEMENT EXECUTE FUNCTION favorites.sleep_once()"))
+                             "FOR EACH ROW EXECUTE FUNCTION favorites.sleep_once()"))
     killed = []
 
     def kill_the_sleeper() -> None:

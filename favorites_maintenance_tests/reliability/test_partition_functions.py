@@ -29,9 +29,7 @@ from favorites_maintenance_tests.helpers.jobs import (
 )
 from favorites_maintenance_tests.helpers.policies import policy_sandbox
 from favorites_maintenance_tests.reliability.conftest import CUTOFF, PARTITION
-from favorites_maintenance_tests.reliability.test_partitioned_tables import (
-    backdate_detach,
-)
+from favorites_maintenance_tests.helpers.partitioned import backdate_detach, detached_from
 
 UTC = dt.UTC
 POLICY = "shared_lists"
@@ -138,6 +136,8 @@ def test_the_role_detaches_and_drops_another_tables_partitions_through_its_funct
         assert "lists.shared_lists_detach_partition checked it again under its lock" in lines
         assert (meta["partitionsDetached"], meta["deletedTotal"]) == (3, 20)
         assert {FEB, MAR} <= attached(lists) and not {JAN, APR, MAY} & attached(lists)
+        # Detached under another name, the partition's in the comment.
+        assert {JAN, APR, MAY} <= detached_from(lists) and not {JAN, APR, MAY} & existing(lists)
         for name in (JAN, APR, MAY):
             backdate_detach(lists, name, 8)
         second = run_partition(code_location, instance, PARTITION,
@@ -148,7 +148,9 @@ def test_the_role_detaches_and_drops_another_tables_partitions_through_its_funct
                                  for e in instance.all_logs(second.run_id))
     assert dropped["partitionsDropped"] == 3
     assert "lists.shared_lists_drop_detached checked it again and dropped it" in second_lines
-    assert not {JAN, APR, MAY} & existing(lists)
+    assert not detached_from(lists)
+    assert existing(lists) == {"lists.shared_lists", FEB, MAR, *(
+        f"lists.shared_lists_{m:%Y%m%d}" for m in BOUNDS[5:-1])}
     assert remaining(lists) == {(None, 4, 2): 1, (9, None, 3): 1, (None, None, 6): 4}
 
 

@@ -8,7 +8,6 @@ cancelled and the least-privilege role.
 from __future__ import annotations
 
 import datetime as dt
-import json
 import threading
 import time
 
@@ -19,7 +18,10 @@ import sqlalchemy as sa
 from favorites_maintenance.retention import partitioned
 from favorites_maintenance.retention.database import create_engine
 from favorites_maintenance.retention.defaults import DATABASE_URL_VAR
-from favorites_maintenance.retention.least_privilege import apply_partition_functions
+from favorites_maintenance.retention.least_privilege import (
+    apply_partition_functions,
+    partition_functions_sql,
+)
 from favorites_maintenance.retention.rule import GUEST_FAVORITES
 from favorites_maintenance.retention.schema import (
     create_partitioned_dev_schema,
@@ -33,6 +35,11 @@ from favorites_maintenance_tests.helpers.jobs import (
     materialization,
     purge_retries,
     run_partition,
+)
+from favorites_maintenance_tests.helpers.partitioned import (
+    backdate_detach,
+    detached_from,
+    detached_tables,
 )
 from favorites_maintenance_tests.helpers.policies import (
     favorites_policy,
@@ -125,25 +132,13 @@ def test_wholly_expired_partitions_are_detached_and_the_rest_deleted_in_batches(
     assert rows.ids() == {*made["feb_account"], *made["jun_fresh"], *made["fresh"]}
     assert not {JAN, MAR, APR, MAY} & partitions_of(table)
     assert FEB in partitions_of(table)
-    assert {JAN, APR} <= tables(table)  # detached, kept for detached_retention (7 days)
+    # Detached, kept for detached_retention (7 days) under another name.
+    assert {JAN, APR} <= detached_from(table) and not {JAN, APR} & tables(table)
+    assert f"{JAN}_detached" in tables(table)
     assert f"partition {FEB} kept" in lines and "holds a row the rule keeps" in lines
     assert f"partition {JAN} detached (30 rows)" in lines
-    assert "DETACH ... CONCURRENTLY" in lines
+    assert f"DETACH ... CONCURRENTLY; renamed {JAN}_detached" in lines
     assert "no DELETE trigger, row-level security, publication or foreign key" in lines
-
-
-def backdate_detach(engine, table_name: str, days: int) -> None:
-    """Move the instant the job recorded for detaching ``table_name`` ``days`` into the past."""
-    with engine.begin() as conn:
-        note = conn.execute(sa.text("SELECT obj_description(CAST(:t AS regclass), 'pg_class')"),
-                            {"t": table_name}).scalar_one()
-        mark = json.loads(note)
-        mark["at"] = (dt.datetime.fromisoformat(mark["at"])
-                      - dt.timedelta(days=days)).isoformat()
-        conn.execute(sa.text("SELECT set_config('test.note', :n, true)"),
-                     {"n": json.dumps(mark)})
-        conn.execute(sa.text(f"DO $$ BEGIN EXECUTE format('COMMENT ON TABLE {table_name} IS %L',"
-                             " current_setting('test.note')); END $$"))
 
 
 def test_a_later_run_drops_the_detached_tables_once_detached_retention_is_over(table, rows):
@@ -156,7 +151,7 @@ def test_a_later_run_drops_the_detached_tables_once_detached_retention_is_over(t
             backdate_detach(table, name, 6)
         second = run(instance)
         assert materialization(second, asset_key=ASSET_KEY)["partitionsDropped"] == 0
-        assert {JAN, MAR, APR, MAY} <= tables(table)
+        assert {JAN, MAR, APR, MAY} <= detached_from(table)
         for name in (JAN, MAR, APR, MAY):
             backdate_detach(table, name, 2)
         third = run(instance)
@@ -165,10 +160,40 @@ def test_a_later_run_drops_the_detached_tables_once_detached_retention_is_over(t
         lines = log_lines(instance, third)
     assert (meta["partitionsDropped"], meta["partitionsDetached"], meta["deletedTotal"]) \
         == (4, 0, 0)
-    assert not {JAN, MAR, APR, MAY} & tables(table)
-    assert f"detached table {JAN} dropped (30 rows)" in lines
+    assert not {JAN, MAR, APR, MAY} & detached_from(table)
+    assert f"detached table {JAN}_detached dropped (30 rows): partition {JAN}" in lines
     assert "detached_retention P7D over" in lines
     assert rows.ids() == {*made["feb_account"], *made["jun_fresh"], *made["fresh"]}
+
+
+@pytest.mark.parametrize("privilege", ["owner", "function"])
+def test_a_partition_detached_where_its_name_is_taken_takes_the_next_free_one(
+        table, rows, roles, monkeypatch, privilege):
+    if privilege == "function":
+        cleanup_role_with_functions(table, roles, monkeypatch)
+    rows.add_many(3, updated_at=month(1))
+    with dg.instance_for_test() as instance:
+        assert run(instance).success
+        # January made again (as a tool creating partitions by name would), and March under a
+        # name of PostgreSQL's full 63 bytes; a guest row in each.
+        long_name = "m" * 63
+        with table.begin() as conn:
+            conn.execute(sa.text(
+                f"CREATE TABLE {JAN} PARTITION OF favorites.favorites "
+                f"FOR VALUES FROM ('{month(1, 1).isoformat()}') TO ('{month(2, 1).isoformat()}')"))
+            conn.execute(sa.text(
+                f"CREATE TABLE favorites.{long_name} PARTITION OF favorites.favorites "
+                f"FOR VALUES FROM ('{month(3, 1).isoformat()}') TO ('{month(4, 1).isoformat()}')"))
+        rows.add(updated_at=month(1, 5))
+        rows.add(updated_at=month(3, 5))
+        second = run(instance)
+        assert second.success, failure_text(second)
+        assert materialization(second, asset_key=ASSET_KEY)["partitionsDetached"] == 2
+    names = {mark["partition"]: name for name, mark in detached_tables(table).items()
+             if mark["rows"] == 1}
+    assert names == {JAN: f"{JAN}_detached_2",
+                     f"favorites.{long_name}": f"favorites.{'m' * 54}_detached"}
+    assert f"{JAN}_detached" in detached_tables(table)  # the first, kept as it was
 
 
 def test_detached_retention_null_keeps_detached_tables_for_good(table, rows):
@@ -181,8 +206,8 @@ def test_detached_retention_null_keeps_detached_tables_for_good(table, rows):
         meta = materialization(second, asset_key=ASSET_KEY)
         lines = log_lines(instance, second)
     assert meta["partitionsDropped"] == 0
-    assert JAN in tables(table)
-    assert f"detached table {JAN} kept" in lines and "kept for good" in lines
+    assert JAN in detached_from(table)
+    assert f"detached table {JAN}_detached kept" in lines and "kept for good" in lines
 
 
 def test_a_partition_with_a_delete_trigger_is_kept_and_its_rows_deleted_in_batches(table, rows):
@@ -304,7 +329,7 @@ def test_a_detach_whose_backend_is_killed_is_finished_by_the_next_run(db_url, en
         holder.close()
     assert meta["partitionsDetached"] == 1 and meta["deletedTotal"] == 8
     assert f"partition {JAN} detached (8 rows)" in lines and "FINALIZE" in lines
-    assert JAN not in partitions_of(engine) and JAN in tables(engine)
+    assert JAN not in partitions_of(engine) and JAN in detached_from(engine)
     assert rows.ids() == {account} and set(jan).isdisjoint(rows.ids())
 
 
@@ -381,7 +406,9 @@ def test_the_least_privilege_role_detaches_and_drops_through_the_owners_function
         meta = materialization(first, asset_key=ASSET_KEY)
         lines = log_lines(instance, first)
         assert (meta["partitionsDetached"], meta["deletedTotal"]) == (4, 60)
-        assert "favorites.favorites_detach_partition checked it again under its lock" in lines
+        assert ("favorites.favorites_detach_partition checked it again under its lock and "
+                f"detached it; renamed {JAN}_detached") in lines
+        assert {JAN, MAR, APR, MAY} <= detached_from(table)
         assert f"partition {FEB} kept" in lines
         for name in (JAN, MAR, APR, MAY):
             backdate_detach(table, name, 8)
@@ -391,7 +418,7 @@ def test_the_least_privilege_role_detaches_and_drops_through_the_owners_function
         second_lines = log_lines(instance, second)
     assert dropped["partitionsDropped"] == 4
     assert "favorites.favorites_drop_detached checked it again and dropped it" in second_lines
-    assert not {JAN, MAR, APR, MAY} & tables(table)
+    assert not {JAN, MAR, APR, MAY} & detached_from(table)
     assert rows.ids() == {*made["feb_account"], *made["jun_fresh"], *made["fresh"]}
 
 
@@ -432,26 +459,41 @@ def test_with_partition_steps_the_plan_detaches_and_the_steps_delete_the_rest(ta
     assert rows.ids() == {*made["feb_account"], *made["jun_fresh"], *made["fresh"]}
 
 
-def test_partition_steps_under_the_least_privilege_role_need_its_grants_on_each_partition(
+def test_a_detach_function_that_leaves_the_partitions_name_is_reported(table, rows, roles,
+                                                                         monkeypatch):
+    rows.add_many(3, updated_at=month(1))
+    url = cleanup_role_with_functions(table, roles, monkeypatch)
+    # The function as an older template wrote it: detached, marked, not renamed.
+    rename = "EXECUTE format('ALTER TABLE %s RENAME TO %I', part, free_name);"
+    text = partition_functions_sql(GUEST_FAVORITES, url.username)
+    assert rename in text
+    with table.begin() as conn:
+        conn.connection.cursor().execute(text.replace(rename, ""))
+    with dg.instance_for_test() as instance:
+        result = run(instance)
+        assert result.success, failure_text(result)
+        lines = log_lines(instance, result)
+    assert (f"favorites.favorites_detach_partition detached {JAN} but left it under the "
+            "partition's name") in lines
+    assert "install the owner's functions again" in lines
+    assert JAN in tables(table) and JAN not in partitions_of(table)
+
+
+def test_partition_steps_under_the_least_privilege_role_need_its_grants_on_the_table_alone(
         table, rows, roles, monkeypatch):
     made = fill(rows)
     url = cleanup_role_with_functions(table, roles, monkeypatch)
-    with dg.instance_for_test() as instance:
-        refused = run(instance, max_parallel_partitions=2)
-    assert not refused.success
-    assert ("with max_parallel_partitions the job's role needs on every partition the grants "
-            "it has on the table") in failure_text(refused)
-    assert {*made["feb"], *made["jun_old"]} <= rows.ids()  # no batch ran
-
-    # The grants least_privilege.sql gives on the table, on each partition left attached.
-    with table.begin() as conn:
-        for name in partitions_of(table):
-            conn.exec_driver_sql(
-                f'GRANT SELECT (id, user_id, updated_at, ctid), UPDATE (updated_at), DELETE '
-                f'ON TABLE {name} TO "{url.username}"')
+    with table.connect() as conn:
+        granted = conn.execute(sa.text(
+            "SELECT bool_or(has_table_privilege(:r, inhrelid, 'DELETE') "
+            "OR has_any_column_privilege(:r, inhrelid, 'SELECT')) FROM pg_inherits "
+            "WHERE inhparent = 'favorites.favorites'::regclass"), {"r": url.username}
+        ).scalar_one()
+    assert granted is False  # CREATE TABLE ... PARTITION OF copies no grant
     with dg.instance_for_test() as instance:
         result = run(instance, max_parallel_partitions=2)
         assert result.success, failure_text(result)
+    # The plan probes and the steps delete through the table, whose grants the role has.
     assert rows.ids() == {*made["feb_account"], *made["jun_fresh"], *made["fresh"]}
 
 
@@ -604,11 +646,8 @@ def test_two_drop_phases_at_once_detach_each_partition_once_and_count_its_rows_o
     detached = [p for r in results.values() for p in r.detached]
     assert len(detached) == len(set(detached)) == 27  # March and August hold an account row
     assert sum(r.rows_removed for r in results.values()) == 27 * 3
-    with engine.connect() as conn:
-        marks = {n: json.loads(d)["favorites_maintenance"] for n, d in conn.execute(sa.text(
-            "SELECT format('%s.%s', n.nspname, c.relname), obj_description(c.oid, 'pg_class') "
-            "FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace "
-            "WHERE n.nspname = 'favorites' AND c.relkind = 'r' AND NOT c.relispartition")) if d}
+    marks = {m.get("partition"): m["favorites_maintenance"]
+             for m in detached_tables(engine).values()}
     # Each table either run detached is marked detached, so that a later run drops it.
     assert marks == dict.fromkeys(detached, "detached")
     kept = {*accounts, *fresh, *old[2], *old[7]}

@@ -15,10 +15,6 @@ from __future__ import annotations
 import datetime as dt
 import ipaddress
 import os
-import shutil
-import signal
-import subprocess
-import tempfile
 from pathlib import Path
 
 import dagster as dg
@@ -29,13 +25,16 @@ from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import NameOID
 
-from favorites_maintenance.local.processes import Daemon, free_port
 from favorites_maintenance.retention.database import create_engine
 from favorites_maintenance.retention.schema import create_dev_schema
 from favorites_maintenance.retention.defaults import DATABASE_URL_VAR
 from favorites_maintenance_tests.conftest import Rows
+from favorites_maintenance_tests.helpers.debian_postgres import (
+    DebianServer,
+    debian_server,
+    require_bindir,
+)
 from favorites_maintenance_tests.helpers.jobs import run_job
-from favorites_maintenance_tests.helpers.system_packages import missing
 from favorites_maintenance_tests.reliability.conftest import (
     CUTOFF,
     PARTITION,
@@ -85,88 +84,43 @@ def pem(cert: x509.Certificate) -> bytes:
     return cert.public_bytes(serialization.Encoding.PEM)
 
 
-def debian_bindir() -> Path | None:
-    """The binaries of the newest PostgreSQL server installed from Debian's packages."""
-    found = [p.parent for p in Path("/usr/lib/postgresql").glob("*/bin/postgres")]
-    return max(found, key=lambda b: int(b.parent.name), default=None) if found else None
-
-
-class TlsServer:
-    """A PostgreSQL server of its own on 127.0.0.1, TLS required, stopped by its pid (read from
-    ``postmaster.pid``: ``pg_ctl`` leaves it running detached)."""
+class TlsServer(DebianServer):
+    """Debian's PostgreSQL on 127.0.0.1, TLS required: a server certificate signed by a
+    certificate authority made for the test, and only TLS connections with a password over
+    TCP."""
 
     def __init__(self, root: Path, bindir: Path):
-        self.root = root
-        self.bindir = bindir
-        self.data = root / "data"
-        # The server refuses to run as root: run it as the package's own user then.
-        self.user = "postgres" if os.geteuid() == 0 else None
-        self.port = free_port()
         ca_key, self.ca = make_ca("favorites test CA")
         self.other_ca = make_ca("some other CA")[1]
-        key, cert = make_server_cert(ca_key, self.ca)
+        self._key, self._cert = make_server_cert(ca_key, self.ca)
         (root / "ca.crt").write_bytes(pem(self.ca))
         (root / "other-ca.crt").write_bytes(pem(self.other_ca))
+        super().__init__(root, bindir)
 
-        self.data.mkdir(mode=0o700)
-        if self.user:
-            shutil.chown(self.data, self.user, self.user)
-        self._run("initdb", "-D", str(self.data), "--auth-local=trust",
-                  "--auth-host=scram-sha-256", "-U", "postgres", "--encoding=utf8")
-        (self.data / "server.crt").write_bytes(pem(cert))
-        (self.data / "server.key").write_bytes(key.private_bytes(
+    def configure(self) -> dict[str, str]:
+        (self.data / "server.crt").write_bytes(pem(self._cert))
+        (self.data / "server.key").write_bytes(self._key.private_bytes(
             serialization.Encoding.PEM, serialization.PrivateFormat.TraditionalOpenSSL,
             serialization.NoEncryption()))
         os.chmod(self.data / "server.key", 0o600)
-        if self.user:  # the server refuses a key it does not own
-            for name in ("server.crt", "server.key"):
-                shutil.chown(self.data / name, self.user, self.user)
+        for name in ("server.crt", "server.key"):
+            self.own(self.data / name)
         # Only TLS connections with a password over TCP; the local socket stays for setup.
         (self.data / "pg_hba.conf").write_text(
             "local all all trust\n"
             "hostssl all all 127.0.0.1/32 scram-sha-256\n")
-        with open(self.data / "postgresql.conf", "a") as conf:
-            conf.write(f"ssl = on\nlisten_addresses = '127.0.0.1'\nport = {self.port}\n"
-                       f"unix_socket_directories = '{root}'\n")
-        self._run("pg_ctl", "-D", str(self.data), "-w", "-l", str(root / "server.log"), "start")
-        # SIGINT: PostgreSQL's fast shutdown (sessions are ended, nothing is waited for).
-        self.postmaster = Daemon.from_pid_file(self.data / "postmaster.pid", name="postgres",
-                                               stop_signal=signal.SIGINT, grace_s=60)
-
-    def _run(self, binary: str, *args: str) -> None:
-        # Output to a file: the server started by pg_ctl would hold a pipe open.
-        with open(self.root / f"{binary}.out", "ab") as out:
-            proc = subprocess.run([str(self.bindir / binary), *args], user=self.user,
-                                  stdout=out, stderr=subprocess.STDOUT, timeout=120)
-        if proc.returncode:
-            log = self.root / "server.log"
-            raise RuntimeError(f"{binary} failed:\n{(self.root / f'{binary}.out').read_text()}"
-                               f"\n{log.read_text() if log.exists() else ''}")
-
-    def local_url(self, database: str) -> sa.URL:
-        return sa.URL.create("postgresql+psycopg", username="postgres", database=database,
-                             query={"host": str(self.root), "port": str(self.port)})
+        return {"ssl": "on"}
 
     def tls_url(self, database: str, rootcert: str = "ca.crt",
                 sslmode: str = "verify-full") -> str:
         return (f"postgresql+psycopg://postgres:{PASSWORD}@127.0.0.1:{self.port}/{database}"
                 f"?sslmode={sslmode}&sslrootcert={self.root / rootcert}")
 
-    def stop(self):
-        """SIGINT to the postmaster (PostgreSQL's fast shutdown), then wait for it to exit
-        (SIGKILL after 60 s)."""
-        self.postmaster.stop()
-
 
 @pytest.fixture(scope="module")
 def tls_server():
-    bindir = debian_bindir()
-    if bindir is None:
-        missing("PostgreSQL from Debian is not installed (apt-get install -y postgresql)")
-    root = Path(tempfile.mkdtemp(prefix="favorites-tls-"))
-    os.chmod(root, 0o777)
-    server = TlsServer(root, bindir)
-    try:
+    bindir = require_bindir(package="postgresql")
+    with debian_server(TlsServer, bindir, "favorites-tls-") as server:
         admin = sa.create_engine(server.local_url("postgres"), isolation_level="AUTOCOMMIT")
         with admin.connect() as conn:
             conn.execute(sa.text(f"ALTER ROLE postgres PASSWORD '{PASSWORD}'"))
@@ -176,9 +130,6 @@ def tls_server():
         create_dev_schema(engine)
         engine.dispose()
         yield server
-    finally:
-        server.stop()
-        shutil.rmtree(root, ignore_errors=True)
 
 
 @pytest.fixture
