@@ -317,9 +317,13 @@ def _partition_ops(policy: Policy, asset_key: dg.AssetKey, settings_of, database
         # Which process of which host ran the step: the executor decides (a worker, a pod).
         context.log.info(f"partition {partition.qualified_name} {partition.describe_range()}: "
                          f"purged on host {socket.gethostname()} by pid {os.getpid()}")
-        return run_purge_op(context, config, database_of(context), policy, settings,
-                            asset_key, cutoff, metrics=context.resources.metrics,
-                            rule=rule.within(partition.ages))
+        report = run_purge_op(context, config, database_of(context), policy, settings,
+                              asset_key, cutoff, metrics=context.resources.metrics,
+                              rule=rule.within(partition.ages))
+        # A run stopped before collect_partitions sums the steps never records this step's
+        # rows otherwise: its output shows them.
+        context.add_output_metadata(report.as_metadata())
+        return report
 
     @dg.op(name=f"{policy.name}_collect_partitions",
            required_resource_keys={"retention"},

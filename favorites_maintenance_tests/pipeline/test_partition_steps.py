@@ -348,12 +348,17 @@ def test_terminating_a_run_of_the_partition_steps_ends_it_canceled(monthly):
     after = snapshot(engine)
     assert 0 < len(after["prunable"]) < len(before["prunable"])
     assert after["accounts"] == before["accounts"] and after["recent"] == before["recent"]
-    # Each stopped step recorded what it deleted: together, the rows gone.
+    # Each stopped step recorded what it deleted, and each step that finished its partition
+    # before the request its output: together, the rows gone.
     stopped = [e.event_specific_data.asset_observation.metadata for e in events
                if e.event_type_value == "ASSET_OBSERVATION"]
+    finished = [e.event_specific_data.metadata for e in events
+                if e.event_type_value == "STEP_OUTPUT"
+                and e.step_key.startswith(f"{NODE}.purge_partition[")]
     assert stopped and all(m["stopReason"].value == "stop_requested" for m in stopped)
-    assert sum(m["deletedTotal"].value for m in stopped) == (len(before["prunable"])
-                                                              - len(after["prunable"]))
+    assert all(m["stopReason"].value == "exhausted" for m in finished)
+    assert sum(m["deletedTotal"].value for m in stopped + finished) == (
+        len(before["prunable"]) - len(after["prunable"]))
 
 
 def test_a_partition_step_whose_backend_is_killed_is_retried_and_counted_once(monthly):
