@@ -40,6 +40,7 @@ from favorites_maintenance.pipeline.partition_steps import (
 )
 from favorites_maintenance.pipeline.partitions import (
     policy_partitions,
+    require_run_partitions,
     run_cutoff,
     run_now,
 )
@@ -185,8 +186,11 @@ def _cleanup_ops(policy: Policy, asset_key: dg.AssetKey, settings_of, database_o
                        "days, now by the database server's clock.")
     def compute_cutoff(context: dg.OpExecutionContext, config: PurgeConfig) -> dt.datetime:
         """Return the run's cutoff, a timezone-aware UTC datetime (see :func:`run_cutoff`).
-        A database that cannot be read fails the op, retried as the purge is for a
-        transient error (see :func:`attempt_failed`)."""
+        A run that is not of the policy's days fails here, before any read
+        (:func:`require_run_partitions`). A database that cannot be read fails the op, retried
+        as the purge is for a transient error (see :func:`attempt_failed`)."""
+        # A run without its day could not record what it deleted: refused before any read.
+        require_run_partitions(context, policy)
         settings = settings_of(context.resources.retention)
         try:
             cutoff = run_cutoff(context, settings.retention_days,

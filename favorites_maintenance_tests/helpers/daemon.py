@@ -101,12 +101,16 @@ def _graphql(workspace, query: str, variables: dict) -> dict:
 
 
 def launch_run(workspace, job: str, *, tags: dict[str, str],
-               run_config: dict | None = None) -> str:
+               run_config: dict | None = None, asset: list[str] | None = None) -> str:
     """Launch ``job`` of the code location as the UI's launchpad does (the run is queued);
-    return the run's id."""
+    return the run's id. With ``asset`` (its key's path), of Dagster's implicit asset job
+    ``__ASSET_JOB``, as the asset page's "Materialize" does."""
+    selector = {"repositoryLocationName": LOCATION, "repositoryName": REPOSITORY,
+                "jobName": job}
+    if asset is not None:
+        selector["assetSelection"] = [{"path": asset}]
     data = _graphql(workspace, LAUNCH_RUN, {"params": {
-        "selector": {"repositoryLocationName": LOCATION, "repositoryName": REPOSITORY,
-                     "jobName": job},
+        "selector": selector,
         "runConfigData": run_config or {},
         "executionMetadata": {"tags": [{"key": k, "value": v} for k, v in tags.items()]}}})
     launched = data["launchRun"]
