@@ -180,8 +180,10 @@ def _cleanup_ops(policy: Policy, asset_key: dg.AssetKey, settings_of, database_o
     rule = policy.rule
     database_key = policy.database_key
 
+    # "alerts": Dagster checks a launch's config only of the resources its run uses, and a
+    # launch may not redirect the alerts (deployed_alerts refuses it).
     @dg.op(name=f"{policy.name}_compute_cutoff",
-           required_resource_keys={database_key, "retention"},
+           required_resource_keys={database_key, "retention", "alerts"},
            description="The cutoff instant: min(now, end of the partition window) - retention "
                        "days, now by the database server's clock.")
     def compute_cutoff(context: dg.OpExecutionContext, config: PurgeConfig) -> dt.datetime:
