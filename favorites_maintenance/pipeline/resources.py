@@ -26,7 +26,10 @@ import requests
 import sqlalchemy as sa
 from pydantic import Field, PrivateAttr
 
-from favorites_maintenance.config.deployment import DeploymentSettings
+from favorites_maintenance.config.deployment import (
+    DeploymentSettings,
+    load_deployment_settings,
+)
 from favorites_maintenance.config.parsers import (
     ALERT_WEBHOOK_URL_VAR,
     METRICS_PUSHGATEWAY_URL_VAR,
@@ -41,6 +44,7 @@ from favorites_maintenance.config.policy_settings import (
     PolicySettings,
 )
 from favorites_maintenance.pipeline import metrics
+from favorites_maintenance.pipeline.heartbeat import Heartbeat, beat_every
 from favorites_maintenance.pipeline.run_report import RunReport
 from favorites_maintenance.retention.database import create_engine
 from favorites_maintenance.retention.defaults import DATABASE_URL_VAR
@@ -62,11 +66,15 @@ class FavoritesDatabase(dg.ConfigurableResource):
             (``FAVORITES_DATABASE_URL`` unless the policies set ``database_url_env``).
 
     The engine opens connections lazily, once per step, and is disposed when the step ends.
+    While a run's step holds it, its process beats for the run
+    (:class:`~favorites_maintenance.pipeline.heartbeat.Heartbeat`), so that a run whose
+    process was killed is found and ended (``cleanup_dead_run_sensor``).
     """
 
     url: str
     url_env: str = DATABASE_URL_VAR
     _engine: sa.Engine | None = PrivateAttr(default=None)
+    _heartbeat: Heartbeat | None = PrivateAttr(default=None)
 
     def setup_for_execution(self, context: dg.InitResourceContext) -> None:
         try:
@@ -75,8 +83,15 @@ class FavoritesDatabase(dg.ConfigurableResource):
             raise
         except Exception:
             raise SettingsError(self.url_env, "could not be used to build an engine") from None
+        if context.dagster_run is not None and context.instance is not None:
+            timeout = load_deployment_settings().run_heartbeat_timeout
+            self._heartbeat = Heartbeat(context.instance, context.dagster_run.run_id,
+                                        beat_every(timeout)).start()
 
     def teardown_after_execution(self, context: dg.InitResourceContext) -> None:
+        if self._heartbeat is not None:
+            self._heartbeat.stop()
+            self._heartbeat = None
         if self._engine is not None:
             self._engine.dispose()
             self._engine = None
