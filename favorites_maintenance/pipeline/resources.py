@@ -83,9 +83,9 @@ class FavoritesDatabase(dg.ConfigurableResource):
             raise
         except Exception:
             raise SettingsError(self.url_env, "could not be used to build an engine") from None
-        if context.dagster_run is not None and context.instance is not None:
+        if context.run is not None and context.instance is not None:
             timeout = load_deployment_settings().run_heartbeat_timeout
-            self._heartbeat = Heartbeat(context.instance, context.dagster_run.run_id,
+            self._heartbeat = Heartbeat(context.instance, context.run.run_id,
                                         beat_every(timeout)).start()
 
     def teardown_after_execution(self, context: dg.InitResourceContext) -> None:
