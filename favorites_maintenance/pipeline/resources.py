@@ -308,8 +308,8 @@ def _fixed_at_launch(resource: dg.ConfigurableResource, deployed: dict[str, Any]
 
     return resource.get_resource_definition().configured(
         at_launch, config_schema=dg.Permissive({}),
-        description=f"{what[0].upper()}{what[1:]}: {variables} (by reference, never shown); "
-                    "not settable at launch.")
+        description=f"{what[0].upper()}{what[1:]}: {variables}, read from {_WHERE}; not "
+                    "settable at launch.")
 
 
 def deployed_alerts(settings: DeploymentSettings) -> dg.ResourceDefinition:
