@@ -33,6 +33,7 @@ from favorites_maintenance.config.deployment import (
 )
 from favorites_maintenance.config.parsers import SettingsError
 from favorites_maintenance.config.policy import Policy
+from favorites_maintenance.pipeline.heartbeat import build_dead_run_sensor
 from favorites_maintenance.pipeline.policy_defs import policy_definitions
 from favorites_maintenance.pipeline.resources import (
     deployed_databases,
@@ -48,7 +49,9 @@ def code_location(tree: dg.ComponentTree | None = None,
     resources that depend on the policies: ``retention``, the run limits a launch may set
     (:func:`~favorites_maintenance.pipeline.resources.deployed_retention`), and one database
     resource per variable the policies name
-    (:func:`~favorites_maintenance.pipeline.resources.deployed_databases`).
+    (:func:`~favorites_maintenance.pipeline.resources.deployed_databases`); and the sensor that
+    ends a run whose steps stopped beating
+    (:func:`~favorites_maintenance.pipeline.heartbeat.build_dead_run_sensor`).
 
     Args:
         tree: the component tree (default: ``defs/``).
@@ -88,10 +91,12 @@ def code_location(tree: dg.ComponentTree | None = None,
 
 def _with_resources(component_defs: Sequence[dg.Definitions],
                     policies: Sequence[Policy]) -> dg.Definitions:
+    timeout = load_deployment_settings().run_heartbeat_timeout
     return dg.Definitions.merge(
         *component_defs,
         dg.Definitions(resources={"retention": deployed_retention(policies),
-                                  **deployed_databases(policies)}),
+                                  **deployed_databases(policies)},
+                       sensors=[build_dead_run_sensor(timeout)]),
     )
 
 

@@ -1,4 +1,5 @@
-"""The deployment's settings: where the databases, the alert webhook and the Pushgateway are.
+"""The deployment's settings: where the databases, the alert webhook and the Pushgateway are,
+and how long a run may go without a heartbeat before it is taken for dead.
 
 A policy's database is the URL held by the variable its ``database_url_env`` names
 (``FAVORITES_DATABASE_URL`` by default): :func:`load_database_url` reads and validates it.
@@ -17,6 +18,7 @@ This module imports no Dagster.
 
 from __future__ import annotations
 
+import datetime as dt
 import os
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
@@ -26,8 +28,10 @@ from sqlalchemy.engine import URL
 from favorites_maintenance.config.parsers import (
     ALERT_WEBHOOK_URL_VAR,
     METRICS_PUSHGATEWAY_URL_VAR,
+    RUN_HEARTBEAT_TIMEOUT_VAR,
     WEBSERVER_BASE_URL_VAR,
     SettingsError,
+    duration_between,
     http_url,
     parse_database_url,
     parse_pushgateway_url,
@@ -36,6 +40,13 @@ from favorites_maintenance.config.parsers import (
     safe_url,
 )
 from favorites_maintenance.retention.defaults import DATABASE_URL_VAR
+
+#: How long a run's steps may go without a heartbeat before the run is taken for dead, unless
+#: ``FAVORITES_RUN_HEARTBEAT_TIMEOUT`` says otherwise: eight heartbeats missed.
+RUN_HEARTBEAT_TIMEOUT = dt.timedelta(minutes=2)
+#: The bounds of ``FAVORITES_RUN_HEARTBEAT_TIMEOUT``: below 30 s a busy storage could pass for a
+#: dead run; above an hour, run monitoring's own ceiling (``dagster.yaml``) comes first.
+RUN_HEARTBEAT_TIMEOUT_BOUNDS = (dt.timedelta(seconds=30), dt.timedelta(hours=1))
 
 
 @dataclass(frozen=True)
@@ -53,12 +64,16 @@ class DeploymentSettings:
             so never log it: use :func:`~favorites_maintenance.config.parsers.safe_http_url`.
         webserver_base_url: optional base URL of the Dagster UI (no credentials): a failed
             run's alert links to ``<base>/runs/<run id>``.
+        run_heartbeat_timeout: how long the steps of a run may go without a heartbeat before
+            the run is taken for dead and marked FAILURE (:data:`RUN_HEARTBEAT_TIMEOUT`
+            unless ``FAVORITES_RUN_HEARTBEAT_TIMEOUT`` says otherwise, 30 s to 1 h).
     """
 
     database_url: URL | None = field(default=None, repr=False)
     alert_webhook_url: str | None = field(default=None, repr=False)
     metrics_pushgateway_url: str | None = field(default=None, repr=False)
     webserver_base_url: str | None = None
+    run_heartbeat_timeout: dt.timedelta = field(default_factory=lambda: RUN_HEARTBEAT_TIMEOUT)
 
     @property
     def database_url_safe(self) -> str | None:
@@ -90,6 +105,9 @@ def load_deployment_settings(environ: Mapping[str, str] | None = None) -> Deploy
                                               parse_pushgateway_url),
         webserver_base_url=read_optional(environ, WEBSERVER_BASE_URL_VAR,
                                          parse_webserver_base_url),
+        run_heartbeat_timeout=read_optional(environ, RUN_HEARTBEAT_TIMEOUT_VAR,
+                                            duration_between(*RUN_HEARTBEAT_TIMEOUT_BOUNDS),
+                                            RUN_HEARTBEAT_TIMEOUT),
     )
 
 

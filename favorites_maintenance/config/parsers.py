@@ -30,6 +30,8 @@ METRICS_PUSHGATEWAY_URL_VAR = "FAVORITES_METRICS_PUSHGATEWAY_URL"
 ALERT_WEBHOOK_URL_VAR = "FAVORITES_ALERT_WEBHOOK_URL"
 #: The Dagster UI's base URL: a failed run's alert links to its page.
 WEBSERVER_BASE_URL_VAR = "FAVORITES_WEBSERVER_BASE_URL"
+#: How long a run's steps may go without a heartbeat before the run is taken for dead.
+RUN_HEARTBEAT_TIMEOUT_VAR = "FAVORITES_RUN_HEARTBEAT_TIMEOUT"
 
 # The favorites database is served through psycopg 3 (``postgresql+psycopg://``).
 DRIVER = "postgresql+psycopg"

@@ -54,12 +54,20 @@ def run_demo(env: LocalEnvironment, *, rows: int, pretend: bool, policy: Policy,
     ``env``'s instance and print what it did with ``echo``.
 
     Raises:
-        DemoError: the table is not usable, the run failed, or account rows changed.
+        DemoError: the policy has no complete day yet (nothing seeded), the table is not
+            usable, the run failed, or account rows changed.
     """
     # The policy's own database (FAVORITES_DATABASE_URL, or the second one's variable): both
     # are databases of the embedded server.
     url = require_database_url(policy.database_url_env)
     retention_days = policy.settings.retention_days
+    partition = policy_partitions(policy).get_last_partition_key()
+    if partition is None:  # the run could not record what it deleted: the job refuses it
+        raise DemoError(f"policy {policy.name} has no day to run yet: its partitions start "
+                        f"on {policy.settings.partitions_start.isoformat()} "
+                        f"({policy.label('partitions_start')}), and a day is one once it has "
+                        "ended (UTC); run the demo once that day has ended, or set an earlier "
+                        "partitions_start")
     seeded = policy.rule == GUEST_FAVORITES
     engine = create_engine(url)
     try:
@@ -76,7 +84,6 @@ def run_demo(env: LocalEnvironment, *, rows: int, pretend: bool, policy: Policy,
             echo(f"policy {policy.name}: {policy.rule.qualified_name} is used as it is "
                   "(only favorites.favorites has a dev table to seed)")
 
-        partition = policy_partitions(policy).get_last_partition_key()
         cutoff = partition_cutoff(partition, retention_days, now=read_now(engine).database)
         try:
             # The same check of the table the job makes before its first batch.

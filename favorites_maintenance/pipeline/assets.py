@@ -40,6 +40,7 @@ from favorites_maintenance.pipeline.partition_steps import (
 )
 from favorites_maintenance.pipeline.partitions import (
     policy_partitions,
+    require_run_partitions,
     run_cutoff,
     run_now,
 )
@@ -179,14 +180,19 @@ def _cleanup_ops(policy: Policy, asset_key: dg.AssetKey, settings_of, database_o
     rule = policy.rule
     database_key = policy.database_key
 
+    # "alerts": Dagster checks a launch's config only of the resources its run uses, and a
+    # launch may not redirect the alerts (deployed_alerts refuses it).
     @dg.op(name=f"{policy.name}_compute_cutoff",
-           required_resource_keys={database_key, "retention"},
+           required_resource_keys={database_key, "retention", "alerts"},
            description="The cutoff instant: min(now, end of the partition window) - retention "
                        "days, now by the database server's clock.")
     def compute_cutoff(context: dg.OpExecutionContext, config: PurgeConfig) -> dt.datetime:
         """Return the run's cutoff, a timezone-aware UTC datetime (see :func:`run_cutoff`).
-        A database that cannot be read fails the op, retried as the purge is for a
-        transient error (see :func:`attempt_failed`)."""
+        A run that is not of the policy's days fails here, before any read
+        (:func:`require_run_partitions`). A database that cannot be read fails the op, retried
+        as the purge is for a transient error (see :func:`attempt_failed`)."""
+        # A run without its day could not record what it deleted: refused before any read.
+        require_run_partitions(context, policy)
         settings = settings_of(context.resources.retention)
         try:
             cutoff = run_cutoff(context, settings.retention_days,

@@ -111,6 +111,50 @@ def run_now(context: dg.OpExecutionContext | dg.AssetCheckExecutionContext,
     return reading.database
 
 
+def partitions_text(policy: Policy) -> str:
+    """The days of ``policy``'s partitions, for a message: ``2026-01-01 to 2026-06-14``, or
+    why there is none yet."""
+    partitions = policy_partitions(policy)
+    first, last = partitions.get_first_partition_key(), partitions.get_last_partition_key()
+    if first is None or last is None:
+        return (f"none yet: they start on {policy.settings.partitions_start.isoformat()} "
+                f"({policy.label('partitions_start')}), and a day is one once it has ended, "
+                "UTC")
+    return f"{first} to {last}, each UTC day once it has ended"
+
+
+def require_run_partitions(context: dg.OpExecutionContext, policy: Policy) -> None:
+    """Refuse, before anything is read or deleted, a run of ``policy``'s cleanup that is not
+    of one or more of its days: the run records its materialization and its checks on its day,
+    so without one it would delete rows and then fail, and a day outside the partitions (today,
+    not ended; one before ``partitions_start``), which Dagster does not check on a launch's
+    ``dagster/partition`` tag, has no materialization to hold what it deleted.
+
+    Raises:
+        dagster.Failure: no partition (naming the run and the policy's days), or a day outside
+            the policy's partitions (naming it and the policy's days); nothing deleted.
+    """
+    if context.has_partition_key:
+        keys = [context.partition_key]
+    elif getattr(context, "has_partition_key_range", False):
+        keys = [context.partition_key_range.start, context.partition_key_range.end]
+    else:
+        raise dg.Failure(
+            f"run {context.run_id} has no partition: a run of {policy.cleanup} records what it "
+            f"deleted, and its checks, on one day of {policy.name}'s partitions "
+            f"({partitions_text(policy)}); nothing was deleted. Launch it for a day, or "
+            "backfill a range of days.")
+    partitions = policy_partitions(policy)
+    outside = [key for key in keys if not partitions.has_partition_key(key)]
+    if outside:
+        shown = (f"partition {keys[0]}" if len(keys) == 1
+                 else f"partitions {keys[0]}...{keys[1]}")
+        raise dg.Failure(
+            f"{shown} refused: {', '.join(dict.fromkeys(outside))} is not one of "
+            f"{policy.name}'s partitions ({partitions_text(policy)}); nothing was deleted. "
+            "Launch a day of that range.")
+
+
 def run_cutoff(context: dg.OpExecutionContext | dg.AssetCheckExecutionContext,
                retention_days: int, now: dt.datetime) -> dt.datetime:
     """The cutoff of the run of ``context`` at ``now`` (the database's, :func:`run_now`; see

@@ -26,7 +26,17 @@ import requests
 import sqlalchemy as sa
 from pydantic import Field, PrivateAttr
 
-from favorites_maintenance.config.parsers import SettingsError, parse_database_url
+from favorites_maintenance.config.deployment import (
+    DeploymentSettings,
+    load_deployment_settings,
+)
+from favorites_maintenance.config.parsers import (
+    ALERT_WEBHOOK_URL_VAR,
+    METRICS_PUSHGATEWAY_URL_VAR,
+    WEBSERVER_BASE_URL_VAR,
+    SettingsError,
+    parse_database_url,
+)
 from favorites_maintenance.config.policy import Policy, database_resource_key
 from favorites_maintenance.config.policy_settings import (
     LAUNCH_LIMITS,
@@ -34,6 +44,7 @@ from favorites_maintenance.config.policy_settings import (
     PolicySettings,
 )
 from favorites_maintenance.pipeline import metrics
+from favorites_maintenance.pipeline.heartbeat import Heartbeat, beat_every
 from favorites_maintenance.pipeline.run_report import RunReport
 from favorites_maintenance.retention.database import create_engine
 from favorites_maintenance.retention.defaults import DATABASE_URL_VAR
@@ -55,11 +66,15 @@ class FavoritesDatabase(dg.ConfigurableResource):
             (``FAVORITES_DATABASE_URL`` unless the policies set ``database_url_env``).
 
     The engine opens connections lazily, once per step, and is disposed when the step ends.
+    While a run's step holds it, its process beats for the run
+    (:class:`~favorites_maintenance.pipeline.heartbeat.Heartbeat`), so that a run whose
+    process was killed is found and ended (``cleanup_dead_run_sensor``).
     """
 
     url: str
     url_env: str = DATABASE_URL_VAR
     _engine: sa.Engine | None = PrivateAttr(default=None)
+    _heartbeat: Heartbeat | None = PrivateAttr(default=None)
 
     def setup_for_execution(self, context: dg.InitResourceContext) -> None:
         try:
@@ -68,8 +83,15 @@ class FavoritesDatabase(dg.ConfigurableResource):
             raise
         except Exception:
             raise SettingsError(self.url_env, "could not be used to build an engine") from None
+        if context.run is not None and context.instance is not None:
+            timeout = load_deployment_settings().run_heartbeat_timeout
+            self._heartbeat = Heartbeat(context.instance, context.run.run_id,
+                                        beat_every(timeout)).start()
 
     def teardown_after_execution(self, context: dg.InitResourceContext) -> None:
+        if self._heartbeat is not None:
+            self._heartbeat.stop()
+            self._heartbeat = None
         if self._engine is not None:
             self._engine.dispose()
             self._engine = None
@@ -261,6 +283,67 @@ def _launch_field(key: str, policies: Sequence[Policy], default: float | None) -
                     f"{unit}, {low:,g} to {high:,g} ({_labels(policies, name)}).")
 
 
+def _refuse_any(config: Mapping[str, Any], what: str, variables: str) -> None:
+    """Refuse any key of a launch's config of a resource the deployment alone sets: ``what``
+    it sets, ``variables`` the settings that configure it.
+
+    Raises:
+        dagster.DagsterInvalidConfigError: ``config`` is not empty; the message names its keys
+            (never their values) and ``variables``.
+    """
+    if config:
+        raise _refuse(f"{', '.join(sorted(config))} refused: {what} is not chosen at launch. "
+                      f"It is {variables}, read from {_WHERE}.", config)
+
+
+def _fixed_at_launch(resource: dg.ConfigurableResource, deployed: dict[str, Any], what: str,
+                     variables: str) -> dg.ResourceDefinition:
+    """``resource`` with the deployment's config ``deployed`` (a secret as ``{"env": VAR}``),
+    which no run config can change: any ``resources.<key>.config`` of a run that uses it is
+    refused at launch (:func:`_refuse_any`)."""
+
+    def at_launch(config: Mapping[str, Any]) -> dict[str, Any]:
+        _refuse_any(config, what, variables)
+        return deployed
+
+    return resource.get_resource_definition().configured(
+        at_launch, config_schema=dg.Permissive({}),
+        description=f"{what[0].upper()}{what[1:]}: {variables}, read from {_WHERE}; not "
+                    "settable at launch.")
+
+
+def deployed_alerts(settings: DeploymentSettings) -> dg.ResourceDefinition:
+    """The ``alerts`` resource (:class:`AlertSink`) of the deployment's ``settings``: the
+    webhook of ``FAVORITES_ALERT_WEBHOOK_URL`` (by reference, read when a run or a sensor tick
+    starts; none when unset) and the UI's base URL of ``FAVORITES_WEBSERVER_BASE_URL``, which
+    no launch can change, so whoever may launch a run can neither silence the failure alert
+    nor send it elsewhere.
+
+    Raises (at launch):
+        dagster.DagsterInvalidConfigError: any key given in ``resources.alerts.config``.
+    """
+    deployed = {"webhook_url": ({"env": ALERT_WEBHOOK_URL_VAR} if settings.alert_webhook_url
+                                else None),
+                # Not a secret (credentials are refused): alerts show it.
+                "webserver_base_url": settings.webserver_base_url}
+    return _fixed_at_launch(AlertSink(), deployed, "where alerts go",
+                            f"{ALERT_WEBHOOK_URL_VAR} and {WEBSERVER_BASE_URL_VAR}")
+
+
+def deployed_metrics(settings: DeploymentSettings) -> dg.ResourceDefinition:
+    """The ``metrics`` resource (:class:`MetricsPush`) of the deployment's ``settings``: the
+    Pushgateway of ``FAVORITES_METRICS_PUSHGATEWAY_URL`` (by reference, read when a run
+    starts; none when unset), which no launch can change, so a run's figures go nowhere else.
+
+    Raises (at launch):
+        dagster.DagsterInvalidConfigError: any key given in ``resources.metrics.config``.
+    """
+    deployed = {"gateway_url": ({"env": METRICS_PUSHGATEWAY_URL_VAR}
+                                if settings.metrics_pushgateway_url else None)}
+    return _fixed_at_launch(MetricsPush(), deployed, "where a run's metrics go",
+                            METRICS_PUSHGATEWAY_URL_VAR)
+
+
 def deployed_database(variable: str = DATABASE_URL_VAR,
                       policies: Sequence[Policy] = ()) -> dg.ResourceDefinition:
     """The resource serving the database of ``variable`` (read by ``EnvVar`` when the run
@@ -282,10 +365,7 @@ def deployed_database(variable: str = DATABASE_URL_VAR,
         f"the database of policies {names}" if policies else "the database")
 
     def at_launch(config: Mapping[str, Any]) -> dict[str, Any]:
-        if config:
-            raise _refuse(
-                f"{', '.join(sorted(config))} refused: {whose} is not chosen at launch. It is "
-                f"{variable}, read from {_WHERE}.", config)
+        _refuse_any(config, whose, variable)
         if not os.environ.get(variable, "").strip():
             raise _refuse(
                 f"{variable} is not set: it holds the URL of {whose}; set it in {_WHERE} "

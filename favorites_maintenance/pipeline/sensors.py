@@ -18,6 +18,7 @@ no materialization, and the run of the chosen materialization must have ended SU
 
 import datetime as dt
 import json
+import re
 import time
 from collections.abc import Callable
 
@@ -274,7 +275,8 @@ def failure_alert(instance: dg.DagsterInstance, run: dg.DagsterRun, policy: Poli
 
     Example: ``guest_carts cleanup failed: asset carts/guest_carts_cleanup, partition
     2026-06-15, launched from the UI, run 6f0c...: TableShapeError: carts.guest_carts has no
-    column 'touched_at'. https://dagster.example.internal/runs/6f0c...``
+    column 'touched_at'; database=CARTS_DATABASE_URL. https://dagster.example.internal/runs/
+    6f0c...``
     """
     partition = run.tags.get("dagster/partition", "none")
     cause = failure_cause(instance, run.run_id) or fallback or "no error recorded"
@@ -300,24 +302,52 @@ def _launched_by(run: dg.DagsterRun) -> str:
 
 #: How the purge and the backlog measure word a failure in the run's log.
 _RUN_FAILED = "run failed: "
+#: The database field of a ``run failed`` line: the variable of the database that failed, or
+#: ``dagster_storage``.
+_DATABASE_FIELD = re.compile(r" database=(\S+)")
+#: The note every error of a policy's database carries (see
+#: :func:`~favorites_maintenance.pipeline.resources.name_database`).
+_DATABASE_NOTE = re.compile(r"^policy \S+: its database is (\S+)$", re.M)
 
 
 def failure_cause(instance: dg.DagsterInstance, run_id: str) -> str | None:
     """Why run ``run_id`` failed, worded as its log words it, on one line: the error of the
     op's own ``run failed`` line (the error's type and its privacy-safe description: a
     database error's kind, class and SQLSTATE, never its DETAIL, which may quote row values),
-    else the first failed step's innermost error, its type and the first line of its message.
-    ``None`` when the run recorded neither.
+    else the first failed step's innermost error, its type and the first line of its message;
+    then the database it came from, as the run's log names it (``; database=<variable>``),
+    when the run recorded one. ``None`` when the run recorded neither error.
+
+    Example: ``ConnectError: could not open a session on the database (check its URL and the
+    server): connection_lost ...; database=CARTS_DATABASE_URL``
     """
-    logged = step_error = None
+    logged = step_error = database = step_database = None
     for entry in instance.all_logs(run_id):
         event = entry.dagster_event
         if event is None:
             if entry.user_message.startswith(_RUN_FAILED) and " error=" in entry.user_message:
-                logged = entry.user_message.split(" error=", 1)[1].strip()  # the last attempt's
+                fields, error = entry.user_message.split(" error=", 1)
+                logged = error.strip()  # the last attempt's
+                named = _DATABASE_FIELD.search(fields)
+                database = named.group(1) if named else None
         elif event.event_type == dg.DagsterEventType.STEP_FAILURE and step_error is None:
             step_error = _innermost(event.event_specific_data.error)
-    return logged or step_error
+            step_database = _noted_database(event.event_specific_data.error)
+    cause, database = (logged, database) if logged else (step_error, step_database)
+    if cause is None or database is None:
+        return cause
+    return f"{cause.rstrip('.')}; database={database}"
+
+
+def _noted_database(error) -> str | None:
+    """The variable named by the database note of a serialized error or of one of its
+    causes, or ``None``."""
+    while error is not None:
+        noted = _DATABASE_NOTE.search(error.message)
+        if noted:
+            return noted.group(1)
+        error = error.cause
+    return None
 
 
 def _innermost(error) -> str | None:

@@ -64,6 +64,21 @@ def test_demo_runs_the_policy_of_the_second_database_on_that_database(checkout):
     assert "(unchanged)" in out
 
 
+def test_demo_of_a_policy_whose_days_start_today_refuses_before_seeding(checkout):
+    """No day of the policy has ended yet: the run could not record what it deleted, so the
+    demo says so and neither seeds nor runs."""
+    import datetime as dt
+
+    today = dt.datetime.now(dt.timezone.utc).date().isoformat()
+    proc = cli("demo", "--rows", "2000", cwd=checkout,
+               env_extra={"FAVORITES_GUEST_RETENTION_PARTITIONS_START": today})
+    assert proc.returncode != 0, proc.stdout[-3000:]
+    assert (f"policy guest_favorites has no day to run yet: its partitions start on {today} "
+            "(FAVORITES_GUEST_RETENTION_PARTITIONS_START)") in proc.stderr, \
+        proc.stderr[-3000:]
+    assert "seeding" not in proc.stdout and "running" not in proc.stdout
+
+
 def test_demo_pretend_deletes_nothing(checkout):
     proc = cli("demo", "--rows", "5000", "--pretend", cwd=checkout)
     assert proc.returncode == 0, proc.stderr[-3000:]

@@ -101,12 +101,16 @@ def _graphql(workspace, query: str, variables: dict) -> dict:
 
 
 def launch_run(workspace, job: str, *, tags: dict[str, str],
-               run_config: dict | None = None) -> str:
+               run_config: dict | None = None, asset: list[str] | None = None) -> str:
     """Launch ``job`` of the code location as the UI's launchpad does (the run is queued);
-    return the run's id."""
+    return the run's id. With ``asset`` (its key's path), of Dagster's implicit asset job
+    ``__ASSET_JOB``, as the asset page's "Materialize" does."""
+    selector = {"repositoryLocationName": LOCATION, "repositoryName": REPOSITORY,
+                "jobName": job}
+    if asset is not None:
+        selector["assetSelection"] = [{"path": asset}]
     data = _graphql(workspace, LAUNCH_RUN, {"params": {
-        "selector": {"repositoryLocationName": LOCATION, "repositoryName": REPOSITORY,
-                     "jobName": job},
+        "selector": selector,
         "runConfigData": run_config or {},
         "executionMetadata": {"tags": [{"key": k, "value": v} for k, v in tags.items()]}}})
     launched = data["launchRun"]
@@ -114,11 +118,14 @@ def launch_run(workspace, job: str, *, tags: dict[str, str],
     return launched["run"]["runId"]
 
 
-def terminate_run(workspace, run_id: str) -> None:
+def terminate_run(workspace, run_id: str, *, succeeds: bool = True) -> dict:
     """Terminate the run as the UI's "Terminate" does: the run is marked CANCELING and its run
-    worker is interrupted through the code server."""
-    data = _graphql(workspace, TERMINATE_RUN, {"runId": run_id})
-    assert data["terminateRun"]["__typename"] == "TerminateRunSuccess", data
+    worker is interrupted through the code server. ``succeeds``: Dagster answers that it
+    terminated it (else that it could not: no code server runs it). Returns the answer."""
+    data = _graphql(workspace, TERMINATE_RUN, {"runId": run_id})["terminateRun"]
+    expected = "TerminateRunSuccess" if succeeds else "TerminateRunFailure"
+    assert data["__typename"] == expected, data
+    return data
 
 
 def wait_until_finished(instance: dg.DagsterInstance, run_id: str,

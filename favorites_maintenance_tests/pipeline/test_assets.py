@@ -14,9 +14,11 @@ from favorites_maintenance_tests.conftest import slow_batches
 from favorites_maintenance_tests.helpers.jobs import (
     ASSET_KEY,
     JOB,
+    failure_text,
     load_code_location,
     materialization,
     run_partition,
+    step_failure,
 )
 
 UTC = dt.timezone.utc
@@ -140,6 +142,62 @@ def run_partition_raising(defs, instance):
     job = defs.resolve_job_def(JOB)
     return job.execute_in_process(partition_key=PARTITION, instance=instance,
                                   raise_on_error=False)
+
+
+def test_a_run_without_a_partition_is_refused_before_any_delete(defs, rows):
+    """A run launched without a day (``execute_in_process`` with no partition key, as ``demo``
+    did for a policy whose partitions start today) could record neither its materialization
+    nor its checks: it fails before reading the database, and nothing is deleted."""
+    old = set(rows.add_many(40, updated_at=CUTOFF - dt.timedelta(days=40)))
+    with dg.instance_for_test() as instance:
+        result = defs.resolve_job_def(JOB).execute_in_process(instance=instance,
+                                                              raise_on_error=False)
+    assert not result.success
+    step, _ = step_failure(result)
+    assert step.endswith("compute_cutoff")
+    message = failure_text(result)
+    assert f"run {result.run_id} has no partition: " in message, message
+    assert "guest_favorites's partitions (2026-01-01 to " in message, message
+    assert "nothing was deleted" in message
+    assert rows.ids() == old
+    assert result.get_asset_materialization_events() == []
+
+
+def test_a_launch_of_a_day_outside_the_partitions_is_refused_before_any_delete(
+        db_url, rows, dagster_storage_url, monkeypatch):
+    """The asset page's API launched with partition tags Dagster does not check (the implicit
+    asset job, ``dagster/partition``): today (not a partition until it has ended), a
+    single-run backfill's range ending today, a day before the first. Each run fails before
+    reading the database, naming the day and the days there are; nothing is deleted or
+    materialized."""
+    from favorites_maintenance_tests.helpers.daemon import code_location, launch_run, pg_instance
+
+    old = set(rows.add_many(40, updated_at=CUTOFF - dt.timedelta(days=40)))
+    load_code_location(db_url, monkeypatch)  # the code server inherits these variables
+    today = dt.datetime.now(UTC).date()
+    yesterday = (today - dt.timedelta(days=1)).isoformat()
+    today = today.isoformat()
+    launches = [
+        ({"dagster/partition": today}, f"partition {today} refused: {today} is not one"),
+        ({"dagster/asset_partition_range_start": "2026-06-14",
+          "dagster/asset_partition_range_end": today},
+         f"partitions 2026-06-14...{today} refused: {today} is not one"),
+        ({"dagster/partition": "2025-12-31"}, "partition 2025-12-31 refused"),
+    ]
+    with pg_instance(dagster_storage_url, run_in_process=True) as instance, \
+            code_location(instance) as workspace:
+        for tags, refused in launches:
+            run_id = launch_run(workspace, "__ASSET_JOB", tags=tags, asset=list(ASSET_KEY.path))
+            assert instance.get_run_by_id(run_id).status == dg.DagsterRunStatus.FAILURE
+            [failure] = [e.dagster_event for e in instance.all_logs(run_id)
+                         if e.dagster_event and e.dagster_event.event_type_value == "STEP_FAILURE"]
+            assert failure.step_key.endswith("compute_cutoff")
+            message = failure.event_specific_data.error.message
+            assert refused in message, message
+            assert f"guest_favorites's partitions (2026-01-01 to {yesterday}, each UTC day" \
+                in message, message
+            assert rows.ids() == old
+        assert instance.fetch_materializations(ASSET_KEY, limit=1).records == []
 
 
 def test_the_asset_is_daily_partitioned_and_run_by_the_job(defs):

@@ -18,15 +18,22 @@ from click.testing import CliRunner
 from favorites_maintenance.components.policy_tree import PolicyLoadError
 from favorites_maintenance.config.parsers import SettingsError
 from favorites_maintenance.config.policy import DATABASE_TAG
+from favorites_maintenance.pipeline.resources import AlertSink
 from favorites_maintenance.retention.database import create_engine
 from favorites_maintenance.retention.defaults import DATABASE_URL_VAR
 from favorites_maintenance.retention.schema import create_dev_schema
 from favorites_maintenance_tests.conftest import Rows
-from favorites_maintenance_tests.helpers.jobs import guest_settings_env, run_report
+from favorites_maintenance_tests.helpers.jobs import (
+    guest_settings_env,
+    purge_retries,
+    run_report,
+)
 from favorites_maintenance_tests.helpers.policies import (
     favorites_policy,
     policy_sandbox,
 )
+from favorites_maintenance_tests.helpers.sensors import react_to_failures
+from favorites_maintenance_tests.pipeline.test_sensors import Webhook
 
 UTC = dt.timezone.utc
 PARTITION = "2026-06-15"
@@ -172,6 +179,36 @@ def test_an_unset_variable_refuses_only_the_runs_of_its_policy(env, rows, second
         assert first.success and run_report(first).deleted_total == len(old)
     assert rows.ids() == kept
     assert second_rows.ids() == second_old | second_kept
+
+
+def test_the_alert_of_a_run_whose_database_is_down_names_its_variable(env, rows, second_rows):
+    """The second server refuses connections: the run's failure alert names the variable, as
+    the run's log does, and the other policy's database is untouched."""
+    old, kept = fill(rows)
+    # Nothing listens on port 1: every connection is refused at once.
+    env.setenv(SECOND_VAR, f"postgresql+psycopg://app:{PASSWORD}@127.0.0.1:1/second")
+    second_key = dg.AssetKey(["favorites", "second_favorites_cleanup"])
+    hook = Webhook()
+    try:
+        with policy_sandbox(SECOND) as sandbox:
+            defs = sandbox.code_location()
+        with dg.instance_for_test() as instance:
+            down = defs.resolve_job_def("second_favorites_cleanup_job").execute_in_process(
+                partition_key=PARTITION, instance=instance, raise_on_error=False,
+                run_config=purge_retries(0, asset_key=second_key))
+            assert not down.success
+            logged = "\n".join(e.user_message for e in instance.all_logs(down.run_id))
+            react_to_failures(defs, "second_favorites_cleanup_failure_sensor", instance,
+                              AlertSink(webhook_url=hook.url, attempts=1))
+    finally:
+        hook.close()
+    assert f"run failed: run_id={down.run_id}" in logged and f"database={SECOND_VAR}" in logged
+    [alert] = hook.messages
+    assert alert.startswith(f"second_favorites cleanup failed: asset {'/'.join(second_key.path)}")
+    assert "ConnectError: could not open a session on the database" in alert, alert
+    assert alert.endswith(f"; database={SECOND_VAR}."), alert
+    assert PASSWORD not in alert
+    assert rows.ids() == old | kept
 
 
 @pytest.mark.parametrize("value", ["mysql://app:pw-SECOND-db-41c9@h/db", "pw-SECOND-db-41c9",

@@ -50,7 +50,8 @@ def test_dg_list_defs_shows_each_policy_under_its_names(tmp_path):
     assert {j["name"] for j in listed["jobs"]} == {p.job_name for p in policies}
     assert {s["name"] for s in listed["sensors"]} == {
         name for p in policies for name in (p.stale_sensor_name, p.failure_sensor_name,
-                                            p.tick_failure_sensor_name)}
+                                            p.tick_failure_sensor_name)} | {
+        "cleanup_dead_run_sensor"}  # one for the code location
     assert {(s["name"], s["cron_schedule"]) for s in listed["schedules"]} == {
         (p.schedule_name, p.settings.cron) for p in policies}
     # The shared resources (defs/resources.py) and the run limits, one of each for every policy.

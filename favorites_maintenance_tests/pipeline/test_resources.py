@@ -85,6 +85,29 @@ def test_the_database_cannot_be_chosen_at_launch(job, rows, table):
     assert "elsewhere-pw" not in str(refused.value)
 
 
+@pytest.mark.parametrize("resource, config, variables", [
+    # Whoever may launch a run could silence the failure alert, or collect the run's figures.
+    ("alerts", {"webhook_url": "https://hooks.elsewhere.example/T0/B0/leak"},
+     "FAVORITES_ALERT_WEBHOOK_URL and FAVORITES_WEBSERVER_BASE_URL"),
+    ("alerts", {"webserver_base_url": "https://elsewhere.example", "attempts": 0},
+     "FAVORITES_ALERT_WEBHOOK_URL and FAVORITES_WEBSERVER_BASE_URL"),
+    ("metrics", {"gateway_url": "http://collector:elsewhere-pw@elsewhere.example:9091"},
+     "FAVORITES_METRICS_PUSHGATEWAY_URL"),
+], ids=["alerts-webhook", "alerts-other-keys", "metrics-gateway"])
+def test_where_alerts_and_metrics_go_cannot_be_chosen_at_launch(job, rows, table, resource,
+                                                                config, variables):
+    with dg.instance_for_test() as instance:
+        with pytest.raises(dg.DagsterInvalidConfigError) as refused:
+            launch(job, instance, {resource: {"config": config}})
+        assert instance.get_runs() == []
+    message = str(refused.value)
+    assert message.startswith(f"{', '.join(sorted(config))} refused: "), message
+    assert f"is not chosen at launch. It is {variables}, read from the environment of the " \
+           "process serving the code location" in message, message
+    assert "elsewhere" not in message
+    assert len(rows.ids()) == 150
+
+
 @pytest.mark.parametrize("limits, variable", [
     ({"batch_size": 0}, BATCH_SIZE_VAR),
     ({"batch_size": 100_001}, BATCH_SIZE_VAR),

@@ -70,6 +70,7 @@ def test_defaults_when_nothing_is_set(monkeypatch):
     assert (s.max_replication_lag_bytes, s.max_wal_bytes_per_second) == (64 * 2**20, None)
     assert s.max_pause == dt.timedelta(minutes=2)
     assert s.sleep_ratio == 0
+    assert d.run_heartbeat_timeout == dt.timedelta(minutes=2)
 
 
 def test_values_are_read_from_the_variables(monkeypatch):
@@ -151,6 +152,9 @@ def test_values_are_read_from_the_variables(monkeypatch):
     ("FAVORITES_DATABASE_URL", "mysql://u:p@h/db"),
     ("FAVORITES_DATABASE_URL", "postgresql+psycopg://u:p@h/"),
     ("FAVORITES_DATABASE_URL", "not a url"),
+    ("FAVORITES_RUN_HEARTBEAT_TIMEOUT", "PT5S"),  # a busy storage would pass for a dead run
+    ("FAVORITES_RUN_HEARTBEAT_TIMEOUT", "PT2H"),
+    ("FAVORITES_RUN_HEARTBEAT_TIMEOUT", "2 minutes"),
 ])
 def test_an_invalid_value_names_the_variable_and_the_value(variable, value, monkeypatch):
     with pytest.raises(SettingsError) as raised:

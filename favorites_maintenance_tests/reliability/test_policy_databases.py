@@ -229,6 +229,7 @@ def test_an_unset_variable_and_a_stopped_server_fail_only_their_own_policies(
     assert len(unset_alerts) == 1 and unset_var in unset_alerts[0], alerts
     assert "not set" in unset_alerts[0]
     assert len(down_alerts) == 1, alerts
+    assert f"; database={stopped_var}." in down_alerts[0], down_alerts  # as the log names it
     assert [second_guest.run_id in m for m in guest_alerts] == [True], alerts
     # Nothing else: no alert of one policy about another's run.
     assert len(alerts) == 3, alerts
