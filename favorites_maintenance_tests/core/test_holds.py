@@ -1,0 +1,165 @@
+"""Holds against a real PostgreSQL: a row an active hold covers is never deleted, in every
+batch form; a hold placed between two batches of a run protects its row from the next batch
+on; a released hold makes its row prunable again at the next run."""
+
+from __future__ import annotations
+
+import datetime as dt
+
+import pytest
+import sqlalchemy as sa
+
+from favorites_maintenance.retention import ScanMode, StopReason, measure_backlog, purge
+from favorites_maintenance.retention.holds import (
+    HoldTable,
+    create_hold_table,
+    list_holds,
+    place_hold,
+    release_hold,
+)
+from favorites_maintenance.retention.rule import GUEST_FAVORITES
+from favorites_maintenance_tests.core.test_purge import CUTOFF, OLD
+
+TEN_MIN = dt.timedelta(minutes=10)
+HOLDS = "favorites.retention_holds"
+
+
+def holds_of(policy: str = "guest_favorites", column: str = "id") -> HoldTable:
+    return HoldTable.define(HOLDS, column, policy)
+
+
+@pytest.fixture
+def holds(engine) -> HoldTable:
+    create_hold_table(engine, HOLDS)
+    return holds_of()
+
+
+def run(engine, rule, **kwargs):
+    kwargs.setdefault("batch_size", 1000)
+    kwargs.setdefault("max_run_duration", TEN_MIN)
+    return purge(engine, CUTOFF, rule=rule, **kwargs)
+
+
+@pytest.mark.parametrize("scan,optimistic", [(ScanMode.KEYSET, True), (ScanMode.KEYSET, False),
+                                             (ScanMode.PAGE_ORDER, True),
+                                             (ScanMode.PAGE_ORDER, False)])
+def test_a_held_row_is_never_deleted_in_any_batch_form(engine, rows, holds, scan, optimistic):
+    ids = rows.add_many(30, updated_at=OLD)
+    account = rows.add(updated_at=OLD, user_id=7)
+    held = {ids[3], ids[17], ids[29]}
+    for key in held:
+        place_hold(engine, holds, str(key), reason="dispute", placed_by="support")
+    # Another policy's hold on the same key does not count for this one.
+    place_hold(engine, holds_of("other_policy"), str(ids[5]), reason="x", placed_by="y")
+    rule = GUEST_FAVORITES.with_hold(holds)
+
+    report = run(engine, rule, batch_size=4, scan=scan, optimistic=optimistic)
+
+    assert report.stop_reason is StopReason.EXHAUSTED
+    assert report.deleted_total == 27
+    assert rows.ids() == held | {account}
+    backlog = measure_backlog(engine, CUTOFF, rule)
+    assert (backlog.remaining, backlog.held) == (0, 3)
+
+
+def test_the_delete_repeats_the_hold_test(engine, rows, holds):
+    ids = rows.add_many(5, updated_at=OLD)
+    place_hold(engine, holds, str(ids[0]), reason="dispute", placed_by="support")
+    rule = GUEST_FAVORITES.with_hold(holds)
+    # A DELETE narrowed to the held row's key alone, as a batch's DELETE is to its rows.
+    with engine.begin() as conn:
+        deleted = conn.execute(rule.delete_prunable(CUTOFF, rule.key == ids[0])).rowcount
+    assert deleted == 0 and ids[0] in rows.ids()
+
+
+def test_a_hold_placed_between_two_batches_keeps_its_row_from_the_next_batch_on(
+        engine, rows, holds):
+    ids = sorted(rows.add_many(12, updated_at=OLD))  # keyset order is age order, here id order
+    rule = GUEST_FAVORITES.with_hold(holds)
+    placed = []
+
+    def on_batch(batch):
+        # Committed on its own, between the first batch's commit and the second batch.
+        if batch.batch_no == 1:
+            placed.append(place_hold(engine, holds, str(ids[8]), reason="late dispute",
+                                     placed_by="support"))
+
+    report = run(engine, rule, batch_size=4, on_batch=on_batch, target_batch_duration=dt.timedelta(0))
+
+    assert placed and report.deleted_total == 11
+    assert rows.ids() == {ids[8]}
+
+
+def test_releasing_a_hold_makes_its_row_prunable_at_the_next_run(engine, rows, holds):
+    ids = rows.add_many(6, updated_at=OLD)
+    first = place_hold(engine, holds, str(ids[2]), reason="dispute", placed_by="support")
+    second = place_hold(engine, holds, str(ids[2]), reason="regulator", placed_by="legal")
+    rule = GUEST_FAVORITES.with_hold(holds)
+
+    assert run(engine, rule).deleted_total == 5
+    assert release_hold(engine, holds, first, released_by="support")
+    # Released already: nothing to release.
+    assert not release_hold(engine, holds, first, released_by="support")
+    # Still covered by the second hold.
+    assert run(engine, rule).deleted_total == 0 and rows.ids() == {ids[2]}
+    assert release_hold(engine, holds, second, released_by="legal")
+    assert run(engine, rule).deleted_total == 1 and rows.ids() == set()
+    records = list_holds(engine, holds, include_released=True)
+    assert [(h.hold_id, h.active, h.released_by) for h in records] == [
+        (first, False, "support"), (second, False, "legal")]
+    assert list_holds(engine, holds) == []
+
+
+def test_a_hold_on_another_column_covers_every_row_with_that_value(engine, rows, holds):
+    anonymous = "00000000-0000-4000-8000-00000000abcd"
+    kept = {rows.add(updated_at=OLD, anonymous_id=anonymous) for _ in range(3)}
+    rows.add_many(4, updated_at=OLD)
+    by_visitor = holds_of(column="anonymous_id")
+    place_hold(engine, by_visitor, anonymous, reason="ticket 1", placed_by="support")
+
+    report = run(engine, GUEST_FAVORITES.with_hold(by_visitor), batch_size=2)
+
+    assert report.deleted_total == 4 and rows.ids() == kept
+
+
+def test_a_hold_does_not_keep_a_row_the_rule_keeps_anyway_from_being_counted_held(
+        engine, rows, holds):
+    account = rows.add(updated_at=OLD, user_id=3)
+    fresh = rows.add(updated_at=CUTOFF + dt.timedelta(days=1))
+    for key in (account, fresh):
+        place_hold(engine, holds, str(key), reason="r", placed_by="b")
+    backlog = measure_backlog(engine, CUTOFF, GUEST_FAVORITES.with_hold(holds))
+    assert (backlog.remaining, backlog.held) == (0, 0)
+
+
+def test_a_hold_table_name_that_is_not_schema_table_is_refused():
+    from favorites_maintenance.retention.rule import RuleError
+
+    with pytest.raises(RuleError, match="hold_table 'holds' must be written schema.table"):
+        HoldTable.define("holds", "id", "p")
+
+
+def test_a_hold_needs_a_reason(engine, holds):
+    from favorites_maintenance.retention.errors import InvalidArgumentError
+
+    with pytest.raises(InvalidArgumentError, match="reason"):
+        place_hold(engine, holds, "1", reason=" ", placed_by="me")
+    with engine.connect() as conn:
+        assert conn.execute(sa.select(sa.func.count()).select_from(holds.table)).scalar() == 0
+
+
+def test_a_policy_names_its_hold_table_and_column_in_its_settings():
+    from favorites_maintenance.config.policy import Policy, PolicyError
+    from favorites_maintenance.config.policy_settings import SettingsError, parse_policy_settings
+
+    settings = parse_policy_settings({"hold_table": HOLDS, "hold_column": "anonymous_id"}, {})
+    policy = Policy(name="guest_favorites", rule=GUEST_FAVORITES, settings=settings)
+    assert policy.rule.hold == holds_of(column="anonymous_id")
+    by_key = Policy(name="guest_favorites", rule=GUEST_FAVORITES,
+                    settings=parse_policy_settings({"hold_table": HOLDS}, {}))
+    assert by_key.rule.hold == holds_of(column="id")
+    with pytest.raises(PolicyError, match="hold_column is set, but the policy has no hold_table"):
+        Policy(name="guest_favorites", rule=GUEST_FAVORITES,
+               settings=parse_policy_settings({"hold_column": "anonymous_id"}, {}))
+    with pytest.raises(SettingsError, match="hold_table"):
+        parse_policy_settings({"hold_table": "holds"}, {})
