@@ -210,7 +210,8 @@ def archive_retention_result(engine: sa.Engine, policy: Policy,
             variable).
     """
     try:
-        overdue = count_overdue_archive(engine, policy.archive_table, policy.name, days)
+        overdue = count_overdue_archive(engine, policy.archive_table, policy.name, days,
+                                        hold=policy.rule.hold)
     except Exception as exc:
         name_database(exc, policy)
         raise

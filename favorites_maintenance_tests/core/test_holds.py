@@ -163,3 +163,81 @@ def test_a_policy_names_its_hold_table_and_column_in_its_settings():
                settings=parse_policy_settings({"hold_column": "anonymous_id"}, {}))
     with pytest.raises(SettingsError, match="hold_table"):
         parse_policy_settings({"hold_table": "holds"}, {})
+
+
+# -- the archive -------------------------------------------------------------------------------
+
+SHOP_HOLDS = "shop.item_holds"
+
+
+@pytest.fixture
+def items(engine):
+    from favorites_maintenance_tests.helpers import archive as shop
+
+    shop.create_items(engine)
+    create_hold_table(engine, SHOP_HOLDS)
+    return engine
+
+
+def shop_rule():
+    from favorites_maintenance.retention.rule import RetentionRule
+    from favorites_maintenance_tests.helpers import archive as shop
+
+    return RetentionRule.define(shop.TABLE, key_column="id", age_column="updated_at",
+                                null_columns=["owner_id"]).with_hold(
+        HoldTable.define(SHOP_HOLDS, "id", shop.POLICY))
+
+
+def test_a_held_row_is_not_archived_and_a_held_archived_row_outlives_the_archive_retention(
+        items):
+    from favorites_maintenance.retention.archive import (
+        ArchiveTarget,
+        count_overdue_archive,
+        prune_archive,
+    )
+    from favorites_maintenance_tests.helpers import archive as shop
+
+    engine, rule = items, shop_rule()
+    ids = sorted(shop.add_items(engine, 10, updated_at=shop.OLD))
+    place_hold(engine, rule.hold, str(ids[0]), reason="kept in place", placed_by="legal")
+    report = purge(engine, shop.CUTOFF, rule=rule, batch_size=3, max_run_duration=TEN_MIN,
+                   archive=ArchiveTarget(shop.ARCHIVE, shop.POLICY, "run-1"))
+    assert report.deleted_total == 9
+    assert shop.ids_of(engine, shop.TABLE) == [ids[0]]
+    assert sorted(shop.ids_of(engine, shop.ARCHIVE)) == ids[1:]
+
+    # A hold placed on archived rows once they are in the archive, then their time is up.
+    for key in ids[1:3]:
+        place_hold(engine, rule.hold, str(key), reason="dispute", placed_by="support")
+    with engine.begin() as conn:
+        conn.exec_driver_sql("UPDATE shop.items_archive SET _retention_archived_at = "
+                             "now() - interval '31 days'")
+    overdue = count_overdue_archive(engine, shop.ARCHIVE, shop.POLICY, 30, hold=rule.hold)
+    assert overdue.rows == 7
+    pruned = prune_archive(engine, shop.ARCHIVE, shop.POLICY, 30, batch_size=4,
+                           max_duration=TEN_MIN, hold=rule.hold)
+    assert (pruned.deleted_total, pruned.rows) == (7, 2)
+    assert sorted(shop.ids_of(engine, shop.ARCHIVE)) == ids[1:3]
+    assert count_overdue_archive(engine, shop.ARCHIVE, shop.POLICY, 30,
+                                 hold=rule.hold).rows == 0
+
+
+def test_a_restored_row_a_hold_covers_is_not_counted_prunable_and_stays_at_the_next_run(items):
+    from favorites_maintenance.retention.archive import ArchiveTarget
+    from favorites_maintenance.retention.restore import Selection, restore
+    from favorites_maintenance_tests.helpers import archive as shop
+
+    engine, rule = items, shop_rule()
+    ids = sorted(shop.add_items(engine, 4, updated_at=shop.OLD))
+    purge(engine, shop.CUTOFF, rule=rule, batch_size=10, max_run_duration=TEN_MIN,
+          archive=ArchiveTarget(shop.ARCHIVE, shop.POLICY, "run-1"))
+    place_hold(engine, rule.hold, str(ids[1]), reason="restored for a dispute",
+               placed_by="support")
+
+    report = restore(engine, rule, shop.ARCHIVE, shop.POLICY, Selection(run_id="run-1"),
+                     retention_days=365, allow_prunable=True)
+    assert (report.restored_rows, report.prunable_rows) == (4, 3)
+    again = purge(engine, shop.CUTOFF, rule=rule, batch_size=10, max_run_duration=TEN_MIN,
+                  archive=ArchiveTarget(shop.ARCHIVE, shop.POLICY, "run-2"))
+    assert again.deleted_total == 3
+    assert shop.ids_of(engine, shop.TABLE) == [ids[1]]
