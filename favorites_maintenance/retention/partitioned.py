@@ -389,6 +389,9 @@ def drop_expired_partitions(engine: sa.Engine, rule: RetentionRule, cutoff: dt.d
       the guard serves it);
     - no DELETE trigger, row-level security, publication publishing deletes, or foreign key
       referencing it or the parent: a DETACH and DROP would bypass each of them.
+    - with holds (the rule's ``hold``), no row of it an active hold covers: its other rows go
+      through the batches, which skip the held one. A detached table is checked again before
+      it is dropped, so a hold placed after the detach keeps it.
 
     How the table is altered: when the job's role owns the table (or is a member of its
     owner), ``DETACH PARTITION ... CONCURRENTLY`` (plain ``DETACH`` when the table has a

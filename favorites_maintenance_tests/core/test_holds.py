@@ -241,3 +241,55 @@ def test_a_restored_row_a_hold_covers_is_not_counted_prunable_and_stays_at_the_n
                   archive=ArchiveTarget(shop.ARCHIVE, shop.POLICY, "run-2"))
     assert again.deleted_total == 3
     assert shop.ids_of(engine, shop.TABLE) == [ids[1]]
+
+
+# -- partitions ----------------------------------------------------------------------------------
+
+
+def test_an_expired_partition_holding_a_held_row_is_not_detached_and_its_rows_go_by_batches(
+        db_url):
+    from favorites_maintenance.retention.database import create_engine
+    from favorites_maintenance.retention.partitioned import Action, drop_expired_partitions
+    from favorites_maintenance.retention.schema import (
+        create_partitioned_dev_schema,
+        drop_dev_schema,
+        month_starts,
+    )
+    from favorites_maintenance_tests.conftest import Rows
+
+    engine = create_engine(db_url)
+    try:
+        drop_dev_schema(engine)
+        january = dt.datetime(2024, 1, 10, tzinfo=dt.UTC)
+        cutoff = dt.datetime(2024, 6, 1, tzinfo=dt.UTC)
+        create_partitioned_dev_schema(engine, month_starts(january, 12))
+        create_hold_table(engine, HOLDS)
+        rows = Rows(engine)
+        ids = sorted(rows.add_many(20, updated_at=january))
+        rule = GUEST_FAVORITES.with_hold(holds_of())
+        hold = place_hold(engine, rule.hold, str(ids[4]), reason="dispute", placed_by="support")
+
+        result = drop_expired_partitions(engine, rule, cutoff)
+        [kept] = [d for d in result.decisions if d.partition == "favorites.favorites_20240101"]
+        assert kept.action is Action.KEPT
+        assert kept.checks[-1] == ("holds a row an active hold of favorites.retention_holds "
+                                   "covers")
+        assert "favorites.favorites_20240101" not in result.detached and result.rows_removed == 0
+        report = purge(engine, cutoff, rule=rule, batch_size=6, max_run_duration=TEN_MIN)
+        assert report.deleted_total == 19 and rows.ids() == {ids[4]}
+
+        # Released, the partition goes whole at the next run; a hold placed once it is
+        # detached keeps the detached table from being dropped.
+        release_hold(engine, rule.hold, hold, released_by="support")
+        detached = drop_expired_partitions(engine, rule, cutoff,
+                                           detached_retention=dt.timedelta(0))
+        assert "favorites.favorites_20240101" in detached.detached
+        place_hold(engine, rule.hold, str(ids[4]), reason="again", placed_by="support")
+        later = drop_expired_partitions(engine, rule, cutoff, detached_retention=dt.timedelta(0))
+        [table] = [d for d in later.decisions if d.partition == "favorites.favorites_20240101"]
+        assert table.action is Action.KEPT_DETACHED
+        with engine.connect() as conn:
+            assert conn.exec_driver_sql(
+                "SELECT id FROM favorites.favorites_20240101").scalars().all() == [ids[4]]
+    finally:
+        engine.dispose()
