@@ -227,3 +227,40 @@ def list_holds(engine: sa.Engine, holds: HoldTable, *, include_released: bool = 
                                       h[PLACED_AT], h[RELEASED_AT], h[RELEASED_BY])
                             .where(*where).order_by(h[PLACED_AT], h[HOLD_ID])).all()
     return [Hold(*row) for row in rows]
+
+
+@dataclass(frozen=True)
+class HoldSummary:
+    """A policy's active holds, in figures (never a held value).
+
+    Attributes:
+        active: active holds of the policy.
+        oldest_placed_at: ``placed_at`` of the oldest of them, a UTC instant, or ``None``.
+        now: the database's clock when read, a UTC instant.
+    """
+
+    active: int
+    oldest_placed_at: dt.datetime | None
+    now: dt.datetime
+
+    @property
+    def oldest_age_s(self) -> float:
+        """How long the oldest active hold has stood, seconds (0 with none)."""
+        if self.oldest_placed_at is None:
+            return 0.0
+        return max((self.now - self.oldest_placed_at).total_seconds(), 0.0)
+
+
+def summarize_holds(conn: sa.Connection, holds: HoldTable) -> HoldSummary:
+    """Count ``holds.policy``'s active holds and read the oldest one's ``placed_at``, in the
+    connection's transaction (the partial index on active holds serves it).
+
+    Raises:
+        sqlalchemy.exc.DBAPIError: the database refused (a missing table, no grant).
+    """
+    h = holds.table.c
+    active, oldest, now = conn.execute(
+        sa.select(sa.func.count(), sa.func.min(h[PLACED_AT]), sa.func.now())
+        .where(holds.active())).one()
+    return HoldSummary(active=active, oldest_placed_at=oldest.astimezone(dt.UTC) if oldest
+                       else None, now=now.astimezone(dt.UTC))
