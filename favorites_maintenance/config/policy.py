@@ -110,7 +110,11 @@ class Policy:
             ``archive_retention_days`` is set without an ``archive_table``;
             ``max_parallel_partitions`` or ``drop_expired_partitions`` is set with an
             ``archive_table``; ``detached_retention`` is set without
-            ``drop_expired_partitions``.
+            ``drop_expired_partitions``; ``hold_column`` is set without a ``hold_table``, or
+            ``hold_table`` is the policy's own table.
+
+    A policy with a ``hold_table`` setting gets a rule whose predicate skips held rows
+    (:meth:`~favorites_maintenance.retention.rule.RetentionRule.with_hold`, docs/holds.md).
     """
 
     name: str

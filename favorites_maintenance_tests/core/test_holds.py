@@ -293,3 +293,17 @@ def test_an_expired_partition_holding_a_held_row_is_not_detached_and_its_rows_go
                 "SELECT id FROM favorites.favorites_20240101").scalars().all() == [ids[4]]
     finally:
         engine.dispose()
+
+
+def test_a_missing_hold_table_or_hold_column_is_refused_before_any_delete(engine, rows):
+    from favorites_maintenance.retention.errors import TableShapeError
+
+    ids = rows.add_many(3, updated_at=OLD)
+    with pytest.raises(TableShapeError, match=(
+            "hold_table favorites.retention_holds does not exist .*: create it with "
+            "favorites-maintenance hold init --policy guest_favorites")):
+        run(engine, GUEST_FAVORITES.with_hold(holds_of()))
+    create_hold_table(engine, HOLDS)
+    with pytest.raises(TableShapeError, match="favorites.favorites has no column 'visitor'"):
+        run(engine, GUEST_FAVORITES.with_hold(holds_of(column="visitor")))
+    assert rows.ids() == set(ids)
