@@ -113,6 +113,23 @@ class HoldTable:
         h = self.table.c
         return sa.and_(h[POLICY] == sa.literal(self.policy, sa.Text), h[RELEASED_AT].is_(None))
 
+    def uncovered(self, column: sa.ColumnElement, *, nullable: bool = True
+                  ) -> sa.ColumnElement[bool]:
+        """No active hold of the policy has ``column``'s value, as text: ``<column>::text NOT IN
+        (SELECT held_value FROM <holds> WHERE <active>)`` (``held_value`` is never NULL, so
+        this is ``NOT EXISTS``), or ``<column> IS NULL``, which no hold matches, when
+        ``nullable``.
+
+        Written as ``NOT IN`` so that PostgreSQL tests it as a filter against a hash of the
+        active holds built once per statement: the batch's index scan keeps its order and its
+        ``LIMIT``, and each row costs a hash probe, where an anti-join would probe the holds'
+        index once per row (about 4 times the time per row with 10,000 holds, in the bench).
+        """
+        h = self.table.c
+        held = sa.select(h[HELD_VALUE]).where(self.active())
+        free = sa.cast(column, sa.Text).not_in(held)
+        return sa.or_(column.is_(None), free) if nullable else free
+
     def covers(self, column: sa.ColumnElement) -> sa.ColumnElement[bool]:
         """``EXISTS`` an active hold of the policy whose value is ``column``'s, as text."""
         h = self.table.c

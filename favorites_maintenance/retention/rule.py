@@ -306,7 +306,8 @@ class RetentionRule:
         eligible = self.eligible(cutoff)
         if self.hold is None:
             return eligible
-        return sa.and_(eligible, ~self.hold.covers(self.hold_column))
+        return sa.and_(eligible, self.hold.uncovered(
+            self.hold_column, nullable=self.hold_column is not self.key))
 
     def eligible(self, cutoff: dt.datetime) -> sa.ColumnElement[bool]:
         """The guard and the age alone, ``<guards> IS NULL AND <age> < :cutoff``: the rows

@@ -307,3 +307,15 @@ def test_a_missing_hold_table_or_hold_column_is_refused_before_any_delete(engine
     with pytest.raises(TableShapeError, match="favorites.favorites has no column 'visitor'"):
         run(engine, GUEST_FAVORITES.with_hold(holds_of(column="visitor")))
     assert rows.ids() == set(ids)
+
+
+def test_a_row_whose_hold_column_is_null_is_prunable(engine, rows, holds):
+    # NULL matches no hold: such a row is pruned as if there were no holds.
+    kept = rows.add(updated_at=OLD, note="case-7")
+    gone = {rows.add(updated_at=OLD), rows.add(updated_at=OLD, note="case-8")}
+    by_note = holds_of(column="note")
+    place_hold(engine, by_note, "case-7", reason="dispute", placed_by="support")
+
+    report = run(engine, GUEST_FAVORITES.with_hold(by_note), batch_size=2)
+
+    assert report.deleted_total == len(gone) and rows.ids() == {kept}
