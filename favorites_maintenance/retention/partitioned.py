@@ -864,11 +864,13 @@ class _DropPhase:
 
         error = self.with_lock_retries("DROP TABLE", table, drop)
         if error is not None or kept_row:
+            held = (f", or one an active hold of {self.rule.hold.qualified_name} covers"
+                    if self.rule.hold is not None else "")
             reason = (f"DROP TABLE failed ({error})" if error
-                      else "holds a row the rule keeps: not dropped")
+                      else f"holds a row the rule keeps{held}: not dropped")
             if kept_row:
-                log.warning("detached table %s holds a row the rule keeps (%s false): it is "
-                            "not dropped", table.qualified_name, self.rule.guard_sql)
+                log.warning("detached table %s holds a row the rule keeps (%s false)%s: it is "
+                            "not dropped", table.qualified_name, self.rule.guard_sql, held)
             self.decisions.append(PartitionDecision(table.qualified_name, Action.KEPT_DETACHED,
                                                     (*checks, reason)))
             return

@@ -286,11 +286,15 @@ def test_an_expired_partition_holding_a_held_row_is_not_detached_and_its_rows_go
         assert "favorites.favorites_20240101" in detached.detached
         place_hold(engine, rule.hold, str(ids[4]), reason="again", placed_by="support")
         later = drop_expired_partitions(engine, rule, cutoff, detached_retention=dt.timedelta(0))
-        [table] = [d for d in later.decisions if d.partition == "favorites.favorites_20240101"]
+        [table] = [d for d in later.decisions
+                   if d.partition == "favorites.favorites_20240101_detached"]
         assert table.action is Action.KEPT_DETACHED
+        assert table.checks[-1] == ("holds a row the rule keeps, or one an active hold of "
+                                    "favorites.retention_holds covers: not dropped")
         with engine.connect() as conn:
             assert conn.exec_driver_sql(
-                "SELECT id FROM favorites.favorites_20240101").scalars().all() == [ids[4]]
+                "SELECT id FROM favorites.favorites_20240101_detached").scalars().all() \
+                == [ids[4]]
     finally:
         engine.dispose()
 
