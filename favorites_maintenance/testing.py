@@ -90,6 +90,15 @@ class PrunableRows:
             sa.select(sa.func.count(), sa.func.min(sub.c.age))).one()
         return count, oldest
 
+    def held(self, connection: sa.Connection) -> int:
+        """How many rows the guard and the age admit but an active hold keeps (0 for a
+        policy without a hold table): not in :meth:`count`, never deleted."""
+        if self.policy.rule.hold is None:
+            return 0
+        from favorites_maintenance.retention.backlog import count_held
+
+        return connection.execute(count_held(self.policy.rule, self.cutoff)).scalar_one()
+
 
 def find_policy(policy: str | Policy, tree: dg.ComponentTree | None = None) -> Policy:
     """``policy`` itself, or the policy of that name in ``tree`` (default: the code location's

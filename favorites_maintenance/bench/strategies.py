@@ -28,9 +28,15 @@ STRATEGIES = ("A", "A_paced", "B", "C", "D", "A2", "A4", "J")
 #: ``archive_table``) instead of only deleting it; A in keyset order, and in page order,
 #: whatever the backlog; B with sequential scans off, so the planner takes the rule's partial
 #: index whatever its estimates (after a backlog is cleared it still expects a year of guest
-#: rows, and B then reads the whole table for a day's worth).
+#: rows, and B then reads the whole table for a day's worth). ``A_held``: A for a policy with
+#: a hold table holding :data:`HELD_KEYS` active holds on prunable rows (what the hold test
+#: costs; those rows stay).
 EXTRA_STRATEGIES = ("A_durable", "A_fixed", "A_lock_first", "A_archive", "A_keyset", "A_page",
-                    "B_index")
+                    "B_index", "A_held")
+#: The hold table of ``A_held``, its policy name, and how many prunable rows it holds.
+HOLD_TABLE = "favorites.bench_holds"
+HOLD_POLICY = "bench"
+HELD_KEYS = 10_000
 #: Where ``A_archive`` moves the rows (created by its first batch's check, as a run creates it).
 ARCHIVE_TABLE = "favorites.favorites_archive"
 #: The strategies of the ``daily`` scenario.
@@ -38,7 +44,7 @@ DAILY_STRATEGIES = ("A", "B", "B_index", "C", "J")
 #: Workers of each strategy (A2 and A4 run A in that many processes at once).
 WORKERS = {"A": 1, "A_paced": 1, "B": 1, "C": 1, "D": 1, "A2": 2, "A4": 4, "A_durable": 1,
            "A_fixed": 1, "A_lock_first": 1, "A_archive": 1, "A_keyset": 1, "A_page": 1,
-           "B_index": 1, "J": 1}
+           "B_index": 1, "J": 1, "A_held": 1}
 
 _GUARD = "user_id IS NULL AND updated_at < %(cutoff)s"
 C_DELETE = ("DELETE FROM favorites.favorites WHERE ctid IN (SELECT favorites.ctid FROM "
@@ -72,7 +78,9 @@ def _purge_a(strategy: str, engine: sa.Engine, url: str, cutoff: dt.datetime, ba
              max_run_s: float, batches: Batches, options: dict) -> _Outcome:
     from favorites_maintenance.retention.archive import ArchiveTarget
     from favorites_maintenance.retention.health import HealthLimits
+    from favorites_maintenance.retention.holds import HoldTable
     from favorites_maintenance.retention.purge import ScanMode, purge
+    from favorites_maintenance.retention.rule import GUEST_FAVORITES
 
     # As the job calls it at the default settings (batch size mode adaptive: from batch_size
     # up to the default max); A_fixed as it does with FAVORITES_GUEST_RETENTION_BATCH_SIZE set
@@ -92,6 +100,9 @@ def _purge_a(strategy: str, engine: sa.Engine, url: str, cutoff: dt.datetime, ba
                    **({"scan": ScanMode.KEYSET} if strategy == "A_keyset" else {}),
                    **({"scan": ScanMode.PAGE_ORDER} if strategy == "A_page" else {}),
                    **({"sleep_ratio": options["sleep_ratio"]} if strategy == "A_paced" else {}),
+                   **({"rule": GUEST_FAVORITES.with_hold(
+                       HoldTable.define(HOLD_TABLE, "id", HOLD_POLICY))}
+                      if strategy == "A_held" else {}),
                    previous_row_s=options.get("previous_row_s"),
                    **adaptive)
     extra = {"batch_size_max": report.batch_size_max, "paused_ms": report.paused_ms,
@@ -102,6 +113,22 @@ def _purge_a(strategy: str, engine: sa.Engine, url: str, cutoff: dt.datetime, ba
             extra["archived_rows"] = conn.exec_driver_sql(
                 f"SELECT count(*) FROM {ARCHIVE_TABLE}").scalar_one()
     return report.deleted_total, report.stop_reason.value, extra
+
+
+def place_bench_holds(engine: sa.Engine, cutoff: dt.datetime) -> int:
+    """Create :data:`HOLD_TABLE` and hold :data:`HELD_KEYS` prunable rows spread over the
+    table (by a hash of the id), for ``A_held``; returns the holds placed."""
+    from favorites_maintenance.retention.holds import create_hold_table
+
+    create_hold_table(engine, HOLD_TABLE)
+    with engine.begin() as conn:
+        placed = conn.execute(sa.text(
+            f"INSERT INTO {HOLD_TABLE} (policy, held_value, placed_by, reason) "
+            "SELECT :policy, id::text, 'bench', 'bench' FROM favorites.favorites "
+            "WHERE user_id IS NULL AND updated_at < :cutoff ORDER BY hashint8(id) LIMIT :n"),
+            {"policy": HOLD_POLICY, "cutoff": cutoff, "n": HELD_KEYS}).rowcount
+        conn.exec_driver_sql(f"ANALYZE {HOLD_TABLE}")
+    return placed
 
 
 def _one_delete_b(strategy, engine, url, cutoff, batch_size, max_run_s, batches,
@@ -165,6 +192,7 @@ def _job_j(strategy, engine, url, cutoff, batch_size, max_run_s, batches,
 _WORKER: dict[str, Callable[..., _Outcome]] = {
     "A": _purge_a, "A_paced": _purge_a, "A_durable": _purge_a, "A_fixed": _purge_a,
     "A_lock_first": _purge_a, "A_archive": _purge_a, "A_keyset": _purge_a, "A_page": _purge_a,
+    "A_held": _purge_a,
     "B": _one_delete_b, "B_index": _one_delete_b, "C": _ctid_loop_c, "D": _skip_locked_d,
     "J": _job_j,
 }

@@ -8,9 +8,20 @@ import time
 
 from favorites_maintenance.bench.config import BenchConfig
 from favorites_maintenance.bench.report import run_figures
-from favorites_maintenance.bench.server import BenchServer
-from favorites_maintenance.bench.strategies import WORKERS, purge_child, worker_kind
-from favorites_maintenance.bench.workload import count_rows, sample_ids, user_workload
+from favorites_maintenance.bench.server import BenchServer, engine_on
+from favorites_maintenance.bench.strategies import (
+    HOLD_TABLE,
+    WORKERS,
+    place_bench_holds,
+    purge_child,
+    worker_kind,
+)
+from favorites_maintenance.bench.workload import (
+    count_held_left,
+    count_rows,
+    sample_ids,
+    user_workload,
+)
 
 
 def run_strategy(ctx, srv: BenchServer, cfg: BenchConfig, strategy: str, template: str,
@@ -28,7 +39,12 @@ def run_strategy(ctx, srv: BenchServer, cfg: BenchConfig, strategy: str, templat
     srv.restore(template, db)
     url = srv.url(db)
     url_s = url.render_as_string(hide_password=False)
-    before = count_rows(url, cutoff)
+    holds = held = None
+    if strategy == "A_held":
+        with engine_on(url) as engine:
+            held = place_bench_holds(engine, cutoff)
+        holds = HOLD_TABLE
+    before = count_rows(url, cutoff, holds=holds)
     user = None
     stop = ctx.Event()
     procs: list = []
@@ -91,9 +107,14 @@ def run_strategy(ctx, srv: BenchServer, cfg: BenchConfig, strategy: str, templat
     if errors:
         raise RuntimeError(f"strategy {strategy} failed: {errors}")
 
-    after = count_rows(url, cutoff, before["max_id"])
+    after = count_rows(url, cutoff, before["max_id"], holds=holds)
     out = run_figures(results, before, after, samples, idle_from, srv.wal_diff(lsn0, lsn1),
                       workload)
+    if held is not None:
+        # Every held row is still there.
+        out["held_rows"] = held
+        out["held_rows_left"] = count_held_left(url)
+        out["correct"] = out["correct"] and out["held_rows_left"] == held
     if statements:
         out["statements"] = srv.top_statements(db)
     return out

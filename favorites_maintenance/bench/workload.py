@@ -49,16 +49,32 @@ def seed_template(srv: BenchServer, db: str, rows: int, seed: float) -> dict:
             "account_rows": summary.account_rows, "bytes": size}
 
 
-def count_rows(url: URL, cutoff: dt.datetime, max_seed_id: int | None = None) -> dict:
+def count_rows(url: URL, cutoff: dt.datetime, max_seed_id: int | None = None,
+               holds: str | None = None) -> dict:
     """``prunable`` rows at ``cutoff``, ``accounts`` rows of the data set (ids up to
-    ``max_seed_id``: not the user workload's), and the table's ``max_id``."""
+    ``max_seed_id``: not the user workload's), and the table's ``max_id``. With ``holds``
+    (a hold table of ``A_held``), rows its active holds keep are not prunable."""
+    held = ("" if holds is None else
+            f" AND NOT EXISTS (SELECT 1 FROM {holds} h WHERE h.released_at IS NULL "
+            "AND h.held_value = favorites.id::text)")
     with engine_on(url) as engine, engine.connect() as conn:
         row = conn.execute(sa.text(
-            "SELECT count(*) FILTER (WHERE user_id IS NULL AND updated_at < :cutoff), "
+            f"SELECT count(*) FILTER (WHERE user_id IS NULL AND updated_at < :cutoff{held}), "
             "count(*) FILTER (WHERE user_id IS NOT NULL AND id <= :max_id), max(id) "
             "FROM favorites.favorites"),
             {"cutoff": cutoff, "max_id": max_seed_id or 2**62}).one()
     return {"prunable": row[0], "accounts": row[1], "max_id": row[2]}
+
+
+def count_held_left(url: URL) -> int:
+    """Rows of the table that an active hold of ``A_held``'s hold table covers."""
+    from favorites_maintenance.bench.strategies import HOLD_TABLE
+
+    with engine_on(url) as engine, engine.connect() as conn:
+        return conn.execute(sa.text(
+            f"SELECT count(*) FROM favorites.favorites f WHERE EXISTS (SELECT 1 FROM "
+            f"{HOLD_TABLE} h WHERE h.released_at IS NULL AND h.held_value = f.id::text)"
+        )).scalar_one()
 
 
 def sample_ids(url: URL, cutoff: dt.datetime, n: int = 2000) -> tuple[list[int], list[int]]:

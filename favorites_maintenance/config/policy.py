@@ -40,6 +40,7 @@ from dataclasses import dataclass, field
 
 from favorites_maintenance.config.policy_settings import PolicySettings
 from favorites_maintenance.retention.defaults import DATABASE_URL_VAR
+from favorites_maintenance.retention.holds import HoldTable
 from favorites_maintenance.retention.rule import RetentionRule, RuleError, split_table_name
 
 #: A policy name: snake_case, short enough that every derived name stays a valid Dagster name.
@@ -109,7 +110,11 @@ class Policy:
             ``archive_retention_days`` is set without an ``archive_table``;
             ``max_parallel_partitions`` or ``drop_expired_partitions`` is set with an
             ``archive_table``; ``detached_retention`` is set without
-            ``drop_expired_partitions``.
+            ``drop_expired_partitions``; ``hold_column`` is set without a ``hold_table``, or
+            ``hold_table`` is the policy's own table.
+
+    A policy with a ``hold_table`` setting gets a rule whose predicate skips held rows
+    (:meth:`~favorites_maintenance.retention.rule.RetentionRule.with_hold`, docs/holds.md).
     """
 
     name: str
@@ -150,6 +155,24 @@ class Policy:
                 f"policy {self.name!r}: archive_table and "
                 f"{self.label('drop_expired_partitions')} cannot be set together: a dropped "
                 "partition's rows would never reach the archive. Keep one of them")
+        if self.settings.hold_column is not None and self.settings.hold_table is None:
+            raise PolicyError(
+                f"policy {self.name!r}: {self.label('hold_column')} is set, but the policy has "
+                "no hold_table: there are no holds to match. Remove it, or name the hold table "
+                "(hold_table: schema.table)", field="hold_column")
+        holds = None
+        if self.settings.hold_table is not None:
+            holds = HoldTable.define(self.settings.hold_table,
+                                     self.settings.hold_column or self.rule.key.name, self.name)
+            if holds.qualified_name == self.rule.qualified_name:
+                raise PolicyError(f"policy {self.name!r}: hold_table {holds.qualified_name} is "
+                                  "the policy's own table; name another table",
+                                  field="hold_table")
+        if holds != self.rule.hold:
+            try:
+                object.__setattr__(self, "rule", self.rule.with_hold(holds))
+            except RuleError as exc:
+                raise PolicyError(f"policy {self.name!r}: {exc}", field="hold_column") from None
         if ("detached_retention" in self.settings.explicit
                 and not self.settings.drop_expired_partitions):
             raise PolicyError(

@@ -172,6 +172,27 @@ def _detached_retention(raw: str) -> dt.timedelta | None:
     return value
 
 
+def _hold_table(raw: str) -> str:
+    """``schema.table`` of lower-case identifiers."""
+    from favorites_maintenance.retention.rule import RuleError, split_table_name
+
+    try:
+        split_table_name(raw.strip(), "hold_table")
+    except RuleError as exc:
+        raise ValueError(str(exc)) from None
+    return raw.strip()
+
+
+def _hold_column(raw: str) -> str:
+    """A lower-case SQL identifier."""
+    import re
+
+    if not re.fullmatch(r"[a-z_][a-z0-9_$]{0,62}", raw.strip()) or raw.strip() == "ctid":
+        raise ValueError(f"{raw!r} is not a lower-case SQL identifier (letters, digits, _; at "
+                         "most 63 characters)")
+    return raw.strip()
+
+
 @dataclass(frozen=True)
 class PolicySettings:
     """The validated settings of one retention policy; every field has a default.
@@ -283,6 +304,18 @@ class PolicySettings:
         "run drops it; null keeps it for good",
         f"PT0S to P{MAX_DETACHED_RETENTION.days}D ({_DURATION_FORMS}), or null",
         null_is_value=True)
+
+    hold_table: str | None = setting(
+        None, _hold_table, str,
+        "set, a row an active hold of this table covers (its policy, the row's hold_column "
+        "value, released_at NULL) is never deleted, archived or detached (docs/holds.md); "
+        "unset: no holds",
+        "schema.table")
+    hold_column: str | None = setting(
+        None, _hold_column, str,
+        "with hold_table: the column of the policy's table a hold's value matches (unset: "
+        "key_column)",
+        "a column of the table")
 
     explicit: frozenset[str] = field(default=frozenset())
 

@@ -247,8 +247,10 @@ def _cleanup_ops(policy: Policy, asset_key: dg.AssetKey, settings_of, database_o
         context.log.info(f"run completed: deleted_total={report.deleted_total} "
                          f"batches={report.batches} duration_ms={report.duration_ms} "
                          f"backlog={backlog.remaining}"
+                         + (f" held={backlog.held}" if rule.hold is not None else "")
                          + (f" partitions={range_text(partitions)}" if partitions else ""))
-        report = report.with_backlog(backlog.remaining, oldest.isoformat() if oldest else None)
+        report = report.with_backlog(backlog.remaining, oldest.isoformat() if oldest else None,
+                                     backlog.held if rule.hold is not None else None)
         if is_range_run(context):
             # Dagster materializes each day of the range with the output's metadata: give each
             # day its own, so that no total is counted once per day.

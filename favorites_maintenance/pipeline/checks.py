@@ -25,6 +25,12 @@ result, stored under none; the UI then shows the planned one as "Skipped".)
   times that median and the median plus :data:`SPIKE_MIN_ROWS` (so a quiet table going from 3
   to 40 rows is no spike). Fewer than :data:`SPIKE_MIN_HISTORY` earlier runs: passes, saying so.
 
+- ``held_rows`` (WARN, passes), only for a policy with a ``hold_table``: how many rows the
+  guard and the age admit at the run's cutoff that an active hold keeps (``heldRows``), how
+  many holds are active and how long the oldest has stood (``oldestActiveHoldAgeSeconds``),
+  never a held value. A hold is deliberate, so the check passes; its figures are for a
+  dashboard, and a hold table that cannot be read fails it.
+
 - ``archive_within_retention`` (ERROR), only for a policy with an ``archive_table``: no row the
   policy archived is older than its ``archive_retention_days`` (by the database's clock), i.e.
   the archive's retention ran. It reads the archive as it is, whatever the day; a run whose purge
@@ -65,7 +71,9 @@ from favorites_maintenance.pipeline.ranges import is_range_run, run_partitions
 from favorites_maintenance.pipeline.resources import FavoritesDatabase, name_database
 from favorites_maintenance.pipeline.run_report import ATTRIBUTED_KEY, RunReport
 from favorites_maintenance.retention.archive import count_overdue_archive
-from favorites_maintenance.retention.backlog import Backlog, measure_backlog
+from favorites_maintenance.retention.backlog import Backlog, count_held, measure_backlog
+from favorites_maintenance.retention.database import limit_transaction
+from favorites_maintenance.retention.holds import summarize_holds
 from favorites_maintenance.retention.database import error_summary
 
 # Partitioned checks are a preview feature of Dagster 1.13: say it once, here, not at every load.
@@ -82,6 +90,8 @@ _PAGE = 50
 _MAX_PAGES = 4
 #: The archive's check, on a policy with an ``archive_table``.
 ARCHIVE_CHECK = "archive_within_retention"
+#: The name of the held-rows check of a policy with a hold table.
+HELD_CHECK = "held_rows"
 
 
 def overdue_check_name(policy: Policy) -> str:
@@ -174,8 +184,11 @@ def build_asset_checks(policy: Policy) -> list[dg.AssetChecksDefinition]:
             record.asset_materialization.metadata if record else None)
         yield from _outcome(context, asset_key, "no_rows_skipped", results)
 
+    checks = [overdue_rows, deleted_total_spike, no_rows_skipped]
+    if rule.hold is not None:
+        checks.append(_held_rows_check(policy, asset_key))
     if policy.archive_table is None:
-        return [overdue_rows, deleted_total_spike, no_rows_skipped]
+        return checks
 
     days = policy.settings.archive_retention_days
 
@@ -197,7 +210,51 @@ def build_asset_checks(policy: Policy) -> list[dg.AssetChecksDefinition]:
                                                                      days)
         yield from _outcome(context, asset_key, ARCHIVE_CHECK, results)
 
-    return [overdue_rows, deleted_total_spike, no_rows_skipped, archive_within_retention]
+    return [*checks, archive_within_retention]
+
+
+def _held_rows_check(policy: Policy, asset_key: dg.AssetKey) -> dg.AssetChecksDefinition:
+    """The ``held_rows`` check of a policy with a hold table (see the module docstring)."""
+    rule = policy.rule
+
+    @dg.asset_check(
+        asset=asset_key,
+        partitions_def=policy_partitions(policy),
+        name=HELD_CHECK,
+        description=(f"How many rows the rule would delete but an active hold of "
+                     f"{rule.hold.qualified_name} keeps, and how long the oldest active hold "
+                     "has stood (passes: a hold is deliberate; WARN when it cannot be read)."),
+        required_resource_keys={policy.database_key},
+    )
+    def held_rows(context: dg.AssetCheckExecutionContext) -> Iterator[CheckOutput]:
+        """Count the held rows at the run's cutoff and summarize the active holds."""
+        database: FavoritesDatabase = getattr(context.resources, policy.database_key)
+        cutoff = run_cutoff(context, policy.settings.retention_days,
+                            run_now(context, database.engine))
+        try:
+            with database.engine.connect() as conn, conn.begin():
+                limit_transaction(conn)
+                held = conn.execute(count_held(rule, cutoff)).scalar_one()
+                summary = summarize_holds(conn, rule.hold)
+        except Exception as exc:
+            name_database(exc, policy)
+            raise
+        results = _references(context, asset_key, figures={})
+        results[_last_partition(context)] = dg.AssetCheckResult(
+            passed=True, severity=dg.AssetCheckSeverity.WARN,
+            metadata={
+                "heldRows": held,
+                "activeHolds": summary.active,
+                "oldestActiveHoldPlacedAt": (summary.oldest_placed_at.isoformat()
+                                             if summary.oldest_placed_at else "none"),
+                "oldestActiveHoldAgeSeconds": round(summary.oldest_age_s, 3),
+            },
+            description=(f"{held} rows past the cutoff are kept by {summary.active} active "
+                         f"holds; the oldest was placed {summary.oldest_placed_at.isoformat()}"
+                         if summary.oldest_placed_at else None))
+        yield from _outcome(context, asset_key, HELD_CHECK, results)
+
+    return held_rows
 
 
 def archive_retention_result(engine: sa.Engine, policy: Policy,
@@ -210,7 +267,8 @@ def archive_retention_result(engine: sa.Engine, policy: Policy,
             variable).
     """
     try:
-        overdue = count_overdue_archive(engine, policy.archive_table, policy.name, days)
+        overdue = count_overdue_archive(engine, policy.archive_table, policy.name, days,
+                                        hold=policy.rule.hold)
     except Exception as exc:
         name_database(exc, policy)
         raise

@@ -347,7 +347,8 @@ class PurgeStep:
             pruned = prune_archive(
                 self.database.engine, self.policy.archive_table, self.policy.name,
                 settings.archive_retention_days, batch_size=settings.batch_size_max,
-                max_duration=max(left, dt.timedelta(0)), should_stop=stop_requests.requested)
+                max_duration=max(left, dt.timedelta(0)), should_stop=stop_requests.requested,
+                hold=self.policy.rule.hold)
         except Exception as exc:
             if not retry_follows(self.context, self.config, exc):
                 self.record_archive_check()  # the check's own step will not run
@@ -379,7 +380,7 @@ class PurgeStep:
             pruned = prune_archive(
                 self.database.engine, archive, self.policy.name, days,
                 batch_size=settings.batch_size_max, max_duration=max(left, dt.timedelta(0)),
-                should_stop=stop_requests.requested)
+                should_stop=stop_requests.requested, hold=self.policy.rule.hold)
         except Exception as failure:
             why = str(failure) if isinstance(failure, RetentionError) else error_summary(failure)
             note = (f"the archive's retention did not "

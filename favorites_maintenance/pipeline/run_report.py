@@ -67,6 +67,9 @@ class RunReport:
             measured [``backlogRemaining``].
         backlog_oldest: the age column of the oldest of them, ISO 8601, or ``none``
             [``backlogOldestUpdatedAt``].
+        held_rows: for a policy with a hold table, the rows its guard and age admit that an
+            active hold keeps, counted with the backlog and not in it (never their values);
+            ``None`` for a policy without holds [``heldRows``].
         archive_deleted_total: with an archive, its rows past ``archive_retention_days``
             deleted after the purge; ``None`` for a policy without an archive
             [``archiveDeletedTotal``].
@@ -106,6 +109,7 @@ class RunReport:
     health_unreadable: str = _NONE
     backlog_remaining: int | None = None
     backlog_oldest: str | None = None
+    held_rows: int | None = None
     archive_deleted_total: int | None = None
     archive_rows: int | None = None
     partitions_detached: int | None = None
@@ -195,11 +199,13 @@ class RunReport:
                                    batches=self.batches + earlier.batches,
                                    ms_per_row=_ms_per_row((self, earlier)), **partitions)
 
-    def with_backlog(self, remaining: int, oldest: str | None) -> "RunReport":
+    def with_backlog(self, remaining: int, oldest: str | None,
+                     held: int | None = None) -> "RunReport":
         """The record with the backlog measured after the purge (``oldest``: ISO 8601 or
-        ``None`` when nothing is left)."""
+        ``None`` when nothing is left; ``held``: rows an active hold keeps, for a policy with
+        holds, else ``None``)."""
         return dataclasses.replace(self, backlog_remaining=remaining,
-                                   backlog_oldest=oldest or _NONE)
+                                   backlog_oldest=oldest or _NONE, held_rows=held)
 
     def with_archive(self, deleted_total: int, rows: int) -> "RunReport":
         """The record with the archive's figures after its retention ran (rows)."""
@@ -313,6 +319,7 @@ _KEYS = {
     "health_unreadable": "healthUnreadable",
     "backlog_remaining": "backlogRemaining",
     "backlog_oldest": "backlogOldestUpdatedAt",
+    "held_rows": "heldRows",
     "archive_deleted_total": "archiveDeletedTotal",
     "archive_rows": "archiveRows",
     "partitions_detached": "partitionsDetached",
@@ -325,7 +332,7 @@ _EARLY_STOPS = (StopReason.DB_UNHEALTHY, StopReason.MAX_RUN_DURATION)
 _ARCHIVE = ("archive_deleted_total", "archive_rows")
 _PARTITIONS = ("partitions_detached", "partitions_dropped")
 #: Figures recorded only when known.
-_OPTIONAL = ("ms_per_row",)
+_OPTIONAL = ("ms_per_row", "held_rows")
 #: What a reference (:meth:`RunReport.as_reference`) records of the run's work.
 _WORK_AT_ZERO = {
     "deleted_total": 0,

@@ -82,6 +82,7 @@ from favorites_maintenance.retention.errors import (
     InvalidArgumentError,
     describe,
 )
+from favorites_maintenance.retention.holds import HoldTable
 from favorites_maintenance.retention.rule import RetentionRule, split_table_name
 
 log = logging.getLogger("favorites_maintenance.retention.purge")
@@ -560,17 +561,26 @@ class ArchivePruneReport:
     stopped: bool = False
 
 
-def _prune_statement(target_table: str) -> sa.Select:
+def _not_held(t: sa.Table, hold: HoldTable | None) -> list[sa.ColumnElement[bool]]:
+    """``NOT EXISTS`` an active hold of the archived row (on the archive's column of the
+    hold column's name, which it copied from the table), or nothing without holds."""
+    return [] if hold is None else [~hold.covers(t.c[hold.column])]
+
+
+def _prune_statement(target_table: str, hold: HoldTable | None = None) -> sa.Select:
     schema, name = split_table_name(target_table, "archive_table")
     t = sa.Table(name, sa.MetaData(schema=schema),
                  sa.Column(POLICY_COLUMN, sa.Text),
                  sa.Column(ARCHIVED_AT_COLUMN, TIMESTAMP(timezone=True)),
                  sa.Column("ctid", sa.types.NullType(), system=True),
-                 sa.Column("tableoid", sa.types.NullType(), system=True))
-    # The database's clock, the one that stamped the rows.
+                 sa.Column("tableoid", sa.types.NullType(), system=True),
+                 *([sa.Column(hold.column, sa.types.NullType())] if hold else []))
+    # The database's clock, the one that stamped the rows. A held row stays past the
+    # retention; the DELETE repeats the test, as the purge's does.
     old = sa.and_(t.c[POLICY_COLUMN] == sa.bindparam("policy", type_=sa.Text),
                   t.c[ARCHIVED_AT_COLUMN] < sa.func.now() - sa.bindparam("keep",
-                                                                          type_=sa.Interval))
+                                                                          type_=sa.Interval),
+                  *_not_held(t, hold))
     # In no order: every row past the retention goes, and an order would sort them all per
     # batch (the archive's index is a BRIN one).
     batch = (sa.select(t.c.tableoid, t.c.ctid).where(old)
@@ -599,10 +609,11 @@ def prune_archive(engine: sa.Engine, table: str, policy: str, retention_days: in
                   should_stop: Callable[[], bool] = lambda: False,
                   lock_timeout: dt.timedelta = DEFAULT_LOCK_TIMEOUT,
                   statement_timeout: dt.timedelta = DEFAULT_STATEMENT_TIMEOUT,
-                  ) -> ArchivePruneReport:
+                  hold: HoldTable | None = None) -> ArchivePruneReport:
     """Delete ``policy``'s rows of archive ``table`` archived more than ``retention_days`` ago
     (by the database's clock), at most ``batch_size`` rows a transaction, then
-    count the policy's rows left. A missing archive has nothing to delete.
+    count the policy's rows left. A missing archive has nothing to delete. With ``hold`` (the
+    policy's holds), an archived row an active hold covers is kept, whatever its age.
 
     At least one batch runs; after it, the purge stops on ``should_stop`` or once
     ``max_duration`` has passed (the rows left wait for the next run).
@@ -614,7 +625,7 @@ def prune_archive(engine: sa.Engine, table: str, policy: str, retention_days: in
     if batch_size <= 0 or retention_days <= 0:
         raise InvalidArgumentError("batch_size and retention_days must be > 0")
     started = time.monotonic()
-    statement = _prune_statement(table)
+    statement = _prune_statement(table, hold)
     params = {"policy": policy, "keep": dt.timedelta(days=retention_days),
               "batch_size": batch_size}
     deleted = batches = 0
@@ -668,10 +679,11 @@ class ArchiveOverdue:
 def count_overdue_archive(engine: sa.Engine, table: str, policy: str, retention_days: int, *,
                           lock_timeout: dt.timedelta = DEFAULT_LOCK_TIMEOUT,
                           statement_timeout: dt.timedelta = DEFAULT_STATEMENT_TIMEOUT,
-                          ) -> ArchiveOverdue:
+                          hold: HoldTable | None = None) -> ArchiveOverdue:
     """Count ``policy``'s rows of archive ``table`` archived more than ``retention_days`` ago
-    (by the database's clock): the rows :func:`prune_archive` deletes. A missing archive holds
-    none. One read, in a transaction bounded like a batch's.
+    (by the database's clock): the rows :func:`prune_archive` deletes, held ones left out
+    (with ``hold``). A missing archive holds none. One read, in a transaction bounded like a
+    batch's.
 
     Raises:
         ArchiveCountError: the archive could not be read.
@@ -682,11 +694,12 @@ def count_overdue_archive(engine: sa.Engine, table: str, policy: str, retention_
     schema, name = split_table_name(table, "archive_table")
     t = sa.Table(name, sa.MetaData(schema=schema),
                  sa.Column(POLICY_COLUMN, sa.Text),
-                 sa.Column(ARCHIVED_AT_COLUMN, TIMESTAMP(timezone=True)))
+                 sa.Column(ARCHIVED_AT_COLUMN, TIMESTAMP(timezone=True)),
+                 *([sa.Column(hold.column, sa.types.NullType())] if hold else []))
     limit = sa.func.now() - sa.bindparam("keep", type_=sa.Interval)
     overdue = (sa.select(sa.func.count(), sa.func.min(t.c[ARCHIVED_AT_COLUMN]), limit)
                .where(t.c[POLICY_COLUMN] == sa.bindparam("policy", type_=sa.Text),
-                      t.c[ARCHIVED_AT_COLUMN] < limit))
+                      t.c[ARCHIVED_AT_COLUMN] < limit, *_not_held(t, hold)))
     params = {"policy": policy, "keep": dt.timedelta(days=retention_days)}
     try:
         with engine.connect() as conn, conn.begin():

@@ -26,11 +26,14 @@ class Backlog:
         remaining: how many rows the rule matches (exact count).
         oldest_age: the rule's age column (``updated_at`` for the guest-favorites rule) of the
             oldest of them, a timezone-aware instant, or ``None`` when there is none.
+        held: rows the guard and the age admit that an active hold covers, so no run deletes
+            them (0 for a rule without holds); not in ``remaining``.
     """
 
     cutoff: dt.datetime
     remaining: int
     oldest_age: dt.datetime | None
+    held: int = 0
 
 
 def measure_backlog(engine: sa.Engine, cutoff: dt.datetime,
@@ -44,17 +47,23 @@ def measure_backlog(engine: sa.Engine, cutoff: dt.datetime,
     such rows (:func:`~favorites_maintenance.retention.unreadable.count_around_unreadable`),
     each counted as one.
 
+    With holds, the rows they keep are counted apart (:attr:`Backlog.held`), by a second
+    statement in the same transaction.
+
     Raises:
         BacklogError: the database failed (described without private data).
         InvalidArgumentError: ``cutoff`` is naive.
     """
     stmt = sa.select(sa.func.count(), sa.func.min(rule.age)).where(rule.prunable(cutoff))
+    held = 0
     try:
         with engine.connect() as conn:
             try:
                 with conn.begin():
                     limit_transaction(conn)  # never queue without limit behind a migration
                     remaining, oldest = conn.execute(stmt).one()
+                    if rule.hold is not None:
+                        held = conn.execute(count_held(rule, cutoff)).scalar_one()
             except sa.exc.DBAPIError as exc:
                 error = describe(exc)
                 counted = (count_around_unreadable(conn, rule, cutoff) if error.row_level
@@ -64,5 +73,11 @@ def measure_backlog(engine: sa.Engine, cutoff: dt.datetime,
                 remaining, oldest = counted
     except sa.exc.DBAPIError as exc:
         raise BacklogError(describe(exc)) from None
-    return Backlog(cutoff=cutoff, remaining=remaining, oldest_age=oldest)
+    return Backlog(cutoff=cutoff, remaining=remaining, oldest_age=oldest, held=held)
+
+
+def count_held(rule: RetentionRule, cutoff: dt.datetime) -> sa.Select:
+    """``SELECT count(*)`` of the rows the rule's guard and age admit at ``cutoff`` that an
+    active hold covers (``0`` rows counted for a rule without holds)."""
+    return sa.select(sa.func.count()).select_from(rule.table).where(rule.held(cutoff))
 

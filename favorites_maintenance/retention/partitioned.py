@@ -389,6 +389,9 @@ def drop_expired_partitions(engine: sa.Engine, rule: RetentionRule, cutoff: dt.d
       the guard serves it);
     - no DELETE trigger, row-level security, publication publishing deletes, or foreign key
       referencing it or the parent: a DETACH and DROP would bypass each of them.
+    - with holds (the rule's ``hold``), no row of it an active hold covers: its other rows go
+      through the batches, which skip the held one. A detached table is checked again before
+      it is dropped, so a hold placed after the detach keeps it.
 
     How the table is altered: when the job's role owns the table (or is a member of its
     owner), ``DETACH PARTITION ... CONCURRENTLY`` (plain ``DETACH`` when the table has a
@@ -624,10 +627,15 @@ class _DropPhase:
                 checks.append("no DELETE trigger, row-level security, publication or foreign "
                               "key a DROP would bypass")
                 kept_row, how = self.kept_row(conn, partition)
+                held = self.held_row(conn, partition)
         except sa.exc.DBAPIError as exc:
             return kept(f"check failed ({describe(exc)})")
         if kept_row:
             return kept(f"holds a row the rule keeps ({self.rule.guard_sql} false; {how})")
+        if held:
+            # Its other rows go through the batches, which skip the held ones.
+            return kept(f"holds a row an active hold of {self.rule.hold.qualified_name} "
+                        "covers")
         checks.append(f"no row the rule keeps ({how})" if self.rule.guards
                       else "the rule has no guard: every row is prunable")
         if privilege == "owner":
@@ -856,11 +864,13 @@ class _DropPhase:
 
         error = self.with_lock_retries("DROP TABLE", table, drop)
         if error is not None or kept_row:
+            held = (f", or one an active hold of {self.rule.hold.qualified_name} covers"
+                    if self.rule.hold is not None else "")
             reason = (f"DROP TABLE failed ({error})" if error
-                      else "holds a row the rule keeps: not dropped")
+                      else f"holds a row the rule keeps{held}: not dropped")
             if kept_row:
-                log.warning("detached table %s holds a row the rule keeps (%s false): it is "
-                            "not dropped", table.qualified_name, self.rule.guard_sql)
+                log.warning("detached table %s holds a row the rule keeps (%s false)%s: it is "
+                            "not dropped", table.qualified_name, self.rule.guard_sql, held)
             self.decisions.append(PartitionDecision(table.qualified_name, Action.KEPT_DETACHED,
                                                     (*checks, reason)))
             return
@@ -893,8 +903,32 @@ class _DropPhase:
 
     # -- helpers -------------------------------------------------------------------------------
 
-    def detached_holds_kept_row(self, conn: sa.Connection, table: TablePartition) -> bool:
-        if not self.rule.guards:
+    def held_row(self, conn: sa.Connection, partition: TablePartition) -> bool:
+        """Whether an active hold covers a row of the partition, read through the parent
+        within its bounds (the partition itself when its detach is pending)."""
+        if self.rule.hold is None:
+            return False
+        if partition.detach_pending:
+            return self.detached_holds_kept_row(conn, partition, guards=False)
+        ts = TIMESTAMP(timezone=True)
+        where = [self.rule.hold.covers(self.rule.hold_column)]
+        if partition.lower is not None:
+            where.append(self.rule.age >= sa.bindparam("lower", partition.lower, type_=ts))
+        if partition.upper is not None:
+            where.append(self.rule.age < sa.bindparam("upper", partition.upper, type_=ts))
+        return conn.execute(sa.select(sa.literal(1)).select_from(self.rule.table)
+                            .where(*where).limit(1)).first() is not None
+
+    def detached_holds_kept_row(self, conn: sa.Connection, table: TablePartition,
+                                guards: bool = True) -> bool:
+        if self.rule.hold is not None:
+            # A hold placed after the detach keeps the detached table from being dropped.
+            t = sa.table(table.name, sa.column(self.rule.hold.column), schema=table.schema)
+            if conn.execute(sa.select(sa.literal(1)).select_from(t).where(
+                    self.rule.hold.covers(t.c[self.rule.hold.column])).limit(1)
+            ).first() is not None:
+                return True
+        if not self.rule.guards or not guards:
             return False
         t = sa.table(table.name, *(sa.column(g.name) for g in self.rule.guards),
                      schema=table.schema)

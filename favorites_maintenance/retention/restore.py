@@ -277,10 +277,11 @@ def _counts(conn: sa.Connection, archive: Archive, rule: RetentionRule, selectio
     key = rule.key.name
     where = _selected(a, archive.target.policy, selection)
     back = sa.select(sa.literal(1)).where(s.c[key] == a.c[key]).exists()
-    # The rule's own predicate, on the archive's columns of the same names.
+    # The rule's own predicate, on the archive's columns of the same names: a held row would
+    # not be deleted again.
     on_archive = RetentionRule(table=a, key=a.c[key], age=a.c[rule.age.name],
                                guards=tuple(a.c[c.name] for c in rule.guards),
-                               cutoff_inclusive=rule.cutoff_inclusive)
+                               cutoff_inclusive=rule.cutoff_inclusive).with_hold(rule.hold)
     row = conn.execute(sa.select(
         sa.func.count().label("selected"),
         sa.func.count().filter(back).label("key_exists"),

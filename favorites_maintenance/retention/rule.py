@@ -24,6 +24,7 @@ import sqlalchemy as sa
 from sqlalchemy.dialects.postgresql import TIMESTAMP
 
 from favorites_maintenance.retention.errors import InvalidArgumentError
+from favorites_maintenance.retention.holds import HoldTable
 
 SCHEMA = "favorites"
 TABLE = "favorites"
@@ -92,6 +93,8 @@ class RetentionRule:
             ``False``, strictly before it (``<``).
         ages: the ranges of the age column the rule is narrowed to, each ``[lower,
             upper)``; ``None`` for the whole table (an empty tuple admits no row).
+        hold: the policy's holds (:mod:`~favorites_maintenance.retention.holds`), or
+            ``None``: a row an active hold covers is never prunable (:meth:`with_hold`).
     """
 
     table: sa.Table
@@ -100,6 +103,7 @@ class RetentionRule:
     guards: tuple[sa.Column, ...]
     cutoff_inclusive: bool = False
     ages: tuple[AgeRange, ...] | None = None
+    hold: HoldTable | None = None
 
     @classmethod
     def define(cls, table: str, *, key_column: str, age_column: str,
@@ -154,7 +158,8 @@ class RetentionRule:
         )
         return RetentionRule(table=t, key=t.c[self.key.name], age=t.c[self.age.name],
                              guards=tuple(t.c[c.name] for c in self.guards),
-                             cutoff_inclusive=self.cutoff_inclusive, ages=self.ages)
+                             cutoff_inclusive=self.cutoff_inclusive, ages=self.ages,
+                             hold=self.hold)
 
     def within(self, ages: Sequence[AgeRange]) -> "RetentionRule":
         """The same rule on the same table, narrowed to the rows whose age lies in one of
@@ -177,10 +182,39 @@ class RetentionRule:
                     _require_aware(value, f"age range {name} bound")
         return dataclasses.replace(self, ages=tuple(ages))
 
+    def with_hold(self, hold: HoldTable | None) -> "RetentionRule":
+        """The same rule, whose rows an active hold of ``hold`` covers are never prunable
+        (``None``: no holds). The hold column joins the table as the rule sees it when it is
+        none of the rule's own columns.
+
+        Raises:
+            RuleError: the hold column is not a lower-case SQL identifier, or is ``ctid``.
+        """
+        if hold is None:
+            return dataclasses.replace(self, hold=None)
+        if not _IDENTIFIER.fullmatch(hold.column) or hold.column == "ctid":
+            raise RuleError(f"hold_column {hold.column!r} is not a lower-case SQL identifier "
+                            "(letters, digits, _; at most 63 characters)")
+        t = self.table
+        if hold.column not in t.c:
+            t = sa.Table(
+                t.name, sa.MetaData(schema=t.schema),
+                *(sa.Column(c.name, c.type, primary_key=c.primary_key, nullable=c.nullable,
+                            system=c.system) for c in t.columns),
+                sa.Column(hold.column, sa.types.NullType()))
+        return RetentionRule(table=t, key=t.c[self.key.name], age=t.c[self.age.name],
+                             guards=tuple(t.c[c.name] for c in self.guards),
+                             cutoff_inclusive=self.cutoff_inclusive, ages=self.ages, hold=hold)
+
+    @property
+    def hold_column(self) -> sa.Column | None:
+        """The column of the table a hold matches, or ``None`` without holds."""
+        return None if self.hold is None else self.table.c[self.hold.column]
+
     def _names(self) -> tuple:
         return (self.table.schema, self.table.name, self.key.name, self.age.name,
                 tuple(c.name for c in self.guards), self.cutoff_inclusive,
-                self.ages)
+                self.ages, None if self.hold is None else self.hold._names())
 
     def __eq__(self, other: object) -> bool:
         # Two rules built from the same names are the same rule (Table objects compare by
@@ -257,12 +291,27 @@ class RetentionRule:
 
     def prunable(self, cutoff: dt.datetime) -> sa.ColumnElement[bool]:
         """The prunable predicate ``<guards> IS NULL AND <age> < :cutoff`` (``<=`` with
-        ``cutoff_inclusive``): every statement of the project that selects, counts or deletes
-        prunable rows is built from it.
+        ``cutoff_inclusive``), and, with holds, ``AND NOT EXISTS (<an active hold of the
+        row>)``: every statement of the project that selects, counts or deletes prunable rows
+        is built from it.
 
         Args:
             cutoff: timezone-aware instant; rows aged strictly before it are prunable (or at
                 it too, with ``cutoff_inclusive``).
+
+        Raises:
+            InvalidArgumentError: ``cutoff`` is naive.
+        """
+        _require_aware(cutoff, "cutoff")
+        eligible = self.eligible(cutoff)
+        if self.hold is None:
+            return eligible
+        return sa.and_(eligible, self.hold.uncovered(
+            self.hold_column, nullable=self.hold_column is not self.key))
+
+    def eligible(self, cutoff: dt.datetime) -> sa.ColumnElement[bool]:
+        """The guard and the age alone, ``<guards> IS NULL AND <age> < :cutoff``: the rows
+        the rule would prune were it not for holds (what :meth:`prunable` is without holds).
 
         Raises:
             InvalidArgumentError: ``cutoff`` is naive.
@@ -289,12 +338,25 @@ class RetentionRule:
             ranges.append(sa.and_(*ends))
         return [sa.or_(*ranges) if ranges else sa.false()]
 
+    def held(self, cutoff: dt.datetime) -> sa.ColumnElement[bool]:
+        """The rows :meth:`eligible` admits that an active hold covers (``false`` without
+        holds): what a run counts as held, never deletes.
+
+        Raises:
+            InvalidArgumentError: ``cutoff`` is naive.
+        """
+        eligible = self.eligible(cutoff)
+        if self.hold is None:
+            return sa.and_(eligible, sa.false())
+        return sa.and_(eligible, self.hold.covers(self.hold_column))
+
     def delete_prunable(self, cutoff: dt.datetime, *where: sa.ColumnElement[bool]) -> sa.Delete:
         """``DELETE FROM <table> WHERE <prunable(cutoff)> AND <where...>``.
 
         The only DELETE constructor of the project: callers narrow it (to a batch's keys) but
-        cannot drop the guard, which is repeated here as defence in depth even when the rows
-        were selected with the same predicate.
+        cannot drop the guard or the hold test, which are repeated here as defence in depth
+        even when the rows were selected with the same predicate (a hold committed since then
+        keeps its row).
         """
         return sa.delete(self.table).where(self.prunable(cutoff), *where)
 

@@ -64,6 +64,31 @@ class TableFindings:
     keyset_index: bool = False
 
 
+#: The hold table's columns the statements read, found by name (``:t`` is ``schema.table``).
+_HOLD_COLUMNS = sa.text(
+    "SELECT array_agg(attname::text) FROM pg_attribute WHERE attrelid = to_regclass(:t) "
+    "AND attnum > 0 AND NOT attisdropped")
+
+
+def _check_hold_table(conn: sa.Connection, rule: RetentionRule) -> None:
+    """Refuse a hold table that is missing or lacks a column the hold test reads: every
+    batch would fail on it."""
+    from favorites_maintenance.retention.holds import HELD_VALUE, POLICY, RELEASED_AT
+
+    holds = rule.hold.qualified_name
+    found = conn.execute(_HOLD_COLUMNS, {"t": holds}).scalar()
+    if found is None:
+        raise TableShapeError(f"hold_table {holds} does not exist (or this role cannot see "
+                              f"it): create it with favorites-maintenance hold init --policy "
+                              f"{rule.hold.policy} (docs/holds.md), or grant the job's role "
+                              "SELECT on it")
+    missing = [c for c in (POLICY, HELD_VALUE, RELEASED_AT) if c not in found]
+    if missing:
+        raise TableShapeError(f"hold_table {holds} has no column {missing[0]!r}: it is not a "
+                              "hold table as hold init creates it (docs/holds.md)",
+                              column=missing[0])
+
+
 def check_table(conn: sa.Connection, rule: RetentionRule = GUEST_FAVORITES) -> TableFindings:
     """Check the table of ``rule`` on ``conn`` (see the module docstring for the rules).
 
@@ -121,6 +146,10 @@ def check_table(conn: sa.Connection, rule: RetentionRule = GUEST_FAVORITES) -> T
                 f"{table}.{guard.name} {why}, so no row can ever be a guest row "
                 f"({rule.guard_sql}): the table is not the one the rule is written for",
                 column=guard.name)
+
+    if rule.hold is not None:
+        column(rule.hold.column)
+        _check_hold_table(conn, rule)
 
     if column(key_column)["nullable"]:
         raise TableShapeError(

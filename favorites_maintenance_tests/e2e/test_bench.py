@@ -117,3 +117,21 @@ def test_the_partitioned_bench_removes_the_same_rows_by_drops_as_by_deletes(pg_s
     assert (drops["partitions_detached"], drops["partitions_dropped"]) == (24, 24)
     assert drops["rows_deleted_in_batches"] == 0
     assert set(report["ratios"]) == {"time_rows_over_drops", "wal_rows_over_drops"}
+
+
+def test_a_held_bench_keeps_every_held_row_and_deletes_the_rest(pg_server, tmp_path):
+    """``A_held``: A with a hold table holding prunable rows: every held row stays, every
+    other prunable row goes."""
+    from favorites_maintenance.bench.strategies import HELD_KEYS
+
+    out = tmp_path / "bench-results" / "purge.json"
+    run_bench(pg_server, BenchConfig(rows=80_000, idle_seconds=0.5, out=out, batch_size=500,
+                                     strategies=("A_held",), scenarios=("backlog",),
+                                     db_prefix=f"benchheld{os.getpid()}",
+                                     echo=lambda line: None))
+    report = json.loads(out.read_text())
+    held = report["strategies"]["A_held"]
+    assert held["correct"] and held["correct_10pct"]
+    assert held["held_rows"] == held["held_rows_left"] == min(HELD_KEYS,
+                                                               report["prunable_rows"])
+    assert held["rows_deleted"] == report["prunable_rows"] - held["held_rows"] > 0

@@ -1,0 +1,283 @@
+"""Holds: rows that no run may delete, whatever their age, until the hold is released.
+
+A policy that names a hold table (its ``hold_table`` setting) prunes a row only while no
+*active* hold covers it: a row of the hold table with the policy's name, the row's value of the
+hold column (the policy's key unless ``hold_column`` says another column) as text, and no
+``released_at``. The test is part of the rule's predicate
+(:meth:`~favorites_maintenance.retention.rule.RetentionRule.prunable`), so every statement built
+from it carries it: the batches' candidate SELECT *and* their DELETE (as the guard is
+repeated), the backlog counts, the partition probes. A hold placed while a run is in flight
+therefore protects its row from the next batch on, and in the batch under way from its own
+DELETE on. Releasing a hold makes the row prunable again at the next run, by the rule as it
+stands. A row covered by several holds stays until every one of them is released.
+
+The hold table (one per database, shared by the policies that name it; each hold belongs to
+one policy)::
+
+    hold_id      bigint identity primary key
+    policy       text         the policy's name
+    held_value   text         the hold column's value, as text (what the purge compares)
+    placed_by    text         who placed it
+    reason       text         why (a ticket, a case)
+    placed_at    timestamptz  when (the database's clock)
+    released_at  timestamptz  NULL while the hold is active
+    released_by  text         who released it
+
+with a partial index on ``(policy, held_value) WHERE released_at IS NULL``: the purge's
+anti-join reads only active holds. :func:`create_hold_table_sql` gives the DDL; the CLI's
+``hold init`` runs it. The application may insert holds itself; a released hold stays in the
+table as the record of it.
+
+This module imports no Dagster.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+from dataclasses import dataclass
+
+import sqlalchemy as sa
+from sqlalchemy.dialects.postgresql import TIMESTAMP
+
+from favorites_maintenance.retention.errors import InvalidArgumentError
+
+#: The hold table's columns, by role.
+HOLD_ID, POLICY, HELD_VALUE = "hold_id", "policy", "held_value"
+PLACED_BY, REASON, PLACED_AT = "placed_by", "reason", "placed_at"
+RELEASED_AT, RELEASED_BY = "released_at", "released_by"
+
+
+def hold_table_of(schema: str, name: str) -> sa.Table:
+    """The hold table ``schema.name`` as SQLAlchemy sees it (see the module docstring)."""
+    return sa.Table(
+        name, sa.MetaData(schema=schema),
+        sa.Column(HOLD_ID, sa.BigInteger, sa.Identity(always=True), primary_key=True),
+        sa.Column(POLICY, sa.Text, nullable=False),
+        sa.Column(HELD_VALUE, sa.Text, nullable=False),
+        sa.Column(PLACED_BY, sa.Text, nullable=False),
+        sa.Column(REASON, sa.Text, nullable=False),
+        sa.Column(PLACED_AT, TIMESTAMP(timezone=True), nullable=False,
+                  server_default=sa.func.now()),
+        sa.Column(RELEASED_AT, TIMESTAMP(timezone=True), nullable=True),
+        sa.Column(RELEASED_BY, sa.Text, nullable=True),
+        sa.CheckConstraint(f"{REASON} <> ''", name=f"{name}_reason_given"),
+        sa.Index(f"{name}_active_idx"[:63], POLICY, HELD_VALUE,
+                 postgresql_where=sa.text(f"{RELEASED_AT} IS NULL")),
+    )
+
+
+@dataclass(frozen=True, eq=False)
+class HoldTable:
+    """The holds of one policy: which table holds them and which column of the policy's table
+    a hold's value matches.
+
+    Attributes:
+        table: the hold table (see :func:`hold_table_of`).
+        column: the column of the policy's table a hold's ``held_value`` matches (its value
+            cast to text).
+        policy: the policy's name; only holds with this ``policy`` count.
+    """
+
+    table: sa.Table
+    column: str
+    policy: str
+
+    @classmethod
+    def define(cls, table: str, column: str, policy: str) -> "HoldTable":
+        """The holds of ``policy`` in ``table`` (``schema.table``) on ``column``.
+
+        Raises:
+            RuleError: ``table`` is not ``schema.table`` of lower-case identifiers.
+        """
+        from favorites_maintenance.retention.rule import split_table_name
+
+        schema, name = split_table_name(table, "hold_table")
+        return cls(table=hold_table_of(schema, name), column=column, policy=policy)
+
+    @property
+    def qualified_name(self) -> str:
+        """``schema.table``, for messages (never for SQL)."""
+        return f"{self.table.schema}.{self.table.name}"
+
+    def _names(self) -> tuple:
+        return (self.table.schema, self.table.name, self.column, self.policy)
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, HoldTable) and self._names() == other._names()
+
+    def __hash__(self) -> int:
+        return hash(self._names())
+
+    def active(self) -> sa.ColumnElement[bool]:
+        """The policy's active holds: ``policy = :name AND released_at IS NULL``."""
+        h = self.table.c
+        return sa.and_(h[POLICY] == sa.literal(self.policy, sa.Text), h[RELEASED_AT].is_(None))
+
+    def uncovered(self, column: sa.ColumnElement, *, nullable: bool = True
+                  ) -> sa.ColumnElement[bool]:
+        """No active hold of the policy has ``column``'s value, as text: ``<column>::text NOT IN
+        (SELECT held_value FROM <holds> WHERE <active>)`` (``held_value`` is never NULL, so
+        this is ``NOT EXISTS``), or ``<column> IS NULL``, which no hold matches, when
+        ``nullable``.
+
+        Written as ``NOT IN`` so that PostgreSQL tests it as a filter against a hash of the
+        active holds built once per statement: the batch's index scan keeps its order and its
+        ``LIMIT``, and each row costs a hash probe, where an anti-join would probe the holds'
+        index once per row (about 4 times the time per row with 10,000 holds, in the bench).
+        """
+        h = self.table.c
+        held = sa.select(h[HELD_VALUE]).where(self.active())
+        free = sa.cast(column, sa.Text).not_in(held)
+        return sa.or_(column.is_(None), free) if nullable else free
+
+    def covers(self, column: sa.ColumnElement) -> sa.ColumnElement[bool]:
+        """``EXISTS`` an active hold of the policy whose value is ``column``'s, as text."""
+        h = self.table.c
+        return sa.select(sa.literal(1)).select_from(self.table).where(
+            self.active(), h[HELD_VALUE] == sa.cast(column, sa.Text)).exists()
+
+
+def create_hold_table_sql(table: str) -> list[str]:
+    """The DDL of the hold table ``table`` (``schema.table``): ``CREATE TABLE IF NOT EXISTS``
+    and its partial index, PostgreSQL text, to run in order.
+
+    Raises:
+        RuleError: ``table`` is not ``schema.table`` of lower-case identifiers.
+    """
+    from sqlalchemy.dialects import postgresql
+    from sqlalchemy.schema import CreateIndex, CreateTable
+
+    from favorites_maintenance.retention.rule import split_table_name
+
+    t = hold_table_of(*split_table_name(table, "hold_table"))
+    dialect = postgresql.dialect()
+    statements = [str(CreateTable(t, if_not_exists=True).compile(dialect=dialect)).strip()]
+    statements += [str(CreateIndex(i, if_not_exists=True).compile(dialect=dialect)).strip()
+                   for i in t.indexes]
+    return statements
+
+
+def create_hold_table(engine: sa.Engine, table: str) -> None:
+    """Create the hold table ``table`` and its index if they do not exist (one transaction).
+
+    Raises:
+        RuleError: a malformed name.
+        sqlalchemy.exc.DBAPIError: the database refused (e.g. no CREATE on the schema).
+    """
+    with engine.begin() as conn:
+        for statement in create_hold_table_sql(table):
+            conn.exec_driver_sql(statement)
+
+
+@dataclass(frozen=True)
+class Hold:
+    """One hold as the table has it.
+
+    Attributes:
+        hold_id: its id.
+        held_value: the value it holds (text).
+        placed_by, reason: who placed it and why.
+        placed_at: when, a UTC instant.
+        released_at, released_by: when and by whom it was released; ``None`` while active.
+    """
+
+    hold_id: int
+    held_value: str
+    placed_by: str
+    reason: str
+    placed_at: dt.datetime
+    released_at: dt.datetime | None
+    released_by: str | None
+
+    @property
+    def active(self) -> bool:
+        return self.released_at is None
+
+
+def place_hold(engine: sa.Engine, holds: HoldTable, value: str, *, reason: str,
+               placed_by: str) -> int:
+    """Place a hold of ``holds.policy`` on ``value`` (text, as the hold column's value reads
+    cast to text) and return its id. Runs the next run's batches and, from its commit on, the
+    DELETE of a batch under way, around the rows it covers.
+
+    Raises:
+        InvalidArgumentError: an empty ``value``, ``reason`` or ``placed_by``.
+        sqlalchemy.exc.DBAPIError: the database refused (a missing table: run ``hold init``).
+    """
+    for what, given in (("key", value), ("reason", reason), ("by", placed_by)):
+        if not given or not given.strip():
+            raise InvalidArgumentError(f"hold {what} must not be empty")
+    h = holds.table.c
+    with engine.begin() as conn:
+        return conn.execute(sa.insert(holds.table).values({
+            POLICY: holds.policy, HELD_VALUE: value, REASON: reason, PLACED_BY: placed_by,
+        }).returning(h[HOLD_ID])).scalar_one()
+
+
+def release_hold(engine: sa.Engine, holds: HoldTable, hold_id: int, *, released_by: str) -> bool:
+    """Release the active hold ``hold_id`` of ``holds.policy``; ``False`` when there is no
+    such active hold (unknown, another policy's, or released already). The rows it covered
+    are prunable again at the next run unless another active hold covers them.
+
+    Raises:
+        sqlalchemy.exc.DBAPIError: the database refused.
+    """
+    h = holds.table.c
+    with engine.begin() as conn:
+        return conn.execute(sa.update(holds.table).where(
+            h[HOLD_ID] == hold_id, holds.active()).values({
+                RELEASED_AT: sa.func.now(), RELEASED_BY: released_by})).rowcount == 1
+
+
+def list_holds(engine: sa.Engine, holds: HoldTable, *, include_released: bool = False
+               ) -> list[Hold]:
+    """The holds of ``holds.policy``, oldest first; only the active ones unless
+    ``include_released``.
+
+    Raises:
+        sqlalchemy.exc.DBAPIError: the database refused.
+    """
+    h = holds.table.c
+    where = [h[POLICY] == holds.policy] + ([] if include_released else [h[RELEASED_AT].is_(None)])
+    with engine.connect() as conn:
+        rows = conn.execute(sa.select(h[HOLD_ID], h[HELD_VALUE], h[PLACED_BY], h[REASON],
+                                      h[PLACED_AT], h[RELEASED_AT], h[RELEASED_BY])
+                            .where(*where).order_by(h[PLACED_AT], h[HOLD_ID])).all()
+    return [Hold(*row) for row in rows]
+
+
+@dataclass(frozen=True)
+class HoldSummary:
+    """A policy's active holds, in figures (never a held value).
+
+    Attributes:
+        active: active holds of the policy.
+        oldest_placed_at: ``placed_at`` of the oldest of them, a UTC instant, or ``None``.
+        now: the database's clock when read, a UTC instant.
+    """
+
+    active: int
+    oldest_placed_at: dt.datetime | None
+    now: dt.datetime
+
+    @property
+    def oldest_age_s(self) -> float:
+        """How long the oldest active hold has stood, seconds (0 with none)."""
+        if self.oldest_placed_at is None:
+            return 0.0
+        return max((self.now - self.oldest_placed_at).total_seconds(), 0.0)
+
+
+def summarize_holds(conn: sa.Connection, holds: HoldTable) -> HoldSummary:
+    """Count ``holds.policy``'s active holds and read the oldest one's ``placed_at``, in the
+    connection's transaction (the partial index on active holds serves it).
+
+    Raises:
+        sqlalchemy.exc.DBAPIError: the database refused (a missing table, no grant).
+    """
+    h = holds.table.c
+    active, oldest, now = conn.execute(
+        sa.select(sa.func.count(), sa.func.min(h[PLACED_AT]), sa.func.now())
+        .where(holds.active())).one()
+    return HoldSummary(active=active, oldest_placed_at=oldest.astimezone(dt.UTC) if oldest
+                       else None, now=now.astimezone(dt.UTC))
