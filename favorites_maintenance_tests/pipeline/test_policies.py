@@ -487,7 +487,7 @@ def test_an_age_column_that_is_not_timestamptz_fails_the_first_run_naming_it(
 
 def test_each_policy_s_partitions_start_on_its_own_day_and_a_recent_default(sandbox,
                                                                             monkeypatch):
-    from favorites_maintenance.config.policy_settings import DEFAULT_PARTITIONS_START
+    from favorites_maintenance.config.policy_settings import default_partitions_start
 
     monkeypatch.delenv("FAVORITES_GUEST_RETENTION_PARTITIONS_START", raising=False)
     write_policy(sandbox.defs_folder_path, {**CARTS, "partitions_start": "2026-06-01"})
@@ -497,9 +497,7 @@ def test_each_policy_s_partitions_start_on_its_own_day_and_a_recent_default(sand
     firsts = {key.path[1]: graph.get(key).partitions_def.get_first_partition_key()
               for key in graph.get_all_asset_keys()}
     assert firsts == {"guest_carts_cleanup": "2026-06-01",
-                      "guest_favorites_cleanup": DEFAULT_PARTITIONS_START.isoformat()}
-    # Recent enough that a new deployment lists weeks of days, not a year of them.
-    assert (dt.date.today() - DEFAULT_PARTITIONS_START).days < 120
+                      "guest_favorites_cleanup": default_partitions_start().isoformat()}
     for check in graph.asset_check_keys:
         assert graph.get(check).partitions_def == graph.get(
             check.asset_key).partitions_def
