@@ -390,9 +390,9 @@ class RetentionPolicy(dg.Component, dg.Resolvable, _PolicyFields):
                          if self.database_url_env is not None else {}))
 
     def build_defs(self, context: dg.ComponentLoadContext) -> dg.Definitions:
-        """The policy's asset and checks, job, schedule and three sensors (the resources are
-        the code location's: :mod:`favorites_maintenance.defs.resources` and
-        :mod:`favorites_maintenance.definitions`)."""
+        """The policy's asset and checks, job, schedule and three sensors, and the resources
+        they use, under the package's keys: complete in any project's defs folder
+        (:func:`~favorites_maintenance.pipeline.policy_defs.policy_definitions`)."""
         from favorites_maintenance.pipeline.policy_defs import policy_definitions
 
         return policy_definitions(self.policy)

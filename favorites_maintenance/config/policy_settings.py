@@ -91,7 +91,7 @@ class Setting:
             as, whose text is then taken as written).
         description: one line for the component's schema and the README.
         bounds: the accepted values, as the README writes them.
-        launch: the run-config key under ``resources.retention.config`` through which a
+        launch: the run-config key under ``resources.<run limits key>.config`` (:func:`~favorites_maintenance.config.policy.run_limits_key`) through which a
             launch may set it for one run, or ``None``.
         launch_unit: how the launch key's number maps onto the setting (``"seconds"`` for a
             duration given in seconds, ``None`` for the value itself).

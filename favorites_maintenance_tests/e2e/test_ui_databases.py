@@ -39,6 +39,7 @@ from favorites_maintenance_tests.e2e.test_ui_access import (
     SELECTOR,
 )
 from favorites_maintenance_tests.helpers.dev_stack import ROOT, DagsterService, wait_for
+from favorites_maintenance_tests.helpers.resource_keys import DATABASE_KEY
 
 pytestmark = pytest.mark.e2e
 
@@ -159,7 +160,7 @@ def test_two_databases_run_apart_and_no_url_reaches_the_ui(deployment, pg_server
     # Everything an operator looks at, for both policies.
     resources = {r["name"]: r for r in read(RESOURCES, {"selector": SELECTOR})[
         "allTopLevelResourceDetailsOrError"]["results"]}
-    assert DATABASE_URL_VAR in resources["database"]["description"]
+    assert DATABASE_URL_VAR in resources[DATABASE_KEY]["description"]
     eu_resource = resources["database_favorites_eu_database_url"]
     assert EU_URL_VAR in eu_resource["description"]
     assert EU_POLICY in eu_resource["description"]

@@ -41,6 +41,53 @@ def host_project(root: Path, module: str = "my_platform") -> Path:
     return root
 
 
+#: A module of a host project's own ``defs/``: an asset, resources named as the package's once
+#: were, and an executor of its own.
+HOST_DEFINITIONS = '''\
+import dagster as dg
+
+
+class Warehouse(dg.ConfigurableResource):
+    name: str = "warehouse"
+
+
+@dg.asset
+def daily_report(database: Warehouse) -> str:
+    return database.name
+
+
+defs = dg.Definitions(
+    assets=[daily_report],
+    resources={"database": Warehouse(), "alerts": Warehouse(name="pager"),
+               "retention": Warehouse(name="legal")},
+    executor=dg.multiprocess_executor.configured({"max_concurrent": 2}, name="host_executor"),
+)
+'''
+
+#: A guest-favorites policy on the dev table, as a host fills in a scaffolded file.
+HOST_POLICY = '''\
+type: favorites_maintenance.RetentionPolicy
+
+attributes:
+  name: {name}
+  table: favorites.favorites
+  key_column: id
+  age_column: updated_at
+  null_columns: [user_id]
+  retention_days: 30
+  partitions_start: 2026-01-01
+  target_batch_duration: PT0S
+'''
+
+
+def add_policy(root: Path, name: str, module: str = "my_platform") -> Path:
+    """``defs/<name>/defs.yaml`` of project ``root``: :data:`HOST_POLICY` for ``name``."""
+    folder = root / "src" / module / "defs" / name
+    folder.mkdir(parents=True)
+    (folder / "defs.yaml").write_text(HOST_POLICY.format(name=name))
+    return folder / "defs.yaml"
+
+
 def run_dg(root: Path, *args: str, env: dict[str, str] | None = None
            ) -> subprocess.CompletedProcess:
     """``dg *args`` in project ``root``, on an instance of its own (default settings, in a

@@ -3,9 +3,20 @@ own under the project's stock ``definitions.py``."""
 
 from __future__ import annotations
 
+import datetime as dt
 import json
 
-from favorites_maintenance_tests.helpers.host_project import host_project, run_dg
+import dagster as dg
+import pytest
+
+from favorites_maintenance.components.policy_tree import quiet_previews
+from favorites_maintenance.retention.defaults import DATABASE_URL_VAR
+from favorites_maintenance_tests.helpers.host_project import (
+    HOST_DEFINITIONS,
+    add_policy,
+    host_project,
+    run_dg,
+)
 
 COMPONENT = "favorites_maintenance.RetentionPolicy"
 
@@ -17,3 +28,54 @@ def test_dg_lists_the_component_in_a_project_that_does_not_name_the_package(tmp_
     keys = {item["key"] for item in json.loads(listed.stdout)["items"]}
     assert COMPONENT in keys
     assert "dagster.DefsFolderComponent" in keys
+
+
+@pytest.fixture
+def host(tmp_path, monkeypatch):
+    """A host project with an asset, resources named ``database``, ``alerts`` and
+    ``retention`` and an executor of its own, and two policies on one database; importable."""
+    module = f"host_{tmp_path.name.replace('-', '_').lower()}"[:40]
+    root = host_project(tmp_path, module=module)
+    (root / "src" / module / "defs" / "platform.py").write_text(HOST_DEFINITIONS)
+    add_policy(root, "guest_favorites_a", module)
+    add_policy(root, "guest_favorites_b", module)
+    monkeypatch.syspath_prepend(str(root / "src"))
+    return root / "src" / module
+
+
+def test_the_stock_definitions_of_a_host_load_its_policies_complete_beside_its_own(
+        host, db_url, rows, monkeypatch):
+    checked = run_dg(host.parents[1], "check", "defs")
+    assert checked.returncode == 0, checked.stdout + checked.stderr
+    monkeypatch.setenv(DATABASE_URL_VAR, db_url.render_as_string(hide_password=False))
+    with quiet_previews():
+        defs = dg.load_from_defs_folder(path_within_project=host)
+    # The host's own resources and executor are left as they are.
+    assert defs.resources["database"].name == "warehouse"
+    assert defs.resources["alerts"].name == "pager"
+    assert defs.resolve_implicit_global_asset_job_def().executor_def.name == "host_executor"
+    # The package's resources are under its own keys, one database resource for both.
+    keys = sorted(k for k in defs.resources if k.startswith("favorites_maintenance"))
+    assert keys == ["favorites_maintenance_alerts", "favorites_maintenance_favorites_database_url",
+                    "favorites_maintenance_guest_favorites_a_run_limits",
+                    "favorites_maintenance_guest_favorites_b_run_limits",
+                    "favorites_maintenance_metrics"]
+    now = dt.datetime.now(dt.timezone.utc)
+    old = rows.add_many(3, updated_at=now - dt.timedelta(days=90))
+    account = rows.add(updated_at=now - dt.timedelta(days=90), user_id=7)
+    recent = rows.add(updated_at=now - dt.timedelta(days=2))
+    yesterday = (now.date() - dt.timedelta(days=1)).isoformat()
+    with dg.instance_for_test() as instance:
+        result = defs.resolve_job_def("guest_favorites_a_cleanup_job").execute_in_process(
+            partition_key=yesterday, instance=instance)
+        assert result.success
+        # The policy's own job runs its steps in the run's process.
+        assert result.dagster_run.tags.get("favorites_maintenance/database") == DATABASE_URL_VAR
+        assert defs.resolve_job_def("guest_favorites_a_cleanup_job").executor_def.name \
+            == "in_process"
+    assert rows.ids() == {account, recent}
+    assert not set(old) & rows.ids()
+    # The host's asset still runs, on its own resource.
+    with dg.instance_for_test() as instance:
+        assert dg.materialize([defs.resolve_assets_def("daily_report")],
+                              instance=instance).output_for_node("daily_report") == "warehouse"

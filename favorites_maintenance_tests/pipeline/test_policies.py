@@ -27,6 +27,7 @@ from favorites_maintenance.pipeline.partitions import daily_partitions
 from favorites_maintenance.pipeline.resources import AlertSink
 from favorites_maintenance.retention.defaults import DATABASE_URL_VAR
 from favorites_maintenance_tests.helpers.jobs import failure_text, guest_settings_env, run_report
+from favorites_maintenance_tests.helpers.resource_keys import ALERTS_KEY
 from favorites_maintenance_tests.helpers.sensors import react_to_failures
 
 UTC = dt.timezone.utc
@@ -36,7 +37,6 @@ ANCHOR = dt.datetime(2026, 6, 16, tzinfo=UTC)
 DEFS = Path(favorites_maintenance.defs.__file__).parent
 GUEST_FAVORITES_YAML = DEFS / "guest_favorites" / "defs.yaml"
 #: The resources every policy shares (``database``, ``alerts``, ``metrics``).
-RESOURCES_PY = DEFS / "resources.py"
 
 CARTS = {
     "name": "guest_carts",
@@ -63,12 +63,10 @@ def write_policy(defs_folder: Path, attributes: dict, folder_name: str = "guest_
 
 @pytest.fixture
 def sandbox():
-    """A defs folder with the real guest_favorites policy and the real shared resources
-    (``defs/resources.py``); tests add more."""
+    """A defs folder with the real guest_favorites policy; tests add more."""
     with create_defs_folder_sandbox() as sandbox:
         (sandbox.defs_folder_path / "guest_favorites").mkdir()
         shutil.copy(GUEST_FAVORITES_YAML, sandbox.defs_folder_path / "guest_favorites")
-        shutil.copy(RESOURCES_PY, sandbox.defs_folder_path)
         yield sandbox
 
 
@@ -175,7 +173,7 @@ def test_a_second_policy_from_yaml_alone_gets_the_whole_surface_under_its_own_na
 
         last_success = {}
         for name in ("guest_carts_cleanup_stale_sensor", "guest_favorites_cleanup_stale_sensor"):
-            with dg.build_sensor_context(instance=instance, resources={"alerts": Sink()}) as ctx:
+            with dg.build_sensor_context(instance=instance, resources={ALERTS_KEY: Sink()}) as ctx:
                 defs.resolve_sensor_def(name)(ctx)
                 last_success[name] = json.loads(ctx.cursor)["lastSuccess"]
         assert sent == []
