@@ -131,11 +131,16 @@ def _prunable_rows(policy, partition: str | None, engine: sa.Engine):
 
 def _start_local_environment(command: str):
     """Start the embedded server and DAGSTER_HOME of the checkout for ``command``."""
-    from favorites_maintenance.local.environment import LocalEnvironment, project_root
+    from favorites_maintenance.local.environment import (
+        LocalEnvironment,
+        NotACheckoutError,
+        project_root,
+    )
 
-    root = project_root()
-    if not (root / "dagster.yaml").is_file():
-        _fail("run this from the favorites-maintenance checkout (dagster.yaml not found)")
+    try:
+        root = project_root()
+    except NotACheckoutError as exc:
+        _fail(str(exc))
     env = LocalEnvironment(root)
     _echo(_server_start_line(env.state_dir / "pgdata"))
     env.start()
@@ -628,7 +633,11 @@ def bench(rows: int, strategies: str, scenarios: str, daily_rows: int, paced_sle
     from pathlib import Path
 
     from favorites_maintenance import bench as bench_mod
-    from favorites_maintenance.local.environment import STATE_DIR, project_root
+    from favorites_maintenance.local.environment import (
+        STATE_DIR,
+        NotACheckoutError,
+        project_root,
+    )
 
     chosen = [s.strip().upper() for s in strategies.split(",") if s.strip()]
     known = {s.upper(): s for s in bench_mod.STRATEGIES + bench_mod.EXTRA_STRATEGIES}
@@ -641,7 +650,10 @@ def bench(rows: int, strategies: str, scenarios: str, daily_rows: int, paced_sle
     known_scenarios = (*bench_mod.SCENARIOS, "partitioned")
     if not chosen_scenarios or set(chosen_scenarios) - set(known_scenarios):
         _fail(f"--scenarios: unknown {scenarios!r}; choose from {', '.join(known_scenarios)}")
-    folder = Path(pgdata) if pgdata else project_root() / STATE_DIR / "bench" / "pgdata"
+    try:
+        folder = Path(pgdata) if pgdata else project_root() / STATE_DIR / "bench" / "pgdata"
+    except NotACheckoutError as exc:
+        _fail(f"{exc}; or give --pgdata")
     _echo(f"starting the bench's embedded PostgreSQL server ({folder})")
     server = bench_mod.start_server(folder)
     if "partitioned" in chosen_scenarios:

@@ -5,6 +5,11 @@ from __future__ import annotations
 
 import datetime as dt
 import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
 
 import dagster as dg
 import pytest
@@ -18,6 +23,7 @@ from favorites_maintenance_tests.helpers.host_project import (
     run_dg,
 )
 
+ROOT = Path(__file__).resolve().parents[2]
 COMPONENT = "favorites_maintenance.RetentionPolicy"
 
 
@@ -79,3 +85,31 @@ def test_the_stock_definitions_of_a_host_load_its_policies_complete_beside_its_o
     with dg.instance_for_test() as instance:
         assert dg.materialize([defs.resolve_assets_def("daily_report")],
                               instance=instance).output_for_node("daily_report") == "warehouse"
+
+
+#: Loads the instance of the working folder as ``dg dev`` does: before any project code.
+_INSTANCE_AS_DG_DEV_LOADS_IT = """
+import os, tempfile
+import dagster as dg
+with tempfile.TemporaryDirectory(dir=os.getcwd()) as home:
+    with dg.DagsterInstance.from_config(os.getcwd()) as instance:
+        print("loaded", type(instance.run_storage).__name__)
+"""
+
+
+def test_a_host_s_dg_dev_never_starts_the_embedded_server(tmp_path):
+    """A host project that took the package's ``dagster.yaml`` and serves a workspace of its
+    own: without ``DAGSTER_POSTGRES_URL`` its development server refuses, naming the variable,
+    and no PostgreSQL server is started nor any file written for one."""
+    root = host_project(tmp_path)
+    shutil.copyfile(ROOT / "dagster.yaml", root / "dagster.yaml")
+    (root / "workspace.yaml").write_text(
+        "load_from:\n  - python_module:\n      module_name: my_platform.definitions\n")
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("FAVORITES_", "DAGSTER_"))}
+    loaded = subprocess.run([sys.executable, "-c", _INSTANCE_AS_DG_DEV_LOADS_IT], cwd=root,
+                            env={**env, "DAGSTER_IS_DEV_CLI": "1"}, capture_output=True,
+                            text=True, timeout=300, check=False)
+    assert loaded.returncode != 0
+    assert "DAGSTER_POSTGRES_URL: is not set" in loaded.stderr
+    assert "embedded PostgreSQL server" not in loaded.stdout
+    assert not (root / ".favorites-maintenance").exists()
