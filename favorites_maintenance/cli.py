@@ -60,6 +60,37 @@ def _policy_option(command):
     )(command)
 
 
+#: The code location of the commands that read policies (``-m``, else the working folder's
+#: ``[tool.dg]`` project): set by :func:`_location_option`.
+_location: dict[str, str | None] = {"module_name": None}
+
+
+def _location_option(command):
+    """``-m/--module-name``: the code location whose policies the command reads."""
+    def remember(ctx, param, value):
+        _location["module_name"] = value
+        return value
+
+    return click.option(
+        "-m", "--module-name", default=None, metavar="MODULE", expose_value=False,
+        callback=remember, is_eager=True,
+        help="The code location's module (my_platform.definitions), as Dagster's command line "
+             "takes it; default: the [tool.dg] project of the working folder, else, in its own "
+             "checkout, this package's policies.")(command)
+
+
+def _tree():
+    """The component tree of the code location the command reads (see
+    :func:`~favorites_maintenance.components.policy_tree.project_tree`); exits naming what
+    to give when there is none."""
+    from favorites_maintenance.components.policy_tree import PolicyLoadError, project_tree
+
+    try:
+        return project_tree(_location["module_name"])
+    except PolicyLoadError as exc:
+        _fail(str(exc))
+
+
 def _load_policy(name: str, *, local: bool = False):
     """The policy ``name`` of ``favorites_maintenance/defs/`` (its settings validated), loaded
     alone: each broken policy file beside it is named on one line, and the command goes on. Exit
@@ -68,11 +99,13 @@ def _load_policy(name: str, *, local: bool = False):
     ``dev``."""
     from favorites_maintenance.components.policy_tree import (
         PolicyLoadError,
+        component_tree,
         load_policies,
         policy_files,
     )
 
-    files = policy_files()
+    tree = component_tree() if local else _tree()
+    files = policy_files(tree)
     policies = {p.name: p for f in files for p in f.policies}
     if local:
         from favorites_maintenance.local.second_database import second_tree
@@ -88,11 +121,21 @@ def _load_policy(name: str, *, local: bool = False):
             _fail(own[0])
         _fail(f"--policy {name!r}: no such policy; the policies are "
               f"{', '.join(sorted(policies)) or 'none'} "
-              "(favorites_maintenance/defs/<policy>/defs.yaml)"
+              f"({_shown_folder(tree.defs_module_path)}/<policy>/defs.yaml)"
               + "".join(f"\n{f.error}" for f in broken))
     for f in broken:
         _warn_broken(f.error)
     return policies[name]
+
+
+def _shown_folder(path) -> str:
+    """``path`` relative to the working folder when it is under it."""
+    from pathlib import Path
+
+    try:
+        return str(Path(path).resolve().relative_to(Path.cwd().resolve()))
+    except ValueError:
+        return str(path)
 
 
 def _warn_broken(error: str) -> None:
@@ -220,6 +263,7 @@ def demo(rows: int, pretend: bool, policy_name: str) -> None:
 
 
 @main.command("dry-run", short_help="Count what a policy's rule matches; delete nothing.")
+@_location_option
 @click.option("--partition", default=None, metavar="YYYY-MM-DD",
               help="Use the cutoff of this daily partition instead of now.")
 @_policy_option
@@ -245,7 +289,7 @@ def dry_run(partition: str | None, policy_name: str, all_policies: bool, as_json
     _check_deployment_settings()
     if all_policies:
         counts = []
-        for file in policy_files():
+        for file in policy_files(_tree()):
             if file.error:
                 # One of "all": a script reading the document must see it, not only stderr.
                 click.secho(f"error: {file.error} (not loaded; the code location does not "
@@ -371,6 +415,7 @@ def _echo_dry_run(count: dict) -> None:
 
 @main.command("partition-functions",
               short_help="Print the SQL of a policy's partition functions, for psql.")
+@_location_option
 @click.option("--policy", "policy_name", required=True, metavar="NAME",
               help="The policy (with drop_expired_partitions: true) whose table the functions "
                    "detach and drop partitions of.")
@@ -406,6 +451,7 @@ def partition_functions(policy_name: str, role: str) -> None:
 
 
 @main.command(short_help="Move a policy's archived rows back into its table.")
+@_location_option
 @click.option("--run-id", default=None, metavar="RUN_ID",
               help="Restore the rows this run of the policy's job archived.")
 @click.option("--since", default=None, metavar="INSTANT",
@@ -435,7 +481,6 @@ def restore(run_id: str | None, since: str | None, until: str | None, pretend: b
 
     import dagster as dg
 
-    from favorites_maintenance.components import policy_tree
     from favorites_maintenance.config.deployment import require_database_url
     from favorites_maintenance.definitions import code_location
     from favorites_maintenance.pipeline.restore import RestoreConfig, selection_of
@@ -461,7 +506,7 @@ def restore(run_id: str | None, since: str | None, until: str | None, pretend: b
         require_database_url(policy.database_url_env)
     except SettingsError as exc:
         _fail(str(exc))
-    defs = code_location(policy_tree.component_tree())
+    defs = code_location(_tree())
     job = defs.resolve_job_def(policy.restore_job_name)
     with dg.DagsterInstance.get() as instance:
         result = job.execute_in_process(

@@ -113,3 +113,35 @@ def test_a_host_s_dg_dev_never_starts_the_embedded_server(tmp_path):
     assert "DAGSTER_POSTGRES_URL: is not set" in loaded.stderr
     assert "embedded PostgreSQL server" not in loaded.stdout
     assert not (root / ".favorites-maintenance").exists()
+
+
+def _cli(*args: str, cwd: Path, env_extra: dict[str, str]) -> subprocess.CompletedProcess:
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("FAVORITES_", "DAGSTER_"))}
+    env.update(env_extra)
+    return subprocess.run([sys.executable, "-m", "favorites_maintenance", *args], cwd=cwd,
+                          env=env, capture_output=True, text=True, timeout=300)
+
+
+def test_the_command_line_counts_a_host_s_policy_from_its_project_or_its_module(
+        host, db_url, rows, tmp_path):
+    now = dt.datetime.now(dt.timezone.utc)
+    rows.add_many(4, updated_at=now - dt.timedelta(days=90))
+    rows.add(updated_at=now - dt.timedelta(days=90), user_id=7)
+    env = {DATABASE_URL_VAR: db_url.render_as_string(hide_password=False),
+           "PYTHONPATH": str(host.parent)}
+    module = f"{host.name}.definitions"
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    for args, cwd in ((("dry-run", "--policy", "guest_favorites_b", "--json"), host.parents[1]),
+                      (("dry-run", "-m", module, "--policy", "guest_favorites_b", "--json"),
+                       elsewhere)):
+        counted = _cli(*args, cwd=cwd, env_extra=env)
+        assert counted.returncode == 0, counted.stderr[-2000:]
+        [report] = json.loads(counted.stdout)["policies"]
+        assert (report["policy"], report["now"]["prunable"]) == ("guest_favorites_b", 4)
+    # The package's own policy is no host's.
+    refused = _cli("dry-run", "--policy", "guest_favorites", cwd=host.parents[1], env_extra=env)
+    assert refused.returncode != 0
+    assert "no such policy; the policies are guest_favorites_a, guest_favorites_b" \
+        in refused.stderr
+    assert rows.count() == 5
