@@ -324,7 +324,8 @@ def _fixed_at_launch(resource: dg.ConfigurableResource, deployed: dict[str, Any]
 
 def deployed_alerts(settings: DeploymentSettings) -> dg.ResourceDefinition:
     """The alert sink resource (:class:`AlertSink`, key ``favorites_maintenance_alerts``) of
-    the deployment's ``settings``: the webhook of ``FAVORITES_ALERT_WEBHOOK_URL`` (by reference, read when a run or a sensor tick
+    the deployment's ``settings``: the webhook of ``FAVORITES_ALERT_WEBHOOK_URL`` (by
+    reference, read when a run or a sensor tick
     starts; none when unset) and the UI's base URL of ``FAVORITES_WEBSERVER_BASE_URL``, which
     no launch can change, so whoever may launch a run can neither silence the failure alert
     nor send it elsewhere.
@@ -343,7 +344,8 @@ def deployed_alerts(settings: DeploymentSettings) -> dg.ResourceDefinition:
 
 def deployed_metrics(settings: DeploymentSettings) -> dg.ResourceDefinition:
     """The metrics push resource (:class:`MetricsPush`, key ``favorites_maintenance_metrics``)
-    of the deployment's ``settings``: the Pushgateway of ``FAVORITES_METRICS_PUSHGATEWAY_URL`` (by reference, read when a run
+    of the deployment's ``settings``: the Pushgateway of ``FAVORITES_METRICS_PUSHGATEWAY_URL``
+    (by reference, read when a run
     starts; none when unset), which no launch can change, so a run's figures go nowhere else.
 
     Raises (at launch):
