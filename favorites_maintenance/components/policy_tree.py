@@ -112,6 +112,8 @@ def project_tree(module_name: str | None = None, cwd: Path | None = None) -> dg.
     for folder in (here, *here.parents):
         pyproject = folder / "pyproject.toml"
         if pyproject.is_file() and "[tool.dg" in pyproject.read_text():
+            if folder == PROJECT_ROOT:
+                break  # this package's own checkout
             return dg.ComponentTree.for_project(folder)
     if any(part in ("site-packages", "dist-packages") for part in Path(__file__).parts):
         raise PolicyLoadError(
