@@ -6,7 +6,7 @@ code location merges them beside resources of its own: the database of a variabl
 sink and the metrics push are one object each, shared by every policy that uses them, and each
 policy has its own run limits. The job deletes rows for good, so what it deletes is decided by
 the deployment alone:
-:func:`deployed_databases` serves one database per variable the policies name
+:func:`shared_database` serves one database per variable the policies name
 (``database_url_env``), as the code location's environment gives it; each policy's rule and
 retention days are its ``defs.yaml``; and a run's config (the launchpad, a re-execution,
 ``execute_in_process``) may set only the run limits (:func:`deployed_retention`), within the
@@ -393,17 +393,6 @@ def deployed_database(variable: str = DATABASE_URL_VAR,
             at_launch, config_schema=dg.Permissive({}),
             description=f"{whose[0].upper()}{whose[1:]}: {variable} (by reference, never "
                         "shown); not settable at launch.")
-
-
-def deployed_databases(policies: Sequence[Policy]) -> dict[str, dg.ResourceDefinition]:
-    """One database resource per variable ``policies`` name (``database_url_env``), under
-    its key (:func:`~favorites_maintenance.config.policy.database_resource_key`): policies on
-    one variable share one resource."""
-    by_variable: dict[str, list[Policy]] = {}
-    for policy in policies:
-        by_variable.setdefault(policy.database_url_env, []).append(policy)
-    return {database_resource_key(variable): deployed_database(variable, on)
-            for variable, on in by_variable.items()}
 
 
 def name_database(exc: BaseException, policy: Policy) -> None:
