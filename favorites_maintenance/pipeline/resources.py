@@ -45,7 +45,6 @@ from favorites_maintenance.config.policy import (
     ALERTS_KEY,
     METRICS_KEY,
     Policy,
-    database_resource_key,
 )
 from favorites_maintenance.config.policy_settings import (
     LAUNCH_LIMITS,
