@@ -60,6 +60,37 @@ def _policy_option(command):
     )(command)
 
 
+#: The code location of the commands that read policies (``-m``, else the working folder's
+#: ``[tool.dg]`` project): set by :func:`_location_option`.
+_location: dict[str, str | None] = {"module_name": None}
+
+
+def _location_option(command):
+    """``-m/--module-name``: the code location whose policies the command reads."""
+    def remember(ctx, param, value):
+        _location["module_name"] = value
+        return value
+
+    return click.option(
+        "-m", "--module-name", default=None, metavar="MODULE", expose_value=False,
+        callback=remember, is_eager=True,
+        help="The code location's module (my_platform.definitions), as Dagster's command line "
+             "takes it; default: the [tool.dg] project of the working folder, else, in its own "
+             "checkout, this package's policies.")(command)
+
+
+def _tree():
+    """The component tree of the code location the command reads (see
+    :func:`~favorites_maintenance.components.policy_tree.project_tree`); exits naming what
+    to give when there is none."""
+    from favorites_maintenance.components.policy_tree import PolicyLoadError, project_tree
+
+    try:
+        return project_tree(_location["module_name"])
+    except PolicyLoadError as exc:
+        _fail(str(exc))
+
+
 def _load_policy(name: str, *, local: bool = False):
     """The policy ``name`` of ``favorites_maintenance/defs/`` (its settings validated), loaded
     alone: each broken policy file beside it is named on one line, and the command goes on. Exit
@@ -68,11 +99,13 @@ def _load_policy(name: str, *, local: bool = False):
     ``dev``."""
     from favorites_maintenance.components.policy_tree import (
         PolicyLoadError,
+        component_tree,
         load_policies,
         policy_files,
     )
 
-    files = policy_files()
+    tree = component_tree() if local else _tree()
+    files = policy_files(tree)
     policies = {p.name: p for f in files for p in f.policies}
     if local:
         from favorites_maintenance.local.second_database import second_tree
@@ -88,11 +121,21 @@ def _load_policy(name: str, *, local: bool = False):
             _fail(own[0])
         _fail(f"--policy {name!r}: no such policy; the policies are "
               f"{', '.join(sorted(policies)) or 'none'} "
-              "(favorites_maintenance/defs/<policy>/defs.yaml)"
+              f"({_shown_folder(tree.defs_module_path)}/<policy>/defs.yaml)"
               + "".join(f"\n{f.error}" for f in broken))
     for f in broken:
         _warn_broken(f.error)
     return policies[name]
+
+
+def _shown_folder(path) -> str:
+    """``path`` relative to the working folder when it is under it."""
+    from pathlib import Path
+
+    try:
+        return str(Path(path).resolve().relative_to(Path.cwd().resolve()))
+    except ValueError:
+        return str(path)
 
 
 def _warn_broken(error: str) -> None:
@@ -131,11 +174,16 @@ def _prunable_rows(policy, partition: str | None, engine: sa.Engine):
 
 def _start_local_environment(command: str):
     """Start the embedded server and DAGSTER_HOME of the checkout for ``command``."""
-    from favorites_maintenance.local.environment import LocalEnvironment, project_root
+    from favorites_maintenance.local.environment import (
+        LocalEnvironment,
+        NotACheckoutError,
+        project_root,
+    )
 
-    root = project_root()
-    if not (root / "dagster.yaml").is_file():
-        _fail("run this from the favorites-maintenance checkout (dagster.yaml not found)")
+    try:
+        root = project_root()
+    except NotACheckoutError as exc:
+        _fail(str(exc))
     env = LocalEnvironment(root)
     _echo(_server_start_line(env.state_dir / "pgdata"))
     env.start()
@@ -215,6 +263,7 @@ def demo(rows: int, pretend: bool, policy_name: str) -> None:
 
 
 @main.command("dry-run", short_help="Count what a policy's rule matches; delete nothing.")
+@_location_option
 @click.option("--partition", default=None, metavar="YYYY-MM-DD",
               help="Use the cutoff of this daily partition instead of now.")
 @_policy_option
@@ -240,7 +289,7 @@ def dry_run(partition: str | None, policy_name: str, all_policies: bool, as_json
     _check_deployment_settings()
     if all_policies:
         counts = []
-        for file in policy_files():
+        for file in policy_files(_tree()):
             if file.error:
                 # One of "all": a script reading the document must see it, not only stderr.
                 click.secho(f"error: {file.error} (not loaded; the code location does not "
@@ -366,6 +415,7 @@ def _echo_dry_run(count: dict) -> None:
 
 @main.command("partition-functions",
               short_help="Print the SQL of a policy's partition functions, for psql.")
+@_location_option
 @click.option("--policy", "policy_name", required=True, metavar="NAME",
               help="The policy (with drop_expired_partitions: true) whose table the functions "
                    "detach and drop partitions of.")
@@ -401,6 +451,7 @@ def partition_functions(policy_name: str, role: str) -> None:
 
 
 @main.command(short_help="Move a policy's archived rows back into its table.")
+@_location_option
 @click.option("--run-id", default=None, metavar="RUN_ID",
               help="Restore the rows this run of the policy's job archived.")
 @click.option("--since", default=None, metavar="INSTANT",
@@ -430,7 +481,6 @@ def restore(run_id: str | None, since: str | None, until: str | None, pretend: b
 
     import dagster as dg
 
-    from favorites_maintenance.components import policy_tree
     from favorites_maintenance.config.deployment import require_database_url
     from favorites_maintenance.definitions import code_location
     from favorites_maintenance.pipeline.restore import RestoreConfig, selection_of
@@ -456,7 +506,7 @@ def restore(run_id: str | None, since: str | None, until: str | None, pretend: b
         require_database_url(policy.database_url_env)
     except SettingsError as exc:
         _fail(str(exc))
-    defs = code_location(policy_tree.component_tree())
+    defs = code_location(_tree())
     job = defs.resolve_job_def(policy.restore_job_name)
     with dg.DagsterInstance.get() as instance:
         result = job.execute_in_process(
@@ -628,7 +678,11 @@ def bench(rows: int, strategies: str, scenarios: str, daily_rows: int, paced_sle
     from pathlib import Path
 
     from favorites_maintenance import bench as bench_mod
-    from favorites_maintenance.local.environment import STATE_DIR, project_root
+    from favorites_maintenance.local.environment import (
+        STATE_DIR,
+        NotACheckoutError,
+        project_root,
+    )
 
     chosen = [s.strip().upper() for s in strategies.split(",") if s.strip()]
     known = {s.upper(): s for s in bench_mod.STRATEGIES + bench_mod.EXTRA_STRATEGIES}
@@ -641,7 +695,10 @@ def bench(rows: int, strategies: str, scenarios: str, daily_rows: int, paced_sle
     known_scenarios = (*bench_mod.SCENARIOS, "partitioned")
     if not chosen_scenarios or set(chosen_scenarios) - set(known_scenarios):
         _fail(f"--scenarios: unknown {scenarios!r}; choose from {', '.join(known_scenarios)}")
-    folder = Path(pgdata) if pgdata else project_root() / STATE_DIR / "bench" / "pgdata"
+    try:
+        folder = Path(pgdata) if pgdata else project_root() / STATE_DIR / "bench" / "pgdata"
+    except NotACheckoutError as exc:
+        _fail(f"{exc}; or give --pgdata")
     _echo(f"starting the bench's embedded PostgreSQL server ({folder})")
     server = bench_mod.start_server(folder)
     if "partitioned" in chosen_scenarios:

@@ -1,9 +1,10 @@
-"""The code location: every retention policy of ``favorites_maintenance/defs/`` and the
-resources they share, built the one way production, the tests and the command line use.
+"""The code location: every retention policy of ``favorites_maintenance/defs/``, each with the
+resources it uses, built the one way production, the tests and the command line use.
 
 Each policy is one folder, ``defs/<policy>/defs.yaml``, of component type
-``favorites_maintenance.RetentionPolicy`` (README, "Adding a retention policy");
-``defs/resources.py`` holds the resources every policy shares. Settings are read and validated
+``favorites_maintenance.RetentionPolicy`` (README, "Adding a retention policy"), whose
+definitions are complete on their own, as in any project's defs folder (docs/adopting.md); the
+component tree is built once. Settings are read and validated
 when the code location loads: an invalid ``FAVORITES_*`` variable, policy field or database
 URL stops the load with one line naming it (a policy's: the file, the line, the policy and the
 field). A database variable that is unset does not: only the runs of the policies on it are
@@ -12,7 +13,6 @@ refused, naming it.
 
 from __future__ import annotations
 
-import importlib
 from collections.abc import Sequence
 
 import dagster as dg
@@ -27,6 +27,7 @@ from favorites_maintenance.components.policy_tree import (
     quiet_previews,
     root_cause,
 )
+from favorites_maintenance.components.retention_policy import RetentionPolicy
 from favorites_maintenance.config.deployment import (
     check_database_urls,
     load_deployment_settings,
@@ -35,30 +36,23 @@ from favorites_maintenance.config.parsers import SettingsError
 from favorites_maintenance.config.policy import Policy
 from favorites_maintenance.pipeline.heartbeat import build_dead_run_sensor
 from favorites_maintenance.pipeline.policy_defs import policy_definitions
-from favorites_maintenance.pipeline.resources import (
-    deployed_databases,
-    deployed_retention,
-)
 
 
 def code_location(tree: dg.ComponentTree | None = None,
                   extra_policies: Sequence[Policy] = (), *,
                   only: str | None = None) -> dg.Definitions:
-    """The definitions of the components of ``tree`` (default: ``defs/``) and of
-    ``extra_policies`` (``dev`` adds the policy of its second database this way), plus the
-    resources that depend on the policies: ``retention``, the run limits a launch may set
-    (:func:`~favorites_maintenance.pipeline.resources.deployed_retention`), and one database
-    resource per variable the policies name
-    (:func:`~favorites_maintenance.pipeline.resources.deployed_databases`); and the sensor that
-    ends a run whose steps stopped beating
-    (:func:`~favorites_maintenance.pipeline.heartbeat.build_dead_run_sensor`).
+    """The definitions of the components of ``tree`` (default: ``defs/``), built once, and of
+    ``extra_policies`` (policies built beside the tree's, in tests). Each policy's definitions
+    carry the resources they use
+    (:func:`~favorites_maintenance.pipeline.resources.policy_resources`); the location adds
+    the sensor that ends a run whose steps stopped beating (:func:`_location_wide`).
 
     Args:
         tree: the component tree (default: ``defs/``).
         extra_policies: policies built beside the tree's.
         only: the name of one policy (of the tree or of ``extra_policies``): build that policy
-            alone, with the shared resources, whatever the other policy files hold (the command
-            line's commands for one policy).
+            alone, whatever the other policy files hold (the command line's commands for one
+            policy).
 
     Raises:
         favorites_maintenance.config.parsers.SettingsError: a deployment variable that is
@@ -72,38 +66,36 @@ def code_location(tree: dg.ComponentTree | None = None,
     tree = tree or component_tree()
     if only is not None:
         return _one_policy(tree, extra_policies, only)
-    policies = [*load_policies(tree), *extra_policies]
-    names = [p.name for p in policies]
-    if len(set(names)) != len(names):
-        raise PolicyLoadError(f"policy names must be unique, got {sorted(names)!r}")
-    check_database_urls(p.database_url_env for p in policies)
     try:
         with quiet_previews():
-            component_defs = [tree.build_defs(),
-                              *(policy_definitions(policy) for policy in extra_policies)]
+            defs = dg.Definitions.merge(
+                tree.build_defs(), *(policy_definitions(policy) for policy in extra_policies))
+            policies = [*(c.policy for c in tree.get_all_components(RetentionPolicy)),
+                        *extra_policies]
     except Exception as exc:  # Dagster's tree error, around any component's
         cause = root_cause(exc)
         if isinstance(cause, SettingsError):
             raise cause from None
+        load_policies(tree)  # one line per broken file, each loaded on its own
         raise PolicyLoadError(f"{type(cause).__name__}: {cause}") from exc
-    return _with_resources(component_defs, policies)
+    names = [p.name for p in policies]
+    if len(set(names)) != len(names):
+        raise PolicyLoadError(f"policy names must be unique, got {sorted(names)!r}")
+    check_database_urls(p.database_url_env for p in policies)
+    return dg.Definitions.merge(defs, _location_wide())
 
 
-def _with_resources(component_defs: Sequence[dg.Definitions],
-                    policies: Sequence[Policy]) -> dg.Definitions:
-    timeout = load_deployment_settings().run_heartbeat_timeout
-    return dg.Definitions.merge(
-        *component_defs,
-        dg.Definitions(resources={"retention": deployed_retention(policies),
-                                  **deployed_databases(policies)},
-                       sensors=[build_dead_run_sensor(timeout)]),
-    )
+def _location_wide() -> dg.Definitions:
+    """What this code location adds beside its policies: the sensor that ends a run whose steps
+    stopped beating (:func:`~favorites_maintenance.pipeline.heartbeat.build_dead_run_sensor`)."""
+    return dg.Definitions(
+        sensors=[build_dead_run_sensor(load_deployment_settings().run_heartbeat_timeout)])
 
 
 def _one_policy(tree: dg.ComponentTree, extra_policies: Sequence[Policy],
                 name: str) -> dg.Definitions:
     """Policy ``name`` of ``tree`` (built from its own file's tree) or of ``extra_policies``,
-    with the definitions of the defs folder's Python modules (the shared resources)."""
+    with the resources it uses."""
     files = policy_files(tree)
     extra = [p for p in extra_policies if p.name == name]
     with quiet_previews():
@@ -122,24 +114,7 @@ def _one_policy(tree: dg.ComponentTree, extra_policies: Sequence[Policy],
             [(file, policy)] = found
             own = file.tree.build_defs()
     check_database_urls([policy.database_url_env])
-    return _with_resources([own, *_module_definitions(tree)], [policy])
-
-
-def _module_definitions(tree: dg.ComponentTree) -> list[dg.Definitions]:
-    """The definitions of the Python modules at the top of ``tree``'s defs folder
-    (``resources.py``), as Dagster's loader builds them: each ``@dg.definitions`` function
-    called, each ``Definitions`` object taken."""
-    found = []
-    for path in sorted(tree.defs_module_path.glob("*.py")):
-        if path.name.startswith("_"):
-            continue
-        module = importlib.import_module(f"{tree.defs_module_name}.{path.stem}")
-        for value in vars(module).values():
-            if isinstance(value, dg.Definitions):
-                found.append(value)
-            elif type(value).__name__ == "LazyDefinitions":  # what @dg.definitions returns
-                found.append(value())
-    return found
+    return dg.Definitions.merge(own, _location_wide())
 
 
 def load_error(exc: PolicyLoadError | SettingsError) -> DagsterUserCodeProcessError:

@@ -5,11 +5,13 @@ same as ``storage: postgres`` with ``postgres_url: {env: DAGSTER_POSTGRES_URL}``
 differences when that variable is unset:
 
 - under Dagster's development server (``dg dev`` or ``dagster dev``, which set
-  ``DAGSTER_IS_DEV_CLI``), the checkout's embedded PostgreSQL server is started (or attached
-  to) and serves both Dagster's storage and the favorites database, the dev table created and
+  ``DAGSTER_IS_DEV_CLI``) in the package's own checkout
+  (:func:`~favorites_maintenance.local.environment.project_root`), the checkout's embedded
+  PostgreSQL server is started (or attached to) and serves both Dagster's storage and the favorites database, the dev table created and
   seeded when empty, as ``favorites-maintenance dev`` does;
-- anywhere else (a deployment's webserver or daemon), the instance refuses to load with one
-  line naming the variable.
+- anywhere else (a deployment's webserver or daemon, an installed package, another project's
+  development server), the instance refuses to load with one line naming the variable: no
+  server is started and no file written.
 
 The embedded server is left when the process that started it exits (the last process using
 it stops it).
@@ -64,7 +66,7 @@ class DeployedPostgresStorage(DagsterPostgresStorage):
         variable = config_value.get("url_variable", STORAGE_URL_VAR)
         url = os.environ.get(variable, "").strip()
         if not url and os.environ.get(DEV_CLI_VAR) and variable == STORAGE_URL_VAR:
-            url = _start_local_environment()
+            url = _start_local_environment() or ""
         if not url:
             raise SettingsError(variable, "is not set: Dagster's storage needs the URL of its "
                                 "PostgreSQL database, postgresql+psycopg2://user:password@host:"
@@ -75,16 +77,25 @@ class DeployedPostgresStorage(DagsterPostgresStorage):
             should_autocreate_tables=config_value.get("should_autocreate_tables", True))
 
 
-def _start_local_environment() -> str:
+def _start_local_environment() -> str | None:
     """Start the checkout's embedded server for Dagster's development server, prepare the dev
-    table, export the URLs for the processes it starts; return the storage URL."""
+    table, export the URLs for the processes it starts; return the storage URL (``None``
+    outside the package's own checkout: nothing started)."""
     global _local
     from favorites_maintenance.config.deployment import load_deployment_settings
     from favorites_maintenance.local.dev import prepare_dev_table
-    from favorites_maintenance.local.environment import LocalEnvironment, project_root
+    from favorites_maintenance.local.environment import (
+        LocalEnvironment,
+        NotACheckoutError,
+        project_root,
+    )
     from favorites_maintenance.retention.database import create_engine
 
-    env = LocalEnvironment(project_root())
+    try:
+        root = project_root()
+    except NotACheckoutError:
+        return None
+    env = LocalEnvironment(root)
     print(f"{STORAGE_URL_VAR} is not set: Dagster's storage and the favorites database are the "
           f"embedded PostgreSQL server of this checkout ({env.state_dir / 'pgdata'}), as for "
           "`favorites-maintenance dev`", flush=True)

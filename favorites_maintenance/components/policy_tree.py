@@ -80,6 +80,49 @@ def component_tree() -> dg.ComponentTree:
     return dg.ComponentTree.from_module(defs_module=defs_folder, project_root=PROJECT_ROOT)
 
 
+def project_tree(module_name: str | None = None, cwd: Path | None = None) -> dg.ComponentTree:
+    """The component tree of the code location the command line works on, found the way
+    Dagster's command line finds a code location: ``module_name`` (``-m
+    my_platform.definitions``: the ``[tool.dg]`` project holding it, else its package's
+    ``defs`` module), else the ``[tool.dg]`` project holding ``cwd`` (default: the working
+    folder), else, in the package's own checkout, ``favorites_maintenance/defs/``.
+
+    Raises:
+        PolicyLoadError: ``module_name`` does not import, or no project is found (an installed
+            package has no policies of its own), naming what to give.
+    """
+    if module_name:
+        try:
+            module = importlib.import_module(module_name)
+        except ImportError as exc:
+            raise PolicyLoadError(f"-m {module_name}: could not be imported ({exc}); name the "
+                                  "code location's module, importable from the working folder "
+                                  "or the environment") from None
+        path = Path(module.__file__ or ".").resolve()
+        try:
+            return dg.ComponentTree.for_project(path)
+        except dg.DagsterError:
+            package = module_name if hasattr(module, "__path__") else module_name.rpartition(
+                ".")[0]
+            defs_name = module_name if module_name.endswith(".defs") else f"{package}.defs"
+            defs_module = importlib.import_module(defs_name)
+            root = Path(defs_module.__file__).resolve().parents[len(defs_name.split("."))]
+            return dg.ComponentTree.from_module(defs_module=defs_module, project_root=root)
+    here = (cwd or Path.cwd()).resolve()
+    for folder in (here, *here.parents):
+        pyproject = folder / "pyproject.toml"
+        if pyproject.is_file() and "[tool.dg" in pyproject.read_text():
+            if folder == PROJECT_ROOT:
+                break  # this package's own checkout
+            return dg.ComponentTree.for_project(folder)
+    if any(part in ("site-packages", "dist-packages") for part in Path(__file__).parts):
+        raise PolicyLoadError(
+            f"{here} is in no Dagster project ([tool.dg] in pyproject.toml): run the command "
+            "from your project's folder, or name its code location with -m "
+            "my_platform.definitions")
+    return component_tree()
+
+
 def policy_files(tree: dg.ComponentTree | None = None) -> list[PolicyFile]:
     """Every folder of ``tree``'s defs folder (default: ``defs/``) that holds a component file,
     loaded on a tree of its own, in path order; a broken one carries its one-line error.

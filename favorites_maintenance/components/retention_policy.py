@@ -260,7 +260,8 @@ def policy_template(name: str, params: RetentionPolicyScaffoldParams | None = No
                     today: dt.date | None = None) -> str:
     """The text of a new policy file for policy ``name``: the rule's fields from ``params``
     or as placeholders, each with what it means, then every optional setting commented out
-    at its default (``partitions_start`` set to ``today``, default the current UTC date)."""
+    at its default (``partitions_start`` set to the day before ``today``, default the current
+    UTC date: the partition the policy's first run launches exists at once)."""
     given = params.model_dump() if params is not None else {}
     given["null_columns"] = ([c.strip() for c in given["null_columns"].split(",") if c.strip()]
                              if given.get("null_columns") else None)
@@ -282,8 +283,9 @@ def policy_template(name: str, params: RetentionPolicyScaffoldParams | None = No
     today = today or dt.datetime.now(dt.timezone.utc).date()
     for field, declared in SETTINGS.items():
         default = default_of(field)
-        if field == "partitions_start":  # a new policy's days start the day it is written
-            lines.append(f"  {field}: {today.isoformat()}")
+        if field == "partitions_start":
+            # Today's partition exists only tomorrow: the first run launches yesterday's.
+            lines.append(f"  {field}: {(today - dt.timedelta(days=1)).isoformat()}")
         else:
             shown = "unset" if default is None else _literal(
                 iso_duration(default) if isinstance(default, dt.timedelta) else default)
@@ -388,9 +390,9 @@ class RetentionPolicy(dg.Component, dg.Resolvable, _PolicyFields):
                          if self.database_url_env is not None else {}))
 
     def build_defs(self, context: dg.ComponentLoadContext) -> dg.Definitions:
-        """The policy's asset and checks, job, schedule and three sensors (the resources are
-        the code location's: :mod:`favorites_maintenance.defs.resources` and
-        :mod:`favorites_maintenance.definitions`)."""
+        """The policy's asset and checks, job, schedule and three sensors, and the resources
+        they use, under the package's keys: complete in any project's defs folder
+        (:func:`~favorites_maintenance.pipeline.policy_defs.policy_definitions`)."""
         from favorites_maintenance.pipeline.policy_defs import policy_definitions
 
         return policy_definitions(self.policy)

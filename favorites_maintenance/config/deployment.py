@@ -7,7 +7,7 @@ A policy's database is the URL held by the variable its ``database_url_env`` nam
 These are not a policy's: they come from ``FAVORITES_*`` environment variables of the process
 serving the code location, never from a policy's YAML or a run's config. The URLs of the
 databases, the webhook and the Pushgateway are secrets or may hold one (a password, a token):
-Dagster receives them as ``dg.EnvVar`` references (:mod:`favorites_maintenance.defs.resources`),
+Dagster receives them as ``dg.EnvVar`` references (:func:`favorites_maintenance.pipeline.resources.policy_resources`),
 so the UI and the run config never show them. The Dagster UI's base URL, which alerts link to,
 is not (a user or password in it is refused) and is passed as its value.
 :func:`load_deployment_settings` proves them valid, when the code location loads and whenever

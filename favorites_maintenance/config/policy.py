@@ -57,10 +57,25 @@ _IDENTIFIER = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 DATABASE_TAG = "favorites_maintenance/database"
 
 
+#: The start of every resource key of the package: a policy's definitions are merged into a
+#: host's code location beside resources of its own, which may be named anything else.
+RESOURCE_PREFIX = "favorites_maintenance_"
+#: The alert sink and the metrics push, one each for every policy of a code location.
+ALERTS_KEY = f"{RESOURCE_PREFIX}alerts"
+METRICS_KEY = f"{RESOURCE_PREFIX}metrics"
+
+
 def database_resource_key(variable: str) -> str:
-    """The resource serving the database of ``variable``: ``database`` for
-    ``FAVORITES_DATABASE_URL``, else ``database_<variable in lower case>``."""
-    return "database" if variable == DATABASE_URL_VAR else f"database_{variable.lower()}"
+    """The resource serving the database of ``variable``: ``favorites_maintenance_<variable in
+    lower case>`` (``favorites_maintenance_favorites_database_url``), shared by the policies
+    naming it."""
+    return f"{RESOURCE_PREFIX}{variable.lower()}"
+
+
+def run_limits_key(policy_name: str) -> str:
+    """The resource holding the run limits a launch sets for a run of policy ``policy_name``:
+    ``favorites_maintenance_<policy>_run_limits``."""
+    return f"{RESOURCE_PREFIX}{policy_name}_run_limits"
 
 
 def database_pool(variable: str) -> str:
@@ -232,6 +247,11 @@ class Policy:
     def database_key(self) -> str:
         """The resource serving the policy's database (see :func:`database_resource_key`)."""
         return database_resource_key(self.database_url_env)
+
+    @property
+    def run_limits_key(self) -> str:
+        """The resource of the run limits of the policy's runs (see :func:`run_limits_key`)."""
+        return run_limits_key(self.name)
 
     @property
     def database_pool(self) -> str:

@@ -75,11 +75,6 @@ MAX_PARALLEL_PARTITIONS = 64
 #: drops it (the window in which it can be attached again).
 DEFAULT_DETACHED_RETENTION = dt.timedelta(days=7)
 MAX_DETACHED_RETENTION = dt.timedelta(days=3650)
-#: The first daily partition of a policy that sets none: the first day of the month this
-#: version was released, so that a new deployment shows weeks of days to run, not a year.
-#: A policy sets its own to the day it went into service (``dg scaffold`` writes the day the
-#: policy was written).
-DEFAULT_PARTITIONS_START = dt.date(2026, 11, 1)
 EARLIEST_PARTITIONS_START = dt.date(2000, 1, 1)
 LATEST_PARTITIONS_START = dt.date(2099, 12, 31)
 
@@ -96,7 +91,7 @@ class Setting:
             as, whose text is then taken as written).
         description: one line for the component's schema and the README.
         bounds: the accepted values, as the README writes them.
-        launch: the run-config key under ``resources.retention.config`` through which a
+        launch: the run-config key under ``resources.<run limits key>.config`` (:func:`~favorites_maintenance.config.policy.run_limits_key`) through which a
             launch may set it for one run, or ``None``.
         launch_unit: how the launch key's number maps onto the setting (``"seconds"`` for a
             duration given in seconds, ``None`` for the value itself).
@@ -115,11 +110,23 @@ class Setting:
     the text ``null``), not "unset"."""
 
 
+def default_partitions_start(today: dt.date | None = None) -> dt.date:
+    """The first daily partition of a policy that sets none: the first day of the month before
+    ``today``'s (default: the current UTC date), so a deployment lists 28 to 62 days to run,
+    whenever it is installed, never a year of days no run was meant for. A policy sets its own
+    to the day it went into service (``dg scaffold`` writes the day before the one the policy
+    was written, whose partition its first run launches)."""
+    today = today or dt.datetime.now(dt.timezone.utc).date()
+    return (today.replace(day=1) - dt.timedelta(days=1)).replace(day=1)
+
+
 def setting(default: Any, parse: Callable[[str], Any], yaml_type: Any, description: str,
             bounds: str, **launch: Any) -> Any:
     """A :class:`PolicySettings` field declared by its :class:`Setting` (see the class)."""
-    return field(default=default, metadata={"setting": Setting(parse, yaml_type, description,
-                                                               bounds, **launch)})
+    metadata = {"setting": Setting(parse, yaml_type, description, bounds, **launch)}
+    if callable(default):  # a default that follows the calendar, computed when read
+        return field(default_factory=default, metadata=metadata)
+    return field(default=default, metadata=metadata)
 
 
 class BatchSizeMode(str, enum.Enum):
@@ -244,7 +251,7 @@ class PolicySettings:
         "fails after it",
         f"{iso_duration(MIN_DURATION)} to {iso_duration(MAX_STALE_AFTER)}, " + _DURATION_FORMS)
     partitions_start: dt.date = setting(
-        DEFAULT_PARTITIONS_START,
+        default_partitions_start,
         date_between(EARLIEST_PARTITIONS_START, LATEST_PARTITIONS_START), str | dt.date,
         "the first daily partition of the cleanup asset (UTC), e.g. the day the policy went "
         "into service: the days the UI offers to run and backfill start there",
@@ -377,8 +384,12 @@ LAUNCH_LIMITS: dict[str, str] = {s.launch: name for name, s in SETTINGS.items() 
 
 
 def default_of(name: str) -> Any:
-    """The default of setting ``name`` (``None``: unset)."""
-    return PolicySettings.__dataclass_fields__[name].default
+    """The default of setting ``name`` (``None``: unset); one that follows the calendar
+    (``partitions_start``) as of now."""
+    declared = PolicySettings.__dataclass_fields__[name]
+    if declared.default_factory is not dataclasses.MISSING:
+        return declared.default_factory()
+    return declared.default
 
 
 def parse_policy_settings(values: Mapping[str, str | int | None],
@@ -425,6 +436,7 @@ def markdown_table() -> str:
             default = iso_duration(default)
         elif isinstance(default, bool):
             default = str(default).lower()
-        shown = "unset" if default is None else f"`{default}`"
+        shown = ("the first day of the previous month (UTC)" if name == "partitions_start"
+                 else "unset" if default is None else f"`{default}`")
         lines.append(f"| `{name}` | {shown} | {declared.bounds} | {declared.description} |")
     return "\n".join(lines)

@@ -28,14 +28,50 @@ STATE_DIR = ".favorites-maintenance"
 DAGSTER_STORAGE_URL_VAR = "DAGSTER_POSTGRES_URL"
 
 
+#: What the workspace of the package's own checkout serves.
+_OWN_LOCATION = "favorites_maintenance."
+
+
+class NotACheckoutError(RuntimeError):
+    """The embedded server was asked for outside the package's own checkout: the package is
+    installed (a wheel in ``site-packages``), or the working folder is another project's."""
+
+
+def _installed() -> bool:
+    """Whether the package runs from an installed copy (a wheel), not from its checkout."""
+    return any(part in ("site-packages", "dist-packages")
+               for part in Path(__file__).resolve().parts)
+
+
 def project_root(start: Path | None = None) -> Path:
-    """The checkout: the nearest folder from ``start`` (default: cwd) up holding
-    ``workspace.yaml`` and ``dagster.yaml``, else the folder above the installed package."""
+    """The package's own checkout: the nearest folder from ``start`` (default: cwd) up holding
+    ``dagster.yaml`` and a ``workspace.yaml`` that serves ``favorites_maintenance``, else the
+    folder above the package when it runs from its checkout. Only there may ``demo``, ``dev``
+    and Dagster's development server start the embedded server and write its files.
+
+    Raises:
+        NotACheckoutError: the package is installed (a wheel), or neither folder is its
+            checkout (another project's, whatever its ``dagster.yaml``).
+    """
+    if _installed():
+        raise NotACheckoutError(
+            "favorites-maintenance is installed, not run from its checkout: its embedded "
+            "PostgreSQL server is for its own checkout only (git clone, pip install -e .); "
+            "point DAGSTER_POSTGRES_URL and the policies' database variables at your servers "
+            "(docs/adopting.md)")
     here = (start or Path.cwd()).resolve()
     for folder in (here, *here.parents):
-        if (folder / "workspace.yaml").is_file() and (folder / "dagster.yaml").is_file():
-            return folder
-    return Path(__file__).resolve().parents[2]
+        workspace = folder / "workspace.yaml"
+        if workspace.is_file() and (folder / "dagster.yaml").is_file():
+            if _OWN_LOCATION in workspace.read_text():
+                return folder
+            break  # another project's: never start a server in it
+    package_root = Path(__file__).resolve().parents[2]
+    if (package_root / "workspace.yaml").is_file() and here.is_relative_to(package_root):
+        return package_root
+    raise NotACheckoutError(
+        f"{here} is not favorites-maintenance's checkout: its embedded PostgreSQL server starts "
+        "only there; run from the checkout, or set DAGSTER_POSTGRES_URL (docs/adopting.md)")
 
 
 @dataclass

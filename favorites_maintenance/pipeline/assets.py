@@ -30,7 +30,7 @@ import socket
 
 import dagster as dg
 
-from favorites_maintenance.config.policy import Policy
+from favorites_maintenance.config.policy import ALERTS_KEY, METRICS_KEY, Policy
 from favorites_maintenance.config.policy_settings import BatchSizeMode, PolicySettings
 from favorites_maintenance.pipeline.partition_steps import (
     PartitionPlan,
@@ -105,8 +105,8 @@ def build_cleanup_asset(policy: Policy) -> dg.AssetsDefinition:
 
     The ops read the policy's database resource (:class:`~favorites_maintenance.pipeline.
     resources.FavoritesDatabase`, key ``policy.database_key``: one per database variable) and
-    the ``retention`` resource (:class:`~favorites_maintenance.pipeline.resources.RunLimits`:
-    what a launch changed of the policy's batch size and time budget). The purge holds the
+    its run limits (:class:`~favorites_maintenance.pipeline.resources.RunLimits`, key
+    ``policy.run_limits_key``: what a launch changed of the policy's batch size and time budget). The purge holds the
     policy's pool and ``measure_backlog`` its database's: with the pools' run granularity, a
     run holds both from start to end, whatever launched it (the schedule, the asset page, a
     backfill).
@@ -116,7 +116,8 @@ def build_cleanup_asset(policy: Policy) -> dg.AssetsDefinition:
     # The key is the database variable's, so the resource cannot be a parameter's name.
     database_key = policy.database_key
 
-    def settings_of(limits: RunLimits):
+    def settings_of(context: dg.OpExecutionContext):
+        limits: RunLimits = getattr(context.resources, policy.run_limits_key)
         return limits.apply(policy)
 
     def database_of(context: dg.OpExecutionContext) -> FavoritesDatabase:
@@ -175,15 +176,15 @@ def build_cleanup_asset(policy: Policy) -> dg.AssetsDefinition:
 def _cleanup_ops(policy: Policy, asset_key: dg.AssetKey, settings_of, database_of):
     """The ops every policy's graph has: ``compute_cutoff`` (the run's cutoff), ``purge`` (the
     batched purge of the whole table) and ``measure_backlog`` (the backlog count and the run's
-    metadata). ``settings_of`` gives the run's settings from the ``retention`` resource,
+    metadata). ``settings_of`` gives the run's settings from its run limits resource,
     ``database_of`` the policy's database resource from an op's context."""
     rule = policy.rule
     database_key = policy.database_key
 
-    # "alerts": Dagster checks a launch's config only of the resources its run uses, and a
+    # The alerts: Dagster checks a launch's config only of the resources its run uses, and a
     # launch may not redirect the alerts (deployed_alerts refuses it).
     @dg.op(name=f"{policy.name}_compute_cutoff",
-           required_resource_keys={database_key, "retention", "alerts"},
+           required_resource_keys={database_key, policy.run_limits_key, ALERTS_KEY},
            description="The cutoff instant: min(now, end of the partition window) - retention "
                        "days, now by the database server's clock.")
     def compute_cutoff(context: dg.OpExecutionContext, config: PurgeConfig) -> dt.datetime:
@@ -193,7 +194,7 @@ def _cleanup_ops(policy: Policy, asset_key: dg.AssetKey, settings_of, database_o
         as the purge is for a transient error (see :func:`attempt_failed`)."""
         # A run without its day could not record what it deleted: refused before any read.
         require_run_partitions(context, policy)
-        settings = settings_of(context.resources.retention)
+        settings = settings_of(context)
         try:
             cutoff = run_cutoff(context, settings.retention_days,
                                 run_now(context, database_of(context).engine))
@@ -210,7 +211,7 @@ def _cleanup_ops(policy: Policy, asset_key: dg.AssetKey, settings_of, database_o
         return cutoff
 
     @dg.op(name=f"{policy.name}_purge", pool=policy.pool,
-           required_resource_keys={database_key, "retention", "metrics"},
+           required_resource_keys={database_key, policy.run_limits_key, METRICS_KEY},
            description=f"Delete prunable rows of {rule.qualified_name} ({rule.predicate_sql}) in "
                        f"SKIP LOCKED batch transactions, on the database of "
                        f"{policy.database_url_env}.")
@@ -219,18 +220,18 @@ def _cleanup_ops(policy: Policy, asset_key: dg.AssetKey, settings_of, database_o
         """Run the batched purge and return its record for ``measure_backlog`` (see
         :func:`run_purge_op`)."""
         return run_purge_op(context, config, database_of(context), policy,
-                            settings_of(context.resources.retention), asset_key, cutoff,
-                            metrics=context.resources.metrics)
+                            settings_of(context), asset_key, cutoff,
+                            metrics=getattr(context.resources, METRICS_KEY))
 
     @dg.op(name=f"{policy.name}_measure_backlog", out=dg.Out(dg.Nothing),
-           pool=policy.database_pool, required_resource_keys={database_key, "metrics"},
+           pool=policy.database_pool, required_resource_keys={database_key, METRICS_KEY},
            description="Count what the rule still matches and record the run's metadata.")
     def measure_backlog(context: dg.AssetExecutionContext, cutoff: dt.datetime,
                         report: RunReport) -> None:
         """Measure the backlog for the run's cutoff, attach the run metadata to the asset
         materialization (of each day of a range run: the run's figures on the last day, a
         reference to it on the others) and push the run's gauges (failed or not)."""
-        metrics: MetricsPush = context.resources.metrics
+        metrics: MetricsPush = getattr(context.resources, METRICS_KEY)
         try:
             backlog = count_backlog(database_of(context).engine, cutoff, rule)
         except BacklogError as exc:
@@ -271,7 +272,7 @@ def _partition_ops(policy: Policy, asset_key: dg.AssetKey, settings_of, database
     database_key = policy.database_key
 
     @dg.op(name=f"{policy.name}_plan_partitions",
-           required_resource_keys={database_key, "retention"},
+           required_resource_keys={database_key, policy.run_limits_key},
            out={"partitions": dg.DynamicOut(PartitionWork), "plan": dg.Out(PartitionPlan)},
            description=f"Find the partitions of {rule.qualified_name} that hold prunable rows: "
                        "one purge step each.")
@@ -281,7 +282,7 @@ def _partition_ops(policy: Policy, asset_key: dg.AssetKey, settings_of, database
         rows (mapping key: the partition's name). A database error is retried as the purge's
         is (see :func:`attempt_failed`); a table that is not range-partitioned by the age
         column fails the run before anything is deleted."""
-        settings = settings_of(context.resources.retention)
+        settings = settings_of(context)
         started = dt.datetime.now(dt.UTC)
         dropped = None
         try:
@@ -307,7 +308,7 @@ def _partition_ops(policy: Policy, asset_key: dg.AssetKey, settings_of, database
                                    output_name="partitions")
 
     @dg.op(name=f"{policy.name}_purge_partition", pool=policy.pool,
-           required_resource_keys={database_key, "retention", "metrics"},
+           required_resource_keys={database_key, policy.run_limits_key, METRICS_KEY},
            description=f"Delete prunable rows of one partition of {rule.qualified_name} "
                        f"({rule.predicate_sql}) in SKIP LOCKED batch transactions, on the "
                        f"database of {policy.database_url_env}.")
@@ -318,7 +319,7 @@ def _partition_ops(policy: Policy, asset_key: dg.AssetKey, settings_of, database
         is left of the run's time budget (at least a second), and return its record (see
         :func:`run_purge_op`)."""
         partition = work.partition
-        settings = settings_of(context.resources.retention)
+        settings = settings_of(context)
         left = work.deadline - dt.datetime.now(dt.UTC)
         settings = dataclasses.replace(settings,
                                        max_run_duration=max(left, dt.timedelta(seconds=1)))
@@ -326,7 +327,7 @@ def _partition_ops(policy: Policy, asset_key: dg.AssetKey, settings_of, database
         context.log.info(f"partition {partition.qualified_name} {partition.describe_range()}: "
                          f"purged on host {socket.gethostname()} by pid {os.getpid()}")
         report = run_purge_op(context, config, database_of(context), policy, settings,
-                              asset_key, cutoff, metrics=context.resources.metrics,
+                              asset_key, cutoff, metrics=getattr(context.resources, METRICS_KEY),
                               rule=rule.within(partition.ages))
         # A run stopped before collect_partitions sums the steps never records this step's
         # rows otherwise: its output shows them.
@@ -334,14 +335,14 @@ def _partition_ops(policy: Policy, asset_key: dg.AssetKey, settings_of, database
         return report
 
     @dg.op(name=f"{policy.name}_collect_partitions",
-           required_resource_keys={"retention"},
+           required_resource_keys={policy.run_limits_key},
            description="Sum the partition steps' records into the run's.")
     def collect_partitions(context: dg.OpExecutionContext, cutoff: dt.datetime,
                            plan: PartitionPlan, reports: list[RunReport]) -> RunReport:
         """The run's record: the partition steps' records summed (see
         :meth:`RunReport.combined`); with no partition to purge, a record of nothing deleted,
         so that the asset is still materialized."""
-        settings = settings_of(context.resources.retention)
+        settings = settings_of(context)
         report = RunReport.combined(reports, cutoff=cutoff.isoformat(), settings=settings,
                                     duration_ms=plan.duration_ms())
         if plan.dropped is not None:  # the plan's drop phase: its partitions and rows

@@ -11,10 +11,11 @@ from favorites_maintenance.config.policy import DATABASE_TAG, Policy
 #: The executor of a policy's runs: every step in the run worker's own process, one after the
 #: other. The steps only talk to the database (a cutoff, a batched purge, a count, three
 #: checks), so a process per step would add a Python start and a code-location load per step
-#: (seconds each) to work that takes milliseconds. Set on each policy's definitions, so it is
-#: also the code location's default: Dagster's implicit asset job, which runs the UI's
-#: "Materialize" and asset backfills, uses it too. The steps of one run depend on each other in
-#: a line, so nothing runs in parallel either way.
+#: (seconds each) to work that takes milliseconds. Set on the policy's own jobs only: the code
+#: location's default executor is the location's (Dagster's multiprocess one unless the project
+#: sets another), and Dagster's implicit asset job, which runs the UI's "Materialize" and asset
+#: backfills, uses that one (docs/adopting.md). The steps of one run depend on each other in a
+#: line, so nothing runs in parallel either way.
 #:
 #: What termination needs under it: a purge that stops on request raises Dagster's interruption
 #: (the run ends CANCELED, see :mod:`favorites_maintenance.pipeline.purge_op`), and no op of the
@@ -47,5 +48,6 @@ def build_job(policy: Policy):
                     f"({policy.rule.predicate_sql}) for one daily partition, on the database of "
                     f"{policy.database_url_env}.",
         tags={DATABASE_TAG: policy.database_url_env},
-        executor_def=partition_executor(policy) if policy.purges_partitions else None,
+        executor_def=(partition_executor(policy) if policy.purges_partitions
+                      else CLEANUP_EXECUTOR),
     )

@@ -14,7 +14,7 @@ import sqlalchemy as sa
 from dagster._time import get_current_datetime
 
 from favorites_maintenance.config.policy import Policy
-from favorites_maintenance.config.policy_settings import DEFAULT_PARTITIONS_START
+from favorites_maintenance.config.policy_settings import default_partitions_start
 from favorites_maintenance.retention.clock import ClockReading, read_clock
 from favorites_maintenance.retention.rule import compute_cutoff
 
@@ -30,8 +30,8 @@ def policy_partitions(policy: Policy) -> dg.DailyPartitionsDefinition:
     return daily_partitions_from(policy.settings.partitions_start)
 
 
-#: The partitions of a policy that sets no ``partitions_start``.
-daily_partitions = daily_partitions_from(DEFAULT_PARTITIONS_START)
+#: The partitions of a policy that sets no ``partitions_start``, as of the process's start.
+daily_partitions = daily_partitions_from(default_partitions_start())
 
 #: A materialization is *current* when its day ended at most this long before it: the schedule
 #: runs the latest complete day, which ended at most 24 h before the tick, plus one more day of

@@ -5,7 +5,8 @@ import dagster as dg
 from favorites_maintenance.config.policy import Policy
 from favorites_maintenance.pipeline.assets import build_cleanup_asset
 from favorites_maintenance.pipeline.checks import build_asset_checks
-from favorites_maintenance.pipeline.jobs import CLEANUP_EXECUTOR, build_job
+from favorites_maintenance.pipeline.jobs import build_job
+from favorites_maintenance.pipeline.resources import policy_resources
 from favorites_maintenance.pipeline.restore import build_restore_job
 from favorites_maintenance.pipeline.schedules import build_schedule
 from favorites_maintenance.pipeline.sensors import (
@@ -17,11 +18,14 @@ from favorites_maintenance.pipeline.sensors import (
 
 def policy_definitions(policy: Policy) -> dg.Definitions:
     """The cleanup asset of ``policy`` and its checks, the job, the schedule and the three
-    sensors, and for a policy with an archive its restore job, run by
-    :data:`~favorites_maintenance.pipeline.jobs.CLEANUP_EXECUTOR` (every policy sets the same
-    one, so it is the code location's default executor). The resources they use are the code
-    location's (:mod:`favorites_maintenance.defs.resources`,
-    :mod:`favorites_maintenance.definitions`)."""
+    sensors, for a policy with an archive its restore job, and every resource they use
+    (:func:`~favorites_maintenance.pipeline.resources.policy_resources`): complete on their
+    own, merged into any code location. No executor: the policy's jobs name their own
+    (:mod:`favorites_maintenance.pipeline.jobs`), and the location's default stays the host's.
+
+    Raises:
+        favorites_maintenance.config.parsers.SettingsError: a malformed deployment variable.
+    """
     return dg.Definitions(
         assets=[build_cleanup_asset(policy)],
         asset_checks=build_asset_checks(policy),
@@ -30,5 +34,5 @@ def policy_definitions(policy: Policy) -> dg.Definitions:
         schedules=[build_schedule(policy)],
         sensors=[build_stale_sensor(policy), build_failure_sensor(policy),
                  build_tick_failure_sensor(policy)],
-        executor=CLEANUP_EXECUTOR,
+        resources=policy_resources(policy),
     )

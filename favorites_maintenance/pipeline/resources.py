@@ -1,9 +1,12 @@
 """Resources: the policies' databases, the run limits, the alert sink and the metrics push.
 
-All are built in :mod:`favorites_maintenance.definitions` and
-:mod:`favorites_maintenance.defs.resources`, from the validated settings and the policies. The
-job deletes rows for good, so what it deletes is decided by the deployment alone:
-:func:`deployed_databases` serves one database per variable the policies name
+Each policy's definitions carry the resources they use (:func:`policy_resources`), under keys
+of the package's (:data:`~favorites_maintenance.config.policy.RESOURCE_PREFIX`), so a host's
+code location merges them beside resources of its own: the database of a variable, the alert
+sink and the metrics push are one object each, shared by every policy that uses them, and each
+policy has its own run limits. The job deletes rows for good, so what it deletes is decided by
+the deployment alone:
+:func:`shared_database` serves one database per variable the policies name
 (``database_url_env``), as the code location's environment gives it; each policy's rule and
 retention days are its ``defs.yaml``; and a run's config (the launchpad, a re-execution,
 ``execute_in_process``) may set only the run limits (:func:`deployed_retention`), within the
@@ -15,6 +18,7 @@ reaches Dagster only as an ``EnvVar``, so the UI and the run config never show i
 from __future__ import annotations
 
 import datetime as dt
+import functools
 import logging
 import os
 import time
@@ -37,7 +41,11 @@ from favorites_maintenance.config.parsers import (
     SettingsError,
     parse_database_url,
 )
-from favorites_maintenance.config.policy import Policy, database_resource_key
+from favorites_maintenance.config.policy import (
+    ALERTS_KEY,
+    METRICS_KEY,
+    Policy,
+)
 from favorites_maintenance.config.policy_settings import (
     LAUNCH_LIMITS,
     SETTINGS,
@@ -105,8 +113,8 @@ class FavoritesDatabase(dg.ConfigurableResource):
 
 
 class RunLimits(dg.ConfigurableResource):
-    """The run limits a launch set for one run (``resources.retention.config``); a limit left
-    out keeps the policy's own (its ``defs.yaml``, or its variables).
+    """The run limits a launch set for one run (``resources.<policy.run_limits_key>.config``);
+    a limit left out keeps the policy's own (its ``defs.yaml``, or its variables).
 
     Served by :func:`deployed_retention`, which checks a launch's values against the bounds of
     the settings they stand in for (:data:`~favorites_maintenance.config.policy_settings.
@@ -188,10 +196,11 @@ def _launch_value(settings: PolicySettings, key: str) -> float:
 
 
 def deployed_retention(policies: Sequence[Policy]) -> dg.ResourceDefinition:
-    """The ``retention`` resource of the code location: the run limits a launch may set for
-    a run of any of ``policies``, and nothing else.
+    """The run limits resource (``policy.run_limits_key``; :func:`policy_resources` gives each
+    policy its own): the run limits a launch may set for a run of any of ``policies``, and
+    nothing else.
 
-    Run config ``resources.retention.config`` may hold the launch keys of the policy settings
+    Run config ``resources.<key>.config`` may hold the launch keys of the policy settings
     table (``batch_size``, rows, 1 to 100,000; ``max_run_duration_seconds``, seconds, 1 to
     3,000), within the bounds of the settings they stand in for
     (``FAVORITES_GUEST_RETENTION_BATCH_SIZE`` and ``FAVORITES_GUEST_RETENTION_MAX_RUN_DURATION``
@@ -313,14 +322,16 @@ def _fixed_at_launch(resource: dg.ConfigurableResource, deployed: dict[str, Any]
 
 
 def deployed_alerts(settings: DeploymentSettings) -> dg.ResourceDefinition:
-    """The ``alerts`` resource (:class:`AlertSink`) of the deployment's ``settings``: the
-    webhook of ``FAVORITES_ALERT_WEBHOOK_URL`` (by reference, read when a run or a sensor tick
+    """The alert sink resource (:class:`AlertSink`, key ``favorites_maintenance_alerts``) of
+    the deployment's ``settings``: the webhook of ``FAVORITES_ALERT_WEBHOOK_URL`` (by
+    reference, read when a run or a sensor tick
     starts; none when unset) and the UI's base URL of ``FAVORITES_WEBSERVER_BASE_URL``, which
     no launch can change, so whoever may launch a run can neither silence the failure alert
     nor send it elsewhere.
 
     Raises (at launch):
-        dagster.DagsterInvalidConfigError: any key given in ``resources.alerts.config``.
+        dagster.DagsterInvalidConfigError: any key given in its run config
+            (``resources.favorites_maintenance_alerts.config``).
     """
     deployed = {"webhook_url": ({"env": ALERT_WEBHOOK_URL_VAR} if settings.alert_webhook_url
                                 else None),
@@ -331,12 +342,14 @@ def deployed_alerts(settings: DeploymentSettings) -> dg.ResourceDefinition:
 
 
 def deployed_metrics(settings: DeploymentSettings) -> dg.ResourceDefinition:
-    """The ``metrics`` resource (:class:`MetricsPush`) of the deployment's ``settings``: the
-    Pushgateway of ``FAVORITES_METRICS_PUSHGATEWAY_URL`` (by reference, read when a run
+    """The metrics push resource (:class:`MetricsPush`, key ``favorites_maintenance_metrics``)
+    of the deployment's ``settings``: the Pushgateway of ``FAVORITES_METRICS_PUSHGATEWAY_URL``
+    (by reference, read when a run
     starts; none when unset), which no launch can change, so a run's figures go nowhere else.
 
     Raises (at launch):
-        dagster.DagsterInvalidConfigError: any key given in ``resources.metrics.config``.
+        dagster.DagsterInvalidConfigError: any key given in its run config
+            (``resources.favorites_maintenance_metrics.config``).
     """
     deployed = {"gateway_url": ({"env": METRICS_PUSHGATEWAY_URL_VAR}
                                 if settings.metrics_pushgateway_url else None)}
@@ -379,17 +392,6 @@ def deployed_database(variable: str = DATABASE_URL_VAR,
             at_launch, config_schema=dg.Permissive({}),
             description=f"{whose[0].upper()}{whose[1:]}: {variable} (by reference, never "
                         "shown); not settable at launch.")
-
-
-def deployed_databases(policies: Sequence[Policy]) -> dict[str, dg.ResourceDefinition]:
-    """One database resource per variable ``policies`` name (``database_url_env``), under
-    its key (:func:`~favorites_maintenance.config.policy.database_resource_key`): policies on
-    one variable share one resource."""
-    by_variable: dict[str, list[Policy]] = {}
-    for policy in policies:
-        by_variable.setdefault(policy.database_url_env, []).append(policy)
-    return {database_resource_key(variable): deployed_database(variable, on)
-            for variable, on in by_variable.items()}
 
 
 def name_database(exc: BaseException, policy: Policy) -> None:
@@ -468,3 +470,42 @@ class MetricsPush(dg.ConfigurableResource):
         if self.gateway_url:
             metrics.push_run(self.gateway_url, policy, report, succeeded=succeeded,
                              timeout=self.timeout_seconds, log=context.log)
+
+
+@functools.cache
+def shared_database(variable: str) -> dg.ResourceDefinition:
+    """The resource of the database of ``variable`` (:func:`deployed_database`), one object per
+    variable in the process: the policies naming it share it, so their definitions merge."""
+    return deployed_database(variable)
+
+
+#: The shared resources built in this process, by what they are built from: one object each,
+#: as ``dg.Definitions.merge`` requires of resources under one key.
+_shared: dict[tuple, dg.ResourceDefinition] = {}
+
+
+def _one_of(key: tuple, build) -> dg.ResourceDefinition:
+    if key not in _shared:
+        _shared[key] = build()
+    return _shared[key]
+
+
+def policy_resources(policy: Policy) -> dict[str, Any]:
+    """Every resource the definitions of ``policy`` use, by key: its database's
+    (:func:`shared_database`), its run limits (:func:`deployed_retention`), and the alert sink
+    and metrics push (:func:`deployed_alerts`, :func:`deployed_metrics`). The shared ones
+    are the same object for every policy of the process, as ``dg.Definitions.merge`` requires.
+
+    Raises:
+        favorites_maintenance.config.parsers.SettingsError: a malformed deployment variable
+            (``FAVORITES_ALERT_WEBHOOK_URL``, ...), named.
+    """
+    settings = load_deployment_settings()
+    return {
+        policy.database_key: shared_database(policy.database_url_env),
+        policy.run_limits_key: deployed_retention([policy]),
+        ALERTS_KEY: _one_of(("alerts", settings.alert_webhook_url is not None,
+                             settings.webserver_base_url), lambda: deployed_alerts(settings)),
+        METRICS_KEY: _one_of(("metrics", settings.metrics_pushgateway_url is not None),
+                             lambda: deployed_metrics(settings)),
+    }

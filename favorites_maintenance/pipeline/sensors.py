@@ -2,8 +2,8 @@
 schedule tick. Each policy has its three sensors, named after it (``<name>_cleanup_stale_sensor``,
 ``<name>_cleanup_failure_sensor``, ``<name>_cleanup_tick_failure_sensor``).
 
-Both send through the ``alerts`` resource
-(:class:`~favorites_maintenance.pipeline.resources.AlertSink`):
+Both send through the ``favorites_maintenance_alerts`` resource (a sensor's parameter is named
+after its resource key; :class:`~favorites_maintenance.pipeline.resources.AlertSink`):
 the log always, a Slack-compatible webhook when ``FAVORITES_ALERT_WEBHOOK_URL`` is set.
 
 What counts as a success for the staleness sensor is a materialization of the cleanup asset
@@ -189,7 +189,9 @@ def build_stale_sensor(policy: Policy, stale_after: dt.timedelta | None = None,
         description=(f"Alerts when {cleanup} has had no successful current run "
                      f"for {_hours(stale_after)}."),
     )
-    def stale_sensor(context: dg.SensorEvaluationContext, alerts: AlertSink):
+    def stale_sensor(context: dg.SensorEvaluationContext,
+                     favorites_maintenance_alerts: AlertSink):
+        alerts = favorites_maintenance_alerts
         now = clock()
         state = _read_cursor(context, _stale_cursor)
         if state is not None:
@@ -254,8 +256,10 @@ def build_failure_sensor(policy: Policy) -> dg.SensorDefinition:
         description=f"Alerts when a {policy.name} cleanup run fails (scheduled, launched or "
                     "backfilled).",
     )
-    def failure_sensor(context: dg.RunFailureSensorContext, alerts: AlertSink):
+    def failure_sensor(context: dg.RunFailureSensorContext,
+                       favorites_maintenance_alerts: AlertSink):
         """Send the failed run's policy, asset, partition, cause and page through the sink."""
+        alerts = favorites_maintenance_alerts
         run = context.dagster_run
         if run.job_name != policy.job_name and asset_key not in (run.asset_selection or ()):
             return dg.SkipReason(f"run {run.run_id} is not a {policy.name} cleanup run")
@@ -395,7 +399,8 @@ def build_tick_failure_sensor(policy: Policy) -> dg.SensorDefinition:
         description=(f"Alerts when a tick of {schedule} fails (no run is created, so the "
                      "run-failure sensor never fires), and when ticks succeed again."),
     )
-    def tick_failure_sensor(context: dg.SensorEvaluationContext, alerts: AlertSink):
+    def tick_failure_sensor(context: dg.SensorEvaluationContext,
+                            favorites_maintenance_alerts: AlertSink):
         """Alert once per episode of failed schedule ticks, with a resolution message when a tick
         succeeds (or skips) again.
 
@@ -403,6 +408,7 @@ def build_tick_failure_sensor(policy: Policy) -> dg.SensorDefinition:
         long the tick history. The cursor is JSON ``{"failingSince": epoch_s | null}``, the first
         failed tick of the episode already alerted; a cursor it cannot read counts as none.
         """
+        alerts = favorites_maintenance_alerts
         state = _schedule_state(context, schedule)
         ticks = [] if state is None else context.instance.get_ticks(
             state.instigator_origin_id, state.selector_id, limit=1,

@@ -27,6 +27,7 @@ from favorites_maintenance_tests.conftest import Rows
 from favorites_maintenance_tests.helpers.dev_stack import (
     ASSET_PATH, LOCATION, REPOSITORY, ROOT, DagsterService, wait_for)
 from favorites_maintenance_tests.helpers.jobs import guest_variable
+from favorites_maintenance_tests.helpers.resource_keys import ALERTS_KEY, DATABASE_KEY, LIMITS_KEY
 from favorites_maintenance_tests.pipeline.test_sensors import Webhook
 
 pytestmark = pytest.mark.e2e
@@ -189,7 +190,7 @@ class Deployment:
                ops: dict | None = None) -> dict:
         run_config: dict = {}
         if retention is not None:
-            run_config["resources"] = {"retention": {"config": retention}}
+            run_config["resources"] = {LIMITS_KEY: {"config": retention}}
         if ops is not None:
             run_config["ops"] = ops
         return self.read(server, LAUNCH, {"params": {
@@ -326,9 +327,9 @@ def test_no_secret_reaches_what_the_webserver_serves(deployment):
         resources = d.read(server, RESOURCES, {"selector": SELECTOR})[
             "allTopLevelResourceDetailsOrError"]["results"]
         by_name = {r["name"]: r for r in resources}
-        assert DATABASE_URL_VAR in by_name["database"]["description"]
-        assert "365 days" in by_name["retention"]["description"]
-        assert ALERT_WEBHOOK_URL_VAR in json.dumps(by_name["alerts"])  # by reference
+        assert DATABASE_URL_VAR in by_name[DATABASE_KEY]["description"]
+        assert "365 days" in by_name[LIMITS_KEY]["description"]
+        assert ALERT_WEBHOOK_URL_VAR in json.dumps(by_name[ALERTS_KEY])  # by reference
         launchpad = d.read(server, LAUNCHPAD, {
             "selector": {**SELECTOR, "pipelineName": JOB}, "repository": SELECTOR, "partition": PARTITION,
             "set": f"{JOB}_partition_set"})

@@ -16,7 +16,7 @@ import shutil
 import pytest
 import sqlalchemy as sa
 
-from favorites_maintenance.config.policy import DATABASE_TAG
+from favorites_maintenance.config.policy import DATABASE_TAG, database_resource_key
 from favorites_maintenance.local.second_database import (
     EU_POLICY,
     EU_URL_VAR,
@@ -39,6 +39,7 @@ from favorites_maintenance_tests.e2e.test_ui_access import (
     SELECTOR,
 )
 from favorites_maintenance_tests.helpers.dev_stack import ROOT, DagsterService, wait_for
+from favorites_maintenance_tests.helpers.resource_keys import DATABASE_KEY
 
 pytestmark = pytest.mark.e2e
 
@@ -159,10 +160,9 @@ def test_two_databases_run_apart_and_no_url_reaches_the_ui(deployment, pg_server
     # Everything an operator looks at, for both policies.
     resources = {r["name"]: r for r in read(RESOURCES, {"selector": SELECTOR})[
         "allTopLevelResourceDetailsOrError"]["results"]}
-    assert DATABASE_URL_VAR in resources["database"]["description"]
-    eu_resource = resources["database_favorites_eu_database_url"]
+    assert DATABASE_URL_VAR in resources[DATABASE_KEY]["description"]
+    eu_resource = resources[database_resource_key(EU_URL_VAR)]
     assert EU_URL_VAR in eu_resource["description"]
-    assert EU_POLICY in eu_resource["description"]
     for job in JOBS.values():
         read(LAUNCHPAD, {"selector": {**SELECTOR, "pipelineName": job}, "repository": SELECTOR,
                          "partition": PARTITION, "set": f"{job}_partition_set"})

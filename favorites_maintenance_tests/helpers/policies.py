@@ -1,5 +1,5 @@
 """Code locations of several policies, for the tests of policies on several databases: a defs
-folder holding the real ``guest_favorites/defs.yaml`` and ``resources.py`` plus the policies a
+folder holding the real ``guest_favorites/defs.yaml`` plus the policies a
 test writes, loaded by :func:`favorites_maintenance.definitions.code_location` in this process
 (:meth:`PolicySandbox.code_location`) or served by a code server process
 (:meth:`PolicySandbox.location_target`, the way ``dagster-daemon`` and the webserver serve
@@ -99,15 +99,14 @@ class PolicySandbox:
 
 @contextlib.contextmanager
 def policy_sandbox(*policies: dict) -> Iterator[PolicySandbox]:
-    """A :class:`PolicySandbox` holding the real guest-favorites policy, the real shared
-    resources (``defs/resources.py``) and ``policies`` (attributes of each)."""
+    """A :class:`PolicySandbox` holding the real guest-favorites policy and ``policies``
+    (attributes of each)."""
     with create_defs_folder_sandbox() as made:
         defs_folder = made.defs_folder_path
         (defs_folder.parent / "__init__.py").touch()
         (defs_folder / "__init__.py").touch()
         (defs_folder / "guest_favorites").mkdir()
         shutil.copy(DEFS / "guest_favorites" / "defs.yaml", defs_folder / "guest_favorites")
-        shutil.copy(DEFS / "resources.py", defs_folder)
         sandbox = PolicySandbox(made)
         for attributes in policies:
             sandbox.write_policy(attributes)

@@ -21,6 +21,7 @@ import yaml
 from dagster.components.testing import create_defs_folder_sandbox
 
 import favorites_maintenance.defs
+from favorites_maintenance.config.policy import run_limits_key
 from favorites_maintenance.config.policy_settings import parse_policy_settings
 from favorites_maintenance.pipeline.run_report import RunReport
 from favorites_maintenance_tests.conftest import slow_batches
@@ -31,6 +32,7 @@ from favorites_maintenance_tests.helpers.jobs import (
     run_partition,
     run_report,
 )
+from favorites_maintenance_tests.helpers.resource_keys import LIMITS_KEY
 
 UTC = dt.timezone.utc
 PARTITION = "2026-06-15"
@@ -68,7 +70,7 @@ def run(db_url, monkeypatch, instance, launch: dict | None = None, **settings):
     defs = load_code_location(db_url, monkeypatch, retention_days=365, **settings)
     config = purge_retries(0)
     if launch is not None:
-        config["resources"] = {"retention": {"config": launch}}
+        config["resources"] = {LIMITS_KEY: {"config": launch}}
     return run_partition(defs, instance, PARTITION, run_config=config, raise_on_error=False)
 
 
@@ -214,7 +216,7 @@ def test_a_launch_may_lower_an_explicit_max_never_raise_it(
     assert transactions() == [250, 250, 100]
 
 
-def test_above_the_cap_of_one_policy_only_that_policys_run_refuses_the_launch(
+def test_above_the_cap_of_one_policy_only_that_policys_launch_is_refused(
         db_url, monkeypatch, rows, transactions):
     # A second policy on the same table, capped at 400 rows; guest favorites has no cap.
     defs_folder = Path(favorites_maintenance.defs.__file__).parent
@@ -223,7 +225,6 @@ def test_above_the_cap_of_one_policy_only_that_policys_run_refuses_the_launch(
         (sandbox.defs_folder_path / "guest_favorites").mkdir()
         shutil.copy(defs_folder / "guest_favorites" / "defs.yaml",
                     sandbox.defs_folder_path / "guest_favorites")
-        shutil.copy(defs_folder / "resources.py", sandbox.defs_folder_path)
         (sandbox.defs_folder_path / "capped_favorites").mkdir()
         (sandbox.defs_folder_path / "capped_favorites" / "defs.yaml").write_text(yaml.safe_dump(
             {"type": "favorites_maintenance.RetentionPolicy", "attributes": {
@@ -233,20 +234,20 @@ def test_above_the_cap_of_one_policy_only_that_policys_run_refuses_the_launch(
         with sandbox.build_component_tree() as tree:
             defs = load_code_location(db_url, monkeypatch, tree=tree,
                                       target_batch_duration=TARGET)
-    launch = {"resources": {"retention": {"config": {"batch_size": 500}}}}
+    # Each policy has run limits of its own: the capped one's launch is refused before a run.
+    limits = {"config": {"batch_size": 500}}
     with dg.instance_for_test() as instance:
-        capped = run_partition(defs, instance, PARTITION, job="capped_favorites_cleanup_job",
-                               run_config={**launch, **purge_retries(
-                                   0, asset_key=dg.AssetKey(["favorites",
-                                                             "capped_favorites_cleanup"]))},
-                               raise_on_error=False)
-        assert not capped.success
+        with pytest.raises(dg.DagsterInvalidConfigError) as refused:
+            run_partition(defs, instance, PARTITION, job="capped_favorites_cleanup_job",
+                          run_config={"resources": {run_limits_key("capped_favorites"): limits}})
         assert ("batch_size=500 refused: it is above policy capped_favorites, batch_size_max "
-                "(400 rows)") in failure_text(capped)
+                "(400 rows)") in str(refused.value)
+        assert instance.get_runs() == []
         assert rows.ids() == old
 
         guest = run_partition(defs, instance, PARTITION,
-                              run_config={**launch, **purge_retries(0)})
+                              run_config={"resources": {LIMITS_KEY: limits},
+                                          **purge_retries(0)})
         assert guest.success and run_report(guest).batch_size_mode == "fixed"
     assert transactions() == [500, 100]
 

@@ -32,6 +32,7 @@ from favorites_maintenance_tests.helpers.policies import (
     favorites_policy,
     policy_sandbox,
 )
+from favorites_maintenance_tests.helpers.resource_keys import DATABASE_KEY
 from favorites_maintenance_tests.helpers.sensors import react_to_failures
 from favorites_maintenance_tests.pipeline.test_sensors import Webhook
 
@@ -41,7 +42,7 @@ CUTOFF = dt.datetime(2026, 6, 16, tzinfo=UTC) - dt.timedelta(days=365)
 OLD = CUTOFF - dt.timedelta(days=30)
 FRESH = CUTOFF + dt.timedelta(days=30)
 SECOND_VAR = "FAVORITES_SECOND_DATABASE_URL"
-SECOND_KEY = "database_favorites_second_database_url"
+SECOND_KEY = "favorites_maintenance_favorites_second_database_url"
 #: A password the URLs carry (the test server trusts its socket, so it is never checked).
 PASSWORD = "pw-SECOND-db-41c9"
 _counter = itertools.count()
@@ -100,9 +101,9 @@ def test_each_policy_deletes_and_checks_only_in_the_database_its_variable_names(
     with policy_sandbox(SECOND, CARTS) as sandbox:
         defs = sandbox.code_location()
 
-    # One resource per variable: guest_favorites and guest_carts share ``database``.
+    # One resource per variable: guest_favorites and guest_carts share DATABASE_KEY.
     resources = defs.get_repository_def().get_top_level_resources()
-    assert {k for k in resources if k.startswith("database")} == {"database", SECOND_KEY}
+    assert {k for k in resources if k.endswith("database_url")} == {DATABASE_KEY, SECOND_KEY}
     jobs = {name: defs.resolve_job_def(f"{name}_cleanup_job")
             for name in ("guest_favorites", "guest_carts", "second_favorites")}
     assert {n: j.tags.get(DATABASE_TAG) for n, j in jobs.items()} == {
@@ -146,15 +147,15 @@ def test_a_launch_may_not_choose_any_policys_database(env, rows, second_rows):
         defs = sandbox.code_location()
     elsewhere = {"url": "postgresql+psycopg://app:elsewhere-pw@127.0.0.1:9/other"}
     with dg.instance_for_test() as instance:
-        for job, key, variable in (("guest_favorites_cleanup_job", "database", DATABASE_URL_VAR),
+        for job, key, variable in (("guest_favorites_cleanup_job", DATABASE_KEY, DATABASE_URL_VAR),
                                    ("second_favorites_cleanup_job", SECOND_KEY, SECOND_VAR)):
             with pytest.raises(dg.DagsterInvalidConfigError) as refused:
                 defs.resolve_job_def(job).execute_in_process(
                     partition_key=PARTITION, instance=instance,
                     run_config={"resources": {key: {"config": elsewhere}}})
             message = str(refused.value)
-            assert f"url refused: the database of policy {job[:-len('_cleanup_job')]} is not " \
-                   f"chosen at launch. It is {variable}" in message
+            assert f"url refused: the database is not chosen at launch. It is {variable}" \
+                in message
             assert "elsewhere-pw" not in message
         assert instance.get_runs() == []
 
@@ -171,8 +172,7 @@ def test_an_unset_variable_refuses_only_the_runs_of_its_policy(env, rows, second
                 partition_key=PARTITION, instance=instance)
         assert instance.get_runs() == []
         assert str(refused.value).startswith(
-            f"{SECOND_VAR} is not set: it holds the URL of the database of policy "
-            "second_favorites")
+            f"{SECOND_VAR} is not set: it holds the URL of the database; set it")
         # The other policy runs as ever.
         first = defs.resolve_job_def("guest_favorites_cleanup_job").execute_in_process(
             partition_key=PARTITION, instance=instance)

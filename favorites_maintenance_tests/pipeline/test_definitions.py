@@ -59,7 +59,7 @@ def test_dagster_finds_the_one_code_location_and_it_holds_every_guest_favorites_
     """``favorites_maintenance.definitions`` as Dagster's module loader reads it
     (``workspace.yaml``'s ``python_module``): one loadable target, the ``@dg.definitions``
     function ``defs``, whose repository holds the whole guest-favorites surface and the four
-    resources (``defs/resources.py``'s three, and ``retention``)."""
+    resources (the database, the alert sink, the metrics push and the run limits)."""
     monkeypatch.setenv(DATABASE_URL_VAR, "postgresql+psycopg://app@127.0.0.1:1/favorites")
     guest_settings_env(monkeypatch)
     [target] = loadable_targets_from_python_module("favorites_maintenance.definitions",
@@ -76,7 +76,9 @@ def test_dagster_finds_the_one_code_location_and_it_holds_every_guest_favorites_
     assert set(repo.assets_defs_by_key) == {ASSET_KEY}
     assert {k.name for k in repo.asset_graph.asset_check_keys if k.asset_key == ASSET_KEY} \
         == CHECKS
-    assert set(repo.get_top_level_resources()) == {"database", "alerts", "metrics", "retention"}
+    assert set(repo.get_top_level_resources()) == {
+        "favorites_maintenance_favorites_database_url", "favorites_maintenance_alerts",
+        "favorites_maintenance_metrics", "favorites_maintenance_guest_favorites_run_limits"}
     # The purge runs in the policy's own concurrency pool.
     purge = repo.get_job(JOB).graph.node_named("favorites__guest_favorites_cleanup") \
         .definition.node_named("purge").definition
@@ -85,13 +87,14 @@ def test_dagster_finds_the_one_code_location_and_it_holds_every_guest_favorites_
 
 def test_every_run_of_the_policy_executes_in_its_run_worker_and_a_backfill_is_one_run(
         monkeypatch):
-    """The job and Dagster's implicit asset job (the UI's "Materialize", asset backfills) run
-    every step in the run worker's process; no node carries a declarative retry policy, which
-    that executor would turn a termination into a retry of; a backfill of the asset is one run
-    over its range."""
+    """The policy's job runs every step in the run worker's process; Dagster's implicit asset
+    job (the UI's "Materialize", asset backfills) keeps the location's default executor; no
+    node carries a declarative retry policy, which the in-process executor would turn a
+    termination into a retry of; a backfill of the asset is one run over its range."""
     defs = load_code_location(monkeypatch=monkeypatch)
+    assert defs.resolve_job_def(JOB).executor_def is dg.in_process_executor
+    assert defs.resolve_implicit_global_asset_job_def().executor_def is not dg.in_process_executor
     for job in (defs.resolve_job_def(JOB), defs.resolve_implicit_global_asset_job_def()):
-        assert job.executor_def is dg.in_process_executor, job.name
         assert [node.name for node in job.graph.iterate_node_defs()
                 if isinstance(node, dg.OpDefinition) and node.retry_policy] == [], job.name
         assert job.op_retry_policy is None, job.name
@@ -131,7 +134,7 @@ def test_no_module_of_the_package_builds_definitions_at_import():
                           capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr[-2000:]
     imported = json.loads(proc.stdout.strip().splitlines()[-1])
-    assert {"favorites_maintenance.definitions", "favorites_maintenance.defs.resources",
+    assert {"favorites_maintenance.definitions", "favorites_maintenance.pipeline.resources",
             "favorites_maintenance.pipeline.assets", "favorites_maintenance.pipeline.sensors",
             "favorites_maintenance.pipeline.schedules", "favorites_maintenance.pipeline.jobs",
             "favorites_maintenance.pipeline.checks"} <= set(imported["modules"])

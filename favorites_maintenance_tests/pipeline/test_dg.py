@@ -54,9 +54,10 @@ def test_dg_list_defs_shows_each_policy_under_its_names(tmp_path):
         "cleanup_dead_run_sensor"}  # one for the code location
     assert {(s["name"], s["cron_schedule"]) for s in listed["schedules"]} == {
         (p.schedule_name, p.settings.cron) for p in policies}
-    # The shared resources (defs/resources.py) and the run limits, one of each for every policy.
+    # The resources the policy's definitions carry, under the package's keys.
     assert sorted(r["name"] for r in listed["resources"]) == [
-        "alerts", "database", "metrics", "retention"]
+        "favorites_maintenance_alerts", "favorites_maintenance_favorites_database_url",
+        "favorites_maintenance_guest_favorites_run_limits", "favorites_maintenance_metrics"]
     # The guest-favorites names are a contract.
     assert ("guest_favorites_cleanup_schedule", "0 3 * * *") in {
         (s["name"], s["cron_schedule"]) for s in listed["schedules"]}

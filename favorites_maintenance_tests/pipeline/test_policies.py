@@ -27,6 +27,7 @@ from favorites_maintenance.pipeline.partitions import daily_partitions
 from favorites_maintenance.pipeline.resources import AlertSink
 from favorites_maintenance.retention.defaults import DATABASE_URL_VAR
 from favorites_maintenance_tests.helpers.jobs import failure_text, guest_settings_env, run_report
+from favorites_maintenance_tests.helpers.resource_keys import ALERTS_KEY
 from favorites_maintenance_tests.helpers.sensors import react_to_failures
 
 UTC = dt.timezone.utc
@@ -36,7 +37,6 @@ ANCHOR = dt.datetime(2026, 6, 16, tzinfo=UTC)
 DEFS = Path(favorites_maintenance.defs.__file__).parent
 GUEST_FAVORITES_YAML = DEFS / "guest_favorites" / "defs.yaml"
 #: The resources every policy shares (``database``, ``alerts``, ``metrics``).
-RESOURCES_PY = DEFS / "resources.py"
 
 CARTS = {
     "name": "guest_carts",
@@ -63,12 +63,10 @@ def write_policy(defs_folder: Path, attributes: dict, folder_name: str = "guest_
 
 @pytest.fixture
 def sandbox():
-    """A defs folder with the real guest_favorites policy and the real shared resources
-    (``defs/resources.py``); tests add more."""
+    """A defs folder with the real guest_favorites policy; tests add more."""
     with create_defs_folder_sandbox() as sandbox:
         (sandbox.defs_folder_path / "guest_favorites").mkdir()
         shutil.copy(GUEST_FAVORITES_YAML, sandbox.defs_folder_path / "guest_favorites")
-        shutil.copy(RESOURCES_PY, sandbox.defs_folder_path)
         yield sandbox
 
 
@@ -175,7 +173,7 @@ def test_a_second_policy_from_yaml_alone_gets_the_whole_surface_under_its_own_na
 
         last_success = {}
         for name in ("guest_carts_cleanup_stale_sensor", "guest_favorites_cleanup_stale_sensor"):
-            with dg.build_sensor_context(instance=instance, resources={"alerts": Sink()}) as ctx:
+            with dg.build_sensor_context(instance=instance, resources={ALERTS_KEY: Sink()}) as ctx:
                 defs.resolve_sensor_def(name)(ctx)
                 last_success[name] = json.loads(ctx.cursor)["lastSuccess"]
         assert sent == []
@@ -487,7 +485,7 @@ def test_an_age_column_that_is_not_timestamptz_fails_the_first_run_naming_it(
 
 def test_each_policy_s_partitions_start_on_its_own_day_and_a_recent_default(sandbox,
                                                                             monkeypatch):
-    from favorites_maintenance.config.policy_settings import DEFAULT_PARTITIONS_START
+    from favorites_maintenance.config.policy_settings import default_partitions_start
 
     monkeypatch.delenv("FAVORITES_GUEST_RETENTION_PARTITIONS_START", raising=False)
     write_policy(sandbox.defs_folder_path, {**CARTS, "partitions_start": "2026-06-01"})
@@ -497,9 +495,7 @@ def test_each_policy_s_partitions_start_on_its_own_day_and_a_recent_default(sand
     firsts = {key.path[1]: graph.get(key).partitions_def.get_first_partition_key()
               for key in graph.get_all_asset_keys()}
     assert firsts == {"guest_carts_cleanup": "2026-06-01",
-                      "guest_favorites_cleanup": DEFAULT_PARTITIONS_START.isoformat()}
-    # Recent enough that a new deployment lists weeks of days, not a year of them.
-    assert (dt.date.today() - DEFAULT_PARTITIONS_START).days < 120
+                      "guest_favorites_cleanup": default_partitions_start().isoformat()}
     for check in graph.asset_check_keys:
         assert graph.get(check).partitions_def == graph.get(
             check.asset_key).partitions_def

@@ -10,6 +10,12 @@ import pytest
 
 from favorites_maintenance.retention.defaults import DATABASE_URL_VAR
 from favorites_maintenance_tests.helpers.jobs import JOB, load_code_location, run_report
+from favorites_maintenance_tests.helpers.resource_keys import (
+    ALERTS_KEY,
+    DATABASE_KEY,
+    LIMITS_KEY,
+    METRICS_KEY,
+)
 
 #: The guest-favorites policy's variables (``defs/guest_favorites/defs.yaml``).
 RETENTION_DAYS_VAR = "FAVORITES_GUEST_RETENTION_DAYS"
@@ -50,7 +56,7 @@ def test_a_shorter_retention_at_launch_is_refused_before_any_run(job, rows, tabl
     recent, old, accounts = table
     with dg.instance_for_test() as instance:
         with pytest.raises(dg.DagsterInvalidConfigError) as refused:
-            launch(job, instance, {"retention": {"config": {
+            launch(job, instance, {LIMITS_KEY: {"config": {
                 "retention_days": 1, "batch_size": 1000, "max_run_duration_seconds": 600}}})
         assert instance.get_runs() == []
     message = str(refused.value)
@@ -69,7 +75,7 @@ def test_a_shorter_retention_at_launch_is_refused_before_any_run(job, rows, tabl
 def test_no_other_part_of_the_rule_can_be_given_at_launch(job, rows, table, config, expected):
     with dg.instance_for_test() as instance:
         with pytest.raises(dg.DagsterInvalidConfigError, match=expected) as refused:
-            launch(job, instance, {"retention": {"config": config}})
+            launch(job, instance, {LIMITS_KEY: {"config": config}})
         assert instance.get_runs() == []
     assert RETENTION_DAYS_VAR in str(refused.value)
     assert len(rows.ids()) == 150
@@ -78,7 +84,7 @@ def test_no_other_part_of_the_rule_can_be_given_at_launch(job, rows, table, conf
 def test_the_database_cannot_be_chosen_at_launch(job, rows, table):
     with dg.instance_for_test() as instance:
         with pytest.raises(dg.DagsterInvalidConfigError) as refused:
-            launch(job, instance, {"database": {"config": {
+            launch(job, instance, {DATABASE_KEY: {"config": {
                 "url": "postgresql+psycopg://app:elsewhere-pw@127.0.0.1:9/other"}}})
         assert instance.get_runs() == []
     assert f"It is {DATABASE_URL_VAR}" in str(refused.value)
@@ -87,11 +93,11 @@ def test_the_database_cannot_be_chosen_at_launch(job, rows, table):
 
 @pytest.mark.parametrize("resource, config, variables", [
     # Whoever may launch a run could silence the failure alert, or collect the run's figures.
-    ("alerts", {"webhook_url": "https://hooks.elsewhere.example/T0/B0/leak"},
+    (ALERTS_KEY, {"webhook_url": "https://hooks.elsewhere.example/T0/B0/leak"},
      "FAVORITES_ALERT_WEBHOOK_URL and FAVORITES_WEBSERVER_BASE_URL"),
-    ("alerts", {"webserver_base_url": "https://elsewhere.example", "attempts": 0},
+    (ALERTS_KEY, {"webserver_base_url": "https://elsewhere.example", "attempts": 0},
      "FAVORITES_ALERT_WEBHOOK_URL and FAVORITES_WEBSERVER_BASE_URL"),
-    ("metrics", {"gateway_url": "http://collector:elsewhere-pw@elsewhere.example:9091"},
+    (METRICS_KEY, {"gateway_url": "http://collector:elsewhere-pw@elsewhere.example:9091"},
      "FAVORITES_METRICS_PUSHGATEWAY_URL"),
 ], ids=["alerts-webhook", "alerts-other-keys", "metrics-gateway"])
 def test_where_alerts_and_metrics_go_cannot_be_chosen_at_launch(job, rows, table, resource,
@@ -118,7 +124,7 @@ def test_where_alerts_and_metrics_go_cannot_be_chosen_at_launch(job, rows, table
 def test_limits_at_launch_meet_the_bounds_of_their_variables(job, rows, table, limits, variable):
     with dg.instance_for_test() as instance:
         with pytest.raises(dg.DagsterInvalidConfigError) as refused:
-            launch(job, instance, {"retention": {"config": limits}})
+            launch(job, instance, {LIMITS_KEY: {"config": limits}})
         assert instance.get_runs() == []
     [key] = limits
     message = str(refused.value)
@@ -131,7 +137,7 @@ def test_limits_within_the_bounds_apply_and_the_deployed_retention_may_be_restat
         job, rows, table):
     recent, old, accounts = table
     with dg.instance_for_test() as instance:
-        result = launch(job, instance, {"retention": {"config": {
+        result = launch(job, instance, {LIMITS_KEY: {"config": {
             "retention_days": 365, "batch_size": 7, "max_run_duration_seconds": 120}}})
         assert result.success
     run = run_report(result)

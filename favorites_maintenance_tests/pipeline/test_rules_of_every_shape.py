@@ -39,6 +39,7 @@ from favorites_maintenance_tests.helpers.jobs import (
     purge_retries,
     run_report,
 )
+from favorites_maintenance_tests.helpers.resource_keys import ALERTS_KEY
 
 UTC = dt.timezone.utc
 DEFS = Path(favorites_maintenance.defs.__file__).parent
@@ -74,7 +75,6 @@ def sandbox():
         (sandbox.defs_folder_path / "guest_favorites").mkdir()
         shutil.copy(DEFS / "guest_favorites" / "defs.yaml",
                     sandbox.defs_folder_path / "guest_favorites")
-        shutil.copy(DEFS / "resources.py", sandbox.defs_folder_path)
         yield sandbox
 
 
@@ -219,7 +219,7 @@ def test_a_rule_with_no_guard_deletes_every_expired_row_whoever_owns_it(
         ctx = dg.build_run_status_sensor_context(
             sensor_name=policy.failure_sensor_name, dagster_instance=instance,
             dagster_run=instance.get_run_by_id(failed.run_id), dagster_event=failure,
-            resources={"alerts": Sink()}).for_run_failure()
+            resources={ALERTS_KEY: Sink()}).for_run_failure()
         defs.resolve_sensor_def(policy.failure_sensor_name)(ctx)
         assert len(sent) == 1 and "guest" not in sent[0].lower()
         assert sent[0].startswith("email_change_requests cleanup failed: asset "

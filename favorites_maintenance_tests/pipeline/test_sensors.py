@@ -24,6 +24,7 @@ from favorites_maintenance.pipeline.resources import AlertSink
 from favorites_maintenance.pipeline.sensors import build_stale_sensor
 from favorites_maintenance.retention.defaults import DATABASE_URL_VAR
 from favorites_maintenance_tests.helpers.jobs import JOB, POLICY, load_code_location
+from favorites_maintenance_tests.helpers.resource_keys import ALERTS_KEY
 from favorites_maintenance_tests.helpers.sensors import react_to_failures
 
 UTC = dt.timezone.utc
@@ -96,7 +97,7 @@ class Watch:
     def tick(self, at: float) -> str:
         self.now = at
         ctx = dg.build_sensor_context(instance=self.instance, cursor=self.cursor,
-                                      resources={"alerts": self.sink})
+                                      resources={ALERTS_KEY: self.sink})
         result = self.sensor(ctx)
         self.cursor = ctx.cursor
         return result.skip_message
@@ -224,10 +225,10 @@ def test_without_a_cursor_the_clock_is_the_last_success_in_the_history(job, webh
         time.sleep(3)  # the run is now older than stale_after
         sensor = build_stale_sensor(guest_policy(), stale_after)
         sink = AlertSink(webhook_url=webhook.url, attempts=1)
-        ctx = dg.build_sensor_context(instance=instance, resources={"alerts": sink})
+        ctx = dg.build_sensor_context(instance=instance, resources={ALERTS_KEY: sink})
         assert sensor(ctx).skip_message == "alerted"
         again = dg.build_sensor_context(instance=instance, cursor=ctx.cursor,
-                                        resources={"alerts": sink})
+                                        resources={ALERTS_KEY: sink})
         assert sensor(again).skip_message == "stale, already alerted"
     [message] = webhook.messages
     assert "no successful run for more than 0.000555556 h" in message

@@ -371,3 +371,37 @@ def test_cutoff_inclusive_is_the_policys_own_and_decides_its_rules_comparison(
     # Set in the policy's file only: the scaffold offers it at its default, a launch cannot.
     assert "  # cutoff_inclusive: false\n" in policy_template("email_change_requests")
     assert "cutoff_inclusive" not in LAUNCH_LIMITS.values()
+
+
+def test_a_scaffolded_policy_has_the_partition_its_first_run_launches_at_once():
+    """The day a policy is written, the partition its schedule runs first (the last complete
+    UTC day) exists already: a launch need not wait for tomorrow."""
+    import yaml
+
+    from favorites_maintenance.components.retention_policy import (
+        RetentionPolicyScaffoldParams,
+        policy_template,
+    )
+    from favorites_maintenance.pipeline.partitions import daily_partitions_from
+
+    text = policy_template("guest_orders", RetentionPolicyScaffoldParams(
+        table="shop.guest_orders", key_column="id", age_column="created_at",
+        null_columns="customer_id"))
+    start = dt.date.fromisoformat(str(yaml.safe_load(text)["attributes"]["partitions_start"]))
+    yesterday = dt.datetime.now(dt.timezone.utc).date() - dt.timedelta(days=1)
+    assert daily_partitions_from(start).get_partition_keys() == [yesterday.isoformat()]
+
+
+def test_the_default_first_partition_follows_the_calendar_so_a_deployment_lists_weeks():
+    from favorites_maintenance.config.policy_settings import (
+        default_partitions_start,
+        parse_policy_settings,
+    )
+
+    # A deployment a year after this version's release lists weeks of days, not a year.
+    assert default_partitions_start(dt.date(2027, 12, 15)) == dt.date(2027, 11, 1)
+    assert default_partitions_start(dt.date(2028, 1, 1)) == dt.date(2027, 12, 1)
+    today = dt.datetime.now(dt.timezone.utc).date()
+    start = parse_policy_settings({}, {}).partitions_start
+    assert start == default_partitions_start(today)
+    assert 28 <= (today - start).days <= 62

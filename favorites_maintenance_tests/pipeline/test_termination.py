@@ -33,6 +33,7 @@ from favorites_maintenance_tests.helpers.daemon import (
     wait_until_finished,
 )
 from favorites_maintenance_tests.helpers.jobs import JOB, POLICY, guest_settings_env
+from favorites_maintenance_tests.helpers.resource_keys import ALERTS_KEY
 
 UTC = dt.timezone.utc
 ROWS = 200_000
@@ -138,7 +139,7 @@ def assert_cancelled_cleanly(instance, run_id, engine, deleted_at_request):
     sensor = build_stale_sensor(guest_policy(), dt.timedelta(hours=48),
                                 clock=lambda: time.time() + 3600)
     ctx = dg.build_sensor_context(instance=instance, cursor='{"firstSeen": 0}',
-                                  resources={"alerts": AlertSink()})
+                                  resources={ALERTS_KEY: AlertSink()})
     assert sensor(ctx).skip_message == "alerted"
     return deleted
 

@@ -15,6 +15,7 @@ from favorites_maintenance.definitions import code_location
 from favorites_maintenance.retention.database import NETWORK_LIMITS
 from favorites_maintenance.retention.defaults import DATABASE_URL_VAR
 from favorites_maintenance_tests.helpers.jobs import JOB, load_code_location
+from favorites_maintenance_tests.helpers.resource_keys import LIMITS_KEY
 from favorites_maintenance_tests.reliability.conftest import (
     OLD,
     PARTITION,
@@ -98,7 +99,7 @@ INVALID = [
 def settings_error(exc: BaseException | None) -> SettingsError:
     """The :class:`SettingsError` that stopped the code location: the load's error itself or
     its cause (a policy's setting: ``PolicyLoadError``; a deployment variable, read by
-    ``defs/resources.py``: Dagster's ``ComponentTreeException``)."""
+    a policy's resources: Dagster's ``ComponentTreeException``)."""
     while exc is not None and not isinstance(exc, SettingsError):
         exc = exc.__cause__
     assert exc is not None, "the load failed without a SettingsError"
@@ -130,7 +131,7 @@ def test_an_invalid_value_in_the_run_config_is_refused_at_launch_before_any_conn
         with pytest.raises(dg.DagsterInvalidConfigError) as refused:
             job.execute_in_process(
                 partition_key=PARTITION, instance=instance,
-                run_config={"resources": {"retention": {"config": {
+                run_config={"resources": {LIMITS_KEY: {"config": {
                     "retention_days": 365, "batch_size": 1000, "max_run_duration_seconds": 600,
                     field: value}}}})
         assert instance.get_runs() == []

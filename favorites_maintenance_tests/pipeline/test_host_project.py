@@ -1,0 +1,147 @@
+"""The component in a project of a team's own: found by ``dg``, scaffolded, and complete on its
+own under the project's stock ``definitions.py``."""
+
+from __future__ import annotations
+
+import datetime as dt
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import dagster as dg
+import pytest
+
+from favorites_maintenance.components.policy_tree import quiet_previews
+from favorites_maintenance.retention.defaults import DATABASE_URL_VAR
+from favorites_maintenance_tests.helpers.host_project import (
+    HOST_DEFINITIONS,
+    add_policy,
+    host_project,
+    run_dg,
+)
+
+ROOT = Path(__file__).resolve().parents[2]
+COMPONENT = "favorites_maintenance.RetentionPolicy"
+
+
+def test_dg_lists_the_component_in_a_project_that_does_not_name_the_package(tmp_path):
+    root = host_project(tmp_path)
+    listed = run_dg(root, "list", "components", "--json")
+    assert listed.returncode == 0, listed.stdout + listed.stderr
+    keys = {item["key"] for item in json.loads(listed.stdout)["items"]}
+    assert COMPONENT in keys
+    assert "dagster.DefsFolderComponent" in keys
+
+
+@pytest.fixture
+def host(tmp_path, monkeypatch):
+    """A host project with an asset, resources named ``database``, ``alerts`` and
+    ``retention`` and an executor of its own, and two policies on one database; importable."""
+    module = f"host_{tmp_path.name.replace('-', '_').lower()}"[:40]
+    root = host_project(tmp_path, module=module)
+    (root / "src" / module / "defs" / "platform.py").write_text(HOST_DEFINITIONS)
+    add_policy(root, "guest_favorites_a", module)
+    add_policy(root, "guest_favorites_b", module)
+    monkeypatch.syspath_prepend(str(root / "src"))
+    return root / "src" / module
+
+
+def test_the_stock_definitions_of_a_host_load_its_policies_complete_beside_its_own(
+        host, db_url, rows, monkeypatch):
+    checked = run_dg(host.parents[1], "check", "defs")
+    assert checked.returncode == 0, checked.stdout + checked.stderr
+    monkeypatch.setenv(DATABASE_URL_VAR, db_url.render_as_string(hide_password=False))
+    with quiet_previews():
+        defs = dg.load_from_defs_folder(path_within_project=host)
+    # The host's own resources and executor are left as they are.
+    assert defs.resources["database"].name == "warehouse"
+    assert defs.resources["alerts"].name == "pager"
+    assert defs.resolve_implicit_global_asset_job_def().executor_def.name == "host_executor"
+    # The package's resources are under its own keys, one database resource for both.
+    keys = sorted(k for k in defs.resources if k.startswith("favorites_maintenance"))
+    assert keys == ["favorites_maintenance_alerts", "favorites_maintenance_favorites_database_url",
+                    "favorites_maintenance_guest_favorites_a_run_limits",
+                    "favorites_maintenance_guest_favorites_b_run_limits",
+                    "favorites_maintenance_metrics"]
+    now = dt.datetime.now(dt.timezone.utc)
+    old = rows.add_many(3, updated_at=now - dt.timedelta(days=90))
+    account = rows.add(updated_at=now - dt.timedelta(days=90), user_id=7)
+    recent = rows.add(updated_at=now - dt.timedelta(days=2))
+    yesterday = (now.date() - dt.timedelta(days=1)).isoformat()
+    with dg.instance_for_test() as instance:
+        result = defs.resolve_job_def("guest_favorites_a_cleanup_job").execute_in_process(
+            partition_key=yesterday, instance=instance)
+        assert result.success
+        # The policy's own job runs its steps in the run's process.
+        assert result.dagster_run.tags.get("favorites_maintenance/database") == DATABASE_URL_VAR
+        assert defs.resolve_job_def("guest_favorites_a_cleanup_job").executor_def.name \
+            == "in_process"
+    assert rows.ids() == {account, recent}
+    assert not set(old) & rows.ids()
+    # The host's asset still runs, on its own resource.
+    with dg.instance_for_test() as instance:
+        assert dg.materialize([defs.resolve_assets_def("daily_report")],
+                              instance=instance).output_for_node("daily_report") == "warehouse"
+
+
+#: Loads the instance of the working folder as ``dg dev`` does: before any project code.
+_INSTANCE_AS_DG_DEV_LOADS_IT = """
+import os, tempfile
+import dagster as dg
+with tempfile.TemporaryDirectory(dir=os.getcwd()) as home:
+    with dg.DagsterInstance.from_config(os.getcwd()) as instance:
+        print("loaded", type(instance.run_storage).__name__)
+"""
+
+
+def test_a_host_s_dg_dev_never_starts_the_embedded_server(tmp_path):
+    """A host project that took the package's ``dagster.yaml`` and serves a workspace of its
+    own: without ``DAGSTER_POSTGRES_URL`` its development server refuses, naming the variable,
+    and no PostgreSQL server is started nor any file written for one."""
+    root = host_project(tmp_path)
+    shutil.copyfile(ROOT / "dagster.yaml", root / "dagster.yaml")
+    (root / "workspace.yaml").write_text(
+        "load_from:\n  - python_module:\n      module_name: my_platform.definitions\n")
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("FAVORITES_", "DAGSTER_"))}
+    loaded = subprocess.run([sys.executable, "-c", _INSTANCE_AS_DG_DEV_LOADS_IT], cwd=root,
+                            env={**env, "DAGSTER_IS_DEV_CLI": "1"}, capture_output=True,
+                            text=True, timeout=300, check=False)
+    assert loaded.returncode != 0
+    assert "DAGSTER_POSTGRES_URL: is not set" in loaded.stderr
+    assert "embedded PostgreSQL server" not in loaded.stdout
+    assert not (root / ".favorites-maintenance").exists()
+
+
+def _cli(*args: str, cwd: Path, env_extra: dict[str, str]) -> subprocess.CompletedProcess:
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("FAVORITES_", "DAGSTER_"))}
+    env.update(env_extra)
+    return subprocess.run([sys.executable, "-m", "favorites_maintenance", *args], cwd=cwd,
+                          env=env, capture_output=True, text=True, timeout=300)
+
+
+def test_the_command_line_counts_a_host_s_policy_from_its_project_or_its_module(
+        host, db_url, rows, tmp_path):
+    now = dt.datetime.now(dt.timezone.utc)
+    rows.add_many(4, updated_at=now - dt.timedelta(days=90))
+    rows.add(updated_at=now - dt.timedelta(days=90), user_id=7)
+    env = {DATABASE_URL_VAR: db_url.render_as_string(hide_password=False),
+           "PYTHONPATH": str(host.parent)}
+    module = f"{host.name}.definitions"
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    for args, cwd in ((("dry-run", "--policy", "guest_favorites_b", "--json"), host.parents[1]),
+                      (("dry-run", "-m", module, "--policy", "guest_favorites_b", "--json"),
+                       elsewhere)):
+        counted = _cli(*args, cwd=cwd, env_extra=env)
+        assert counted.returncode == 0, counted.stderr[-2000:]
+        [report] = json.loads(counted.stdout)["policies"]
+        assert (report["policy"], report["now"]["prunable"]) == ("guest_favorites_b", 4)
+    # The package's own policy is no host's.
+    refused = _cli("dry-run", "--policy", "guest_favorites", cwd=host.parents[1], env_extra=env)
+    assert refused.returncode != 0
+    assert "no such policy; the policies are guest_favorites_a, guest_favorites_b" \
+        in refused.stderr
+    assert rows.count() == 5
