@@ -237,8 +237,8 @@ def main() -> None:
 def demo(rows: int, pretend: bool, policy_name: str) -> None:
     """Seed the embedded PostgreSQL and run the cleanup job once through Dagster.
 
-    Starts the embedded PostgreSQL server of this checkout, DROPS AND RECREATES the dev table
-    favorites.favorites in its "favorites" database, seeds it, runs guest_favorites_cleanup_job
+    Starts the embedded PostgreSQL server of this checkout, DROPS AND RECREATES the schema
+    favorites (every table in it) in its "favorites" database, seeds favorites.favorites, runs guest_favorites_cleanup_job
     for the latest complete day and prints rows deleted, batches, duration and backlog.
 
     Everything lives in .favorites-maintenance/ of the checkout (ignored by git): the server's
@@ -402,8 +402,8 @@ def _echo_dry_run(count: dict) -> None:
     _echo(f"prunable   {now['prunable']:,} rows (oldest {count['age_column']}: "
           f"{now['oldest'] or 'none'})")
     if "held" in now:
-        _echo(f"held       {now['held']:,} rows past the cutoff kept by an active hold "
-              "(not deleted)")
+        _echo(f"held       {now['held']:,} {'row' if now['held'] == 1 else 'rows'} past the "
+              "cutoff kept by an active hold (not deleted)")
     if upcoming["partition"] is None:
         _echo(f"next run   {upcoming['at']} ({upcoming['cron']}): no complete day of the "
               "policy's partitions yet")
@@ -747,9 +747,12 @@ def _holds_of(policy_name: str):
 
     policy = _load_policy(policy_name)
     if policy.rule.hold is None:
-        _fail(f"--policy {policy.name}: the policy names no hold table; add hold_table: "
-              "schema.table (and hold_column when a hold matches another column than the "
-              "key) to its defs.yaml, then run hold init (docs/holds.md)")
+        variable = policy.labels.get("hold_table")
+        where = (f"set {variable} to schema.table" if variable else
+                 "add hold_table: schema.table (and hold_column when a hold matches another "
+                 "column than the key) to its defs.yaml")
+        _fail(f"--policy {policy.name}: the policy names no hold table; {where}, then run "
+              "hold init (docs/holds.md)")
     try:
         url = require_database_url(policy.database_url_env)
     except SettingsError as exc:

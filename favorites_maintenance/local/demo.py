@@ -25,6 +25,7 @@ from favorites_maintenance.pipeline.run_report import RunReport
 from favorites_maintenance.retention.backlog import measure_backlog
 from favorites_maintenance.retention.database import create_engine
 from favorites_maintenance.retention.errors import BacklogError, TableShapeError
+from favorites_maintenance.retention.holds import create_hold_table
 from favorites_maintenance.retention.rule import GUEST_FAVORITES, RetentionRule
 from favorites_maintenance.retention.schema import create_dev_schema, drop_dev_schema
 from favorites_maintenance.retention.table_check import check_table
@@ -68,7 +69,8 @@ def run_demo(env: LocalEnvironment, *, rows: int, pretend: bool, policy: Policy,
                         f"({policy.label('partitions_start')}), and a day is one once it has "
                         "ended (UTC); run the demo once that day has ended, or set an earlier "
                         "partitions_start")
-    seeded = policy.rule == GUEST_FAVORITES
+    # Holds do not change which table there is to seed.
+    seeded = policy.rule.with_hold(None) == GUEST_FAVORITES
     engine = create_engine(url)
     try:
         if seeded:
@@ -76,6 +78,8 @@ def run_demo(env: LocalEnvironment, *, rows: int, pretend: bool, policy: Policy,
             t0 = time.monotonic()
             drop_dev_schema(engine)
             create_dev_schema(engine)
+            if policy.rule.hold is not None:  # it went with the schema
+                create_hold_table(engine, policy.rule.hold.qualified_name)
             before = seed_favorites(engine, rows, now=dt.datetime.now(UTC),
                                     on_progress=seed_progress(rows, echo))
             echo(f"  seeded in {time.monotonic() - t0:.1f} s: {before.rows:,} rows, "
@@ -127,8 +131,9 @@ def run_demo(env: LocalEnvironment, *, rows: int, pretend: bool, policy: Policy,
     echo(f"  rows deleted      {run.deleted_total:>12,}")
     largest = run.batch_size_max or run.batch_size
     mode = f"{run.batch_size_mode}: " if run.batch_size_mode else ""
-    echo(f"  batches           {run.batches:>12,}  ({mode}batch size {run.batch_size:,}"
-          + (f" first, {largest:,} largest)" if largest != run.batch_size else ")"))
+    first = run.batch_size_first or run.batch_size
+    echo(f"  batches           {run.batches:>12,}  ({mode}batch size {first:,}"
+          + (f" first, {largest:,} largest)" if largest != first else ")"))
     echo(f"  duration          {run.duration_ms:>12,} ms")
     echo(f"  backlog remaining {run.backlog_remaining:>12,}  (stop reason: "
           f"{run.stop_reason})")

@@ -46,12 +46,12 @@ def asset_page(port: int) -> str:
 def prepare_dev_table(engine: sa.Engine, rows: int, echo: Callable[[str], None],
                       reseed: bool = False) -> None:
     """Create the dev table if missing and seed ``rows`` rows if it is empty; with ``reseed``,
-    drop and recreate it first, so it holds freshly seeded rows whatever was there."""
+    drop and recreate its schema first (every table in it), so it holds freshly seeded rows whatever was there."""
     from favorites_maintenance.retention.schema import create_dev_schema, drop_dev_schema
     from favorites_maintenance.local.seed import seed_favorites, summarize
 
     if reseed:
-        echo("dropping and recreating favorites.favorites (--reseed)")
+        echo("dropping and recreating the schema favorites (--reseed)")
         drop_dev_schema(engine)
     create_dev_schema(engine)
     current = summarize(engine)

@@ -79,6 +79,19 @@ def test_demo_of_a_policy_whose_days_start_today_refuses_before_seeding(checkout
     assert "seeding" not in proc.stdout and "running" not in proc.stdout
 
 
+def test_demo_of_the_guest_policy_with_holds_seeds_and_gives_it_its_hold_table(checkout):
+    """A hold table does not change which table there is to seed, and the schema the demo
+    recreates takes the hold table with it: the demo creates it again, so its run can read it."""
+    proc = cli("demo", "--rows", "2000", cwd=checkout,
+               env_extra={"FAVORITES_GUEST_RETENTION_HOLD_TABLE": "favorites.retention_holds"})
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    out = proc.stdout
+    assert "  seeding: 2,000 / 2,000 rows" in out
+    matched = int(re.search(r"the rule matches ([\d,]+) rows", out)[1].replace(",", ""))
+    assert matched > 0 and number("rows deleted", out) == matched
+    assert "(unchanged)" in out
+
+
 def test_demo_pretend_deletes_nothing(checkout):
     proc = cli("demo", "--rows", "5000", "--pretend", cwd=checkout)
     assert proc.returncode == 0, proc.stderr[-3000:]
@@ -140,7 +153,7 @@ def test_version_and_help_say_what_each_command_does(checkout):
         assert re.search(rf"^  {name} ", commands, re.M), top
     assert "..." not in commands  # no summary cut short
     demo = " ".join(cli("demo", "--help", cwd=checkout).stdout.split())
-    assert "DROPS AND RECREATES the dev table favorites.favorites" in demo
+    assert "DROPS AND RECREATES the schema favorites (every table in it)" in demo
     assert ".favorites-maintenance/ of the checkout" in demo
     dev = " ".join(cli("dev", "--help", cwd=checkout).stdout.split())
     assert "--reseed Drop and recreate the dev table and seed it again" in dev
@@ -160,7 +173,7 @@ def test_dev_reseed_drops_what_the_table_held_and_seeds_it_again(engine, rows):
     prepare_dev_table(engine, 3000, said.append, reseed=True)
     assert rows.count() == 3000
     assert rows.count(dev_favorites.c.updated_at == marked) == 0
-    assert "dropping and recreating favorites.favorites (--reseed)" in said
+    assert "dropping and recreating the schema favorites (--reseed)" in said
     assert "  seeding: 3,000 / 3,000 rows" in said
 
 

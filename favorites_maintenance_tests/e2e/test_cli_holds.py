@@ -56,7 +56,7 @@ def test_hold_init_place_list_release_and_the_dry_run_counting_held_rows_apart(
     now = json.loads(dry.stdout)["policies"][0]["now"]
     assert (now["prunable"], now["held"]) == (1, 1)
     text = cli("dry-run", cwd=checkout, env_extra=env)
-    assert "held       1 rows past the cutoff kept by an active hold" in text.stdout
+    assert "held       1 row past the cutoff kept by an active hold" in text.stdout
 
     released = cli("hold", "release", "--policy", "guest_favorites", "--id", str(hold_id),
                    "--by", "support", cwd=checkout, env_extra=env)
@@ -80,8 +80,10 @@ def test_hold_commands_refuse_a_policy_without_hold_table_and_a_missing_table(
     bare = cli("hold", "list", "--policy", "guest_favorites", cwd=checkout,
                env_extra=env_of(db_url))
     assert bare.returncode == 2
+    # The guest policy reads hold_table from its variable: the fix is to set it.
     assert bare.stderr.startswith("error: --policy guest_favorites: the policy names no hold "
-                                  "table; add hold_table: schema.table")
+                                  "table; set FAVORITES_GUEST_RETENTION_HOLD_TABLE to "
+                                  "schema.table, then run hold init")
     env = env_of(db_url, hold_table="favorites.retention_holds")
     missing = cli("hold", "place", "--policy", "guest_favorites", "--key", "1", "--reason",
                   "r", cwd=checkout, env_extra=env)
