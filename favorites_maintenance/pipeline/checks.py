@@ -223,7 +223,7 @@ def _held_rows_check(policy: Policy, asset_key: dg.AssetKey) -> dg.AssetChecksDe
         name=HELD_CHECK,
         description=(f"How many rows the rule would delete but an active hold of "
                      f"{rule.hold.qualified_name} keeps, and how long the oldest active hold "
-                     "has stood (passes: a hold is deliberate; WARN when it cannot be read)."),
+                     "has stood (passes: a hold is deliberate; fails when the hold table cannot be read)."),
         required_resource_keys={policy.database_key},
     )
     def held_rows(context: dg.AssetCheckExecutionContext) -> Iterator[CheckOutput]:

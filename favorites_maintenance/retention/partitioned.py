@@ -880,6 +880,13 @@ class _DropPhase:
 
     def drop_by_function(self, table: TablePartition, checks: list[str]) -> None:
         function = self.function(DROP_FUNCTION, "")
+        if self.rule.hold is not None:
+            # The owner's function checks the guard, not the holds: a hold placed since the
+            # detach would go with the table.
+            self.decisions.append(PartitionDecision(table.qualified_name, Action.KEPT_DETACHED, (
+                *checks, f"the policy has holds, which {function} does not check: not dropped "
+                "(the table's owner drops it once no active hold covers its rows)")))
+            return
         rows = 0
 
         def call() -> None:

@@ -422,6 +422,37 @@ def test_the_least_privilege_role_detaches_and_drops_through_the_owners_function
     assert rows.ids() == {*made["feb_account"], *made["jun_fresh"], *made["fresh"]}
 
 
+def test_with_holds_the_least_privilege_role_never_drops_a_detached_table(
+        table, rows, roles, monkeypatch):
+    """The owner's drop function checks the guard, not the holds: a hold placed after the
+    detach covers a row of the detached table, which is kept."""
+    from favorites_maintenance.retention.holds import HoldTable, create_hold_table, place_hold
+
+    made = fill(rows)
+    url = cleanup_role_with_functions(table, roles, monkeypatch)
+    create_hold_table(table, "favorites.retention_holds")
+    with table.begin() as conn:
+        conn.execute(sa.text(f'GRANT SELECT ON favorites.retention_holds TO "{url.username}"'))
+    with dg.instance_for_test() as instance:
+        first = run(instance, hold_table="favorites.retention_holds")
+        assert first.success, failure_text(first)
+        assert JAN in detached_from(table)
+        holds = HoldTable.define("favorites.retention_holds", "id", "guest_favorites")
+        place_hold(table, holds, str(made["jan"][0]), reason="dispute", placed_by="support")
+        for name in (JAN, MAR, APR, MAY):
+            backdate_detach(table, name, 8)
+        second = run(instance, hold_table="favorites.retention_holds")
+        assert second.success, failure_text(second)
+        lines = log_lines(instance, second)
+    assert materialization(second, asset_key=ASSET_KEY)["partitionsDropped"] == 0
+    assert {JAN, MAR, APR, MAY} <= detached_from(table)
+    assert "the policy has holds, which favorites.favorites_drop_detached does not check" in lines
+    with table.connect() as conn:
+        kept = conn.execute(sa.text(f"SELECT count(*) FROM {JAN}_detached WHERE id = :i"),
+                            {"i": made["jan"][0]}).scalar_one()
+    assert kept == 1
+
+
 def test_the_owners_function_refuses_a_partition_holding_an_account_row(table, rows, roles):
     rows.add_many(3, updated_at=month(2))
     rows.add(updated_at=month(2, 15), user_id=1)
