@@ -821,7 +821,8 @@ def hold_place(policy_name: str, value: str, reason: str, placed_by: str | None)
     holds, engine = _holds_of(policy_name)
     try:
         hold_id = place_hold(engine, holds, value, reason=reason,
-                             placed_by=placed_by or getpass.getuser())
+                             placed_by=placed_by or getpass.getuser(),
+                             of_table=_load_policy(policy_name).rule.qualified_name)
     except InvalidArgumentError as exc:
         _fail(str(exc).replace("hold key", "--key").replace("hold reason", "--reason")
               .replace("hold by", "--by"))

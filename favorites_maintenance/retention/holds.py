@@ -195,13 +195,19 @@ class Hold:
 
 
 def place_hold(engine: sa.Engine, holds: HoldTable, value: str, *, reason: str,
-               placed_by: str) -> int:
+               placed_by: str, of_table: str | None = None) -> int:
     """Place a hold of ``holds.policy`` on ``value`` (text, as the hold column's value reads
     cast to text) and return its id. Runs the next run's batches and, from its commit on, the
     DELETE of a batch under way, around the rows it covers.
 
+    With ``of_table`` (the policy's table, ``schema.table``), ``value`` is first read as the
+    hold column's type there and stored as PostgreSQL writes that value as text, so that a
+    hold typed another way (``042`` for a bigint, an upper-case UUID, an instant in another
+    time zone) still covers its row instead of matching none.
+
     Raises:
-        InvalidArgumentError: an empty ``value``, ``reason`` or ``placed_by``.
+        InvalidArgumentError: an empty ``value``, ``reason`` or ``placed_by``; a ``value`` that
+            is not of the hold column's type (the value itself is not repeated).
         sqlalchemy.exc.DBAPIError: the database refused (a missing table: run ``hold init``).
     """
     for what, given in (("key", value), ("reason", reason), ("by", placed_by)):
@@ -209,9 +215,34 @@ def place_hold(engine: sa.Engine, holds: HoldTable, value: str, *, reason: str,
             raise InvalidArgumentError(f"hold {what} must not be empty")
     h = holds.table.c
     with engine.begin() as conn:
+        if of_table is not None:
+            value = _as_the_column_writes_it(conn, of_table, holds.column, value)
         return conn.execute(sa.insert(holds.table).values({
             POLICY: holds.policy, HELD_VALUE: value, REASON: reason, PLACED_BY: placed_by,
         }).returning(h[HOLD_ID])).scalar_one()
+
+
+def _as_the_column_writes_it(conn: sa.Connection, table: str, column: str, value: str) -> str:
+    """``value`` read as ``table.column``'s type and written back as text (see
+    :func:`place_hold`).
+
+    Raises:
+        InvalidArgumentError: the column is not found, or ``value`` is not of its type.
+    """
+    type_name = conn.execute(sa.text(
+        "SELECT format_type(atttypid, atttypmod) FROM pg_attribute "
+        "WHERE attrelid = CAST(:t AS regclass) AND attname = :c AND NOT attisdropped"),
+        {"t": table, "c": column}).scalar()
+    if type_name is None:
+        raise InvalidArgumentError(f"hold column {column} is not a column of {table}")
+    # The type's name comes from the catalog, written by format_type as SQL reads it.
+    try:
+        with conn.begin_nested():
+            return conn.execute(sa.text(f"SELECT CAST(CAST(:v AS {type_name}) AS text)"),
+                                {"v": value}).scalar_one()
+    except sa.exc.DataError:
+        raise InvalidArgumentError(
+            f"hold key is not a value of {table}.{column} ({type_name})") from None
 
 
 def release_hold(engine: sa.Engine, holds: HoldTable, hold_id: int, *, released_by: str) -> bool:

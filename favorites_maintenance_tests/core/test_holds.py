@@ -10,6 +10,7 @@ import pytest
 import sqlalchemy as sa
 
 from favorites_maintenance.retention import ScanMode, StopReason, measure_backlog, purge
+from favorites_maintenance.retention.errors import InvalidArgumentError
 from favorites_maintenance.retention.holds import (
     HoldTable,
     create_hold_table,
@@ -60,6 +61,21 @@ def test_a_held_row_is_never_deleted_in_any_batch_form(engine, rows, holds, scan
     assert rows.ids() == held | {account}
     backlog = measure_backlog(engine, CUTOFF, rule)
     assert (backlog.remaining, backlog.held) == (0, 3)
+
+
+def test_a_hold_typed_another_way_than_postgresql_writes_the_key_still_covers_its_row(
+        engine, rows, holds):
+    ids = rows.add_many(3, updated_at=OLD)
+    # "0042" is the bigint 42, which PostgreSQL writes as "42".
+    place_hold(engine, holds, f" 0{ids[1]}", reason="dispute", placed_by="support",
+               of_table="favorites.favorites")
+    report = run(engine, GUEST_FAVORITES.with_hold(holds))
+    assert report.deleted_total == 2 and rows.ids() == {ids[1]}
+    assert [h.held_value for h in list_holds(engine, holds)] == [str(ids[1])]
+    with pytest.raises(InvalidArgumentError, match=r"hold key is not a value of "
+                       r"favorites.favorites.id \(bigint\)"):
+        place_hold(engine, holds, "not-a-number", reason="r", placed_by="s",
+                   of_table="favorites.favorites")
 
 
 def test_the_delete_repeats_the_hold_test(engine, rows, holds):
