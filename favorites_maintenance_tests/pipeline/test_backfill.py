@@ -163,7 +163,9 @@ def test_a_backfill_is_one_run_that_materializes_every_day_with_its_checks_once(
                 break
         assert instance.get_backfill(backfill_id).status == BulkActionStatus.COMPLETED_SUCCESS
         assert len(instance.get_runs(dg.RunsFilter(tags={"dagster/backfill": backfill_id}))) == 1
-        [worker] = step_processes(instance, run.run_id)  # every step in the run worker
+        # On the code location's executor (the policy's own job keeps in-process; a backfill
+        # of the asset runs Dagster's asset job): in processes of the run's, never the test's.
+        workers = step_processes(instance, run.run_id)
         mats = {day: instance.fetch_materializations(
                     dg.AssetRecordsFilter(asset_key=ASSET_KEY, asset_partitions=[day]),
                     limit=10).records for day in days}
@@ -179,7 +181,7 @@ def test_a_backfill_is_one_run_that_materializes_every_day_with_its_checks_once(
     assert (run.tags["dagster/asset_partition_range_start"],
             run.tags["dagster/asset_partition_range_end"]) == (first, last)
     assert "dagster/partition" not in run.tags
-    assert worker != os.getpid()
+    assert workers and os.getpid() not in workers
 
     # One purge, to the last day's cutoff: exactly the rows its rule matched are gone.
     deleted = before - rows.ids()
