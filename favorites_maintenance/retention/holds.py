@@ -40,6 +40,7 @@ import sqlalchemy as sa
 from sqlalchemy.dialects.postgresql import TIMESTAMP
 
 from favorites_maintenance.retention.errors import InvalidArgumentError
+from favorites_maintenance.retention.identifiers import split_table_name
 
 #: The hold table's columns, by role.
 HOLD_ID, POLICY, HELD_VALUE = "hold_id", "policy", "held_value"
@@ -89,8 +90,6 @@ class HoldTable:
         Raises:
             RuleError: ``table`` is not ``schema.table`` of lower-case identifiers.
         """
-        from favorites_maintenance.retention.rule import split_table_name
-
         schema, name = split_table_name(table, "hold_table")
         return cls(table=hold_table_of(schema, name), column=column, policy=policy)
 
@@ -147,7 +146,6 @@ def create_hold_table_sql(table: str) -> list[str]:
     from sqlalchemy.dialects import postgresql
     from sqlalchemy.schema import CreateIndex, CreateTable
 
-    from favorites_maintenance.retention.rule import split_table_name
 
     t = hold_table_of(*split_table_name(table, "hold_table"))
     dialect = postgresql.dialect()

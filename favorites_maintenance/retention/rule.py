@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import dataclasses
 import datetime as dt
-import re
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -25,40 +24,21 @@ from sqlalchemy.dialects.postgresql import TIMESTAMP
 
 from favorites_maintenance.retention.errors import InvalidArgumentError
 from favorites_maintenance.retention.holds import HoldTable
+from favorites_maintenance.retention.identifiers import (
+    IDENTIFIER as _IDENTIFIER,
+    RuleError,
+    split_table_name,
+)
 
 SCHEMA = "favorites"
 TABLE = "favorites"
 
 _UTC = dt.timezone.utc
 _MICROSECOND = dt.timedelta(microseconds=1)
-#: A lower-case SQL identifier, as a policy's YAML may name a schema, table or column. Anything
-#: else (quotes, dots, spaces, upper case) is refused rather than quoted into a surprise.
-_IDENTIFIER = re.compile(r"[a-z_][a-z0-9_$]{0,62}")
 
 
 #: A range of the age column, ``[lower, upper)``, as UTC instants; ``None`` for an open end.
 AgeRange = tuple[dt.datetime | None, dt.datetime | None]
-
-
-class RuleError(InvalidArgumentError):
-    """A retention rule is malformed (an identifier that is not one, a column named twice)."""
-
-
-def split_table_name(table: str, what: str = "table") -> tuple[str, str]:
-    """``(schema, name)`` of ``table`` written ``schema.table``, both lower-case SQL
-    identifiers; ``what`` is the field an error names.
-
-    Raises:
-        RuleError: not ``schema.table``, or a part is not a lower-case SQL identifier.
-    """
-    schema, dot, name = table.partition(".") if isinstance(table, str) else ("", "", "")
-    if not dot or not schema or not name or "." in name:
-        raise RuleError(f"{what} {table!r} must be written schema.table")
-    for part, value in (("schema", schema), (what, name)):
-        if not _IDENTIFIER.fullmatch(value):
-            raise RuleError(f"{part} {value!r} is not a lower-case SQL identifier "
-                            "(letters, digits, _; at most 63 characters)")
-    return schema, name
 
 
 @dataclass(frozen=True, eq=False)
