@@ -19,6 +19,7 @@ from favorites_maintenance.retention.schema import (
     drop_dev_schema,
     month_starts,
 )
+from favorites_maintenance_tests.helpers.partitioned import erasure_log
 
 UTC = dt.UTC
 CUTOFF = dt.datetime(2024, 3, 15, tzinfo=UTC)
@@ -94,16 +95,7 @@ def scanned(engine, statement) -> set[str]:
 
 def test_the_default_partition_is_purged_through_the_table_its_deletes_seen_by_its_triggers(
         monthly):
-    with monthly.begin() as conn:
-        conn.execute(sa.text("CREATE TABLE favorites.erasure_log (deleted bigint NOT NULL)"))
-        conn.execute(sa.text(
-            "CREATE FUNCTION favorites.log_erasure() RETURNS trigger LANGUAGE plpgsql AS $$ "
-            "BEGIN INSERT INTO favorites.erasure_log SELECT count(*) FROM erased; "
-            "RETURN NULL; END $$"))
-        conn.execute(sa.text(
-            "CREATE TRIGGER log_erasure AFTER DELETE ON favorites.favorites "
-            "REFERENCING OLD TABLE AS erased FOR EACH STATEMENT "
-            "EXECUTE FUNCTION favorites.log_erasure()"))
+    erasure_log(monthly)
     before = {add(monthly, dt.datetime(2023, 6, d, tzinfo=UTC)) for d in (1, 2, 3)}   # default
     after = {add(monthly, dt.datetime(2024, 9, d, tzinfo=UTC)) for d in (1, 2)}       # default
     february = {add(monthly, dt.datetime(2024, 2, d, tzinfo=UTC)) for d in (1, 2)}

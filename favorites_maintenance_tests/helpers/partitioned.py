@@ -143,3 +143,19 @@ def backdate_detach(engine, partition: str, days: int) -> None:
                      {"n": json.dumps(mark)})
         conn.execute(sa.text(f"DO $$ BEGIN EXECUTE format('COMMENT ON TABLE {table} IS %L',"
                              " current_setting('test.note')); END $$"))
+
+
+def erasure_log(engine) -> None:
+    """An application's erasure log on the table: an AFTER DELETE statement trigger on
+    ``favorites.favorites`` that records how many rows each DELETE removed (its transition
+    table)."""
+    with engine.begin() as conn:
+        conn.execute(sa.text("CREATE TABLE favorites.erasure_log (deleted bigint NOT NULL)"))
+        conn.execute(sa.text(
+            "CREATE FUNCTION favorites.log_erasure() RETURNS trigger LANGUAGE plpgsql AS $$ "
+            "BEGIN INSERT INTO favorites.erasure_log SELECT count(*) FROM erased; "
+            "RETURN NULL; END $$"))
+        conn.execute(sa.text(
+            "CREATE TRIGGER log_erasure AFTER DELETE ON favorites.favorites "
+            "REFERENCING OLD TABLE AS erased FOR EACH STATEMENT "
+            "EXECUTE FUNCTION favorites.log_erasure()"))

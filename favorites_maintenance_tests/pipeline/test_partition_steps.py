@@ -29,6 +29,7 @@ from favorites_maintenance_tests.helpers.partitioned import (
     PARTITION,
     POLICY,
     add_rows,
+    erasure_log,
     monthly_table,
     partitioned_defs,
     partitioned_job,
@@ -107,22 +108,6 @@ def max_overlap(records, prefix: str) -> int:
         running += 1 if record.dagster_event.event_type == dg.DagsterEventType.STEP_START else -1
         most = max(most, running)
     return most
-
-
-def erasure_log(engine) -> None:
-    """An application's erasure log on the table: an AFTER DELETE statement trigger on
-    ``favorites.favorites`` that records how many rows each DELETE removed (its transition
-    table)."""
-    with engine.begin() as conn:
-        conn.execute(sa.text("CREATE TABLE favorites.erasure_log (deleted bigint NOT NULL)"))
-        conn.execute(sa.text(
-            "CREATE FUNCTION favorites.log_erasure() RETURNS trigger LANGUAGE plpgsql AS $$ "
-            "BEGIN INSERT INTO favorites.erasure_log SELECT count(*) FROM erased; "
-            "RETURN NULL; END $$"))
-        conn.execute(sa.text(
-            "CREATE TRIGGER log_erasure AFTER DELETE ON favorites.favorites "
-            "REFERENCING OLD TABLE AS erased FOR EACH STATEMENT "
-            "EXECUTE FUNCTION favorites.log_erasure()"))
 
 
 def logged_erasures(engine) -> int:
