@@ -12,10 +12,16 @@ import sys
 from pathlib import Path
 
 import pytest
+import sqlalchemy as sa
 
 from favorites_maintenance.retention.database import create_engine
 from favorites_maintenance.retention.defaults import DATABASE_URL_VAR
-from favorites_maintenance.retention.schema import create_dev_schema
+from favorites_maintenance.retention.schema import (
+    create_dev_schema,
+    create_partitioned_dev_schema,
+    drop_dev_schema,
+    month_starts,
+)
 from favorites_maintenance_tests.conftest import Rows
 from favorites_maintenance_tests.helpers.host_project import HOST_POLICY, host_project
 
@@ -165,3 +171,43 @@ def test_a_database_that_cannot_be_read_is_named_and_the_others_still_counted(pr
     assert lines["billing"]["newly_prunable"] is None
     assert "could not count policy billing's rows" in lines["billing"]["error"]
     assert "secret" not in done.stdout + done.stderr
+
+
+
+def test_partitions_newly_past_the_cutoff_and_archived_rows_past_a_shorter_retention(
+        project, engine):
+    root, env, _ = project
+    drop_dev_schema(engine)
+    now = dt.datetime.now(dt.timezone.utc)
+    starts = month_starts(now - dt.timedelta(days=400), 15)
+    names = create_partitioned_dev_schema(engine, starts)
+    with engine.begin() as conn:
+        conn.execute(sa.text(
+            "CREATE TABLE favorites.kept_archive (LIKE favorites.favorites, "
+            "_retention_run_id text NOT NULL, _retention_policy text NOT NULL, "
+            "_retention_archived_at timestamptz NOT NULL)"))
+        for days, policy in ((5, "kept"), (20, "kept"), (25, "kept"), (40, "kept"),
+                             (20, "other")):
+            conn.execute(sa.text(
+                "INSERT INTO favorites.kept_archive (id, item_id, created_at, updated_at, "
+                "_retention_run_id, _retention_policy, _retention_archived_at) VALUES "
+                "(1, 1, now(), now(), 'r', :p, now() - make_interval(days => :d))"),
+                {"p": policy, "d": days})
+    _policy(root, "narrowed", drop_expired_partitions="true", retention_days="200")
+    _policy(root, "kept", archive_table="favorites.kept_archive", archive_retention_days="30")
+    _git(root, "add", ".")
+    _git(root, "commit", "-q", "-m", "a partitioned policy and an archive")
+    _policy(root, "narrowed", drop_expired_partitions="true", retention_days="30")
+    _policy(root, "kept", archive_table="favorites.kept_archive", archive_retention_days="15")
+
+    done = plan(root, env, "--base", "main", "--json")
+    assert done.returncode == 1, done.stderr
+    lines = by_name(done)
+    # Each monthly partition [starts[i], starts[i + 1]) whose end moved behind the cutoff.
+    old_cutoff, new_cutoff = now - dt.timedelta(days=200), now - dt.timedelta(days=30)
+    expected = [f"favorites.{name}" for name, end in zip(names, starts[1:])
+                if old_cutoff < end <= new_cutoff]
+    assert len(expected) >= 4
+    assert lines["narrowed"]["partitions_newly_expired"] == expected
+    # Archived 20 and 25 days ago: past 15 days, not past 30; the other policy's row is not its.
+    assert lines["kept"]["archive_newly_prunable"] == 2
