@@ -49,12 +49,15 @@ TIMEOUT = "PT30S"
 OLD_ROWS = 200
 BATCH = 10
 IN_PROCESS_RUN = textwrap.dedent(f"""
+    import os
+
     import dagster as dg
     from favorites_maintenance.definitions import code_location
 
     job = code_location().resolve_job_def({JOB!r})
     with dg.DagsterInstance.get() as instance:  # DAGSTER_HOME's, as demo's
-        job.execute_in_process(partition_key={PARTITION!r}, instance=instance)
+        job.execute_in_process(partition_key={PARTITION!r}, instance=instance,
+                               tags={{"e2e/demo": os.environ["E2E_DEMO"]}})
 """)
 
 
@@ -122,9 +125,17 @@ def run_failure(instance: dg.DagsterInstance, run_id: str) -> str:
 
 
 def settled(instance: dg.DagsterInstance) -> None:
-    """Wait until no run is queued or in progress (the retries of the killed runs too)."""
-    wait_for(lambda: all(r.is_finished for r in instance.get_runs()), 300, interval=1,
-             what="every run of the instance to end")
+    """Wait until no run is queued or in progress and every failed run that Dagster will retry
+    has its retry (the daemon launches it a moment after the failure), ended too."""
+    def done() -> bool:
+        runs = instance.get_runs()
+        retried = {r.tags.get("dagster/parent_run_id") for r in runs}
+        # A run executed in a command's own process has no code location to be retried from.
+        return all(r.is_finished for r in runs) and all(
+            r.run_id in retried for r in runs
+            if r.status == dg.DagsterRunStatus.FAILURE and r.remote_job_origin is not None
+            and r.tags.get("dagster/will_retry") == "true")
+    wait_for(done, 300, interval=1, what="every run of the instance and its retries to end")
 
 
 def test_a_run_worker_killed_under_its_code_server_fails_and_the_next_run_goes_on(deployment):
@@ -159,18 +170,21 @@ def test_a_run_killed_with_its_own_process_is_ended_by_its_silence_and_the_next_
     ``cleanup_dead_run_sensor`` sees its heartbeat stand still for the timeout and ends it,
     FAILURE (CANCELED when it was CANCELING); the run queued behind it then starts."""
     env, instance, workspace, engine = deployment
+    settled(instance)  # the runs (and retries) of the tests before this one are over
     kept = fill(engine)
-    before = {r.run_id for r in instance.get_runs()}
+    mark = f"{terminated}-{os.getpid()}"
     with slow_batches(engine, 0.5):
-        demo = subprocess.Popen([sys.executable, "-c", IN_PROCESS_RUN], env=env, cwd=ROOT,
+        demo = subprocess.Popen([sys.executable, "-c", IN_PROCESS_RUN],
+                                env={**env, "E2E_DEMO": mark}, cwd=ROOT,
                                 stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         try:
-            wait_for(lambda: deleted(engine, kept) >= BATCH, 180, interval=0.2,
+            wait_for(lambda: instance.get_runs(dg.RunsFilter(tags={"e2e/demo": mark}))
+                     and deleted(engine, kept) >= BATCH, 180, interval=0.2,
                      what="the first batches of the run in its own process")
         finally:
             demo.kill()  # SIGKILL: no end of the run is written
             demo.wait(30)
-    [dead] = [r for r in instance.get_runs() if r.run_id not in before]
+    [dead] = instance.get_runs(dg.RunsFilter(tags={"e2e/demo": mark}))
     assert dead.status == dg.DagsterRunStatus.STARTED
     assert HEARTBEAT_TAG in dead.tags
     if terminated:
