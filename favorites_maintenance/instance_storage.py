@@ -24,10 +24,10 @@ from collections.abc import Mapping
 from typing import Any
 
 import dagster as dg
-from dagster._serdes.config_class import ConfigurableClassData
 from dagster_postgres import DagsterPostgresStorage
 
 from favorites_maintenance.config.parsers import SettingsError
+from favorites_maintenance.pipeline.dagster_internals import ConfigurableClassData
 
 #: Dagster's storage URL: ``postgresql+psycopg2://user:password@host:5432/dagster``.
 STORAGE_URL_VAR = "DAGSTER_POSTGRES_URL"

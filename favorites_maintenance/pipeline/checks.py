@@ -55,11 +55,11 @@ from collections.abc import Iterator, Mapping
 
 import dagster as dg
 import sqlalchemy as sa
-from dagster._core.definitions.asset_checks.asset_check_evaluation import (
-    AssetCheckEvaluationTargetMaterializationData,
-)
 
 from favorites_maintenance.config.policy import Policy
+from favorites_maintenance.pipeline.dagster_internals import (
+    AssetCheckEvaluationTargetMaterializationData,
+)
 from favorites_maintenance.pipeline.partitions import (
     is_current,
     partition_cutoff,

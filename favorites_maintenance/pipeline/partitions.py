@@ -11,10 +11,10 @@ import functools
 
 import dagster as dg
 import sqlalchemy as sa
-from dagster._time import get_current_datetime
 
 from favorites_maintenance.config.policy import Policy
 from favorites_maintenance.config.policy_settings import default_partitions_start
+from favorites_maintenance.pipeline.dagster_internals import get_current_datetime
 from favorites_maintenance.retention.clock import ClockReading, read_clock
 from favorites_maintenance.retention.rule import compute_cutoff
 

@@ -11,14 +11,13 @@ import time
 from collections.abc import Callable
 
 import dagster as dg
-from dagster._core.errors import DagsterExecutionInterruptedError
-from dagster._utils.interrupts import capture_interrupts
 from pydantic import Field
 
 from favorites_maintenance.config.policy import Policy
 from favorites_maintenance.config.policy_settings import PolicySettings
 from favorites_maintenance.pipeline import tracing
 from favorites_maintenance.pipeline.checks import archive_check_evaluation
+from favorites_maintenance.pipeline.dagster_internals import capture_interrupts
 from favorites_maintenance.pipeline.resources import (
     FavoritesDatabase,
     MetricsPush,
@@ -475,7 +474,7 @@ class PurgeStep:
                                                    metadata=summary.as_metadata()))
         if self.metrics is not None:
             self.metrics.push_run(self.context, self.policy, summary, succeeded=False)
-        raise DagsterExecutionInterruptedError(stopped)
+        raise dg.DagsterExecutionInterruptedError(stopped)
 
 
 def _committed_by_earlier_attempts(context: dg.OpExecutionContext) -> RunReport | None:

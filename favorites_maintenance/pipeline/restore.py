@@ -27,13 +27,14 @@ the command line) refuses to start while another run holding that pool is in pro
 import datetime as dt
 
 import dagster as dg
-from dagster._core.errors import DagsterExecutionInterruptedError
-from dagster._core.storage.tags import POOL_TAG_PREFIX
-from dagster._utils.interrupts import capture_interrupts
 from pydantic import Field
 
 from favorites_maintenance.config.policy import DATABASE_TAG, Policy
 from favorites_maintenance.config.policy_settings import DEFAULT_BATCH_SIZE, MAX_BATCH_SIZE
+from favorites_maintenance.pipeline.dagster_internals import (
+    POOL_TAG_PREFIX,
+    capture_interrupts,
+)
 from favorites_maintenance.pipeline.jobs import CLEANUP_EXECUTOR
 from favorites_maintenance.pipeline.resources import FavoritesDatabase, name_database
 from favorites_maintenance.pipeline.run_log import core_logs_in_run_log
@@ -175,7 +176,7 @@ def run_restore_op(context: dg.OpExecutionContext, config: RestoreConfig,
             raise
         context.add_output_metadata(report_metadata(report))
         if report.stopped:
-            raise DagsterExecutionInterruptedError(
+            raise dg.DagsterExecutionInterruptedError(
                 f"restore stopped on request: {report.restored_rows} rows restored and "
                 f"committed, {report.left_in_archive} left in the archive")
     return report

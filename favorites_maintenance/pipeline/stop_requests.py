@@ -14,12 +14,11 @@ import threading
 import time
 
 import dagster as dg
-from dagster._core.storage.event_log import (
-    ConsolidatedSqliteEventLogStorage,
-    SqliteEventLogStorage,
-)
-from dagster._utils.interrupts import check_captured_interrupt
 
+from favorites_maintenance.pipeline.dagster_internals import (
+    PUSHING_EVENT_LOG_STORAGES,
+    check_captured_interrupt,
+)
 from favorites_maintenance.retention.database import error_summary
 
 #: How often the purge reads its run's status from Dagster's storage, in seconds, when no
@@ -58,7 +57,7 @@ class StopRequests:
         storage = self._context.instance.event_log_storage
         # Only a storage that pushes: the PostgreSQL one's watch polls on a thread of its own
         # (every 0.25 s to 16 s), no sooner than the read below, and dies on a storage outage.
-        if isinstance(storage, (SqliteEventLogStorage, ConsolidatedSqliteEventLogStorage)):
+        if isinstance(storage, PUSHING_EVENT_LOG_STORAGES):
             try:
                 storage.watch(self._context.run_id, None, self._on_event)
                 self._watching = True
