@@ -18,7 +18,8 @@ package's own ``defs/``). The scenario reports:
   sensor and schedule running, as they default) spend over ``idle_seconds`` once warmed up,
   read from ``/proc/<pid>/stat`` (user and system time of each process and its descendants,
   the waited-for ones included), as cores (CPU seconds per second), and the sensor ticks the
-  daemon recorded in the window.
+  daemon recorded in the window. The window starts ``warmup_seconds`` after the daemon's
+  first sensor tick (before it, the daemon is still loading the location).
 
 No database is needed: the policies' database variable is unset, which only refuses their runs.
 This module imports no Dagster; the measuring process (:data:`_MEASURE`) and the servers do.
@@ -206,19 +207,40 @@ def _wait_serving(port: int, env: dict[str, str], process: subprocess.Popen,
                        f"{log.read_text()[-2000:]}")
 
 
+def _wait_first_tick(home: Path, daemon: subprocess.Popen, timeout: float,
+                     log: Path) -> float:
+    """Wait until the daemon has recorded a sensor tick; seconds it took.
+
+    Raises:
+        RuntimeError: it exited or recorded none within ``timeout`` seconds (its log's end).
+    """
+    started = time.monotonic()
+    while time.monotonic() - started < timeout:
+        if daemon.poll() is not None:
+            raise RuntimeError(f"the daemon exited ({daemon.returncode}): "
+                               f"{log.read_text()[-2000:]}")
+        if _sensor_ticks(home, 0, time.time() + 1):
+            return time.monotonic() - started
+        time.sleep(1)
+    raise RuntimeError(f"the daemon recorded no sensor tick within {timeout:.0f} s: "
+                       f"{log.read_text()[-2000:]}")
+
+
 def measure_idle(root: Path, env: dict[str, str], idle_seconds: float,
                  warmup_seconds: float, echo: Callable[[str], None]) -> dict:
     """Start a code server of ``root``'s project and a daemon on it, wait until the code
-    server serves and ``warmup_seconds`` more, then read the CPU both spend over
+    server serves, the daemon has recorded a sensor tick and ``warmup_seconds`` more, then read the CPU both spend over
     ``idle_seconds``; both stopped after, whatever happened.
 
     Returns:
         ``{"seconds", "code_server_cpu_s", "daemon_cpu_s", "cores", "code_server_cores",
-        "daemon_cores", "serving_after_s", "sensor_ticks"}``; ``cores`` is CPU seconds per
-        second of the two together.
+        "daemon_cores", "serving_after_s", "first_tick_after_s", "sensor_ticks"}``; ``cores``
+        is CPU seconds per second of the two together; ``first_tick_after_s`` counts from the
+        daemon's start.
 
     Raises:
-        RuntimeError: the code server did not start, or a process exited during the window.
+        RuntimeError: the code server did not start, the daemon recorded no sensor tick within
+            15 minutes, or a process exited during the window.
     """
     bin_dir = Path(sys.executable).parent
     port = _free_port()
@@ -232,8 +254,11 @@ def measure_idle(root: Path, env: dict[str, str], idle_seconds: float,
         serving = _wait_serving(port, env, server, 600, server_log)
         daemon = _start([str(bin_dir / "dagster-daemon"), "run", "--grpc-port", str(port),
                          "--grpc-host", "localhost"], env, root, daemon_log)
-        echo(f"  code server serving after {serving:.1f} s; daemon started, warming up "
-             f"{warmup_seconds:.0f} s, then {idle_seconds:.0f} s idle ...")
+        # The daemon loads the location's snapshot before its first tick: idle is after that.
+        first_tick = _wait_first_tick(home, daemon, 900, daemon_log)
+        echo(f"  code server serving after {serving:.1f} s, the daemon's first sensor tick "
+             f"{first_tick:.1f} s after it started; warming up {warmup_seconds:.0f} s, then "
+             f"{idle_seconds:.0f} s idle ...")
         time.sleep(warmup_seconds)
         since = time.time()
         server_before, daemon_before = tree_cpu_seconds(server.pid), tree_cpu_seconds(daemon.pid)
@@ -252,6 +277,7 @@ def measure_idle(root: Path, env: dict[str, str], idle_seconds: float,
                 _stop(process)
     server_cpu, daemon_cpu = server_after - server_before, daemon_after - daemon_before
     return {"seconds": round(elapsed, 1), "serving_after_s": round(serving, 1),
+            "first_tick_after_s": round(first_tick, 1),
             "code_server_cpu_s": round(server_cpu, 2), "daemon_cpu_s": round(daemon_cpu, 2),
             "code_server_cores": round(server_cpu / elapsed, 3),
             "daemon_cores": round(daemon_cpu / elapsed, 3),
