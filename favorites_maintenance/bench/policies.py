@@ -27,6 +27,7 @@ This module imports no Dagster; the measuring process (:data:`_MEASURE`) and the
 
 from __future__ import annotations
 
+import datetime as dt
 import json
 import os
 import signal
@@ -161,11 +162,9 @@ def _sensor_ticks(home: Path, since: float, until: float) -> int | None:
     for (stamp,) in rows:
         if isinstance(stamp, (int, float)):
             stamps.append(float(stamp))
-        else:
-            from datetime import datetime, timezone
-
-            parsed = datetime.fromisoformat(str(stamp))
-            stamps.append(parsed.replace(tzinfo=parsed.tzinfo or timezone.utc).timestamp())
+        else:  # a naive UTC datetime, as text
+            parsed = dt.datetime.fromisoformat(str(stamp))
+            stamps.append(parsed.replace(tzinfo=parsed.tzinfo or dt.UTC).timestamp())
     return sum(1 for s in stamps if since <= s <= until)
 
 
@@ -229,8 +228,8 @@ def _wait_first_tick(home: Path, daemon: subprocess.Popen, timeout: float,
 def measure_idle(root: Path, env: dict[str, str], idle_seconds: float,
                  warmup_seconds: float, echo: Callable[[str], None]) -> dict:
     """Start a code server of ``root``'s project and a daemon on it, wait until the code
-    server serves, the daemon has recorded a sensor tick and ``warmup_seconds`` more, then read the CPU both spend over
-    ``idle_seconds``; both stopped after, whatever happened.
+    server serves, the daemon has recorded a sensor tick and ``warmup_seconds`` more, then
+    read the CPU both spend over ``idle_seconds``; both stopped after, whatever happened.
 
     Returns:
         ``{"seconds", "code_server_cpu_s", "daemon_cpu_s", "cores", "code_server_cores",
