@@ -699,6 +699,19 @@ def _bench_partitioned(server, rows: int, out) -> None:
         _fail("partitioned: a strategy did not remove exactly the prunable rows")
 
 
+def _bench_policies(count: int, idle_seconds: float, warmup_seconds: float, out) -> None:
+    """The ``policies`` scenario of ``bench``: its figures on the console, its JSON in
+    ``out``."""
+    from favorites_maintenance.bench.policies import run_policies_bench
+
+    try:
+        run_policies_bench(count, idle_seconds=idle_seconds, warmup_seconds=warmup_seconds,
+                           out=out, echo=_echo)
+    except RuntimeError as exc:
+        _fail(f"policies: {exc}")
+    _echo(f"results written to {out}")
+
+
 def _times(deletes: float, drops: float, better: str, worse: str, same: str) -> str:
     """``11.7x faster``, ``10.8x slower`` or ``about as fast``: the drops' figure against the
     row deletes', worded so that the ratio is never below 1 (a small data set's drops cost more
@@ -728,7 +741,18 @@ def _times(deletes: float, drops: float, better: str, worse: str, same: str) -> 
                    "data set whose backlog was cleared) and partitioned (the table "
                    "partitioned by month over 36 months, two thirds wholly expired, --rows "
                    "rows: dropping the expired partitions against deleting their rows; its "
-                   "JSON goes to partitioned.json beside --out).")
+                   "JSON goes to partitioned.json beside --out) and policies (--policies "
+                   "generated policies: the code location's build time, its sensors, schedules "
+                   "and jobs, one tick of each sensor, the idle CPU of a code server and a "
+                   "daemon; no database; its JSON goes to policies.json beside --out).")
+@click.option("--policies", "policy_count", default=100, show_default=True,
+              type=click.IntRange(min=1), help="Generated policies of the policies scenario.")
+@click.option("--policies-idle-seconds", default=60.0, show_default=True,
+              type=click.FloatRange(min=1),
+              help="Window over which the policies scenario reads the idle CPU.")
+@click.option("--policies-warmup-seconds", default=30.0, show_default=True,
+              type=click.FloatRange(min=0),
+              help="How long the daemon runs before that window.")
 @click.option("--daily-rows", default=10_000_000, show_default=True,
               type=click.IntRange(min=10_000),
               help="Size of the daily scenario's data set (the backlog's, reused, when equal "
@@ -745,8 +769,10 @@ def _times(deletes: float, drops: float, better: str, worse: str, same: str) -> 
 @click.option("--pgdata", default=None, type=click.Path(file_okay=False),
               help="Data folder of the bench's own server "
                    "[default: .favorites-maintenance/bench/pgdata in the checkout].")
-def bench(rows: int, strategies: str, scenarios: str, daily_rows: int, paced_sleep_ratio: float,
-          idle_seconds: float, repeat: int, out: str, pgdata: str | None) -> None:
+def bench(rows: int, strategies: str, scenarios: str, policy_count: int,
+          policies_idle_seconds: float, policies_warmup_seconds: float, daily_rows: int,
+          paced_sleep_ratio: float, idle_seconds: float, repeat: int, out: str,
+          pgdata: str | None) -> None:
     """Benchmark the purge (A) against one DELETE (B), Laravel's ctid loop (C), naive SKIP
     LOCKED batches (D) and A in 2 and 4 processes, on the embedded PostgreSQL."""
     from pathlib import Path
@@ -766,9 +792,15 @@ def bench(rows: int, strategies: str, scenarios: str, daily_rows: int, paced_sle
         _fail(f"--strategies: unknown {unknown or strategies!r}; choose from "
               f"{', '.join(bench_mod.STRATEGIES + bench_mod.EXTRA_STRATEGIES)}")
     chosen_scenarios = [s.strip().lower() for s in scenarios.split(",") if s.strip()]
-    known_scenarios = (*bench_mod.SCENARIOS, "partitioned")
+    known_scenarios = (*bench_mod.SCENARIOS, "partitioned", "policies")
     if not chosen_scenarios or set(chosen_scenarios) - set(known_scenarios):
         _fail(f"--scenarios: unknown {scenarios!r}; choose from {', '.join(known_scenarios)}")
+    if "policies" in chosen_scenarios:  # needs no database server
+        chosen_scenarios.remove("policies")
+        _bench_policies(policy_count, policies_idle_seconds, policies_warmup_seconds,
+                        Path(out).with_name("policies.json"))
+        if not chosen_scenarios:
+            return
     try:
         folder = Path(pgdata) if pgdata else project_root() / STATE_DIR / "bench" / "pgdata"
     except NotACheckoutError as exc:

@@ -48,7 +48,9 @@ The package imports no Dagster (``J`` imports it in its own process). Its module
 :mod:`~favorites_maintenance.bench.timing` (one timed run),
 :mod:`~favorites_maintenance.bench.report` (figures, JSON, console),
 :mod:`~favorites_maintenance.bench.server` (the bench's own server),
-:mod:`~favorites_maintenance.bench.job` (``J``).
+:mod:`~favorites_maintenance.bench.job` (``J``),
+:mod:`~favorites_maintenance.bench.policies` (the ``policies`` scenario: what N policies cost
+Dagster, no database).
 """
 
 from __future__ import annotations

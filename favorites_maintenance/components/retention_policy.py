@@ -102,6 +102,10 @@ def _setting_value(context: dg.ResolutionContext, raw: Any) -> SettingValue | No
     if isinstance(raw, str) and (match := _ENV_TEMPLATE.match(raw)):
         # The variable's own text: Dagster's rendering would read "1e3" as 1000.0.
         return SettingValue(os.environ.get(match.group(1)), match.group(1))
+    if isinstance(raw, (list, dict)):
+        # A list or a mapping (owners, tags) reaches its parser as JSON, which YAML reads.
+        return SettingValue(json.dumps(context.resolve_value(raw)),
+                            written_times=_as_written(context)[1])
     written, times = _as_written(context)
     return SettingValue(written or str(context.resolve_value(raw)), written_times=times)
 
@@ -287,7 +291,7 @@ def policy_template(name: str, params: RetentionPolicyScaffoldParams | None = No
             # Today's partition exists only tomorrow: the first run launches yesterday's.
             lines.append(f"  {field}: {(today - dt.timedelta(days=1)).isoformat()}")
         else:
-            shown = "unset" if default is None else _literal(
+            shown = "unset" if default in (None, ()) else _literal(
                 iso_duration(default) if isinstance(default, dt.timedelta) else default)
             lines.append(f"  # {field}: {shown}")
         lines += _comment(f"{declared.description}; {declared.bounds}", "  #   ")
@@ -296,8 +300,10 @@ def policy_template(name: str, params: RetentionPolicyScaffoldParams | None = No
 
 def _literal(value: Any) -> str:
     """``value`` as YAML that reads back as written: text quoted, lists in flow style."""
-    if isinstance(value, list):
+    if isinstance(value, (list, tuple)) and not (value and isinstance(value[0], tuple)):
         return "[" + ", ".join(_literal(v) for v in value) + "]"
+    if isinstance(value, (dict, tuple)):  # a mapping, or its (key, value) pairs
+        return "{" + ", ".join(f"{k}: {_literal(v)}" for k, v in dict(value).items()) + "}"
     if isinstance(value, bool):
         return "true" if value else "false"
     return json.dumps(value) if isinstance(value, str) else str(value)

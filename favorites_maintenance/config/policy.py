@@ -26,6 +26,7 @@ variable are shared by every policy on it:
 resource                          ``database`` (``FAVORITES_DATABASE_URL``), else
                                   ``database_<variable in lower case>``
 concurrency pool                  ``database_<variable in lower case>``
+asset group (unless ``group``)    ``<variable in lower case, without _database_url>``
 run tag                           ``favorites_maintenance/database: <variable>``
 ================================  ============================================
 
@@ -82,6 +83,13 @@ def database_pool(variable: str) -> str:
     """The concurrency pool of the database of ``variable``: ``database_<variable in lower
     case>``; every run of a policy on it holds a slot (limit 1: one run per database)."""
     return f"database_{variable.lower()}"
+
+
+def database_group(variable: str) -> str:
+    """The asset group of the policies on the database of ``variable`` that set no ``group``:
+    the variable in lower case without its ``_database_url`` suffix (``CARTS_DATABASE_URL``:
+    ``carts``; ``FAVORITES_DATABASE_URL``: ``favorites``), a valid Dagster group name."""
+    return variable.lower().removesuffix("_database_url")
 
 
 class PolicyError(ValueError):
@@ -257,6 +265,12 @@ class Policy:
     def database_pool(self) -> str:
         """Concurrency pool of the policy's database (see :func:`database_pool`)."""
         return database_pool(self.database_url_env)
+
+    @property
+    def group(self) -> str:
+        """The cleanup asset's group: the ``group`` setting, else its database's
+        (:func:`database_group`)."""
+        return self.settings.group or database_group(self.database_url_env)
 
     @property
     def pools(self) -> tuple[str, str]:

@@ -21,6 +21,8 @@ from __future__ import annotations
 import dataclasses
 import datetime as dt
 import enum
+import json
+import re
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -108,6 +110,9 @@ class Setting:
     null_is_value: bool = False
     """A YAML ``null`` written for the setting is a value of its own (given to ``parse`` as
     the text ``null``), not "unset"."""
+    default_text: str | None = None
+    """The default as the README says it, when its value alone would not say it (one that
+    follows the calendar, or is derived from another field)."""
 
 
 def default_partitions_start(today: dt.date | None = None) -> dt.date:
@@ -200,6 +205,95 @@ def _hold_column(raw: str) -> str:
     return raw.strip()
 
 
+#: Dagster's rules for the asset's catalog fields (owners, tags, kinds, group), checked here
+#: so that a bad value stops the load naming the policy and the field, not Dagster's asset.
+_EMAIL = re.compile(r"\b[A-Za-z0-9._%+-]+@[A-Za-z0-9.-]+\.[A-Z|a-z]{2,7}\b")
+_TAG_PART = r"[A-Za-z0-9_.-]{1,63}"
+_TAG_KEY = re.compile(rf"(?:{_TAG_PART}/)?{_TAG_PART}")
+_TAG_VALUE = re.compile(r"[A-Za-z0-9_.-]{0,63}")
+_GROUP = re.compile(r"[A-Za-z0-9_]+(?:/[A-Za-z0-9_]+)*")
+#: Dagster refuses an asset with more kinds than this.
+MAX_KINDS = 10
+DEFAULT_KINDS = ("postgres",)
+
+
+def _yaml_value(raw: str, shape: type) -> Any:
+    """``raw`` read as YAML (a list or a mapping in flow style, or JSON, which the component
+    writes for a block-style one); every scalar read as its text."""
+    import yaml
+
+    try:
+        value = yaml.load(raw, Loader=yaml.BaseLoader)
+    except yaml.YAMLError:
+        value = None
+    if not isinstance(value, shape):
+        raise ValueError(f"{raw!r} is not a YAML {'list' if shape is list else 'mapping'}")
+    return value
+
+
+def _text_list(raw: str) -> list[str]:
+    """A YAML list (``[a, b]``), or comma-separated text (``a, b``: what a variable holds)."""
+    if raw.lstrip().startswith("["):
+        items = _yaml_value(raw, list)
+    else:
+        items = raw.split(",")
+    if any(not isinstance(item, str) for item in items):
+        raise ValueError(f"{raw!r} must be a list of text values")
+    return [item.strip() for item in items]
+
+
+def _owners(raw: str) -> tuple[str, ...]:
+    """Owners as Dagster takes them: each an email address or ``team:<name>``, repeats
+    dropped."""
+    owners = _text_list(raw)
+    for owner in owners:
+        is_team = owner.startswith("team:") and len(owner) > len("team:")
+        if not (is_team or _EMAIL.fullmatch(owner)):
+            raise ValueError(f"owner {json.dumps(owner)} is neither an email address nor a "
+                             "team (team:<name>); write e.g. [team:data-platform, "
+                             "someone@example.com]")
+    return tuple(dict.fromkeys(owners))
+
+
+def _kinds(raw: str) -> tuple[str, ...]:
+    """Kinds as Dagster takes them: each 1 to 63 of A-Z a-z 0-9 _ . -, at most ten."""
+    kinds = [k for k in _text_list(raw) if k]
+    for kind in kinds:
+        if not re.fullmatch(_TAG_PART, kind):
+            raise ValueError(f"kind {json.dumps(kind)} must be 1 to 63 of A-Z, a-z, 0-9, _, ., "
+                             "-")
+    kinds = list(dict.fromkeys(kinds))
+    if len(kinds) > MAX_KINDS:
+        raise ValueError(f"{len(kinds)} kinds: an asset has at most {MAX_KINDS}")
+    return tuple(kinds)
+
+
+def _tags(raw: str) -> tuple[tuple[str, str], ...]:
+    """Asset tags as Dagster's strict rules take them: a mapping of key to text; a key is
+    ``[prefix/]name``, each part 1 to 63 of A-Z a-z 0-9 _ . -, not under ``dagster/``; a
+    value 0 to 63 of the same."""
+    tags = _yaml_value(raw, dict)
+    for key, value in tags.items():
+        if isinstance(key, str) and key.startswith("dagster/"):
+            raise ValueError(f"tag key {json.dumps(key)} is under dagster/, which Dagster "
+                             "keeps for itself (a kind is written in kinds)")
+        if not isinstance(key, str) or not _TAG_KEY.fullmatch(key):
+            raise ValueError(f"tag key {json.dumps(key)} must be [prefix/]name, each part 1 to "
+                             "63 of A-Z, a-z, 0-9, _, ., -")
+        if not isinstance(value, str) or not _TAG_VALUE.fullmatch(value):
+            raise ValueError(f"the value of tag {key} ({json.dumps(value)}) must be text of at "
+                             "most 63 of A-Z, a-z, 0-9, _, ., - (quote a number)")
+    return tuple(tags.items())
+
+
+def _group(raw: str) -> str:
+    """An asset group name as Dagster takes it: A-Z a-z 0-9 _, segments joined by ``/``."""
+    if not _GROUP.fullmatch(raw.strip()):
+        raise ValueError(f"{raw!r} is not a group name: A-Z, a-z, 0-9 and _, segments "
+                         "separated by / (e.g. billing or billing/sessions)")
+    return raw.strip()
+
+
 @dataclass(frozen=True)
 class PolicySettings:
     """The validated settings of one retention policy; every field has a default.
@@ -256,7 +350,8 @@ class PolicySettings:
         "the first daily partition of the cleanup asset (UTC), e.g. the day the policy went "
         "into service: the days the UI offers to run and backfill start there",
         f"a date YYYY-MM-DD, {EARLIEST_PARTITIONS_START.isoformat()} to "
-        f"{LATEST_PARTITIONS_START.isoformat()}")
+        f"{LATEST_PARTITIONS_START.isoformat()}",
+        default_text="the first day of the previous month (UTC)")
     batch_size_max: int = setting(
         None, int_between(1, MAX_BATCH_SIZE), int,
         "set, the batch size adapts between batch_size and it (unset: batch_size when that is "
@@ -323,6 +418,29 @@ class PolicySettings:
         "with hold_table: the column of the policy's table a hold's value matches (unset: "
         "key_column)",
         "a column of the table")
+
+    # The catalog: what the cleanup asset carries for the UI's filters (docs/dagster.md,
+    # "The catalog").
+    owners: tuple[str, ...] = setting(
+        (), _owners, list[str] | str,
+        "the cleanup asset's owners (the Catalog's owner filter): [team:data-platform, "
+        "someone@example.com]; a variable holds them comma-separated",
+        "a list of email addresses and `team:<name>`")
+    kinds: tuple[str, ...] = setting(
+        DEFAULT_KINDS, _kinds, list[str] | str,
+        "the cleanup asset's kinds (the Catalog's kind filter and icon); a list replaces the "
+        "default, [] sets none",
+        f"a list of at most {MAX_KINDS}, each 1 to 63 of A-Z a-z 0-9 _ . -")
+    tags: tuple[tuple[str, str], ...] = setting(
+        (), _tags, dict[str, str] | str,
+        "the cleanup asset's tags (the Catalog's tag filter): {team: billing}",
+        "a mapping; keys [prefix/]name, values up to 63 of A-Z a-z 0-9 _ . -; not dagster/")
+    group: str | None = setting(
+        None, _group, str,
+        "the cleanup asset's group; unset, its database's: the database variable in lower "
+        "case without _database_url (CARTS_DATABASE_URL: carts)",
+        "A-Z a-z 0-9 _, segments separated by /",
+        default_text="its database's (`favorites` for `FAVORITES_DATABASE_URL`)")
 
     explicit: frozenset[str] = field(default=frozenset())
 
@@ -436,7 +554,9 @@ def markdown_table() -> str:
             default = iso_duration(default)
         elif isinstance(default, bool):
             default = str(default).lower()
-        shown = ("the first day of the previous month (UTC)" if name == "partitions_start"
+        if isinstance(default, tuple):
+            default = "[" + ", ".join(default) + "]" if default else None
+        shown = (declared.default_text if declared.default_text is not None
                  else "unset" if default is None else f"`{default}`")
         lines.append(f"| `{name}` | {shown} | {declared.bounds} | {declared.description} |")
     return "\n".join(lines)

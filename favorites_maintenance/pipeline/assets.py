@@ -110,6 +110,9 @@ def build_cleanup_asset(policy: Policy) -> dg.AssetsDefinition:
     policy's pool and ``measure_backlog`` its database's: with the pools' run granularity, a
     run holds both from start to end, whatever launched it (the schedule, the asset page, a
     backfill).
+
+    Its group, owners, kinds and tags are the policy's catalog settings (``group``, else its
+    database's, :attr:`~favorites_maintenance.config.policy.Policy.group`).
     """
     rule = policy.rule
     asset_key = dg.AssetKey(list(policy.asset_key_path))
@@ -153,8 +156,11 @@ def build_cleanup_asset(policy: Policy) -> dg.AssetsDefinition:
         key=asset_key,
         partitions_def=policy_partitions(policy),
         backfill_policy=dg.BackfillPolicy.single_run(),
-        group_name="maintenance",
-        kinds={"postgres"},
+        # The catalog's filters: the policy's own, or the defaults (its database's group).
+        group_name=policy.group,
+        kinds=set(policy.settings.kinds),
+        owners=list(policy.settings.owners),
+        tags=dict(policy.settings.tags),
         description=(
             f"Stale rows removed from {rule.qualified_name} by retention policy "
             f"{policy.name}: rows "

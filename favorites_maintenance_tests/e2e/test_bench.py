@@ -135,3 +135,34 @@ def test_a_held_bench_keeps_every_held_row_and_deletes_the_rest(pg_server, tmp_p
     assert held["held_rows"] == held["held_rows_left"] == min(HELD_KEYS,
                                                                report["prunable_rows"])
     assert held["rows_deleted"] == report["prunable_rows"] - held["held_rows"] > 0
+
+
+def test_the_policies_bench_counts_what_the_definitions_of_its_policies_hold(tmp_path):
+    """``bench --scenarios policies --policies 2``, a short idle window: the sensors, schedules
+    and jobs it reports are those of the definitions of its two policies, built here."""
+    from click.testing import CliRunner
+    from dagster.components.testing import create_defs_folder_sandbox
+
+    from favorites_maintenance.bench.policies import policy_yaml
+    from favorites_maintenance.cli import main
+
+    out = tmp_path / "purge.json"
+    result = CliRunner().invoke(main, [
+        "bench", "--scenarios", "policies", "--policies", "2", "--policies-idle-seconds", "2",
+        "--policies-warmup-seconds", "0", "--out", str(out)])
+    assert result.exit_code == 0, result.output
+    report = json.loads((tmp_path / "policies.json").read_text())
+    with create_defs_folder_sandbox() as sandbox:
+        for number in (1, 2):
+            folder = sandbox.defs_folder_path / f"policy_{number:05d}"
+            folder.mkdir()
+            (folder / "defs.yaml").write_text(policy_yaml(number))
+        with sandbox.build_component_tree() as tree:
+            repo = tree.build_defs().get_repository_def()
+    jobs = [j for j in repo.get_all_jobs() if not j.name.startswith("__ASSET_JOB")]
+    assert (report["policies"], report["sensors"], report["schedules"], report["jobs"]) == (
+        2, len(repo.sensor_defs), len(repo.schedule_defs), len(jobs))
+    assert report["sensor_tick_ms"]["sensors"] == len(repo.sensor_defs)
+    assert report["idle"]["code_server_cpu_s"] >= 0 and report["idle"]["daemon_cpu_s"] >= 0
+    assert f"{report['sensors']} sensors, {report['schedules']} schedules" in result.output
+    assert not out.exists()  # the other scenarios did not run
