@@ -774,6 +774,7 @@ def _hold_database_error(holds, exc) -> None:
 
 
 @hold.command("init", short_help="Create the policy's hold table if it does not exist.")
+@_location_option
 @click.option("--policy", "policy_name", required=True, metavar="NAME",
               help="The policy whose hold_table to create.")
 @click.option("--print-sql", is_flag=True,
@@ -801,6 +802,7 @@ def hold_init(policy_name: str, print_sql: bool) -> None:
 
 
 @hold.command("place", short_help="Place a hold; print its id.")
+@_location_option
 @click.option("--policy", "policy_name", required=True, metavar="NAME",
               help="The policy whose runs the hold stops.")
 @click.option("--key", "value", required=True, metavar="VALUE",
@@ -834,6 +836,7 @@ def hold_place(policy_name: str, value: str, reason: str, placed_by: str | None)
 
 
 @hold.command("release", short_help="Release a hold by its id.")
+@_location_option
 @click.option("--policy", "policy_name", required=True, metavar="NAME",
               help="The policy the hold belongs to.")
 @click.option("--id", "hold_id", required=True, type=click.IntRange(min=1), metavar="ID",
@@ -865,6 +868,7 @@ def hold_release(policy_name: str, hold_id: int, released_by: str | None) -> Non
 
 
 @hold.command("list", short_help="List a policy's active holds.")
+@_location_option
 @click.option("--policy", "policy_name", required=True, metavar="NAME",
               help="The policy whose holds to list.")
 @click.option("--all", "include_released", is_flag=True, help="Released holds too.")
