@@ -220,12 +220,11 @@ def place_hold(engine: sa.Engine, holds: HoldTable, value: str, *, reason: str,
         }).returning(h[HOLD_ID])).scalar_one()
 
 
-def _as_the_column_writes_it(conn: sa.Connection, table: str, column: str, value: str) -> str:
-    """``value`` read as ``table.column``'s type and written back as text (see
-    :func:`place_hold`).
+def _column_type(conn: sa.Connection, table: str, column: str) -> str:
+    """``table.column``'s type as ``format_type`` writes it (SQL that reads as that type).
 
     Raises:
-        InvalidArgumentError: the column is not found, or ``value`` is not of its type.
+        InvalidArgumentError: the column is not found.
     """
     type_name = conn.execute(sa.text(
         "SELECT format_type(atttypid, atttypmod) FROM pg_attribute "
@@ -233,6 +232,17 @@ def _as_the_column_writes_it(conn: sa.Connection, table: str, column: str, value
         {"t": table, "c": column}).scalar()
     if type_name is None:
         raise InvalidArgumentError(f"hold column {column} is not a column of {table}")
+    return type_name
+
+
+def _as_the_column_writes_it(conn: sa.Connection, table: str, column: str, value: str) -> str:
+    """``value`` read as ``table.column``'s type and written back as text (see
+    :func:`place_hold`).
+
+    Raises:
+        InvalidArgumentError: the column is not found, or ``value`` is not of its type.
+    """
+    type_name = _column_type(conn, table, column)
     # The type's name comes from the catalog, written by format_type as SQL reads it.
     try:
         with conn.begin_nested():
@@ -241,6 +251,44 @@ def _as_the_column_writes_it(conn: sa.Connection, table: str, column: str, value
     except sa.exc.DataError:
         raise InvalidArgumentError(
             f"hold key is not a value of {table}.{column} ({type_name})") from None
+
+
+#: How long :func:`a_row_has` may look for a row (a hold column without an index is read
+#: whole when no row has the value), milliseconds.
+ROW_CHECK_TIMEOUT_MS = 10_000
+_NO_PRIVILEGE, _CANCELED = "42501", "57014"
+
+
+def a_row_has(engine: sa.Engine, table: str, column: str, value: str) -> bool | None:
+    """Whether a row of ``table`` (``schema.table``) has ``value`` in ``column``, compared in
+    the column's own type so that an index on it answers: ``False`` tells a hold that covers
+    no row now (a typo, or a row not inserted yet). ``None`` when it cannot tell: the role may
+    not read the table, or the search took longer than :data:`ROW_CHECK_TIMEOUT_MS`.
+
+    Raises:
+        InvalidArgumentError: the column is not found, or ``value`` is not of its type.
+        sqlalchemy.exc.DBAPIError: the database refused otherwise.
+    """
+    from favorites_maintenance.retention.archive import CatalogType  # archive imports the rule
+
+    schema, name = split_table_name(table, "table")
+    t = sa.table(name, sa.column(column), schema=schema)
+    with engine.begin() as conn:
+        type_name = _column_type(conn, table, column)
+        conn.execute(sa.select(sa.func.set_config("statement_timeout",
+                                                  str(ROW_CHECK_TIMEOUT_MS), True)))
+        found = sa.select(sa.exists().where(
+            t.c[column] == sa.cast(sa.bindparam("v", value, sa.Text), CatalogType(type_name))))
+        try:
+            with conn.begin_nested():
+                return conn.execute(found).scalar_one()
+        except sa.exc.DataError:
+            raise InvalidArgumentError(
+                f"hold key is not a value of {table}.{column} ({type_name})") from None
+        except sa.exc.DBAPIError as exc:
+            if getattr(exc.orig, "sqlstate", None) in (_NO_PRIVILEGE, _CANCELED):
+                return None
+            raise
 
 
 def release_hold(engine: sa.Engine, holds: HoldTable, hold_id: int, *, released_by: str) -> bool:
