@@ -139,6 +139,7 @@ from favorites_maintenance.retention.statements import (
     match_by_ctid,
     table_shape,
 )
+from favorites_maintenance.retention.holds import typed_holds
 from favorites_maintenance.retention.table_check import check_table
 from favorites_maintenance.retention.unreadable import locate_unreadable_row
 
@@ -361,6 +362,11 @@ class BatchLoop:
                 limit_transaction(conn, lock_timeout=options.lock_timeout,
                                   statement_timeout=options.statement_timeout)
                 findings = check_table(conn, rule)
+                hold_warning = None
+                if rule.hold is not None:
+                    # Read once: the batches then compare the holds in the hold column's type.
+                    hold, hold_warning = typed_holds(conn, rule.hold, rule.qualified_name)
+                    rule = self.rule = rule.with_hold(hold)
                 self.shape = table_shape(conn, rule)
                 by_ctid = match_by_ctid(conn, rule)
                 if self.archive_target is not None:
@@ -373,7 +379,7 @@ class BatchLoop:
             # a retry follows) is its caller's to say.
             log.warning("could not check the table before the first batch: %s", error)
             raise TableCheckError(error, rule.qualified_name) from None
-        for warning in findings.warnings:
+        for warning in findings.warnings + ((hold_warning,) if hold_warning else ()):
             log.warning("%s", warning)
         self.keyset_index = findings.keyset_index
         self.statements = BatchStatements.build(rule, self.cutoff, by_ctid, self.archive)

@@ -33,6 +33,7 @@ This module imports no Dagster.
 
 from __future__ import annotations
 
+import dataclasses
 import datetime as dt
 from dataclasses import dataclass
 
@@ -74,14 +75,18 @@ class HoldTable:
 
     Attributes:
         table: the hold table (see :func:`hold_table_of`).
-        column: the column of the policy's table a hold's ``held_value`` matches (its value
-            cast to text).
+        column: the column of the policy's table a hold's ``held_value`` matches.
         policy: the policy's name; only holds with this ``policy`` count.
+        column_type: the column's type as the catalog writes it (``bigint``, ``uuid``), once
+            read (:func:`typed_holds`): the hold test then reads each active hold's value as
+            that type, once a statement, and compares it with the column as it is. ``None``:
+            the column is cast to text on every row and compared with the values as text.
     """
 
     table: sa.Table
     column: str
     policy: str
+    column_type: str | None = None
 
     @classmethod
     def define(cls, table: str, column: str, policy: str) -> "HoldTable":
@@ -99,7 +104,25 @@ class HoldTable:
         return f"{self.table.schema}.{self.table.name}"
 
     def _names(self) -> tuple:
-        return (self.table.schema, self.table.name, self.column, self.policy)
+        return (self.table.schema, self.table.name, self.column, self.policy, self.column_type)
+
+    def typed(self, column_type: str | None) -> "HoldTable":
+        """The same holds, compared in ``column_type`` (``None``: as text); see
+        :func:`typed_holds`, which reads the type and checks that the holds read as it."""
+        return dataclasses.replace(self, column_type=column_type)
+
+    def _held_values(self) -> sa.Select:
+        """The active holds' values: as text, or read as :attr:`column_type`."""
+        value = self.table.c[HELD_VALUE]
+        if self.column_type is not None:
+            from favorites_maintenance.retention.archive import CatalogType  # imports the rule
+
+            value = sa.cast(value, CatalogType(self.column_type))
+        return sa.select(value).where(self.active())
+
+    def _as_held(self, column: sa.ColumnElement) -> sa.ColumnElement:
+        """``column`` as the held values read: as it is when typed, else cast to text."""
+        return column if self.column_type is not None else sa.cast(column, sa.Text)
 
     def __eq__(self, other: object) -> bool:
         return isinstance(other, HoldTable) and self._names() == other._names()
@@ -114,23 +137,34 @@ class HoldTable:
 
     def uncovered(self, column: sa.ColumnElement, *, nullable: bool = True
                   ) -> sa.ColumnElement[bool]:
-        """No active hold of the policy has ``column``'s value, as text: ``<column>::text NOT IN
-        (SELECT held_value FROM <holds> WHERE <active>)`` (``held_value`` is never NULL, so
-        this is ``NOT EXISTS``), or ``<column> IS NULL``, which no hold matches, when
-        ``nullable``.
+        """No active hold of the policy has ``column``'s value: ``<column> NOT IN (SELECT
+        CAST(held_value AS <column_type>) FROM <holds> WHERE <active>)``, or without
+        :attr:`column_type` ``<column>::text NOT IN (SELECT held_value ...)``
+        (``held_value`` is never NULL, so this is ``NOT EXISTS``), or ``<column> IS NULL``,
+        which no hold matches, when ``nullable``.
 
         Written as ``NOT IN`` so that PostgreSQL tests it as a filter against a hash of the
         active holds built once per statement: the batch's index scan keeps its order and its
         ``LIMIT``, and each row costs a hash probe, where an anti-join would probe the holds'
         index once per row (about 4 times the time per row with 10,000 holds, in the bench).
+        Typed, the probe hashes the column's own value instead of writing it as text first.
+
+        Raises (when the statement runs, typed): ``sqlalchemy.exc.DataError`` for an active
+        hold whose value is not of the column's type (a hold written since
+        :func:`typed_holds` checked them).
         """
-        h = self.table.c
-        held = sa.select(h[HELD_VALUE]).where(self.active())
-        free = sa.cast(column, sa.Text).not_in(held)
+        free = self._as_held(column).not_in(self._held_values())
         return sa.or_(column.is_(None), free) if nullable else free
 
     def covers(self, column: sa.ColumnElement) -> sa.ColumnElement[bool]:
-        """``EXISTS`` an active hold of the policy whose value is ``column``'s, as text."""
+        """An active hold of the policy has ``column``'s value: ``EXISTS`` one whose value is
+        ``column``'s as text (the partial index on the active holds answers each probe), or,
+        with :attr:`column_type`, ``<column> IS NOT NULL AND <column> IN (SELECT
+        CAST(held_value AS <column_type>) ...)``, the test :meth:`uncovered` negates. Either
+        is false, never NULL, for a NULL ``column``, so ``NOT covers`` keeps no such row out.
+        """
+        if self.column_type is not None:
+            return sa.and_(column.is_not(None), column.in_(self._held_values()))
         h = self.table.c
         return sa.select(sa.literal(1)).select_from(self.table).where(
             self.active(), h[HELD_VALUE] == sa.cast(column, sa.Text)).exists()
@@ -289,6 +323,47 @@ def a_row_has(engine: sa.Engine, table: str, column: str, value: str) -> bool | 
             if getattr(exc.orig, "sqlstate", None) in (_NO_PRIVILEGE, _CANCELED):
                 return None
             raise
+
+
+def typed_holds(conn: sa.Connection, holds: HoldTable, table: str
+                ) -> tuple[HoldTable, str | None]:
+    """``holds`` compared in the type of ``table.column`` (``table`` is the policy's,
+    ``schema.table``), when every active hold of the policy reads as that type; else
+    ``holds`` as text, as before, and a warning to log (counts and the fix, never a value).
+
+    A value that does not read as the type (``abc`` for a bigint) matches no row either way;
+    one written otherwise than PostgreSQL writes it (``042`` for the bigint ``42``, an
+    upper-case UUID) covers its row only when typed: the warning says that the counts, which
+    compare as text, miss such a row. Runs in the connection's transaction, in a savepoint.
+
+    Raises:
+        InvalidArgumentError: the column is not a column of ``table``.
+        sqlalchemy.exc.DBAPIError: the database refused (no SELECT on the hold table).
+    """
+    from favorites_maintenance.retention.archive import CatalogType  # archive imports the rule
+
+    type_name = _column_type(conn, table, holds.column)
+    typed = holds.typed(type_name)
+    value = holds.table.c[HELD_VALUE]
+    as_written = sa.cast(sa.cast(value, CatalogType(type_name)), sa.Text)
+    try:
+        with conn.begin_nested():
+            unlike = conn.execute(sa.select(sa.func.count()).where(
+                holds.active(), value != as_written)).scalar_one()
+    except sa.exc.DataError:
+        return holds.typed(None), (
+            f"an active hold of policy {holds.policy} in {holds.qualified_name} is not a value "
+            f"of {table}.{holds.column} ({type_name}): it covers no row, and the hold test "
+            "compares the values as text for this run (slower per row); find it with "
+            f"hold list --policy {holds.policy} --show-keys, release it and place it again "
+            "with hold place, which checks the value")
+    if unlike:
+        return typed, (
+            f"{unlike} active hold(s) of policy {holds.policy} in {holds.qualified_name} are "
+            f"not written as PostgreSQL writes {type_name}: the batches keep their rows, but "
+            "heldRows and the backlog count them as prunable; place holds with hold place, "
+            "which writes them so")
+    return typed, None
 
 
 def release_hold(engine: sa.Engine, holds: HoldTable, hold_id: int, *, released_by: str) -> bool:
