@@ -3,7 +3,10 @@
 A policy that names a hold table (its ``hold_table`` setting) prunes a row only while no
 *active* hold covers it: a row of the hold table with the policy's name, the row's value of the
 hold column (the policy's key unless ``hold_column`` says another column) as text, and no
-``released_at``. The test is part of the rule's predicate
+``released_at``. A run's batches read the active holds' values as the hold column's type
+(:func:`typed_holds`), the other statements compare the column cast to text: the same holds
+match, as long as they are written as PostgreSQL writes the column's values (what
+:func:`place_hold` stores). The test is part of the rule's predicate
 (:meth:`~favorites_maintenance.retention.rule.RetentionRule.prunable`), so every statement built
 from it carries it: the batches' candidate SELECT *and* their DELETE (as the guard is
 repeated), the backlog counts, the partition probes. A hold placed while a run is in flight
@@ -16,7 +19,7 @@ one policy)::
 
     hold_id      bigint identity primary key
     policy       text         the policy's name
-    held_value   text         the hold column's value, as text (what the purge compares)
+    held_value   text         the hold column's value, as PostgreSQL writes it as text
     placed_by    text         who placed it
     reason       text         why (a ticket, a case)
     placed_at    timestamptz  when (the database's clock)

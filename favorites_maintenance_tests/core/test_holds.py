@@ -406,3 +406,24 @@ def test_a_hold_that_is_not_a_value_of_the_key_s_type_covers_no_row_and_fails_no
     assert ("an active hold of policy guest_favorites in favorites.retention_holds is not a "
             "value of favorites.favorites.id (bigint): it covers no row") in caplog.text
     assert "not-a-number" not in caplog.text
+
+
+def test_a_hold_not_of_the_key_s_type_written_during_a_run_skips_no_row(
+        engine, rows, holds, caplog):
+    """The batch that meets it fails on reading it as the key's type and is taken again with
+    the holds compared as text: no row is skipped as if it were the one at fault."""
+    caplog.set_level(logging.WARNING, logger="favorites_maintenance")
+    ids = sorted(rows.add_many(12, updated_at=OLD))
+    place_hold(engine, holds, str(ids[10]), reason="dispute", placed_by="support")
+
+    def on_batch(batch):
+        if batch.batch_no == 1:
+            _hold_written_by_the_application(engine, "not-a-number")
+
+    report = run(engine, GUEST_FAVORITES.with_hold(holds), batch_size=4, on_batch=on_batch,
+                 target_batch_duration=dt.timedelta(0))
+    assert report.deleted_total == 11 and rows.ids() == {ids[10]}
+    assert "skipped row" not in caplog.text
+    assert ("is not a value of favorites.favorites.id (bigint): it covers no row"
+            in caplog.text)
+    assert "not-a-number" not in caplog.text
