@@ -314,8 +314,9 @@ def a_row_has(engine: sa.Engine, table: str, column: str, value: str) -> bool | 
         type_name = _column_type(conn, table, column)
         conn.execute(sa.select(sa.func.set_config("statement_timeout",
                                                   str(ROW_CHECK_TIMEOUT_MS), True)))
-        found = sa.select(sa.exists().where(
-            t.c[column] == sa.cast(sa.bindparam("v", value, sa.Text), CatalogType(type_name))))
+        found = sa.select(sa.select(sa.literal(1)).select_from(t).where(
+            t.c[column] == sa.cast(sa.bindparam("v", value, sa.Text), CatalogType(type_name))
+        ).exists())
         try:
             with conn.begin_nested():
                 return conn.execute(found).scalar_one()
@@ -367,6 +368,43 @@ def typed_holds(conn: sa.Connection, holds: HoldTable, table: str
             "heldRows and the backlog count them as prunable; place holds with hold place, "
             "which writes them so")
     return typed, None
+
+
+def count_holds_matching_no_row(conn: sa.Connection, holds: HoldTable, table: str
+                                ) -> int | None:
+    """How many active holds of ``holds.policy`` no row of ``table`` (``schema.table``, the
+    policy's) has the value of, compared in the hold column's type (an index on the column
+    answers each): holds that keep nothing now, a typo or a row still to come. ``None`` when
+    it cannot tell within :data:`ROW_CHECK_TIMEOUT_MS` or a hold is not of the column's
+    type. Runs in the connection's transaction, in a savepoint.
+
+    Raises:
+        InvalidArgumentError: the column is not a column of ``table``.
+        sqlalchemy.exc.DBAPIError: the database refused otherwise (no SELECT on a column).
+    """
+    from favorites_maintenance.retention.archive import CatalogType  # archive imports the rule
+
+    schema, name = split_table_name(table, "table")
+    t = sa.table(name, sa.column(holds.column), schema=schema)
+    type_name = _column_type(conn, table, holds.column)
+    held = sa.cast(holds.table.c[HELD_VALUE], CatalogType(type_name))
+    unmatched = sa.select(sa.func.count()).select_from(holds.table).where(
+        holds.active(),
+        ~sa.select(sa.literal(1)).select_from(t).where(t.c[holds.column] == held).exists())
+    previous = conn.execute(sa.select(sa.func.current_setting("statement_timeout"))).scalar()
+    try:
+        with conn.begin_nested():
+            conn.execute(sa.select(sa.func.set_config(
+                "statement_timeout", str(ROW_CHECK_TIMEOUT_MS), True)))
+            count = conn.execute(unmatched).scalar_one()
+            # Released with the savepoint, the setting would last to the transaction's end.
+            conn.execute(sa.select(sa.func.set_config("statement_timeout", previous, True)))
+            return count
+    except sa.exc.DBAPIError as exc:
+        if getattr(exc.orig, "sqlstate", "")[:2] == "22" or \
+                getattr(exc.orig, "sqlstate", None) == _CANCELED:
+            return None
+        raise
 
 
 def release_hold(engine: sa.Engine, holds: HoldTable, hold_id: int, *, released_by: str) -> bool:

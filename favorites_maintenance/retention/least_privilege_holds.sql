@@ -12,6 +12,8 @@
 --       WHERE policy = ... AND released_at IS NULL)     -> SELECT (policy, held_value,
 --                                                          released_at) on the hold table
 --   the held_rows check: count(*), min(placed_at) of the active holds   -> SELECT (placed_at)
+--       and the active holds no row has: NOT EXISTS (SELECT 1 FROM favorites.favorites
+--       WHERE id = CAST(held_value AS bigint))          -> SELECT (id), granted already
 --   the hold column of the policy's table: id here, granted by least_privilege.sql. A policy
 --   whose hold_column is another column needs SELECT on that column too, e.g.
 --       GRANT SELECT (anonymous_id) ON TABLE favorites.favorites TO :"role";
