@@ -880,6 +880,7 @@ def _hold_database_error(holds, exc) -> None:
 
 
 @hold.command("init", short_help="Create the policy's hold table if it does not exist.")
+@_location_option
 @click.option("--policy", "policy_name", required=True, metavar="NAME",
               help="The policy whose hold_table to create.")
 @click.option("--print-sql", is_flag=True,
@@ -907,10 +908,12 @@ def hold_init(policy_name: str, print_sql: bool) -> None:
 
 
 @hold.command("place", short_help="Place a hold; print its id.")
+@_location_option
 @click.option("--policy", "policy_name", required=True, metavar="NAME",
               help="The policy whose runs the hold stops.")
 @click.option("--key", "value", required=True, metavar="VALUE",
-              help="The value of the policy's hold column (its key by default) to hold.")
+              help="The value of the policy's hold column (its key by default) to hold; - "
+                   "reads it from standard input (one line), out of the process list.")
 @click.option("--reason", required=True, metavar="TEXT",
               help="Why (a ticket, a case): kept with the hold.")
 @click.option("--by", "placed_by", default=None, metavar="WHO",
@@ -918,17 +921,25 @@ def hold_init(policy_name: str, print_sql: bool) -> None:
 def hold_place(policy_name: str, value: str, reason: str, placed_by: str | None) -> None:
     """Place a hold of the policy on --key and print its id (and nothing else). From its
     commit on, no batch deletes a row it covers; a run in flight skips it from its next
-    batch on."""
+    batch on. A key no row has now is held all the same (its row may be inserted later),
+    with a warning on stderr."""
     import getpass
 
     from favorites_maintenance.retention.errors import ConnectError, InvalidArgumentError
-    from favorites_maintenance.retention.holds import place_hold
+    from favorites_maintenance.retention.holds import (
+        ROW_CHECK_TIMEOUT_MS,
+        a_row_has,
+        place_hold,
+    )
 
+    if value == "-":
+        value = click.get_text_stream("stdin").readline().rstrip("\r\n")
     holds, engine = _holds_of(policy_name)
+    table = _load_policy(policy_name).rule.qualified_name
     try:
         hold_id = place_hold(engine, holds, value, reason=reason,
-                             placed_by=placed_by or getpass.getuser(),
-                             of_table=_load_policy(policy_name).rule.qualified_name)
+                             placed_by=placed_by or getpass.getuser(), of_table=table)
+        matched = a_row_has(engine, table, holds.column, value)
     except InvalidArgumentError as exc:
         _fail(str(exc).replace("hold key", "--key").replace("hold reason", "--reason")
               .replace("hold by", "--by"))
@@ -936,10 +947,20 @@ def hold_place(policy_name: str, value: str, reason: str, placed_by: str | None)
         _hold_database_error(holds, exc)
     finally:
         engine.dispose()
+    # The key itself is not repeated: it names a row, and stderr ends up in logs.
+    if matched is False:
+        click.echo(f"warning: no row of {table} has this {holds.column} now: the hold is "
+                   "placed and keeps such a row once it exists; check the key if it should "
+                   "be there", err=True)
+    elif matched is None:
+        click.echo(f"warning: could not tell whether a row of {table} has this "
+                   f"{holds.column} (no SELECT on the table, or it took over "
+                   f"{ROW_CHECK_TIMEOUT_MS // 1000} s): the hold is placed", err=True)
     _echo(str(hold_id))
 
 
 @hold.command("release", short_help="Release a hold by its id.")
+@_location_option
 @click.option("--policy", "policy_name", required=True, metavar="NAME",
               help="The policy the hold belongs to.")
 @click.option("--id", "hold_id", required=True, type=click.IntRange(min=1), metavar="ID",
@@ -971,6 +992,7 @@ def hold_release(policy_name: str, hold_id: int, released_by: str | None) -> Non
 
 
 @hold.command("list", short_help="List a policy's active holds.")
+@_location_option
 @click.option("--policy", "policy_name", required=True, metavar="NAME",
               help="The policy whose holds to list.")
 @click.option("--all", "include_released", is_flag=True, help="Released holds too.")

@@ -28,7 +28,8 @@ result, stored under none; the UI then shows the planned one as "Skipped".)
 - ``held_rows`` (WARN, passes), only for a policy with a ``hold_table``: how many rows the
   guard and the age admit at the run's cutoff that an active hold keeps (``heldRows``), how
   many holds are active and how long the oldest has stood (``oldestActiveHoldAgeSeconds``),
-  never a held value. A hold is deliberate, so the check passes; its figures are for a
+  how many of them no row of the table has the value of (``holdsMatchingNoRow``: a typo, or
+  a row still to come; left out when not counted within 10 seconds), never a held value. A hold is deliberate, so the check passes; its figures are for a
   dashboard, and a hold table that cannot be read fails it.
 
 - ``archive_within_retention`` (ERROR), only for a policy with an ``archive_table``: no row the
@@ -73,7 +74,7 @@ from favorites_maintenance.pipeline.run_report import ATTRIBUTED_KEY, RunReport
 from favorites_maintenance.retention.archive import count_overdue_archive
 from favorites_maintenance.retention.backlog import Backlog, count_held, measure_backlog
 from favorites_maintenance.retention.database import limit_transaction
-from favorites_maintenance.retention.holds import summarize_holds
+from favorites_maintenance.retention.holds import count_holds_matching_no_row, summarize_holds
 from favorites_maintenance.retention.database import error_summary
 
 # Partitioned checks are a preview feature of Dagster 1.13: say it once, here, not at every load.
@@ -236,6 +237,7 @@ def _held_rows_check(policy: Policy, asset_key: dg.AssetKey) -> dg.AssetChecksDe
                 limit_transaction(conn)
                 held = conn.execute(count_held(rule, cutoff)).scalar_one()
                 summary = summarize_holds(conn, rule.hold)
+                unmatched = count_holds_matching_no_row(conn, rule.hold, rule.qualified_name)
         except Exception as exc:
             name_database(exc, policy)
             raise
@@ -248,6 +250,9 @@ def _held_rows_check(policy: Policy, asset_key: dg.AssetKey) -> dg.AssetChecksDe
                 "oldestActiveHoldPlacedAt": (summary.oldest_placed_at.isoformat()
                                              if summary.oldest_placed_at else "none"),
                 "oldestActiveHoldAgeSeconds": round(summary.oldest_age_s, 3),
+                # Left out when it could not be counted in time (or a hold is not of the
+                # column's type: the run's log says so).
+                **({"holdsMatchingNoRow": unmatched} if unmatched is not None else {}),
             },
             description=(f"{held} rows past the cutoff are kept by {summary.active} active "
                          f"holds; the oldest was placed {summary.oldest_placed_at.isoformat()}"

@@ -118,6 +118,7 @@ from favorites_maintenance.retention.health import (
     LockWatch,
     Outcome,
 )
+from favorites_maintenance.retention.holds import typed_holds
 from favorites_maintenance.retention.report import BatchResult, PurgeReport, StopReason
 from favorites_maintenance.retention.rule import RetentionRule
 from favorites_maintenance.retention.scan import (
@@ -308,6 +309,7 @@ class BatchLoop:
         self.row_key = None  # a one-row batch's candidate (key, age), named before its delete
         self.conn: sa.Connection | None = None
         self.statements: BatchStatements | None = None
+        self.by_ctid = False  # whether the batches match their rows by address (ctid)
         self.keyset_index = False
         self.spans: BatchSpans | None = None
         # The backlog was counted whole before the first batch and is empty: no batch to
@@ -361,8 +363,13 @@ class BatchLoop:
                 limit_transaction(conn, lock_timeout=options.lock_timeout,
                                   statement_timeout=options.statement_timeout)
                 findings = check_table(conn, rule)
+                hold_warning = None
+                if rule.hold is not None:
+                    # Read once: the batches then compare the holds in the hold column's type.
+                    hold, hold_warning = typed_holds(conn, rule.hold, rule.qualified_name)
+                    rule = self.rule = rule.with_hold(hold)
                 self.shape = table_shape(conn, rule)
-                by_ctid = match_by_ctid(conn, rule)
+                by_ctid = self.by_ctid = match_by_ctid(conn, rule)
                 if self.archive_target is not None:
                     self.archive = prepare_archive(conn, rule, self.archive_target)
                 estimate = (read_scan_estimate(conn, rule, self.cutoff, self.sizes.maximum)
@@ -373,7 +380,7 @@ class BatchLoop:
             # a retry follows) is its caller's to say.
             log.warning("could not check the table before the first batch: %s", error)
             raise TableCheckError(error, rule.qualified_name) from None
-        for warning in findings.warnings:
+        for warning in findings.warnings + ((hold_warning,) if hold_warning else ()):
             log.warning("%s", warning)
         self.keyset_index = findings.keyset_index
         self.statements = BatchStatements.build(rule, self.cutoff, by_ctid, self.archive)
@@ -598,6 +605,8 @@ class BatchLoop:
             self._retry_stale(error)
             return
         self.stale_retries = 0
+        if error.kind is ErrorKind.DATA_EXCEPTION and self._holds_as_text():
+            return
         if error.kind is ErrorKind.STATEMENT_TIMEOUT and self._isolate(error, limit):
             self._cap_after_timeout(limit, elapsed)
             return
@@ -617,6 +626,33 @@ class BatchLoop:
         self.again = True
         log.info("batch %d met a row moved by a concurrent update (%s); taking it "
                  "again", self.batch_no, error)
+
+    def _holds_as_text(self) -> bool:
+        """After a batch failed on a data exception: when the batches read the holds as the
+        hold column's type and an active hold no longer reads as it (one written during the
+        run), compare the holds as text from now on and take the batch again (``True``);
+        else ``False``, the row at fault being the batch's own."""
+        hold = self.rule.hold
+        if hold is None or hold.column_type is None:
+            return False
+        try:
+            self.conn.rollback()
+            with self.conn.begin():
+                hold, warning = typed_holds(self.conn, hold, self.rule.qualified_name)
+        except sa.exc.DBAPIError:
+            return False
+        if hold.column_type is not None:
+            return False
+        self.rule = self.rule.with_hold(hold)
+        self.statements = BatchStatements.build(self.rule, self.cutoff, self.by_ctid,
+                                                self.archive)
+        if isinstance(self.scan, PageScan):
+            self.scan.statements = PageStatements.build(self.rule, self.cutoff, self.archive)
+        elif self.scan is not None:
+            self.scan.statements = self.statements
+        self.retried_batches += 1
+        log.warning("batch %d was rolled back and is taken again: %s", self.batch_no, warning)
+        return True
 
     def _retry_stale(self, error: ErrorDescription) -> None:
         # A prepared statement or cached plan outlived a schema change: a new connection

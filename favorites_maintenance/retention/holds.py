@@ -3,7 +3,10 @@
 A policy that names a hold table (its ``hold_table`` setting) prunes a row only while no
 *active* hold covers it: a row of the hold table with the policy's name, the row's value of the
 hold column (the policy's key unless ``hold_column`` says another column) as text, and no
-``released_at``. The test is part of the rule's predicate
+``released_at``. A run's batches read the active holds' values as the hold column's type
+(:func:`typed_holds`), the other statements compare the column cast to text: the same holds
+match, as long as they are written as PostgreSQL writes the column's values (what
+:func:`place_hold` stores). The test is part of the rule's predicate
 (:meth:`~favorites_maintenance.retention.rule.RetentionRule.prunable`), so every statement built
 from it carries it: the batches' candidate SELECT *and* their DELETE (as the guard is
 repeated), the backlog counts, the partition probes. A hold placed while a run is in flight
@@ -16,7 +19,7 @@ one policy)::
 
     hold_id      bigint identity primary key
     policy       text         the policy's name
-    held_value   text         the hold column's value, as text (what the purge compares)
+    held_value   text         the hold column's value, as PostgreSQL writes it as text
     placed_by    text         who placed it
     reason       text         why (a ticket, a case)
     placed_at    timestamptz  when (the database's clock)
@@ -33,6 +36,7 @@ This module imports no Dagster.
 
 from __future__ import annotations
 
+import dataclasses
 import datetime as dt
 from dataclasses import dataclass
 
@@ -74,14 +78,18 @@ class HoldTable:
 
     Attributes:
         table: the hold table (see :func:`hold_table_of`).
-        column: the column of the policy's table a hold's ``held_value`` matches (its value
-            cast to text).
+        column: the column of the policy's table a hold's ``held_value`` matches.
         policy: the policy's name; only holds with this ``policy`` count.
+        column_type: the column's type as the catalog writes it (``bigint``, ``uuid``), once
+            read (:func:`typed_holds`): the hold test then reads each active hold's value as
+            that type, once a statement, and compares it with the column as it is. ``None``:
+            the column is cast to text on every row and compared with the values as text.
     """
 
     table: sa.Table
     column: str
     policy: str
+    column_type: str | None = None
 
     @classmethod
     def define(cls, table: str, column: str, policy: str) -> "HoldTable":
@@ -99,7 +107,25 @@ class HoldTable:
         return f"{self.table.schema}.{self.table.name}"
 
     def _names(self) -> tuple:
-        return (self.table.schema, self.table.name, self.column, self.policy)
+        return (self.table.schema, self.table.name, self.column, self.policy, self.column_type)
+
+    def typed(self, column_type: str | None) -> "HoldTable":
+        """The same holds, compared in ``column_type`` (``None``: as text); see
+        :func:`typed_holds`, which reads the type and checks that the holds read as it."""
+        return dataclasses.replace(self, column_type=column_type)
+
+    def _held_values(self) -> sa.Select:
+        """The active holds' values: as text, or read as :attr:`column_type`."""
+        value = self.table.c[HELD_VALUE]
+        if self.column_type is not None:
+            from favorites_maintenance.retention.archive import CatalogType  # imports the rule
+
+            value = sa.cast(value, CatalogType(self.column_type))
+        return sa.select(value).where(self.active())
+
+    def _as_held(self, column: sa.ColumnElement) -> sa.ColumnElement:
+        """``column`` as the held values read: as it is when typed, else cast to text."""
+        return column if self.column_type is not None else sa.cast(column, sa.Text)
 
     def __eq__(self, other: object) -> bool:
         return isinstance(other, HoldTable) and self._names() == other._names()
@@ -114,23 +140,34 @@ class HoldTable:
 
     def uncovered(self, column: sa.ColumnElement, *, nullable: bool = True
                   ) -> sa.ColumnElement[bool]:
-        """No active hold of the policy has ``column``'s value, as text: ``<column>::text NOT IN
-        (SELECT held_value FROM <holds> WHERE <active>)`` (``held_value`` is never NULL, so
-        this is ``NOT EXISTS``), or ``<column> IS NULL``, which no hold matches, when
-        ``nullable``.
+        """No active hold of the policy has ``column``'s value: ``<column> NOT IN (SELECT
+        CAST(held_value AS <column_type>) FROM <holds> WHERE <active>)``, or without
+        :attr:`column_type` ``<column>::text NOT IN (SELECT held_value ...)``
+        (``held_value`` is never NULL, so this is ``NOT EXISTS``), or ``<column> IS NULL``,
+        which no hold matches, when ``nullable``.
 
         Written as ``NOT IN`` so that PostgreSQL tests it as a filter against a hash of the
         active holds built once per statement: the batch's index scan keeps its order and its
         ``LIMIT``, and each row costs a hash probe, where an anti-join would probe the holds'
         index once per row (about 4 times the time per row with 10,000 holds, in the bench).
+        Typed, the probe hashes the column's own value instead of writing it as text first.
+
+        Raises (when the statement runs, typed): ``sqlalchemy.exc.DataError`` for an active
+        hold whose value is not of the column's type (a hold written since
+        :func:`typed_holds` checked them).
         """
-        h = self.table.c
-        held = sa.select(h[HELD_VALUE]).where(self.active())
-        free = sa.cast(column, sa.Text).not_in(held)
+        free = self._as_held(column).not_in(self._held_values())
         return sa.or_(column.is_(None), free) if nullable else free
 
     def covers(self, column: sa.ColumnElement) -> sa.ColumnElement[bool]:
-        """``EXISTS`` an active hold of the policy whose value is ``column``'s, as text."""
+        """An active hold of the policy has ``column``'s value: ``EXISTS`` one whose value is
+        ``column``'s as text (the partial index on the active holds answers each probe), or,
+        with :attr:`column_type`, ``<column> IS NOT NULL AND <column> IN (SELECT
+        CAST(held_value AS <column_type>) ...)``, the test :meth:`uncovered` negates. Either
+        is false, never NULL, for a NULL ``column``, so ``NOT covers`` keeps no such row out.
+        """
+        if self.column_type is not None:
+            return sa.and_(column.is_not(None), column.in_(self._held_values()))
         h = self.table.c
         return sa.select(sa.literal(1)).select_from(self.table).where(
             self.active(), h[HELD_VALUE] == sa.cast(column, sa.Text)).exists()
@@ -220,12 +257,11 @@ def place_hold(engine: sa.Engine, holds: HoldTable, value: str, *, reason: str,
         }).returning(h[HOLD_ID])).scalar_one()
 
 
-def _as_the_column_writes_it(conn: sa.Connection, table: str, column: str, value: str) -> str:
-    """``value`` read as ``table.column``'s type and written back as text (see
-    :func:`place_hold`).
+def _column_type(conn: sa.Connection, table: str, column: str) -> str:
+    """``table.column``'s type as ``format_type`` writes it (SQL that reads as that type).
 
     Raises:
-        InvalidArgumentError: the column is not found, or ``value`` is not of its type.
+        InvalidArgumentError: the column is not found.
     """
     type_name = conn.execute(sa.text(
         "SELECT format_type(atttypid, atttypmod) FROM pg_attribute "
@@ -233,6 +269,17 @@ def _as_the_column_writes_it(conn: sa.Connection, table: str, column: str, value
         {"t": table, "c": column}).scalar()
     if type_name is None:
         raise InvalidArgumentError(f"hold column {column} is not a column of {table}")
+    return type_name
+
+
+def _as_the_column_writes_it(conn: sa.Connection, table: str, column: str, value: str) -> str:
+    """``value`` read as ``table.column``'s type and written back as text (see
+    :func:`place_hold`).
+
+    Raises:
+        InvalidArgumentError: the column is not found, or ``value`` is not of its type.
+    """
+    type_name = _column_type(conn, table, column)
     # The type's name comes from the catalog, written by format_type as SQL reads it.
     try:
         with conn.begin_nested():
@@ -241,6 +288,123 @@ def _as_the_column_writes_it(conn: sa.Connection, table: str, column: str, value
     except sa.exc.DataError:
         raise InvalidArgumentError(
             f"hold key is not a value of {table}.{column} ({type_name})") from None
+
+
+#: How long :func:`a_row_has` may look for a row (a hold column without an index is read
+#: whole when no row has the value), milliseconds.
+ROW_CHECK_TIMEOUT_MS = 10_000
+_NO_PRIVILEGE, _CANCELED = "42501", "57014"
+
+
+def a_row_has(engine: sa.Engine, table: str, column: str, value: str) -> bool | None:
+    """Whether a row of ``table`` (``schema.table``) has ``value`` in ``column``, compared in
+    the column's own type so that an index on it answers: ``False`` tells a hold that covers
+    no row now (a typo, or a row not inserted yet). ``None`` when it cannot tell: the role may
+    not read the table, or the search took longer than :data:`ROW_CHECK_TIMEOUT_MS`.
+
+    Raises:
+        InvalidArgumentError: the column is not found, or ``value`` is not of its type.
+        sqlalchemy.exc.DBAPIError: the database refused otherwise.
+    """
+    from favorites_maintenance.retention.archive import CatalogType  # archive imports the rule
+
+    schema, name = split_table_name(table, "table")
+    t = sa.table(name, sa.column(column), schema=schema)
+    with engine.begin() as conn:
+        type_name = _column_type(conn, table, column)
+        conn.execute(sa.select(sa.func.set_config("statement_timeout",
+                                                  str(ROW_CHECK_TIMEOUT_MS), True)))
+        found = sa.select(sa.select(sa.literal(1)).select_from(t).where(
+            t.c[column] == sa.cast(sa.bindparam("v", value, sa.Text), CatalogType(type_name))
+        ).exists())
+        try:
+            with conn.begin_nested():
+                return conn.execute(found).scalar_one()
+        except sa.exc.DataError:
+            raise InvalidArgumentError(
+                f"hold key is not a value of {table}.{column} ({type_name})") from None
+        except sa.exc.DBAPIError as exc:
+            if getattr(exc.orig, "sqlstate", None) in (_NO_PRIVILEGE, _CANCELED):
+                return None
+            raise
+
+
+def typed_holds(conn: sa.Connection, holds: HoldTable, table: str
+                ) -> tuple[HoldTable, str | None]:
+    """``holds`` compared in the type of ``table.column`` (``table`` is the policy's,
+    ``schema.table``), when every active hold of the policy reads as that type; else
+    ``holds`` as text, as before, and a warning to log (counts and the fix, never a value).
+
+    A value that does not read as the type (``abc`` for a bigint) matches no row either way;
+    one written otherwise than PostgreSQL writes it (``042`` for the bigint ``42``, an
+    upper-case UUID) covers its row only when typed: the warning says that the counts, which
+    compare as text, miss such a row. Runs in the connection's transaction, in a savepoint.
+
+    Raises:
+        InvalidArgumentError: the column is not a column of ``table``.
+        sqlalchemy.exc.DBAPIError: the database refused (no SELECT on the hold table).
+    """
+    from favorites_maintenance.retention.archive import CatalogType  # archive imports the rule
+
+    type_name = _column_type(conn, table, holds.column)
+    typed = holds.typed(type_name)
+    value = holds.table.c[HELD_VALUE]
+    as_written = sa.cast(sa.cast(value, CatalogType(type_name)), sa.Text)
+    try:
+        with conn.begin_nested():
+            unlike = conn.execute(sa.select(sa.func.count()).where(
+                holds.active(), value != as_written)).scalar_one()
+    except sa.exc.DataError:
+        return holds.typed(None), (
+            f"an active hold of policy {holds.policy} in {holds.qualified_name} is not a value "
+            f"of {table}.{holds.column} ({type_name}): it covers no row, and the hold test "
+            "compares the values as text for this run (slower per row); find it with "
+            f"hold list --policy {holds.policy} --show-keys, release it and place it again "
+            "with hold place, which checks the value")
+    if unlike:
+        return typed, (
+            f"{unlike} active hold(s) of policy {holds.policy} in {holds.qualified_name} are "
+            f"not written as PostgreSQL writes {type_name}: the batches keep their rows, but "
+            "heldRows and the backlog count them as prunable; place holds with hold place, "
+            "which writes them so")
+    return typed, None
+
+
+def count_holds_matching_no_row(conn: sa.Connection, holds: HoldTable, table: str
+                                ) -> int | None:
+    """How many active holds of ``holds.policy`` no row of ``table`` (``schema.table``, the
+    policy's) has the value of, compared in the hold column's type (an index on the column
+    answers each): holds that keep nothing now, a typo or a row still to come. ``None`` when
+    it cannot tell within :data:`ROW_CHECK_TIMEOUT_MS` or a hold is not of the column's
+    type. Runs in the connection's transaction, in a savepoint.
+
+    Raises:
+        InvalidArgumentError: the column is not a column of ``table``.
+        sqlalchemy.exc.DBAPIError: the database refused otherwise (no SELECT on a column).
+    """
+    from favorites_maintenance.retention.archive import CatalogType  # archive imports the rule
+
+    schema, name = split_table_name(table, "table")
+    t = sa.table(name, sa.column(holds.column), schema=schema)
+    type_name = _column_type(conn, table, holds.column)
+    held = sa.cast(holds.table.c[HELD_VALUE], CatalogType(type_name))
+    unmatched = sa.select(sa.func.count()).select_from(holds.table).where(
+        holds.active(),
+        ~sa.select(sa.literal(1)).select_from(t).where(t.c[holds.column] == held).exists())
+    previous = conn.execute(sa.select(sa.func.current_setting("statement_timeout"))).scalar()
+    try:
+        with conn.begin_nested():
+            conn.execute(sa.select(sa.func.set_config(
+                "statement_timeout", str(ROW_CHECK_TIMEOUT_MS), True)))
+            count = conn.execute(unmatched).scalar_one()
+            # Released with the savepoint, the setting would last to the transaction's end.
+            conn.execute(sa.select(sa.func.set_config("statement_timeout", previous, True)))
+            return count
+    except sa.exc.DBAPIError as exc:
+        if getattr(exc.orig, "sqlstate", "")[:2] == "22" or \
+                getattr(exc.orig, "sqlstate", None) == _CANCELED:
+            return None
+        raise
 
 
 def release_hold(engine: sa.Engine, holds: HoldTable, hold_id: int, *, released_by: str) -> bool:

@@ -34,6 +34,9 @@ ARCHIVE_RESOURCE = "least_privilege_archive.sql"
 #: that detach and drop expired partitions of the policy's table. A template, rendered for a
 #: rule by :func:`partition_functions_sql`.
 PARTITIONS_RESOURCE = "least_privilege_partitions.sql"
+#: What a policy with a hold_table needs on top (optional): SELECT on the hold table's columns
+#: the hold test and the held_rows check read, the table created by the owner.
+HOLDS_RESOURCE = "least_privilege_holds.sql"
 _PLACEHOLDER = ':"role"'
 _TEMPLATE_FIELD = re.compile(r"\{\{(\w+)\}\}")
 #: PostgreSQL's longest identifier, in bytes (NAMEDATALEN - 1); a longer one is truncated.
@@ -75,6 +78,25 @@ def apply_archive_privileges(engine: sa.Engine, role: str) -> None:
     """
     with engine.begin() as conn:
         conn.exec_driver_sql(least_privilege_sql(role, ARCHIVE_RESOURCE))
+
+
+def apply_hold_privileges(engine: sa.Engine, role: str) -> None:
+    """Give ``role`` what a policy on ``favorites.favorites`` with the hold table
+    ``favorites.retention_holds`` (holds on ``id``) needs on top of
+    :func:`apply_least_privilege` (``least_privilege_holds.sql``: the hold table created by
+    the owner if missing, and SELECT on its ``policy``, ``held_value``, ``placed_at`` and
+    ``released_at``; nothing that writes a hold).
+
+    Args:
+        engine: connected as the schema's owner (or a superuser).
+        role: the cleanup's role.
+
+    Raises:
+        sqlalchemy.exc.DBAPIError: the database refused (the role does not exist, no CREATE
+            on the schema).
+    """
+    with engine.begin() as conn:
+        conn.exec_driver_sql(least_privilege_sql(role, HOLDS_RESOURCE))
 
 
 def partition_functions_sql(rule: RetentionRule, role: str) -> str:

@@ -5,6 +5,7 @@ on; a released hold makes its row prunable again at the next run."""
 from __future__ import annotations
 
 import datetime as dt
+import logging
 
 import pytest
 import sqlalchemy as sa
@@ -339,3 +340,90 @@ def test_a_row_whose_hold_column_is_null_is_prunable(engine, rows, holds):
     report = run(engine, GUEST_FAVORITES.with_hold(by_note), batch_size=2)
 
     assert report.deleted_total == len(gone) and rows.ids() == {kept}
+
+
+def _hold_written_by_the_application(engine, value: str) -> None:
+    """A hold inserted as an application may write it, without hold place's check."""
+    with engine.begin() as conn:
+        conn.execute(sa.text(f"INSERT INTO {HOLDS} (policy, held_value, placed_by, reason) "
+                             "VALUES ('guest_favorites', :v, 'app', 'case')"), {"v": value})
+
+
+def test_the_batches_compare_the_holds_in_the_key_s_type_against_a_hash_of_them(
+        engine, rows, holds):
+    """Each batch statement reads the active holds once, as the key's type, into a hashed
+    subplan: no row's key is written as text to be compared."""
+    rows.add_many(30, updated_at=OLD)
+    place_hold(engine, holds, "1", reason="dispute", placed_by="support")
+    executed = []
+
+    @sa.event.listens_for(engine, "before_cursor_execute")
+    def record(conn, cursor, statement, parameters, context, executemany):
+        if "retention_holds" in statement and not statement.lstrip().startswith("EXPLAIN"):
+            executed.append((statement, parameters))
+
+    try:
+        run(engine, GUEST_FAVORITES.with_hold(holds), batch_size=10,
+            target_batch_duration=dt.timedelta(0))
+    finally:
+        sa.event.remove(engine, "before_cursor_execute", record)
+    deletes = [(sql, params) for sql, params in executed if sql.lstrip().startswith("DELETE")]
+    assert deletes
+    sql, params = deletes[0]
+    with engine.begin() as conn:
+        plan = "\n".join(r[0] for r in conn.exec_driver_sql(
+            "EXPLAIN (VERBOSE, COSTS OFF) " + sql, params))
+        conn.rollback()
+    assert "hashed SubPlan" in plan, plan
+    assert "(retention_holds.held_value)::bigint" in plan, plan
+    assert "(favorites.id)::text" not in plan, plan
+
+
+def test_an_application_s_hold_written_otherwise_than_postgresql_writes_the_key_keeps_its_row(
+        engine, rows, holds, caplog):
+    """``0042`` is the bigint 42: the batches read the hold as the key's type, so it keeps
+    the row, and the run says that the counts, which compare as text, miss it."""
+    caplog.set_level(logging.WARNING, logger="favorites_maintenance")
+    ids = rows.add_many(4, updated_at=OLD)
+    _hold_written_by_the_application(engine, f"00{ids[2]}")
+    report = run(engine, GUEST_FAVORITES.with_hold(holds))
+    assert report.deleted_total == 3 and rows.ids() == {ids[2]}
+    assert ("1 active hold(s) of policy guest_favorites in favorites.retention_holds are not "
+            "written as PostgreSQL writes bigint") in caplog.text
+    assert f"00{ids[2]}" not in caplog.text
+
+
+def test_a_hold_that_is_not_a_value_of_the_key_s_type_covers_no_row_and_fails_no_run(
+        engine, rows, holds, caplog):
+    """The run compares as text (a cast of such a value would fail every batch), and says so
+    without the value."""
+    caplog.set_level(logging.WARNING, logger="favorites_maintenance")
+    ids = rows.add_many(4, updated_at=OLD)
+    _hold_written_by_the_application(engine, "not-a-number")
+    place_hold(engine, holds, str(ids[0]), reason="dispute", placed_by="support")
+    report = run(engine, GUEST_FAVORITES.with_hold(holds))
+    assert report.deleted_total == 3 and rows.ids() == {ids[0]}
+    assert ("an active hold of policy guest_favorites in favorites.retention_holds is not a "
+            "value of favorites.favorites.id (bigint): it covers no row") in caplog.text
+    assert "not-a-number" not in caplog.text
+
+
+def test_a_hold_not_of_the_key_s_type_written_during_a_run_skips_no_row(
+        engine, rows, holds, caplog):
+    """The batch that meets it fails on reading it as the key's type and is taken again with
+    the holds compared as text: no row is skipped as if it were the one at fault."""
+    caplog.set_level(logging.WARNING, logger="favorites_maintenance")
+    ids = sorted(rows.add_many(12, updated_at=OLD))
+    place_hold(engine, holds, str(ids[10]), reason="dispute", placed_by="support")
+
+    def on_batch(batch):
+        if batch.batch_no == 1:
+            _hold_written_by_the_application(engine, "not-a-number")
+
+    report = run(engine, GUEST_FAVORITES.with_hold(holds), batch_size=4, on_batch=on_batch,
+                 target_batch_duration=dt.timedelta(0))
+    assert report.deleted_total == 11 and rows.ids() == {ids[10]}
+    assert "skipped row" not in caplog.text
+    assert ("is not a value of favorites.favorites.id (bigint): it covers no row"
+            in caplog.text)
+    assert "not-a-number" not in caplog.text

@@ -23,12 +23,12 @@ def checkout(tmp_path):
     return tmp_path
 
 
-def cli(*args, cwd, env_extra=None, timeout=600):
+def cli(*args, cwd, env_extra=None, timeout=600, input=None):
     env = {k: v for k, v in os.environ.items()
            if not k.startswith(("FAVORITES_", "DAGSTER_"))}
     env.update(env_extra or {})
     return subprocess.run([sys.executable, "-m", "favorites_maintenance", *args], cwd=cwd,
-                          env=env, capture_output=True, text=True, timeout=timeout)
+                          env=env, capture_output=True, text=True, timeout=timeout, input=input)
 
 
 def number(label: str, text: str) -> int:

@@ -94,3 +94,47 @@ def test_hold_commands_refuse_a_policy_without_hold_table_and_a_missing_table(
     empty = cli("hold", "place", "--policy", "guest_favorites", "--key", "1", "--reason", " ",
                 cwd=checkout, env_extra=env)
     assert empty.returncode == 2 and "--reason must not be empty" in empty.stderr
+
+
+
+def test_hold_place_reads_the_key_from_standard_input(checkout, db_url, engine, rows):  # noqa: F811
+    """``--key -`` keeps the key out of the process list (``ps`` shows a command's
+    arguments, and a key can name a person)."""
+    env = env_of(db_url, hold_table="favorites.retention_holds")
+    held_id = rows.add(updated_at=OLD)
+    assert cli("hold", "init", "--policy", "guest_favorites", cwd=checkout,
+               env_extra=env).returncode == 0
+    place = ("hold", "place", "--policy", "guest_favorites", "--key", "-", "--reason", "case")
+    placed = cli(*place, cwd=checkout, env_extra=env, input=f"{held_id}\n")
+    assert placed.returncode == 0, placed.stderr
+    shown = cli("hold", "list", "--policy", "guest_favorites", "--show-keys", "--json",
+                cwd=checkout, env_extra=env)
+    [only] = json.loads(shown.stdout)["holds"]
+    assert (only["id"], only["key"]) == (int(placed.stdout), str(held_id))
+    empty = cli(*place, cwd=checkout, env_extra=env, input="")
+    assert empty.returncode == 2 and "--key must not be empty" in empty.stderr
+
+
+def test_hold_place_warns_when_no_row_has_the_key_and_places_the_hold_all_the_same(
+        checkout, db_url, engine, rows):  # noqa: F811
+    """A key no row has yet is held (the row may be inserted later), with a warning on
+    stderr that does not repeat it; a key a row has is placed without one."""
+    env = env_of(db_url, hold_table="favorites.retention_holds")
+    held_id = rows.add(updated_at=OLD)
+    assert cli("hold", "init", "--policy", "guest_favorites", cwd=checkout,
+               env_extra=env).returncode == 0
+    place = ("hold", "place", "--policy", "guest_favorites", "--reason", "case", "--key")
+    placed = cli(*place, str(held_id), cwd=checkout, env_extra=env)
+    assert placed.returncode == 0, placed.stderr
+    assert placed.stderr == ""
+    absent = held_id + 987654
+    unmatched = cli(*place, f"0{absent}", cwd=checkout, env_extra=env)
+    assert unmatched.returncode == 0, unmatched.stderr
+    assert int(unmatched.stdout) > int(placed.stdout)  # the id alone, as for any hold
+    assert unmatched.stderr == (
+        "warning: no row of favorites.favorites has this id now: the hold is placed and keeps "
+        "such a row once it exists; check the key if it should be there\n")
+    assert str(absent) not in unmatched.stderr
+    shown = cli("hold", "list", "--policy", "guest_favorites", "--show-keys", "--json",
+                cwd=checkout, env_extra=env)
+    assert [h["key"] for h in json.loads(shown.stdout)["holds"]] == [str(held_id), str(absent)]

@@ -66,6 +66,8 @@ def test_a_run_records_held_rows_apart_and_the_check_reports_the_oldest_hold(
         assert check.passed and check.severity == dg.AssetCheckSeverity.WARN
         figures = {k: v.value for k, v in check.metadata.items()}
         assert (figures["heldRows"], figures["activeHolds"]) == (2, 3)
+        # The hold on a visitor without rows (a typo, or a row to come), counted, not named.
+        assert figures["holdsMatchingNoRow"] == 1
         assert 3 * 86400 <= figures["oldestActiveHoldAgeSeconds"] < 3 * 86400 + 600
         logged = repr(metadata) + repr(figures) + "".join(
             repr(e) for e in instance.all_logs(result.run_id))

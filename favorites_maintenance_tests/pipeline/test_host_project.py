@@ -145,3 +145,31 @@ def test_the_command_line_counts_a_host_s_policy_from_its_project_or_its_module(
     assert "no such policy; the policies are guest_favorites_a, guest_favorites_b" \
         in refused.stderr
     assert rows.count() == 5
+
+
+def test_the_hold_commands_work_on_a_host_s_policy_from_its_project_or_its_module(
+        host, db_url, rows, tmp_path):
+    policy = host / "defs" / "guest_favorites_b" / "defs.yaml"
+    policy.write_text(policy.read_text() + "  hold_table: favorites.retention_holds\n")
+    now = dt.datetime.now(dt.timezone.utc)
+    held = rows.add(updated_at=now - dt.timedelta(days=90))
+    env = {DATABASE_URL_VAR: db_url.render_as_string(hide_password=False),
+           "PYTHONPATH": str(host.parent)}
+    module = ("-m", f"{host.name}.definitions")
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    policy_b = ("--policy", "guest_favorites_b")
+    for args, cwd in ((("hold", "init", *policy_b), host.parents[1]),
+                      (("hold", "init", *module, *policy_b), elsewhere)):
+        made = _cli(*args, cwd=cwd, env_extra=env)
+        assert made.returncode == 0, made.stderr[-2000:]
+    placed = _cli("hold", "place", *module, *policy_b, "--key", str(held), "--reason", "case",
+                  cwd=elsewhere, env_extra=env)
+    assert placed.returncode == 0, placed.stderr[-2000:]
+    listed = _cli("hold", "list", *module, *policy_b, "--json", cwd=elsewhere, env_extra=env)
+    assert listed.returncode == 0, listed.stderr[-2000:]
+    assert [h["id"] for h in json.loads(listed.stdout)["holds"]] == [int(placed.stdout)]
+    released = _cli("hold", "release", *policy_b, "--id", placed.stdout.strip(),
+                    cwd=host.parents[1], env_extra=env)
+    assert released.returncode == 0, released.stderr[-2000:]
+    assert released.stdout == f"hold {int(placed.stdout)} released\n"

@@ -12,9 +12,12 @@ from favorites_maintenance.retention.archive import (
     table_columns,
 )
 from favorites_maintenance.retention.defaults import DATABASE_URL_VAR
+from favorites_maintenance.retention.holds import HoldTable, create_hold_table_sql, place_hold
 from favorites_maintenance.retention.least_privilege import (
     ARCHIVE_RESOURCE,
+    HOLDS_RESOURCE,
     apply_archive_privileges,
+    apply_hold_privileges,
     least_privilege_sql,
 )
 from favorites_maintenance_tests.helpers.jobs import (
@@ -175,3 +178,47 @@ def test_without_the_archive_grants_the_run_refuses_before_any_delete(
             "it. Nothing was deleted") in text
     assert "CREATE TABLE favorites.favorites_archive (" in text
     assert rows.count() == 30
+
+
+def test_a_policy_with_holds_runs_under_the_role_and_its_hold_grants(
+        engine, rows, roles, monkeypatch):
+    """The role reads the hold table (SELECT on the columns the hold test and the held_rows
+    check read) and writes nothing there: the holds are placed by others."""
+    url = roles.create("cleanup", least_privilege=True)
+    apply_hold_privileges(engine, url.username)
+    refuse_updates_by(engine, url.username)
+    prunable = set(rows.add_many(250, updated_at=OLD))
+    held = rows.add(updated_at=OLD)
+    keep = set(rows.add_many(20, updated_at=FRESH)) | {held}
+    holds = HoldTable.define("favorites.retention_holds", "id", "held_favorites")
+    place_hold(engine, holds, str(held), reason="dispute", placed_by="support")
+    monkeypatch.setenv(DATABASE_URL_VAR, url.render_as_string(hide_password=False))
+    guest_settings_env(monkeypatch)
+    with policy_sandbox(favorites_policy("held_favorites", batch_size=100,
+                                         hold_table="favorites.retention_holds")) as box:
+        defs = box.code_location()
+    with dg.instance_for_test() as instance:
+        result = run_partition(defs, instance, PARTITION, job="held_favorites_cleanup_job")
+        assert result.success, failure_text(result)
+        meta = materialization(
+            result, asset_key=dg.AssetKey(["favorites", "held_favorites_cleanup"]))
+        checks = {e.check_name: e for e in result.get_asset_check_evaluations()}
+    assert (meta["deletedTotal"], meta["heldRows"]) == (len(prunable), 1)
+    assert checks["held_rows"].passed
+    assert {k: v.value for k, v in checks["held_rows"].metadata.items()}["activeHolds"] == 1
+    assert rows.ids() == keep
+    with engine.connect() as conn:
+        granted = set(conn.execute(sa.text(
+            "SELECT privilege_type, column_name FROM information_schema.column_privileges "
+            "WHERE grantee = :r AND table_name = 'retention_holds'"), {"r": url.username}))
+        whole = conn.execute(sa.text(
+            "SELECT array_agg(privilege_type) FROM information_schema.table_privileges "
+            "WHERE grantee = :r AND table_name = 'retention_holds'"),
+            {"r": url.username}).scalar()
+    assert granted == {("SELECT", c) for c in ("policy", "held_value", "placed_at",
+                                                  "released_at")}
+    assert whole is None  # no INSERT, UPDATE or DELETE: the job never writes a hold
+    # The owner's hold table is the one hold init creates.
+    shipped = " ".join(least_privilege_sql("r", HOLDS_RESOURCE).split())
+    for statement in create_hold_table_sql("favorites.retention_holds"):
+        assert " ".join(statement.split()) in shipped
