@@ -49,6 +49,7 @@ import json
 import os
 import re
 import textwrap
+import weakref
 from dataclasses import dataclass
 from functools import cached_property
 from pathlib import Path
@@ -59,6 +60,10 @@ import pydantic
 import yaml
 from pydantic import ConfigDict, Field
 
+from favorites_maintenance.config.deployment import (
+    check_database_urls,
+    load_deployment_settings,
+)
 from favorites_maintenance.config.parsers import SettingsError, iso_duration
 from favorites_maintenance.config.policy import Policy, PolicyError
 from favorites_maintenance.config.policy_settings import (
@@ -120,7 +125,7 @@ def _as_written(context: dg.ResolutionContext) -> tuple[str | None, int]:
     if position is None:
         return None, 1
     try:
-        text = Path(position.filename).read_text()
+        text = _policy_text(position.filename)
     except OSError:
         return None, 1
     attributes = _attributes_at(text, position.start.line - 1)
@@ -141,11 +146,27 @@ def _is_written(context: dg.ResolutionContext) -> bool:
     if position is None:
         return False
     try:
-        text = Path(position.filename).read_text()
+        text = _policy_text(position.filename)
     except OSError:
         return False
     attributes = _attributes_at(text, position.start.line - 1)
     return attributes is not None and str(context.path[-1]) in attributes[1]
+
+
+def _policy_text(filename: str) -> str:
+    """The text of policy file ``filename``, read once for all the settings of its policy (and
+    again only once the file changes).
+
+    Raises:
+        OSError: the file cannot be read.
+    """
+    stat = os.stat(filename)
+    return _read_policy_text(filename, stat.st_mtime_ns, stat.st_size)
+
+
+@functools.lru_cache(maxsize=8)
+def _read_policy_text(filename: str, mtime_ns: int, size: int) -> str:
+    return Path(filename).read_text()
 
 
 @functools.lru_cache(maxsize=32)
@@ -313,6 +334,11 @@ def _comment(text: str, prefix: str, width: int = 96) -> list[str]:
     return textwrap.wrap(text, width=width, initial_indent=prefix, subsequent_indent=prefix)
 
 
+#: The policy of each component tree (by the tree's state: one per tree object, as long as it
+#: lives) that carries the code location's dead-run sensor.
+_LOCATION_SENSORS: weakref.WeakKeyDictionary[Any, RetentionPolicy] = weakref.WeakKeyDictionary()
+
+
 @dg.scaffold_with(RetentionPolicyScaffolder)
 class RetentionPolicy(dg.Component, dg.Resolvable, _PolicyFields):
     """A retention policy: delete rows of ``table`` whose ``null_columns`` are all NULL and
@@ -396,9 +422,40 @@ class RetentionPolicy(dg.Component, dg.Resolvable, _PolicyFields):
                          if self.database_url_env is not None else {}))
 
     def build_defs(self, context: dg.ComponentLoadContext) -> dg.Definitions:
-        """The policy's asset and checks, job, schedule and three sensors, and the resources
-        they use, under the package's keys: complete in any project's defs folder
-        (:func:`~favorites_maintenance.pipeline.policy_defs.policy_definitions`)."""
+        """The policy's asset and checks, job, schedule and sensors, the code location's
+        dead-run sensor, and the resources they use, under the package's keys: complete in any
+        project's defs folder
+        (:func:`~favorites_maintenance.pipeline.policy_defs.policy_definitions`).
+
+        Raises:
+            favorites_maintenance.components.policy_tree.PolicyLocationError: a malformed
+                policy or setting (one line naming the file, the line, the policy and the
+                field or its variable), or deployment variable, or the policy's database
+                variable set to a malformed URL (named): the code location's load error,
+                without a stack.
+        """
+        from favorites_maintenance.components.policy_tree import (
+            PolicyLocationError,
+            location_error,
+            quiet_previews,
+        )
+        from favorites_maintenance.pipeline.heartbeat import dead_run_sensor
         from favorites_maintenance.pipeline.policy_defs import policy_definitions
 
-        return policy_definitions(self.policy)
+        try:
+            policy = self.policy
+        except (PolicyError, SettingsError) as exc:
+            raise location_error(exc, self, context.path, context.project_root) from exc
+        try:
+            settings = load_deployment_settings()
+            check_database_urls([policy.database_url_env])
+            with quiet_previews():
+                defs = policy_definitions(policy)
+        except SettingsError as exc:  # a deployment's variable: it names itself
+            raise PolicyLocationError(exc) from exc
+        if _LOCATION_SENSORS.setdefault(context.component_tree.state_tracker, self) is not self:
+            return defs
+        # Dagster refuses a sensor name twice in a code location, even for one object: the
+        # first policy of the tree carries the sensor every policy of the location shares.
+        return dg.Definitions.merge(defs, dg.Definitions(
+            sensors=[dead_run_sensor(settings.run_heartbeat_timeout)]))
