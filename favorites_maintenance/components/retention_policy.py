@@ -206,24 +206,43 @@ def _setting_field(name: str) -> tuple[Any, Any]:
     return Annotated[SettingValue | None, resolver], Field(default=None)
 
 
+def _rendered(context: dg.ResolutionContext, raw: Any) -> Any:
+    """A rule field: rendered by the component's templating when it holds a template
+    (``{{ ... }}``), else as written. Dagster's own resolution compiles every string as a
+    template, a cost per field and per policy that plain names do not need."""
+    if isinstance(raw, list):
+        return [_rendered(context, item) for item in raw]
+    if isinstance(raw, str) and ("{{" in raw or "{%" in raw):
+        return context.resolve_value(raw)
+    return raw
+
+
+def _rule_field(field_type: Any) -> dg.Resolver:
+    return dg.Resolver(_rendered, model_field_type=field_type, inject_before_resolve=False)
+
+
 class _RuleFields(dg.Model):
     """The rule and the names: what every policy writes."""
 
-    name: str = Field(description="snake_case; every Dagster name of the policy derives from it")
-    table: str = Field(description="schema.table")
-    key_column: str = Field(description="unique, NOT NULL key column")
-    age_column: str = Field(description="timestamptz column compared with the cutoff")
+    name: Annotated[str, _rule_field(str)] = Field(
+        description="snake_case; every Dagster name of the policy derives from it")
+    table: Annotated[str, _rule_field(str)] = Field(description="schema.table")
+    key_column: Annotated[str, _rule_field(str)] = Field(description="unique, NOT NULL key "
+                                                                     "column")
+    age_column: Annotated[str, _rule_field(str)] = Field(
+        description="timestamptz column compared with the cutoff")
     # Optional in the schema only so that leaving it out gets a message of its own (below).
-    null_columns: list[str] | None = Field(
+    null_columns: Annotated[list[str] | None, _rule_field(list[str] | None)] = Field(
         default=None, description="required: the guard, columns that must all be NULL for a "
         "row to be prunable; [] on purpose for a rule with no guard")
-    metrics_prefix: str | None = Field(default=None, description="start of the Prometheus "
-                                       "gauges' names (default <name>_cleanup)")
+    metrics_prefix: Annotated[str | None, _rule_field(str | None)] = Field(
+        default=None, description="start of the Prometheus gauges' names (default "
+        "<name>_cleanup)")
     database_url_env: Annotated[str | None, dg.Resolver(
         _as_text, model_field_type=str | None, inject_before_resolve=False,
         description="the environment variable holding the SQLAlchemy URL of the policy's "
                     "database, by name (default FAVORITES_DATABASE_URL)")] = Field(default=None)
-    archive_table: str | None = Field(
+    archive_table: Annotated[str | None, _rule_field(str | None)] = Field(
         default=None, description="optional schema.table the purge moves deleted rows into "
         "(same database), kept archive_retention_days; unset: rows are deleted, no archive")
 
