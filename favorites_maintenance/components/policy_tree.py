@@ -94,6 +94,20 @@ def location_error(exc: PolicyError | SettingsError, component: RetentionPolicy,
     return PolicyLocationError(error)
 
 
+def schema_error(cause: pydantic.ValidationError, folder: Path,
+                 project_root: Path) -> PolicyLocationError:
+    """``cause``, the schema errors of the ``attributes`` of the policy declared in ``folder``,
+    as its code location's load error: one line naming the file, the line and each field
+    (an unknown one with the closest known one)."""
+    files = [folder / name for name in _COMPONENT_FILES if (folder / name).is_file()]
+    path = files[0] if files else folder
+    layout = _Layout.read(path) if files else _Layout(folder.name)
+    error = PolicyLoadError(_describe_schema(cause, _shown(path, project_root), layout,
+                                             attributes=True))
+    error.__cause__ = cause
+    return PolicyLocationError(error)
+
+
 def code_location(*trees: dg.ComponentTree | None, only: str | None = None) -> dg.Definitions:
     """The definitions of ``trees`` (default: ``defs/``), each built as Dagster's
     ``load_from_defs_folder`` builds a project's: every component's definitions, the resources
@@ -319,6 +333,8 @@ def _load_file(path: Path, tree: dg.ComponentTree, project_root: Path) -> Policy
                 raise _Located(f"{where}:{line}: {exc}") from exc
     except _Located as exc:
         return PolicyFile(path, tree, error=str(exc), cause=exc.__cause__)
+    except PolicyLocationError as exc:  # refused by the component's schema
+        return PolicyFile(path, tree, error=str(exc.error), cause=exc.error.__cause__)
     except Exception as exc:  # noqa: BLE001 - YAML, schema, Dagster's tree, a component's own
         cause = root_cause(exc)
         return PolicyFile(path, tree, error=_describe(cause, where, layout), cause=cause)
@@ -415,22 +431,23 @@ def _describe(cause: BaseException, where: str, layout: _Layout) -> str:
             f"{type(cause).__name__}: {text}")
 
 
-def _describe_schema(cause: pydantic.ValidationError, where: str, layout: _Layout) -> str:
+def _describe_schema(cause: pydantic.ValidationError, where: str, layout: _Layout,
+                     attributes: bool = False) -> str:
     """The schema errors of one file on one line: unknown fields (with the closest known
     one) and values of the wrong type by line, then missing fields; the line given is the
-    first one's."""
+    first one's. ``attributes``: ``cause`` is about the ``attributes`` mapping alone."""
     known = list(RetentionPolicy.model_fields)
     problems: dict[str, tuple[int, str]] = {}
     missing: list[str] = []
     for error in cause.errors():
         loc = str(error["loc"][0]) if error["loc"] else ""
         path = loc.split(" at ", 1)[0].split(".")
-        position = (error.get("ctx") or {}).get("source_position")
-        line = position.start.line if position is not None else layout.attributes_line
         # An empty ``attributes`` mapping has no position: its errors name the field alone.
         nested = path[0] == "attributes" and len(path) > 1
-        inside = nested or path[0] in known
+        inside = attributes or nested or path[0] in known
         name = path[1] if nested else path[0]
+        position = (error.get("ctx") or {}).get("source_position")
+        line = position.start.line if position is not None else layout.line(name)
         if error["type"] == "missing" and inside:
             missing.append(name)
         elif error["type"] == "extra_forbidden":

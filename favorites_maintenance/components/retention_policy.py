@@ -353,6 +353,30 @@ def _comment(text: str, prefix: str, width: int = 96) -> list[str]:
     return textwrap.wrap(text, width=width, initial_indent=prefix, subsequent_indent=prefix)
 
 
+#: Where a model of :func:`_keeping_refusals` keeps the schema errors of a file it refused.
+_REFUSAL = "_favorites_schema_refusal"
+
+
+@functools.cache
+def _keeping_refusals(model: type[pydantic.BaseModel]) -> type[pydantic.BaseModel]:
+    """``model``, the same schema, except that attributes it refuses validate to an empty
+    instance holding the :class:`pydantic.ValidationError` (under :data:`_REFUSAL`), for
+    :meth:`RetentionPolicy.load` to word it: Dagster validates a file before any code of the
+    component runs."""
+
+    def keep_refusal(cls, data: Any, handler: Any) -> Any:
+        try:
+            return handler(data)
+        except pydantic.ValidationError as exc:
+            refused = cls.model_construct()
+            object.__setattr__(refused, _REFUSAL, exc)
+            return refused
+
+    return pydantic.create_model(
+        model.__name__, __base__=model, __module__=model.__module__,
+        __validators__={"keep_refusal": pydantic.model_validator(mode="wrap")(keep_refusal)})
+
+
 #: The policy of each component tree (by the tree's state: one per tree object, as long as it
 #: lives) that carries the code location's dead-run sensor.
 _LOCATION_SENSORS: weakref.WeakKeyDictionary[Any, RetentionPolicy] = weakref.WeakKeyDictionary()
@@ -390,6 +414,31 @@ class RetentionPolicy(dg.Component, dg.Resolvable, _PolicyFields):
     """
 
     model_config = ConfigDict(extra="forbid")
+
+    @classmethod
+    def get_model_cls(cls) -> type[pydantic.BaseModel] | None:
+        """The component's schema, Dagster's: a file it refuses reaches :meth:`load`, which
+        words the refusal in one line (Dagster's loader would show its own error, with a
+        stack, before the component sees the file)."""
+        return _keeping_refusals(super().get_model_cls())
+
+    @classmethod
+    def load(cls, attributes: pydantic.BaseModel | None,
+             context: dg.ComponentLoadContext) -> RetentionPolicy:
+        """The component of ``attributes``, validated by :meth:`get_model_cls`.
+
+        Raises:
+            favorites_maintenance.components.policy_tree.PolicyLocationError: the file does
+                not fit the schema (a misspelled or missing field, a value of the wrong
+                type): the code location's load error, one line naming the file, the line and
+                the field, without a stack.
+        """
+        refusal = vars(attributes).get(_REFUSAL) if attributes is not None else None
+        if refusal is not None:
+            from favorites_maintenance.components.policy_tree import schema_error
+
+            raise schema_error(refusal, context.path, context.project_root) from refusal
+        return super().load(attributes, context)
 
     @cached_property
     def policy(self) -> Policy:
