@@ -521,6 +521,12 @@ class RetentionPolicy(dg.Component, dg.Resolvable, _PolicyFields):
                 defs = policy_definitions(policy)
         except SettingsError as exc:  # a deployment's variable: it names itself
             raise PolicyLocationError(exc) from exc
+        # The policy's asset jobs resolved against its own asset: resolved against the code
+        # location's, each job would scan every policy's asset, a load quadratic in policies.
+        defs = dg.Definitions(
+            assets=defs.assets, asset_checks=defs.asset_checks, schedules=defs.schedules,
+            sensors=defs.sensors, jobs=[defs.resolve_job_def(job.name) for job in defs.jobs],
+            resources=defs.resources)
         if _LOCATION_SENSORS.setdefault(context.component_tree.state_tracker, self) is not self:
             return defs
         # Dagster refuses a sensor name twice in a code location, even for one object: the
