@@ -28,8 +28,6 @@ from pathlib import Path
 import dagster as dg
 import pydantic
 import yaml
-from dagster._core.errors import DagsterUserCodeProcessError
-from dagster._utils.error import SerializableErrorInfo
 from dagster.components.core.component_tree import ComponentTreeException
 from dagster_shared.error import DagsterUnresolvableSymbolError
 
@@ -37,6 +35,10 @@ from favorites_maintenance.components.retention_policy import RetentionPolicy
 from favorites_maintenance.config.deployment import load_deployment_settings
 from favorites_maintenance.config.parsers import SettingsError
 from favorites_maintenance.config.policy import Policy, PolicyError
+from favorites_maintenance.pipeline.dagster_internals import (
+    DagsterUserCodeProcessError,
+    SerializableErrorInfo,
+)
 
 #: The checkout holding ``pyproject.toml`` (the project root ``dg`` and Dagster load from).
 PROJECT_ROOT = Path(__file__).resolve().parent.parent.parent

@@ -201,8 +201,8 @@ def test_one_load_of_the_code_location_reads_each_policy_file_once(monkeypatch):
     """Dagster's loader reads (opens and parses) each ``defs.yaml`` once per load, however
     many policies and settings the location holds. The component reads a file once more only
     when its policy writes a setting as a literal, to take it as written rather than by YAML
-    1.1's rules (``030`` is not 24) and to refuse a key written twice; the real guest-favorites
-    policy reads every setting from a variable."""
+    1.1's rules (``030`` is not 24) and to refuse a key written twice, once for all its
+    settings."""
     import builtins
     from collections import Counter
 
@@ -222,14 +222,16 @@ def test_one_load_of_the_code_location_reads_each_policy_file_once(monkeypatch):
             reads[path.parent.name] += 1
         return real_read_text(path, *args, **kwargs)
 
-    # Each written with five settings as literals.
-    policies = [favorites_policy(name, retention_days=30, batch_size=500, cron="0 4 * * *")
-                for name in ("guest_carts", "guest_orders")]
-    with policy_sandbox(*policies) as sandbox, sandbox.tree() as tree:
+    # Five settings written as literals; the rule alone, every setting at its default.
+    carts = favorites_policy("guest_carts", retention_days=30, batch_size=500, cron="0 4 * * *")
+    rule = {key: value for key, value in favorites_policy("guest_orders").items()
+            if key in ("name", "table", "key_column", "age_column", "null_columns")}
+    with policy_sandbox(carts, rule) as sandbox, sandbox.tree() as tree:
         monkeypatch.setattr(builtins, "open", counting_open)
         monkeypatch.setattr(Path, "read_text", counting_read_text)
         defs = dg.load_from_defs_folder(path_within_project=tree.defs_module_path)
         monkeypatch.undo()
-    assert reads == {"guest_favorites": 1, "guest_carts": 2, "guest_orders": 2}
+    assert reads == {"guest_orders": 1, "guest_carts": 2,
+                     "guest_favorites": 2}  # its group is a literal
     assert {job.name for job in defs.resolve_all_job_defs()} >= {
         "guest_carts_cleanup_job", "guest_orders_cleanup_job", JOB}
