@@ -556,7 +556,7 @@ def restore(run_id: str | None, since: str | None, until: str | None, pretend: b
     import dagster as dg
 
     from favorites_maintenance.config.deployment import require_database_url
-    from favorites_maintenance.definitions import code_location
+    from favorites_maintenance.components.policy_tree import code_location
     from favorites_maintenance.pipeline.restore import RestoreConfig, selection_of
 
     _check_deployment_settings()

@@ -43,7 +43,7 @@ PARTITION = "2026-01-01"
 def cleanup_job() -> dg.JobDefinition:
     """The job as the code location defines it, from the environment (reconstructable, as
     ``execute_job`` wants it)."""
-    from favorites_maintenance.definitions import code_location
+    from favorites_maintenance.components.policy_tree import code_location
 
     return code_location().resolve_job_def("guest_favorites_cleanup_job")
 

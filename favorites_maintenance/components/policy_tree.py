@@ -8,9 +8,11 @@ never hides the policies beside it:
     favorites_maintenance/defs/guest_carts/defs.yaml:8: policy guest_carts, retention_dayz:
     not a field of a retention policy (did you mean retention_days?)
 
-(on one line). The code location (:mod:`favorites_maintenance.definitions`) loads only when
-every file is valid (:func:`load_policies`: invalid configuration fails fast); the command
-line's commands for one policy load that policy alone and name the broken ones beside it.
+(on one line). A policy that fails its own checks when Dagster builds it stops the code
+location, in any project, with that one line and no stack (:class:`PolicyLocationError`);
+:func:`code_location` builds a defs folder the way Dagster's loader does, for the command line
+and the tests, and the command line's commands for one policy load that policy alone and name
+the broken ones beside it.
 """
 
 from __future__ import annotations
@@ -26,11 +28,17 @@ from pathlib import Path
 import dagster as dg
 import pydantic
 import yaml
+from dagster.components.core.component_tree import ComponentTreeException
 from dagster_shared.error import DagsterUnresolvableSymbolError
 
 from favorites_maintenance.components.retention_policy import RetentionPolicy
+from favorites_maintenance.config.deployment import load_deployment_settings
 from favorites_maintenance.config.parsers import SettingsError
 from favorites_maintenance.config.policy import Policy, PolicyError
+from favorites_maintenance.pipeline.dagster_internals import (
+    DagsterUserCodeProcessError,
+    SerializableErrorInfo,
+)
 
 #: The checkout holding ``pyproject.toml`` (the project root ``dg`` and Dagster load from).
 PROJECT_ROOT = Path(__file__).resolve().parent.parent.parent
@@ -51,6 +59,120 @@ class PolicyLoadError(Exception):
     component's schema (a misspelled or missing field), a malformed policy, a setting out of
     bounds, or two policies of one name. The message is one line per broken file, each naming
     the file, the line, the policy and the field (see the module docstring)."""
+
+
+class PolicyLocationError(ComponentTreeException, DagsterUserCodeProcessError):
+    """A policy's or a setting's error (:attr:`error`) as the load error of the code location
+    holding the policy, shown as its message alone: ``PolicyLoadError: <file>:<line>: ...``.
+
+    The error is the configuration's, not the code's, so the stack of the code that found it
+    is left out. Dagster's component tree passes an error of its own kind through unwrapped,
+    and Dagster reports an error received from a code process as that process serialized it:
+    the UI's code location page, ``dg check defs`` and ``dagster definitions validate`` show
+    the one line, in this package's code location and in any project's.
+
+    Attributes:
+        error: the :class:`PolicyLoadError` or
+            :class:`~favorites_maintenance.config.parsers.SettingsError` behind it.
+    """
+
+    def __init__(self, error: PolicyLoadError | SettingsError):
+        info = SerializableErrorInfo(message=f"{type(error).__name__}: {error}\n", stack=[],
+                                     cls_name=type(error).__name__)
+        super().__init__(str(error), user_code_process_error_infos=[info])
+        self.error = error
+
+
+def location_error(exc: PolicyError | SettingsError, component: RetentionPolicy,
+                   folder: Path, project_root: Path) -> PolicyLocationError:
+    """``exc``, raised validating ``component`` (declared in ``folder``), as its code
+    location's load error: a :class:`PolicyLoadError` of ``exc``'s message after the file and
+    the line of the field it is about, ``exc`` its cause."""
+    files = [folder / name for name in _COMPONENT_FILES if (folder / name).is_file()]
+    path = files[0] if files else folder
+    line = _Layout.read(path).line(_field_of(exc, component)) if files else 1
+    error = PolicyLoadError(f"{_shown(path, project_root)}:{line}: {exc}")
+    error.__cause__ = exc
+    return PolicyLocationError(error)
+
+
+def schema_error(cause: pydantic.ValidationError, folder: Path,
+                 project_root: Path) -> PolicyLocationError:
+    """``cause``, the schema errors of the ``attributes`` of the policy declared in ``folder``,
+    as its code location's load error: one line naming the file, the line and each field
+    (an unknown one with the closest known one)."""
+    files = [folder / name for name in _COMPONENT_FILES if (folder / name).is_file()]
+    path = files[0] if files else folder
+    layout = _Layout.read(path) if files else _Layout(folder.name)
+    error = PolicyLoadError(_describe_schema(cause, _shown(path, project_root), layout,
+                                             attributes=True))
+    error.__cause__ = cause
+    return PolicyLocationError(error)
+
+
+def code_location(*trees: dg.ComponentTree | None, only: str | None = None) -> dg.Definitions:
+    """The definitions of ``trees`` (default: ``defs/``), each built as Dagster's
+    ``load_from_defs_folder`` builds a project's: every component's definitions, the resources
+    they use included, merged. For the command line and the tests; the code location Dagster
+    loads is :mod:`favorites_maintenance.definitions`, the stock loader.
+
+    Args:
+        trees: component trees; ``None`` stands for ``defs/``.
+        only: the name of one policy of ``trees``: build that policy alone, whatever the other
+            policy files hold (the command line's commands for one policy).
+
+    Raises:
+        favorites_maintenance.config.parsers.SettingsError: a deployment variable that is
+            malformed, named (checked first, before any policy); then a policy's setting or
+            database variable, named.
+        PolicyLoadError: a malformed policy, one line per broken file; with ``only``, that
+            policy broken or not found.
+    """
+    load_deployment_settings()  # a bad variable is named here, not inside Dagster's tree error
+    trees = tuple(tree or component_tree() for tree in trees or (None,))
+    if only is not None:
+        trees = (_tree_of_policy(trees, only),)
+    try:
+        return merge_trees(*trees)
+    except PolicyLocationError as exc:
+        raise exc.error  # noqa: B904 - its own cause, the policy's error, is kept
+    except Exception:  # Dagster's tree error, around a schema or YAML error
+        for tree in trees:
+            load_policies(tree)  # one line per broken file, each loaded on its own
+        raise
+
+
+def merge_trees(*trees: dg.ComponentTree) -> dg.Definitions:
+    """The definitions of each of ``trees``, built as Dagster's loader builds a defs folder,
+    merged into one code location (its component tree the first's): the dead-run sensor the
+    first policy of each tree carries is kept once.
+
+    Raises:
+        PolicyLocationError: see :class:`PolicyLocationError`.
+    """
+    from favorites_maintenance.pipeline.heartbeat import DEAD_RUN_SENSOR
+
+    with quiet_previews():
+        first, *others = (tree.build_defs() for tree in trees)
+    # Dagster merges one component tree at most, and a sensor name once.
+    return dg.Definitions.merge(first, *(dg.Definitions(
+        assets=defs.assets, asset_checks=defs.asset_checks, schedules=defs.schedules,
+        sensors=[s for s in defs.sensors or [] if s.name != DEAD_RUN_SENSOR], jobs=defs.jobs,
+        resources=defs.resources, executor=defs.executor, loggers=defs.loggers,
+        metadata=defs.metadata) for defs in others))
+
+
+def _tree_of_policy(trees: tuple[dg.ComponentTree, ...], name: str) -> dg.ComponentTree:
+    """The component tree of the file of ``trees`` that declares policy ``name``."""
+    files = [f for tree in trees for f in policy_files(tree)]
+    found = [f for f in files for p in f.policies if p.name == name]
+    if not found:
+        broken = [f.error for f in files if f.error]
+        valid = sorted(p.name for f in files for p in f.policies)
+        raise PolicyLoadError(f"no valid policy named {name!r}; the valid ones are "
+                              f"{', '.join(valid) or 'none'}"
+                              + "".join(f"\n{e}" for e in broken))
+    return found[0].tree
 
 
 @dataclass(frozen=True)
@@ -213,6 +335,8 @@ def _load_file(path: Path, tree: dg.ComponentTree, project_root: Path) -> Policy
                 raise _Located(f"{where}:{line}: {exc}") from exc
     except _Located as exc:
         return PolicyFile(path, tree, error=str(exc), cause=exc.__cause__)
+    except PolicyLocationError as exc:  # refused by the component's schema
+        return PolicyFile(path, tree, error=str(exc.error), cause=exc.error.__cause__)
     except Exception as exc:  # noqa: BLE001 - YAML, schema, Dagster's tree, a component's own
         cause = root_cause(exc)
         return PolicyFile(path, tree, error=_describe(cause, where, layout), cause=cause)
@@ -309,22 +433,23 @@ def _describe(cause: BaseException, where: str, layout: _Layout) -> str:
             f"{type(cause).__name__}: {text}")
 
 
-def _describe_schema(cause: pydantic.ValidationError, where: str, layout: _Layout) -> str:
+def _describe_schema(cause: pydantic.ValidationError, where: str, layout: _Layout,
+                     attributes: bool = False) -> str:
     """The schema errors of one file on one line: unknown fields (with the closest known
     one) and values of the wrong type by line, then missing fields; the line given is the
-    first one's."""
+    first one's. ``attributes``: ``cause`` is about the ``attributes`` mapping alone."""
     known = list(RetentionPolicy.model_fields)
     problems: dict[str, tuple[int, str]] = {}
     missing: list[str] = []
     for error in cause.errors():
         loc = str(error["loc"][0]) if error["loc"] else ""
         path = loc.split(" at ", 1)[0].split(".")
-        position = (error.get("ctx") or {}).get("source_position")
-        line = position.start.line if position is not None else layout.attributes_line
         # An empty ``attributes`` mapping has no position: its errors name the field alone.
         nested = path[0] == "attributes" and len(path) > 1
-        inside = nested or path[0] in known
+        inside = attributes or nested or path[0] in known
         name = path[1] if nested else path[0]
+        position = (error.get("ctx") or {}).get("source_position")
+        line = position.start.line if position is not None else layout.line(name)
         if error["type"] == "missing" and inside:
             missing.append(name)
         elif error["type"] == "extra_forbidden":

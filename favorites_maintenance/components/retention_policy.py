@@ -49,6 +49,7 @@ import json
 import os
 import re
 import textwrap
+import weakref
 from dataclasses import dataclass
 from functools import cached_property
 from pathlib import Path
@@ -59,6 +60,10 @@ import pydantic
 import yaml
 from pydantic import ConfigDict, Field
 
+from favorites_maintenance.config.deployment import (
+    check_database_urls,
+    load_deployment_settings,
+)
 from favorites_maintenance.config.parsers import SettingsError, iso_duration
 from favorites_maintenance.config.policy import Policy, PolicyError
 from favorites_maintenance.config.policy_settings import (
@@ -120,7 +125,7 @@ def _as_written(context: dg.ResolutionContext) -> tuple[str | None, int]:
     if position is None:
         return None, 1
     try:
-        text = Path(position.filename).read_text()
+        text = _policy_text(position.filename)
     except OSError:
         return None, 1
     attributes = _attributes_at(text, position.start.line - 1)
@@ -141,11 +146,27 @@ def _is_written(context: dg.ResolutionContext) -> bool:
     if position is None:
         return False
     try:
-        text = Path(position.filename).read_text()
+        text = _policy_text(position.filename)
     except OSError:
         return False
     attributes = _attributes_at(text, position.start.line - 1)
     return attributes is not None and str(context.path[-1]) in attributes[1]
+
+
+def _policy_text(filename: str) -> str:
+    """The text of policy file ``filename``, read once for all the settings of its policy (and
+    again only once the file changes).
+
+    Raises:
+        OSError: the file cannot be read.
+    """
+    stat = os.stat(filename)
+    return _read_policy_text(filename, stat.st_mtime_ns, stat.st_size)
+
+
+@functools.lru_cache(maxsize=8)
+def _read_policy_text(filename: str, mtime_ns: int, size: int) -> str:
+    return Path(filename).read_text()
 
 
 @functools.lru_cache(maxsize=32)
@@ -185,24 +206,43 @@ def _setting_field(name: str) -> tuple[Any, Any]:
     return Annotated[SettingValue | None, resolver], Field(default=None)
 
 
+def _rendered(context: dg.ResolutionContext, raw: Any) -> Any:
+    """A rule field: rendered by the component's templating when it holds a template
+    (``{{ ... }}``), else as written. Dagster's own resolution compiles every string as a
+    template, a cost per field and per policy that plain names do not need."""
+    if isinstance(raw, list):
+        return [_rendered(context, item) for item in raw]
+    if isinstance(raw, str) and ("{{" in raw or "{%" in raw):
+        return context.resolve_value(raw)
+    return raw
+
+
+def _rule_field(field_type: Any) -> dg.Resolver:
+    return dg.Resolver(_rendered, model_field_type=field_type, inject_before_resolve=False)
+
+
 class _RuleFields(dg.Model):
     """The rule and the names: what every policy writes."""
 
-    name: str = Field(description="snake_case; every Dagster name of the policy derives from it")
-    table: str = Field(description="schema.table")
-    key_column: str = Field(description="unique, NOT NULL key column")
-    age_column: str = Field(description="timestamptz column compared with the cutoff")
+    name: Annotated[str, _rule_field(str)] = Field(
+        description="snake_case; every Dagster name of the policy derives from it")
+    table: Annotated[str, _rule_field(str)] = Field(description="schema.table")
+    key_column: Annotated[str, _rule_field(str)] = Field(description="unique, NOT NULL key "
+                                                                     "column")
+    age_column: Annotated[str, _rule_field(str)] = Field(
+        description="timestamptz column compared with the cutoff")
     # Optional in the schema only so that leaving it out gets a message of its own (below).
-    null_columns: list[str] | None = Field(
+    null_columns: Annotated[list[str] | None, _rule_field(list[str] | None)] = Field(
         default=None, description="required: the guard, columns that must all be NULL for a "
         "row to be prunable; [] on purpose for a rule with no guard")
-    metrics_prefix: str | None = Field(default=None, description="start of the Prometheus "
-                                       "gauges' names (default <name>_cleanup)")
+    metrics_prefix: Annotated[str | None, _rule_field(str | None)] = Field(
+        default=None, description="start of the Prometheus gauges' names (default "
+        "<name>_cleanup)")
     database_url_env: Annotated[str | None, dg.Resolver(
         _as_text, model_field_type=str | None, inject_before_resolve=False,
         description="the environment variable holding the SQLAlchemy URL of the policy's "
                     "database, by name (default FAVORITES_DATABASE_URL)")] = Field(default=None)
-    archive_table: str | None = Field(
+    archive_table: Annotated[str | None, _rule_field(str | None)] = Field(
         default=None, description="optional schema.table the purge moves deleted rows into "
         "(same database), kept archive_retention_days; unset: rows are deleted, no archive")
 
@@ -313,6 +353,35 @@ def _comment(text: str, prefix: str, width: int = 96) -> list[str]:
     return textwrap.wrap(text, width=width, initial_indent=prefix, subsequent_indent=prefix)
 
 
+#: Where a model of :func:`_keeping_refusals` keeps the schema errors of a file it refused.
+_REFUSAL = "_favorites_schema_refusal"
+
+
+@functools.cache
+def _keeping_refusals(model: type[pydantic.BaseModel]) -> type[pydantic.BaseModel]:
+    """``model``, the same schema, except that attributes it refuses validate to an empty
+    instance holding the :class:`pydantic.ValidationError` (under :data:`_REFUSAL`), for
+    :meth:`RetentionPolicy.load` to word it: Dagster validates a file before any code of the
+    component runs."""
+
+    def keep_refusal(cls, data: Any, handler: Any) -> Any:
+        try:
+            return handler(data)
+        except pydantic.ValidationError as exc:
+            refused = cls.model_construct()
+            object.__setattr__(refused, _REFUSAL, exc)
+            return refused
+
+    return pydantic.create_model(
+        model.__name__, __base__=model, __module__=model.__module__,
+        __validators__={"keep_refusal": pydantic.model_validator(mode="wrap")(keep_refusal)})
+
+
+#: The policy of each component tree (by the tree's state: one per tree object, as long as it
+#: lives) that carries the code location's dead-run sensor.
+_LOCATION_SENSORS: weakref.WeakKeyDictionary[Any, RetentionPolicy] = weakref.WeakKeyDictionary()
+
+
 @dg.scaffold_with(RetentionPolicyScaffolder)
 class RetentionPolicy(dg.Component, dg.Resolvable, _PolicyFields):
     """A retention policy: delete rows of ``table`` whose ``null_columns`` are all NULL and
@@ -345,6 +414,31 @@ class RetentionPolicy(dg.Component, dg.Resolvable, _PolicyFields):
     """
 
     model_config = ConfigDict(extra="forbid")
+
+    @classmethod
+    def get_model_cls(cls) -> type[pydantic.BaseModel] | None:
+        """The component's schema, Dagster's: a file it refuses reaches :meth:`load`, which
+        words the refusal in one line (Dagster's loader would show its own error, with a
+        stack, before the component sees the file)."""
+        return _keeping_refusals(super().get_model_cls())
+
+    @classmethod
+    def load(cls, attributes: pydantic.BaseModel | None,
+             context: dg.ComponentLoadContext) -> RetentionPolicy:
+        """The component of ``attributes``, validated by :meth:`get_model_cls`.
+
+        Raises:
+            favorites_maintenance.components.policy_tree.PolicyLocationError: the file does
+                not fit the schema (a misspelled or missing field, a value of the wrong
+                type): the code location's load error, one line naming the file, the line and
+                the field, without a stack.
+        """
+        refusal = vars(attributes).get(_REFUSAL) if attributes is not None else None
+        if refusal is not None:
+            from favorites_maintenance.components.policy_tree import schema_error
+
+            raise schema_error(refusal, context.path, context.project_root) from refusal
+        return super().load(attributes, context)
 
     @cached_property
     def policy(self) -> Policy:
@@ -396,9 +490,46 @@ class RetentionPolicy(dg.Component, dg.Resolvable, _PolicyFields):
                          if self.database_url_env is not None else {}))
 
     def build_defs(self, context: dg.ComponentLoadContext) -> dg.Definitions:
-        """The policy's asset and checks, job, schedule and three sensors, and the resources
-        they use, under the package's keys: complete in any project's defs folder
-        (:func:`~favorites_maintenance.pipeline.policy_defs.policy_definitions`)."""
+        """The policy's asset and checks, job, schedule and sensors, the code location's
+        dead-run sensor, and the resources they use, under the package's keys: complete in any
+        project's defs folder
+        (:func:`~favorites_maintenance.pipeline.policy_defs.policy_definitions`).
+
+        Raises:
+            favorites_maintenance.components.policy_tree.PolicyLocationError: a malformed
+                policy or setting (one line naming the file, the line, the policy and the
+                field or its variable), or deployment variable, or the policy's database
+                variable set to a malformed URL (named): the code location's load error,
+                without a stack.
+        """
+        from favorites_maintenance.components.policy_tree import (
+            PolicyLocationError,
+            location_error,
+            quiet_previews,
+        )
+        from favorites_maintenance.pipeline.heartbeat import dead_run_sensor
         from favorites_maintenance.pipeline.policy_defs import policy_definitions
 
-        return policy_definitions(self.policy)
+        try:
+            policy = self.policy
+        except (PolicyError, SettingsError) as exc:
+            raise location_error(exc, self, context.path, context.project_root) from exc
+        try:
+            settings = load_deployment_settings()
+            check_database_urls([policy.database_url_env])
+            with quiet_previews():
+                defs = policy_definitions(policy)
+        except SettingsError as exc:  # a deployment's variable: it names itself
+            raise PolicyLocationError(exc) from exc
+        # The policy's asset jobs resolved against its own asset: resolved against the code
+        # location's, each job would scan every policy's asset, a load quadratic in policies.
+        defs = dg.Definitions(
+            assets=defs.assets, asset_checks=defs.asset_checks, schedules=defs.schedules,
+            sensors=defs.sensors, jobs=[defs.resolve_job_def(job.name) for job in defs.jobs],
+            resources=defs.resources)
+        if _LOCATION_SENSORS.setdefault(context.component_tree.state_tracker, self) is not self:
+            return defs
+        # Dagster refuses a sensor name twice in a code location, even for one object: the
+        # first policy of the tree carries the sensor every policy of the location shares.
+        return dg.Definitions.merge(defs, dg.Definitions(
+            sensors=[dead_run_sensor(settings.run_heartbeat_timeout)]))

@@ -19,6 +19,7 @@ This module imports no Dagster.
 from __future__ import annotations
 
 import datetime as dt
+import functools
 import os
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
@@ -98,6 +99,19 @@ def load_deployment_settings(environ: Mapping[str, str] | None = None) -> Deploy
         SettingsError: the first invalid variable, named (a URL's password never shown).
     """
     environ = os.environ if environ is None else environ
+    # Read once per value: every policy of a code location reads the same variables.
+    return _deployment_settings(tuple(environ.get(name) for name in _DEPLOYMENT_VARIABLES))
+
+
+#: The variables :func:`load_deployment_settings` reads.
+_DEPLOYMENT_VARIABLES = (DATABASE_URL_VAR, ALERT_WEBHOOK_URL_VAR, METRICS_PUSHGATEWAY_URL_VAR,
+                         WEBSERVER_BASE_URL_VAR, RUN_HEARTBEAT_TIMEOUT_VAR)
+
+
+@functools.lru_cache(maxsize=16)
+def _deployment_settings(values: tuple[str | None, ...]) -> DeploymentSettings:
+    environ = {name: value for name, value in zip(_DEPLOYMENT_VARIABLES, values)
+               if value is not None}
     return DeploymentSettings(
         database_url=read_optional(environ, DATABASE_URL_VAR, parse_database_url),
         alert_webhook_url=read_optional(environ, ALERT_WEBHOOK_URL_VAR, http_url),

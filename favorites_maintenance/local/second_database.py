@@ -62,21 +62,20 @@ def local_policies():
 
 def local_code_location(only: str | None = None) -> dg.Definitions:
     """The deployed code location plus the policy of the second database (``only``: policy
-    ``only`` alone, see :func:`~favorites_maintenance.definitions.code_location`)."""
-    from favorites_maintenance.components.policy_tree import load_policies
-    from favorites_maintenance.definitions import code_location
+    ``only`` alone, see :func:`~favorites_maintenance.components.policy_tree.code_location`)."""
+    from favorites_maintenance.components.policy_tree import code_location
 
-    return code_location(None, load_policies(second_tree()), only=only)
+    return code_location(None, second_tree(), only=only)
 
 
 @dg.definitions
 def defs() -> dg.Definitions:
-    """The code location ``dev`` serves (see :func:`write_workspace`); an invalid setting or
-    policy is its load error in one line, as for the deployed one."""
-    from favorites_maintenance.components.policy_tree import load_policies
-    from favorites_maintenance.definitions import location_definitions
+    """The code location ``dev`` serves (see :func:`write_workspace`): the deployed one, loaded
+    by Dagster's stock loader, and the second database's policy, loaded by the same component
+    (an invalid setting or policy is its load error in one line, as for the deployed one)."""
+    from favorites_maintenance.components.policy_tree import merge_trees
 
-    return location_definitions(None, load_policies(second_tree()))
+    return merge_trees(dg.ComponentTree.for_project(Path(__file__).parent), second_tree())
 
 
 def write_workspace(folder: Path) -> Path:

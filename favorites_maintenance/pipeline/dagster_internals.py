@@ -17,7 +17,9 @@ upgrade of Dagster is checked here and nowhere else.
   with it.
 - :data:`POOL_TAG_PREFIX`: the run tag that says a run holds a pool (run granularity).
 - :class:`DagsterUserCodeProcessError`, :class:`SerializableErrorInfo`: a code location's load
-  error shown as its message alone, without a stack.
+  error shown as its message alone, without a stack (raised by the component, so any project's
+  stock loader shows it so: :class:`~favorites_maintenance.components.policy_tree.
+  PolicyLocationError`).
 """
 
 from dagster._core.definitions.asset_checks.asset_check_evaluation import (

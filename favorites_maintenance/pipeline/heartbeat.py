@@ -12,7 +12,8 @@ So while a step of a run holds a policy's database
 (:class:`~favorites_maintenance.pipeline.resources.FavoritesDatabase`), its process writes the
 run tag :data:`HEARTBEAT_TAG` (the instant, epoch seconds) every :func:`beat_every` seconds,
 from a thread of its own: a long batch or a health pause beats too. The code location's sensor
-``cleanup_dead_run_sensor`` (:func:`build_dead_run_sensor`) ends a run whose tag has not
+``cleanup_dead_run_sensor`` (:func:`dead_run_sensor`, which comes with the policies' component)
+ends a run whose tag has not
 changed for ``FAVORITES_RUN_HEARTBEAT_TIMEOUT`` (2 minutes unless set), measured by the
 sensor's own clock: FAILURE (CANCELED for a run already CANCELING), which frees its pools, and
 the failure sensor alerts. Runs that never beat (other code, older versions) are left alone.
@@ -21,6 +22,7 @@ the failure sensor alerts. Runs that never beat (other code, older versions) are
 from __future__ import annotations
 
 import datetime as dt
+import functools
 import json
 import logging
 import threading
@@ -157,6 +159,16 @@ def build_dead_run_sensor(timeout: dt.timedelta,
         return dg.SkipReason(f"{len(watched)} runs in progress beating")
 
     return dead_run_sensor
+
+
+@functools.lru_cache(maxsize=None)
+def dead_run_sensor(timeout: dt.timedelta) -> dg.SensorDefinition:
+    """The code location's ``cleanup_dead_run_sensor`` for ``timeout``
+    (:func:`build_dead_run_sensor`), built once per process: the first policy of each component
+    tree carries it (:class:`~favorites_maintenance.components.retention_policy.
+    RetentionPolicy`), and code locations merged from several trees keep this one object
+    once."""
+    return build_dead_run_sensor(timeout)
 
 
 def _end(context: dg.SensorEvaluationContext, run: dg.DagsterRun, beat: str, silent_s: float,

@@ -276,8 +276,15 @@ def deployed_retention(policies: Sequence[Policy]) -> dg.ResourceDefinition:
         f"(left out, each policy's own: {own}).")
     schema = dg.Permissive({key: _launch_field(key, policies, deployed_limits.get(key))
                             for key in LAUNCH_LIMITS})
-    return RunLimits().get_resource_definition().configured(at_launch, config_schema=schema,
-                                                             description=description)
+    return _run_limits_definition().configured(at_launch, config_schema=schema,
+                                               description=description)
+
+
+@functools.cache
+def _run_limits_definition() -> dg.ResourceDefinition:
+    """:class:`RunLimits` as a resource definition, built once: each policy's is this one,
+    configured."""
+    return RunLimits().get_resource_definition()
 
 
 def _launch_field(key: str, policies: Sequence[Policy], default: float | None) -> dg.Field:

@@ -52,7 +52,7 @@ IN_PROCESS_RUN = textwrap.dedent(f"""
     import os
 
     import dagster as dg
-    from favorites_maintenance.definitions import code_location
+    from favorites_maintenance.components.policy_tree import code_location
 
     job = code_location().resolve_job_def({JOB!r})
     with dg.DagsterInstance.get() as instance:  # DAGSTER_HOME's, as demo's

@@ -1,7 +1,7 @@
 """Running a policy's job in a test and reading back what Dagster recorded: one place for the
 sequence every Dagster-level test needs. Every job comes from the code location itself
-(:func:`favorites_maintenance.definitions.code_location`, the real YAML of ``defs/``), its
-settings from the guest-favorites policy's variables, as in production.
+(:func:`~favorites_maintenance.components.policy_tree.code_location`, the real YAML of
+``defs/``), its settings from the guest-favorites policy's variables, as in production.
 
 - :func:`guest_settings_env` sets the guest-favorites policy's variables for some settings;
 - :func:`load_code_location` loads the code location for them, against a database;
@@ -22,7 +22,7 @@ import pytest
 import sqlalchemy as sa
 
 import favorites_maintenance.defs
-from favorites_maintenance.definitions import code_location
+from favorites_maintenance.components.policy_tree import code_location
 from favorites_maintenance.pipeline.run_report import RunReport
 from favorites_maintenance.retention.defaults import DATABASE_URL_VAR
 

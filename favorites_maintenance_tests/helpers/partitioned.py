@@ -13,7 +13,7 @@ import dagster as dg
 import sqlalchemy as sa
 
 from favorites_maintenance.config.policy import Policy
-from favorites_maintenance.config.policy_settings import parse_policy_settings
+from favorites_maintenance.config.policy_settings import SETTINGS, parse_policy_settings
 from favorites_maintenance.retention.defaults import DATABASE_URL_VAR
 from favorites_maintenance.retention.rule import GUEST_FAVORITES
 from favorites_maintenance.retention.schema import (
@@ -33,20 +33,35 @@ BATCH = 20
 PARTITION = (dt.datetime.now(UTC) - dt.timedelta(days=1)).date().isoformat()
 
 
-def partitioned_policy(**settings) -> Policy:
-    """The guest-favorites rule on ``favorites.favorites``, purged one partition per step, at
-    most two at once, in fixed batches of :data:`BATCH` rows."""
+def partitioned_attributes(**settings) -> dict:
+    """The partitioned policy's ``attributes``: the guest-favorites rule on
+    ``favorites.favorites``, purged one partition per step, at most two at once, in fixed
+    batches of :data:`BATCH` rows; ``settings`` on top (a setting given ``None`` left out)."""
     values = {"max_parallel_partitions": "2", "batch_size": str(BATCH),
               "target_batch_duration": "PT0S", "partitions_start": "2026-01-01", **settings}
+    return {"name": POLICY, "table": GUEST_FAVORITES.qualified_name, "key_column": "id",
+            "age_column": "updated_at", "null_columns": ["user_id"],
+            **{name: value for name, value in values.items() if value is not None}}
+
+
+def partitioned_policy(**settings) -> Policy:
+    """The partitioned policy (see :func:`partitioned_attributes`), validated."""
+    values = {name: value for name, value in partitioned_attributes(**settings).items()
+              if name in SETTINGS}
     return Policy(POLICY, GUEST_FAVORITES, parse_policy_settings(values, {}))
 
 
-def partitioned_defs() -> dg.Definitions:
-    """The code location with the partitioned policy beside the real ones, its database from
-    the environment (reconstructable in the executor's step processes, which inherit it)."""
-    from favorites_maintenance.definitions import code_location
+def partitioned_defs(**settings) -> dg.Definitions:
+    """The code location of a defs folder holding the real guest-favorites policy and the
+    partitioned one (``settings`` on top), its database from the environment.
 
-    return code_location(extra_policies=[partitioned_policy()])
+    The folder is a temporary one named by its content (:func:`policy_folder`): the executor's
+    step processes and Celery workers, which reconstruct the job from here, find the same one.
+    """
+    from favorites_maintenance.components.policy_tree import code_location
+    from favorites_maintenance_tests.helpers.policies import policy_folder
+
+    return code_location(policy_folder(partitioned_attributes(**settings)))
 
 
 def partitioned_job():

@@ -1,15 +1,21 @@
 """Code locations of several policies, for the tests of policies on several databases: a defs
-folder holding the real ``guest_favorites/defs.yaml`` plus the policies a
-test writes, loaded by :func:`favorites_maintenance.definitions.code_location` in this process
-(:meth:`PolicySandbox.code_location`) or served by a code server process
-(:meth:`PolicySandbox.location_target`, the way ``dagster-daemon`` and the webserver serve
-``workspace.yaml``).
+folder holding the real ``guest_favorites/defs.yaml`` plus the policies a test writes, loaded
+by :func:`~favorites_maintenance.components.policy_tree.code_location` in this process
+(:meth:`PolicySandbox.code_location`) or served by a code server process through Dagster's
+stock loader (:meth:`PolicySandbox.location_target`, the way ``dagster-daemon`` and the
+webserver serve ``workspace.yaml``); :func:`policy_folder` is such a folder that other
+processes find too.
 """
 
 from __future__ import annotations
 
 import contextlib
+import hashlib
+import importlib
+import json
 import shutil
+import sys
+import tempfile
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -20,28 +26,24 @@ from dagster._core.workspace.load_target import ModuleTarget
 from dagster.components.testing import DefsFolderSandbox, create_defs_folder_sandbox
 
 import favorites_maintenance.defs
-from favorites_maintenance.definitions import code_location
+from favorites_maintenance.components.policy_tree import code_location
 
 DEFS = Path(favorites_maintenance.defs.__file__).parent
 LOCATION = "favorites_maintenance"
 
-#: The code location module written into a sandbox: its defs folder, through code_location().
+#: The code location module written into a sandbox: its project's stock loader.
 _LOCATION_MODULE = '''"""A test's code location: the policies of the sibling defs folder."""
-import importlib
 from pathlib import Path
 
 import dagster as dg
 
-from favorites_maintenance.definitions import code_location
-
-ROOT = Path(__file__).resolve().parents[2]
-
 
 @dg.definitions
 def defs():
-    folder = importlib.import_module(__name__.rsplit(".", 1)[0] + ".defs")
-    return code_location(dg.ComponentTree(defs_module=folder, project_root=ROOT))
+    return dg.load_from_defs_folder(path_within_project=Path(__file__).parent)
 '''
+#: The policy file of ``attributes``, as :meth:`PolicySandbox.write_policy` writes it.
+_POLICY_TYPE = "favorites_maintenance.RetentionPolicy"
 
 
 def favorites_policy(name: str, **attributes) -> dict:
@@ -73,7 +75,7 @@ class PolicySandbox:
         folder = self.defs_folder / attributes["name"]
         folder.mkdir()
         (folder / "defs.yaml").write_text(yaml.safe_dump(
-            {"type": "favorites_maintenance.RetentionPolicy", "attributes": attributes}))
+            {"type": _POLICY_TYPE, "attributes": attributes}))
 
     @contextlib.contextmanager
     def tree(self) -> Iterator[dg.ComponentTree]:
@@ -111,3 +113,36 @@ def policy_sandbox(*policies: dict) -> Iterator[PolicySandbox]:
         for attributes in policies:
             sandbox.write_policy(attributes)
         yield sandbox
+
+
+def policy_folder(*policies: dict) -> dg.ComponentTree:
+    """The component tree of a defs folder holding the real guest-favorites policy and
+    ``policies`` (attributes of each), in the system's temporary folder under a name made from
+    what it holds: every process asking for the same policies gets the same folder (the
+    executor's step processes and Celery workers reconstruct a job from it). Written once, by
+    the first process to ask, and kept for the next ones."""
+    files = {"guest_favorites": (DEFS / "guest_favorites" / "defs.yaml").read_text(),
+             **{a["name"]: yaml.safe_dump({"type": _POLICY_TYPE, "attributes": a})
+                for a in policies}}
+    digest = hashlib.sha256(json.dumps(files, sort_keys=True).encode()).hexdigest()[:16]
+    package = f"favorites_policies_{digest}"
+    parent = Path(tempfile.gettempdir()) / "favorites-maintenance-tests"
+    root = parent / package
+    if not root.exists():
+        parent.mkdir(exist_ok=True)
+        staging = Path(tempfile.mkdtemp(dir=parent, prefix=".staging-"))
+        defs = staging / package / "defs"
+        defs.mkdir(parents=True)
+        (staging / package / "__init__.py").touch()
+        (defs / "__init__.py").touch()
+        for name, text in files.items():
+            (defs / name).mkdir()
+            (defs / name / "defs.yaml").write_text(text)
+        try:
+            staging.rename(root)
+        except OSError:  # another process wrote the same folder first
+            shutil.rmtree(staging, ignore_errors=True)
+    if str(root) not in sys.path:
+        sys.path.insert(0, str(root))
+    module = importlib.import_module(f"{package}.defs")
+    return dg.ComponentTree(defs_module=module, project_root=root)

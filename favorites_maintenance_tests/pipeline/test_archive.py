@@ -420,7 +420,7 @@ def test_a_malformed_archive_is_refused_at_load(env, attributes, phrase):
 
 
 def test_the_guest_favorites_policy_keeps_no_archive(env, engine, rows):
-    from favorites_maintenance.definitions import code_location
+    from favorites_maintenance.components.policy_tree import code_location
     from favorites_maintenance_tests.helpers.jobs import ASSET_KEY, JOB
 
     defs = code_location()

@@ -10,6 +10,7 @@ import sys
 from pathlib import Path
 
 import dagster as dg
+import pytest
 from dagster._core.definitions.reconstruct import repository_def_from_target_def
 from dagster._core.workspace.autodiscovery import loadable_targets_from_python_module
 from dagster._utils.test.definitions import LazyDefinitions
@@ -26,7 +27,7 @@ ROOT = Path(__file__).resolve().parents[2]
 DAGSTER = str(Path(sys.executable).parent / "dagster")
 SENSORS = ("guest_favorites_cleanup_stale_sensor", "guest_favorites_cleanup_failure_sensor",
            "guest_favorites_cleanup_tick_failure_sensor",
-           "cleanup_dead_run_sensor")  # one for the code location
+           "cleanup_dead_run_sensor")  # one for the code location, carried by its first policy
 CHECKS = {"no_guest_row_older_than_retention_plus_one_day", "deleted_total_spike",
           "no_rows_skipped"}
 
@@ -156,13 +157,17 @@ def test_dagster_refuses_the_workspace_on_a_bad_setting(tmp_path):
     assert "Stack Trace" not in out and "Traceback" not in out, out
 
 
-def test_a_broken_policy_is_the_location_s_load_error_in_one_line_without_a_stack(monkeypatch):
+@pytest.mark.parametrize("broken", ["misspelled", "placeholders"])
+def test_a_broken_policy_is_the_location_s_load_error_in_one_line_without_a_stack(
+        monkeypatch, broken):
     """What the UI shows on the code location's page: the webserver's workspace loads the
     location in a code server, as ``dagster dev`` and a deployment do; its load error is the
-    policy's one line, with no stack trace and no cause behind it."""
+    policy's one line, with no stack trace and no cause behind it, whether the file does not
+    fit the component's schema or the policy's own checks refuse it."""
     from dagster._core.workspace.context import WorkspaceProcessContext
     from dagster._core.workspace.load_target import WorkspaceFileTarget
 
+    from favorites_maintenance.components.retention_policy import policy_template
     from favorites_maintenance_tests.helpers.policy_files import (
         MISSPELLED,
         MISSPELLED_ERROR,
@@ -174,10 +179,59 @@ def test_a_broken_policy_is_the_location_s_load_error_in_one_line_without_a_stac
             monkeypatch.delenv(name)
     monkeypatch.chdir(ROOT)
     target = WorkspaceFileTarget([str(ROOT / "workspace.yaml")])
-    with defs_folder("guest_carts", MISSPELLED), dg.instance_for_test() as instance, \
+    if broken == "misspelled":
+        text, message = MISSPELLED, MISSPELLED_ERROR
+    else:
+        text = policy_template("guest_carts")
+        [line] = [n for n, written in enumerate(text.splitlines(), 1)
+                  if written.startswith("  table:")]
+        message = (f"favorites_maintenance/defs/guest_carts/defs.yaml:{line}: policy "
+                   "guest_carts, table, key_column, age_column, null_columns: still the "
+                   "placeholders the scaffold wrote; name the table to prune and its columns")
+    with defs_folder("guest_carts", text), dg.instance_for_test() as instance, \
             WorkspaceProcessContext(instance, target) as workspace:
         [entry] = workspace.create_request_context().get_code_location_entries().values()
     error = entry.load_error
     assert error is not None
-    assert error.message == f"PolicyLoadError: {MISSPELLED_ERROR}\n"
+    assert error.message == f"PolicyLoadError: {message}\n"
     assert (error.stack, error.cause, error.context) == ([], None, None)
+
+
+def test_one_load_of_the_code_location_reads_each_policy_file_once(monkeypatch):
+    """Dagster's loader reads (opens and parses) each ``defs.yaml`` once per load, however
+    many policies and settings the location holds. The component reads a file once more only
+    when its policy writes a setting as a literal, to take it as written rather than by YAML
+    1.1's rules (``030`` is not 24) and to refuse a key written twice, once for all its
+    settings."""
+    import builtins
+    from collections import Counter
+
+    from favorites_maintenance_tests.helpers.policies import favorites_policy, policy_sandbox
+
+    guest_settings_env(monkeypatch)
+    reads: Counter[str] = Counter()
+    real_open, real_read_text = builtins.open, Path.read_text
+
+    def counting_open(file, *args, **kwargs):
+        if str(file).endswith("defs.yaml"):
+            reads[Path(str(file)).parent.name] += 1
+        return real_open(file, *args, **kwargs)
+
+    def counting_read_text(path, *args, **kwargs):
+        if path.name == "defs.yaml":
+            reads[path.parent.name] += 1
+        return real_read_text(path, *args, **kwargs)
+
+    # Five settings written as literals; the rule alone, every setting at its default.
+    carts = favorites_policy("guest_carts", retention_days=30, batch_size=500, cron="0 4 * * *")
+    rule = {key: value for key, value in favorites_policy("guest_orders").items()
+            if key in ("name", "table", "key_column", "age_column", "null_columns")}
+    with policy_sandbox(carts, rule) as sandbox, sandbox.tree() as tree:
+        monkeypatch.setattr(builtins, "open", counting_open)
+        monkeypatch.setattr(Path, "read_text", counting_read_text)
+        defs = dg.load_from_defs_folder(path_within_project=tree.defs_module_path)
+        monkeypatch.undo()
+    assert reads == {"guest_orders": 1, "guest_carts": 2,
+                     "guest_favorites": 2}  # its group is a literal
+    assert {job.name for job in defs.resolve_all_job_defs()} >= {
+        "guest_carts_cleanup_job", "guest_orders_cleanup_job", JOB}

@@ -173,3 +173,44 @@ def test_the_hold_commands_work_on_a_host_s_policy_from_its_project_or_its_modul
                     cwd=host.parents[1], env_extra=env)
     assert released.returncode == 0, released.stderr[-2000:]
     assert released.stdout == f"hold {int(placed.stdout)} released\n"
+
+
+def test_a_host_s_location_runs_the_dead_run_sensor_once_for_its_two_policies(host):
+    """The sensor that ends a run whose steps stopped beating comes with the component: the
+    host's stock loader gets it from each policy, and the code location holds it once."""
+    from favorites_maintenance.pipeline.heartbeat import DEAD_RUN_SENSOR
+
+    with quiet_previews():
+        repo = dg.load_from_defs_folder(path_within_project=host).get_repository_def()
+    names = sorted(s.name for s in repo.sensor_defs)
+    assert names.count(DEAD_RUN_SENSOR) == 1, names
+    assert repo.get_sensor_def(DEAD_RUN_SENSOR).default_status == dg.DefaultSensorStatus.RUNNING
+
+
+def test_a_host_s_unfilled_policy_is_its_location_s_load_error_in_one_line_without_a_stack(
+        host):
+    """A scaffolded policy left with its placeholders, in a host project: what the UI's code
+    location page shows (the location loaded in a code server, as ``dg dev`` and a deployment
+    load it) is the policy's one line, no stack trace, no cause behind it."""
+    from dagster._core.workspace.context import WorkspaceProcessContext
+    from dagster._core.workspace.load_target import ModuleTarget
+
+    from favorites_maintenance.components.retention_policy import policy_template
+
+    folder = host / "defs" / "guest_orders"
+    folder.mkdir()
+    (folder / "defs.yaml").write_text(policy_template("guest_orders"))
+    [line] = [n for n, text in enumerate((folder / "defs.yaml").read_text().splitlines(), 1)
+              if text.startswith("  table:")]
+    target = ModuleTarget(module_name=f"{host.name}.definitions", attribute=None,
+                          working_directory=str(host.parent), location_name="platform")
+    with dg.instance_for_test() as instance, \
+            WorkspaceProcessContext(instance, target) as workspace:
+        [entry] = workspace.create_request_context().get_code_location_entries().values()
+    error = entry.load_error
+    assert error is not None
+    assert error.message == (
+        f"PolicyLoadError: src/{host.name}/defs/guest_orders/defs.yaml:{line}: policy "
+        "guest_orders, table, key_column, age_column, null_columns: still the placeholders the "
+        "scaffold wrote; name the table to prune and its columns\n")
+    assert (error.stack, error.cause, error.context) == ([], None, None)

@@ -16,7 +16,6 @@ import sqlalchemy as sa
 
 from favorites_maintenance.config.policy import Policy, PolicyError
 from favorites_maintenance.config.policy_settings import parse_policy_settings
-from favorites_maintenance.definitions import code_location
 from favorites_maintenance.retention.defaults import DATABASE_URL_VAR
 from favorites_maintenance.retention.rule import GUEST_FAVORITES
 from favorites_maintenance_tests.helpers.daemon import step_processes
@@ -121,7 +120,7 @@ def test_a_statement_trigger_on_the_table_sees_every_row_the_run_deletes(monthly
     engine, _ = monthly
     before = spread(engine)
     erasure_log(engine)
-    defs = code_location(extra_policies=[partitioned_policy(max_parallel_partitions=parallel)])
+    defs = partitioned_defs(max_parallel_partitions=parallel)
 
     with dg.instance_for_test() as instance:
         result = defs.resolve_job_def(JOB).execute_in_process(partition_key=PARTITION,

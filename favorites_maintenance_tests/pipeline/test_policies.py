@@ -22,7 +22,7 @@ from dagster.components.testing import create_defs_folder_sandbox
 
 import favorites_maintenance.defs
 from favorites_maintenance.components.policy_tree import PolicyLoadError, load_policies
-from favorites_maintenance.definitions import code_location
+from favorites_maintenance.components.policy_tree import code_location
 from favorites_maintenance.pipeline.partitions import daily_partitions
 from favorites_maintenance.pipeline.resources import AlertSink
 from favorites_maintenance.retention.defaults import DATABASE_URL_VAR

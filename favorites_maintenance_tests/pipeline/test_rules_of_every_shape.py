@@ -21,7 +21,7 @@ from prometheus_client import generate_latest
 
 import favorites_maintenance.defs
 from favorites_maintenance.components.policy_tree import PolicyLoadError, load_policies
-from favorites_maintenance.definitions import code_location
+from favorites_maintenance.components.policy_tree import code_location
 from favorites_maintenance.pipeline.metrics import run_registry
 from favorites_maintenance.pipeline.partitions import daily_partitions
 from favorites_maintenance.pipeline.resources import AlertSink

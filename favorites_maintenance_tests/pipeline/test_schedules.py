@@ -14,7 +14,7 @@ import pytest
 from dagster._utils.schedules import cron_string_iterator
 
 from favorites_maintenance.config.policy_settings import DEFAULT_CRON
-from favorites_maintenance.definitions import code_location
+from favorites_maintenance.components.policy_tree import code_location
 from favorites_maintenance_tests.helpers.jobs import load_code_location
 
 UTC = dt.timezone.utc

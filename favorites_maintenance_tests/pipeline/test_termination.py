@@ -44,7 +44,7 @@ PARTITION = (dt.datetime.now(UTC) - dt.timedelta(days=1)).date().isoformat()
 def cleanup_job():
     """The job as the code location defines it, from the environment (reconstructable in step
     processes, which inherit it)."""
-    from favorites_maintenance.definitions import code_location
+    from favorites_maintenance.components.policy_tree import code_location
 
     return code_location().resolve_job_def(JOB)
 

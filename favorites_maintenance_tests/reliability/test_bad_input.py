@@ -11,7 +11,7 @@ import dagster as dg
 import pytest
 
 from favorites_maintenance.config.parsers import SettingsError
-from favorites_maintenance.definitions import code_location
+from favorites_maintenance.components.policy_tree import code_location
 from favorites_maintenance.retention.database import NETWORK_LIMITS
 from favorites_maintenance.retention.defaults import DATABASE_URL_VAR
 from favorites_maintenance_tests.helpers.jobs import JOB, load_code_location

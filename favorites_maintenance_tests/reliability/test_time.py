@@ -43,7 +43,7 @@ PARTITIONS = ["2026-03-29", "2026-06-15", "2026-10-25"]
 RUN_ONE = textwrap.dedent("""
     import json, sys, time
     import dagster as dg
-    from favorites_maintenance.definitions import code_location
+    from favorites_maintenance.components.policy_tree import code_location
     job = code_location().resolve_job_def("guest_favorites_cleanup_job")
     out = {}
     with dg.instance_for_test() as instance:
