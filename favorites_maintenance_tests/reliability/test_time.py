@@ -28,7 +28,12 @@ from favorites_maintenance.retention.schema import create_dev_schema
 from favorites_maintenance.testing import prunable_keys, prunable_rows
 from favorites_maintenance.retention.defaults import DATABASE_URL_VAR
 from favorites_maintenance_tests.conftest import Rows
-from favorites_maintenance_tests.helpers.jobs import load_code_location, run_partition
+from favorites_maintenance_tests.helpers.jobs import (
+    TEST_PARTITIONS_START,
+    guest_variable,
+    load_code_location,
+    run_partition,
+)
 from favorites_maintenance_tests.reliability.conftest import materialization, run_job
 
 UTC = dt.timezone.utc
@@ -83,7 +88,9 @@ def test_the_cutoff_and_the_deleted_rows_are_the_same_in_every_process_and_sessi
         url = pg_server.ensure_database(name)
         seeded.append((name, url, seed_boundaries(url)))
         env = {**os.environ, "TZ": process_zone, "PGTZ": session_zone,
-               DATABASE_URL_VAR: url.render_as_string(hide_password=False)}
+               DATABASE_URL_VAR: url.render_as_string(hide_password=False),
+               # The policy's days start in January, before the first of PARTITIONS.
+               guest_variable("partitions_start"): TEST_PARTITIONS_START.isoformat()}
         procs.append(subprocess.Popen([sys.executable, "-c", RUN_ONE, *PARTITIONS], env=env,
                                       stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                                       text=True))
