@@ -36,6 +36,7 @@ from favorites_maintenance.config.parsers import SettingsError
 from favorites_maintenance.config.policy import Policy
 from favorites_maintenance.pipeline.heartbeat import build_dead_run_sensor
 from favorites_maintenance.pipeline.policy_defs import policy_definitions
+from favorites_maintenance.pipeline.sensors import one_sensor_per_name
 
 
 def code_location(tree: dg.ComponentTree | None = None,
@@ -68,8 +69,8 @@ def code_location(tree: dg.ComponentTree | None = None,
         return _one_policy(tree, extra_policies, only)
     try:
         with quiet_previews():
-            defs = dg.Definitions.merge(
-                tree.build_defs(), *(policy_definitions(policy) for policy in extra_policies))
+            defs = one_sensor_per_name(dg.Definitions.merge(
+                tree.build_defs(), *(policy_definitions(policy) for policy in extra_policies)))
             policies = [*(c.policy for c in tree.get_all_components(RetentionPolicy)),
                         *extra_policies]
     except Exception as exc:  # Dagster's tree error, around any component's

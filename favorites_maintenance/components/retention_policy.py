@@ -315,9 +315,8 @@ class RetentionPolicy(dg.Component, dg.Resolvable, _PolicyFields):
 
     Attributes:
         name: snake_case, at most 40 characters; the asset is ``<schema>/<name>_cleanup``, the
-            job ``<name>_cleanup_job``, the schedule ``<name>_cleanup_schedule``, the sensors
-            ``<name>_cleanup_stale_sensor``, ``<name>_cleanup_failure_sensor`` and
-            ``<name>_cleanup_tick_failure_sensor``, the concurrency pool ``<name>_cleanup``.
+            job ``<name>_cleanup_job``, the schedule ``<name>_cleanup_schedule``, the
+            concurrency pool ``<name>_cleanup``; the alerts name it.
         table: ``schema.table``, lower-case identifiers.
         key_column: a unique, NOT NULL key; batches are ordered and matched by it.
         age_column: the ``timestamptz`` column compared with the cutoff.
@@ -390,9 +389,33 @@ class RetentionPolicy(dg.Component, dg.Resolvable, _PolicyFields):
                          if self.database_url_env is not None else {}))
 
     def build_defs(self, context: dg.ComponentLoadContext) -> dg.Definitions:
-        """The policy's asset and checks, job, schedule and three sensors, and the resources
-        they use, under the package's keys: complete in any project's defs folder
-        (:func:`~favorites_maintenance.pipeline.policy_defs.policy_definitions`)."""
-        from favorites_maintenance.pipeline.policy_defs import policy_definitions
+        """The policy's asset and checks, job, schedule, and the resources they use, under the
+        package's keys, and, from one policy of the defs folder (the first by name), the
+        sensors that serve every policy of the code location: complete in any project's defs
+        folder (:func:`~favorites_maintenance.pipeline.policy_defs.policy_definitions`).
 
-        return policy_definitions(self.policy)
+        Every policy's definitions name the same sensors; the defs folder copies each
+        component's definitions to add its metadata, so two policies would hand Dagster two
+        sensors of one name, which it refuses.
+        """
+        from favorites_maintenance.pipeline.policy_defs import policy_definitions
+        from favorites_maintenance.pipeline.sensors import with_sensors
+
+        defs = policy_definitions(self.policy)
+        if _sensor_owner(context.component_tree) in (None, self.name):
+            return defs
+        return with_sensors(defs, [])
+
+
+#: The last component tree asked and the policy of it that returns the shared sensors: one
+#: listing of the tree for all its components, not one each.
+_OWNER: list = [None, None]
+
+
+def _sensor_owner(tree: dg.ComponentTree) -> str | None:
+    """The name of the policy of ``tree`` whose definitions carry the sensors shared by every
+    policy (the first by name), ``None`` when the tree holds none."""
+    if _OWNER[0] is not tree:
+        names = [c.name for c in tree.get_all_components(RetentionPolicy)]
+        _OWNER[:] = [tree, min(names, default=None)]
+    return _OWNER[1]
