@@ -56,6 +56,11 @@ _ERROR_CHARS = 600
 _RECORD_LIMIT = 50
 #: Width of the time windows the first tick walks back through, looking for the last success.
 _WALK_WINDOW = dt.timedelta(days=31)
+#: Seconds a staleness tick spends at most looking up the last success of the policies it has
+#: no state for (a new deployment, new policies): the others wait for the next tick, so a tick
+#: stays well within Dagster's 60 s limit on a sensor's evaluation however many policies it
+#: meets at once.
+LOOKUP_BUDGET_S = 20.0
 #: Policies a tick's summary names per outcome; the others are counted.
 _NAMED = 10
 #: Statuses of a run that will not change any more.
@@ -266,8 +271,10 @@ def build_stale_sensor(policies: Sequence[Policy] | None = None,
 
     A tick reads the newest materialization of every watched asset in one storage call
     (``get_asset_records``) and queries a policy's history only when its asset was
-    materialized since the last tick that settled it: the steady cost is one call, whatever
-    the number of policies.
+    materialized since the last tick that settled it (when that newest materialization is a
+    current success, one run lookup): the steady cost is one call, whatever the number of
+    policies. The lookups of policies without state stop after :data:`LOOKUP_BUDGET_S` (one at
+    least per tick); the rest are looked up by the next ticks, and alert only once looked up.
 
     Args:
         policies: the policies watched (default: those of the code location evaluating the
@@ -301,12 +308,19 @@ def build_stale_sensor(policies: Sequence[Policy] | None = None,
                   for record in context.instance.get_asset_records(list(keys.values()))}
         states: dict[str, dict] = {}
         outcomes: dict[str, list[str]] = defaultdict(list)
+        lookups_until = time.monotonic() + LOOKUP_BUDGET_S
+        looked_up = 0
         for policy in watched:
             entry = previous.get(policy.name)
             if entry is not None and not _stale_entry(entry):
                 context.log.warning(f"cursor entry of {policy.name} is not one this sensor "
                                     "writes; treated as none, as on a fresh deployment")
                 entry = None
+            if entry is None:
+                if looked_up and time.monotonic() > lookups_until:
+                    outcomes["last success not looked up yet"].append(policy.name)
+                    continue  # no state: the next tick looks it up
+                looked_up += 1
             states[policy.name], outcome = _judge_staleness(
                 context, alerts, policy, keys[policy.name], newest.get(keys[policy.name]),
                 entry, now)
@@ -327,15 +341,21 @@ def _judge_staleness(context: dg.SensorEvaluationContext, alerts: AlertSink, pol
     stale_after = policy.settings.stale_after
     cleanup = policy.cleanup
     seen = entry.get("seen") if entry is not None else None
+    # With state, a tick looks within the threshold; without, through the whole history.
+    window_start = now - stale_after.total_seconds() if entry is not None else float("-inf")
     if newest is None:
         recent, settled = None, True
     elif entry is not None and newest.storage_id == seen:
         recent, settled = None, True  # nothing materialized since the last judged success
+    elif _is_current_success(context.instance, newest, window_start, now):
+        recent, settled = newest.timestamp, True  # the newest of all: no older one matters
     elif entry is not None:
-        recent, settled = _current_success_between(
-            context.instance, asset_key, now - stale_after.total_seconds(), now)
+        recent, settled = _current_success_between(context.instance, asset_key, window_start,
+                                                    now)
     else:
-        recent, settled = latest_current_success(context.instance, asset_key, now,
+        # No current success after the newest materialization: walk back from it.
+        recent, settled = latest_current_success(context.instance, asset_key,
+                                                 min(now, newest.timestamp),
                                                  policy_partitions(policy))
     if entry is not None:
         since, last, alerted_at = entry["since"], entry.get("lastSuccess"), entry.get("alertedAt")
@@ -366,6 +386,17 @@ def _judge_staleness(context: dg.SensorEvaluationContext, alerts: AlertSink, pol
     else:
         outcome = "stale, already alerted" if stale else "fresh"
     return {"since": since, "lastSuccess": last, "alertedAt": alerted_at, "seen": seen}, outcome
+
+
+def _is_current_success(instance: dg.DagsterInstance, record, after: float,
+                        before: float) -> bool:
+    """Whether materialization ``record`` (an event log record), in ``(after, before]`` (epoch
+    seconds), is of a current partition and its run ended SUCCESS."""
+    if not after < record.timestamp <= before or not is_current(record.partition_key,
+                                                                 record.timestamp):
+        return False
+    run = instance.get_run_record_by_id(record.run_id) if record.run_id else None
+    return run is not None and run.dagster_run.status == dg.DagsterRunStatus.SUCCESS
 
 
 def build_failure_sensor(policies: Sequence[Policy] | None = None,

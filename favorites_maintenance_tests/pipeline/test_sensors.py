@@ -504,6 +504,29 @@ def test_a_deployment_moving_from_the_per_policy_sensors_gets_no_burst_of_alerts
             } == pytest.approx({POLICY: now - H, SECOND: now - H}, abs=1)
 
 
+def test_lookups_past_the_tick_s_budget_wait_for_the_next_tick(two_policies, webhook,
+                                                                 monkeypatch):
+    """A tick meeting many policies without state looks up their last successes for a bounded
+    time (a sensor's evaluation must end within Dagster's limit); the others are looked up by
+    the next ticks, and none alerts before it was looked up."""
+    from favorites_maintenance.pipeline import sensors
+
+    defs = two_policies
+    monkeypatch.setattr(sensors, "LOOKUP_BUDGET_S", 0.0)  # one lookup per tick
+    sink = AlertSink(webhook_url=webhook.url, attempts=1)
+    now = time.time()
+    with dg.instance_for_test() as instance:
+        for job in (JOB, SECOND_JOB):
+            assert run_at(defs.resolve_job_def(job), instance, now - 70 * 24 * H).success
+        said, cursor = stale_tick(defs, instance, sink)
+        assert said == f"alerted: {POLICY}; last success not looked up yet: {SECOND}"
+        assert list(json.loads(cursor)["policies"]) == [POLICY]
+        said, cursor = stale_tick(defs, instance, sink, cursor)
+        assert said == f"stale, already alerted: {POLICY}; alerted: {SECOND}"
+    assert [m.split(":")[0] for m in webhook.messages] == [
+        f"{POLICY}_cleanup", f"{SECOND}_cleanup"]
+
+
 def test_the_tick_failure_sensor_alerts_each_failing_schedule_by_name(
         dagster_storage_url, webhook, monkeypatch):
     """Two policies whose schedule ticks fail (no database variable): the one tick-failure
