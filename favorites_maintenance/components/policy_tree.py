@@ -144,20 +144,19 @@ def code_location(*trees: dg.ComponentTree | None, only: str | None = None) -> d
 
 def merge_trees(*trees: dg.ComponentTree) -> dg.Definitions:
     """The definitions of each of ``trees``, built as Dagster's loader builds a defs folder,
-    merged into one code location (its component tree the first's): the dead-run sensor the
-    first policy of each tree carries is kept once.
+    merged into one code location (its component tree the first's): the sensors every policy
+    shares, which one policy of each tree carries, are kept once.
 
     Raises:
         PolicyLocationError: see :class:`PolicyLocationError`.
     """
-    from favorites_maintenance.pipeline.heartbeat import DEAD_RUN_SENSOR
-
     with quiet_previews():
         first, *others = (tree.build_defs() for tree in trees)
     # Dagster merges one component tree at most, and a sensor name once.
+    seen = {s.name for s in first.sensors or []}
     return dg.Definitions.merge(first, *(dg.Definitions(
         assets=defs.assets, asset_checks=defs.asset_checks, schedules=defs.schedules,
-        sensors=[s for s in defs.sensors or [] if s.name != DEAD_RUN_SENSOR], jobs=defs.jobs,
+        sensors=[s for s in defs.sensors or [] if s.name not in seen], jobs=defs.jobs,
         resources=defs.resources, executor=defs.executor, loggers=defs.loggers,
         metadata=defs.metadata) for defs in others))
 

@@ -390,9 +390,8 @@ class RetentionPolicy(dg.Component, dg.Resolvable, _PolicyFields):
 
     Attributes:
         name: snake_case, at most 40 characters; the asset is ``<schema>/<name>_cleanup``, the
-            job ``<name>_cleanup_job``, the schedule ``<name>_cleanup_schedule``, the sensors
-            ``<name>_cleanup_stale_sensor``, ``<name>_cleanup_failure_sensor`` and
-            ``<name>_cleanup_tick_failure_sensor``, the concurrency pool ``<name>_cleanup``.
+            job ``<name>_cleanup_job``, the schedule ``<name>_cleanup_schedule``, the
+            concurrency pool ``<name>_cleanup``; the alerts name it.
         table: ``schema.table``, lower-case identifiers.
         key_column: a unique, NOT NULL key; batches are ordered and matched by it.
         age_column: the ``timestamptz`` column compared with the cutoff.
@@ -490,10 +489,15 @@ class RetentionPolicy(dg.Component, dg.Resolvable, _PolicyFields):
                          if self.database_url_env is not None else {}))
 
     def build_defs(self, context: dg.ComponentLoadContext) -> dg.Definitions:
-        """The policy's asset and checks, job, schedule and sensors, the code location's
-        dead-run sensor, and the resources they use, under the package's keys: complete in any
-        project's defs folder
+        """The policy's asset and checks, job, schedule, and the resources they use, under the
+        package's keys, and, from one policy of the component tree (the first built), the
+        sensors that serve every policy of the code location (the staleness, run-failure and
+        tick-failure sensors, and the dead-run sensor): complete in any project's defs folder
         (:func:`~favorites_maintenance.pipeline.policy_defs.policy_definitions`).
+
+        Every policy's definitions name the same sensors; Dagster refuses a sensor name twice
+        in a code location, even for one object (the defs folder copies each component's
+        definitions to add its metadata), so the other policies return none.
 
         Raises:
             favorites_maintenance.components.policy_tree.PolicyLocationError: a malformed
@@ -509,6 +513,7 @@ class RetentionPolicy(dg.Component, dg.Resolvable, _PolicyFields):
         )
         from favorites_maintenance.pipeline.heartbeat import dead_run_sensor
         from favorites_maintenance.pipeline.policy_defs import policy_definitions
+        from favorites_maintenance.pipeline.sensors import with_sensors
 
         try:
             policy = self.policy
@@ -528,8 +533,5 @@ class RetentionPolicy(dg.Component, dg.Resolvable, _PolicyFields):
             sensors=defs.sensors, jobs=[defs.resolve_job_def(job.name) for job in defs.jobs],
             resources=defs.resources)
         if _LOCATION_SENSORS.setdefault(context.component_tree.state_tracker, self) is not self:
-            return defs
-        # Dagster refuses a sensor name twice in a code location, even for one object: the
-        # first policy of the tree carries the sensor every policy of the location shares.
-        return dg.Definitions.merge(defs, dg.Definitions(
-            sensors=[dead_run_sensor(settings.run_heartbeat_timeout)]))
+            return with_sensors(defs, [])
+        return with_sensors(defs, [*defs.sensors, dead_run_sensor(settings.run_heartbeat_timeout)])

@@ -10,13 +10,14 @@ policy never collides with the first:
 asset                             ``<schema>/<name>_cleanup``
 job                               ``<name>_cleanup_job``
 schedule                          ``<name>_cleanup_schedule``
-staleness sensor                  ``<name>_cleanup_stale_sensor``
-run-failure sensor                ``<name>_cleanup_failure_sensor``
-tick-failure sensor               ``<name>_cleanup_tick_failure_sensor``
 concurrency pool                  ``<name>_cleanup``
 Prometheus metric names           ``<metrics_prefix>_*`` (default ``<name>_cleanup_*``)
 restore job (with an archive)     ``restore_<name>_job``
 ================================  ============================================
+
+Three sensors serve every policy of a code location and name the policy in each alert
+(``favorites_maintenance_stale_sensor``, ``favorites_maintenance_failure_sensor``,
+``favorites_maintenance_tick_failure_sensor``).
 
 A policy's database is named by the environment variable holding its URL
 (``database_url_env``, default ``FAVORITES_DATABASE_URL``); the names derived from that
@@ -289,15 +290,3 @@ class Policy:
     @property
     def schedule_name(self) -> str:
         return f"{self.cleanup}_schedule"
-
-    @property
-    def stale_sensor_name(self) -> str:
-        return f"{self.cleanup}_stale_sensor"
-
-    @property
-    def failure_sensor_name(self) -> str:
-        return f"{self.cleanup}_failure_sensor"
-
-    @property
-    def tick_failure_sensor_name(self) -> str:
-        return f"{self.cleanup}_tick_failure_sensor"

@@ -9,11 +9,7 @@ from favorites_maintenance.pipeline.jobs import build_job
 from favorites_maintenance.pipeline.resources import policy_resources
 from favorites_maintenance.pipeline.restore import build_restore_job
 from favorites_maintenance.pipeline.schedules import build_schedule
-from favorites_maintenance.pipeline.sensors import (
-    build_failure_sensor,
-    build_stale_sensor,
-    build_tick_failure_sensor,
-)
+from favorites_maintenance.pipeline.sensors import policy_sensors
 
 
 def policy_definitions(policy: Policy) -> dg.Definitions:
@@ -32,7 +28,6 @@ def policy_definitions(policy: Policy) -> dg.Definitions:
         jobs=[build_job(policy),
               *([build_restore_job(policy)] if policy.archive_table is not None else [])],
         schedules=[build_schedule(policy)],
-        sensors=[build_stale_sensor(policy), build_failure_sensor(policy),
-                 build_tick_failure_sensor(policy)],
+        sensors=policy_sensors(policy),
         resources=policy_resources(policy),
     )

@@ -198,9 +198,9 @@ def test_dev_output_keeps_info_and_drops_colour_and_debug_lines_off_a_terminal()
     # Idle sensor ticks: every 30 s each, in the UI's tick history, not on the terminal.
     lines += [
         (b"2026-11-30 22:03:11 +0000 - dagster.daemon.SensorDaemon - INFO - Checking for new "
-         b"runs for sensor: guest_favorites_cleanup_failure_sensor\n"),
+         b"runs for sensor: favorites_maintenance_failure_sensor\n"),
         (b"2026-11-30 22:03:11 +0000 - dagster.daemon.SensorDaemon - INFO - Sensor "
-         b"guest_favorites_cleanup_failure_sensor skipped: Sensor function returned an empty "
+         b"favorites_maintenance_failure_sensor skipped: Sensor function returned an empty "
          b"result\n"),
         (b"2026-11-30 22:03:12 +0000 - dagster.daemon.SensorDaemon - ERROR - ALERT: "
          b"guest_favorites cleanup failed: asset favorites/guest_favorites_cleanup\n"),

@@ -342,7 +342,7 @@ def test_no_secret_reaches_what_the_webserver_serves(deployment):
                     "logsForRun"]["events"] if e.get("fileKey")}:
                 d.read(server, CAPTURED, {"logKey": [run_id, "compute_logs", key]})
         sensor = d.read(server, SENSOR_TICKS, {"selector": {
-            **SELECTOR, "sensorName": "guest_favorites_cleanup_failure_sensor"}})
+            **SELECTOR, "sensorName": "favorites_maintenance_failure_sensor"}})
         for tick in sensor["sensorOrError"]["sensorState"]["ticks"]:
             if tick["logKey"]:
                 d.read(server, CAPTURED, {"logKey": tick["logKey"]})

@@ -198,7 +198,7 @@ def test_the_alert_of_a_run_whose_database_is_down_names_its_variable(env, rows,
                 run_config=purge_retries(0, asset_key=second_key))
             assert not down.success
             logged = "\n".join(e.user_message for e in instance.all_logs(down.run_id))
-            react_to_failures(defs, "second_favorites_cleanup_failure_sensor", instance,
+            react_to_failures(defs, "favorites_maintenance_failure_sensor", instance,
                               AlertSink(webhook_url=hook.url, attempts=1))
     finally:
         hook.close()

@@ -25,9 +25,9 @@ from favorites_maintenance_tests.helpers.jobs import (
 
 ROOT = Path(__file__).resolve().parents[2]
 DAGSTER = str(Path(sys.executable).parent / "dagster")
-SENSORS = ("guest_favorites_cleanup_stale_sensor", "guest_favorites_cleanup_failure_sensor",
-           "guest_favorites_cleanup_tick_failure_sensor",
-           "cleanup_dead_run_sensor")  # one for the code location, carried by its first policy
+SENSORS = ("favorites_maintenance_stale_sensor", "favorites_maintenance_failure_sensor",
+           "favorites_maintenance_tick_failure_sensor",
+           "cleanup_dead_run_sensor")  # one of each for the code location
 CHECKS = {"no_guest_row_older_than_retention_plus_one_day", "deleted_total_spike",
           "no_rows_skipped"}
 

@@ -13,6 +13,11 @@ from pathlib import Path
 import pytest
 
 from favorites_maintenance.components.policy_tree import load_policies
+from favorites_maintenance.pipeline.sensors import (
+    FAILURE_SENSOR,
+    STALE_SENSOR,
+    TICK_FAILURE_SENSOR,
+)
 
 ROOT = Path(__file__).parents[2]
 DG = Path(sys.executable).parent / "dg"
@@ -48,10 +53,8 @@ def test_dg_list_defs_shows_each_policy_under_its_names(tmp_path):
     assert {a["asset_key"] for a in listed["assets"]} == {
         "/".join(p.asset_key_path) for p in policies}
     assert {j["name"] for j in listed["jobs"]} == {p.job_name for p in policies}
-    assert {s["name"] for s in listed["sensors"]} == {
-        name for p in policies for name in (p.stale_sensor_name, p.failure_sensor_name,
-                                            p.tick_failure_sensor_name)} | {
-        "cleanup_dead_run_sensor"}  # one for the code location
+    assert {s["name"] for s in listed["sensors"]} == {  # one of each for the code location
+        STALE_SENSOR, FAILURE_SENSOR, TICK_FAILURE_SENSOR, "cleanup_dead_run_sensor"}
     assert {(s["name"], s["cron_schedule"]) for s in listed["schedules"]} == {
         (p.schedule_name, p.settings.cron) for p in policies}
     # The resources the policy's definitions carry, under the package's keys.

@@ -25,6 +25,11 @@ from favorites_maintenance.components.policy_tree import PolicyLoadError, load_p
 from favorites_maintenance.components.policy_tree import code_location
 from favorites_maintenance.pipeline.partitions import daily_partitions
 from favorites_maintenance.pipeline.resources import AlertSink
+from favorites_maintenance.pipeline.sensors import (
+    FAILURE_SENSOR,
+    STALE_SENSOR,
+    TICK_FAILURE_SENSOR,
+)
 from favorites_maintenance.retention.defaults import DATABASE_URL_VAR
 from favorites_maintenance_tests.helpers.jobs import failure_text, guest_settings_env, run_report
 from favorites_maintenance_tests.helpers.resource_keys import ALERTS_KEY
@@ -126,11 +131,9 @@ def test_a_second_policy_from_yaml_alone_gets_the_whole_surface_under_its_own_na
     assert defs.resolve_schedule_def("guest_carts_cleanup_schedule").cron_schedule == "15 4 * * *"
     assert defs.resolve_schedule_def("guest_favorites_cleanup_schedule").cron_schedule == \
         "0 3 * * *"
-    for name in ("guest_carts_cleanup_stale_sensor", "guest_carts_cleanup_failure_sensor",
-                 "guest_carts_cleanup_tick_failure_sensor",
-                 "guest_favorites_cleanup_stale_sensor", "guest_favorites_cleanup_failure_sensor",
-                 "guest_favorites_cleanup_tick_failure_sensor"):
-        assert defs.resolve_sensor_def(name)
+    # One sensor of each kind serves both policies.
+    assert {s.name for s in defs.get_repository_def().sensor_defs} == {
+        STALE_SENSOR, FAILURE_SENSOR, TICK_FAILURE_SENSOR, "cleanup_dead_run_sensor"}
     carts_job = defs.resolve_job_def("guest_carts_cleanup_job")
     purge_op = carts_job.graph.node_named("carts__guest_carts_cleanup").definition \
         .node_named("purge").definition
@@ -159,9 +162,9 @@ def test_a_second_policy_from_yaml_alone_gets_the_whole_surface_under_its_own_na
         assert rows.ids() == accounts
         assert carts_left(engine) == {"cust-7:old": 50, "guest:recent": 30}
 
-        # Each staleness sensor watches its own asset: after a run of today's partition of
-        # carts (the 2026 day above is a backfill, which does not count), the carts sensor's
-        # clock starts at that success; the favorites one has seen none.
+        # The staleness sensor watches each policy's asset on its own: after a run of today's
+        # partition of carts (the 2026 day above is a backfill, which does not count), the
+        # carts clock starts at that success; the favorites one has seen none.
         today = daily_partitions.get_last_partition_key()
         assert carts_job.execute_in_process(partition_key=today, instance=instance).success
         sent: list[str] = []
@@ -171,34 +174,28 @@ def test_a_second_policy_from_yaml_alone_gets_the_whole_surface_under_its_own_na
                 sent.append(text)
                 return True
 
-        last_success = {}
-        for name in ("guest_carts_cleanup_stale_sensor", "guest_favorites_cleanup_stale_sensor"):
-            with dg.build_sensor_context(instance=instance, resources={ALERTS_KEY: Sink()}) as ctx:
-                defs.resolve_sensor_def(name)(ctx)
-                last_success[name] = json.loads(ctx.cursor)["lastSuccess"]
+        with dg.build_sensor_context(instance=instance, resources={ALERTS_KEY: Sink()},
+                                     definitions=defs) as ctx:
+            said = defs.resolve_sensor_def(STALE_SENSOR)(ctx).skip_message
+            state = json.loads(ctx.cursor)["policies"]
         assert sent == []
-        assert last_success["guest_carts_cleanup_stale_sensor"] is not None
-        assert last_success["guest_favorites_cleanup_stale_sensor"] is None
+        assert said == "fresh: guest_carts, guest_favorites"
+        assert state["guest_carts"]["lastSuccess"] is not None
+        assert state["guest_favorites"]["lastSuccess"] is None
 
-        # A failed carts run alerts through the carts failure sensor, not the favorites one.
+        # A failed carts run alerts once, naming carts.
         with engine.begin() as conn:
             conn.exec_driver_sql("ALTER TABLE carts.guest_carts RENAME COLUMN touched_at TO t")
         failed = carts_job.execute_in_process(partition_key=PARTITION, instance=instance,
                                               raise_on_error=False)
         assert not failed.success
         assert "carts.guest_carts has no column 'touched_at'" in failure_text(failed)
-        # Only the carts failure sensor acts on the carts run (the run's page lists the
-        # sensors that acted on it); the favorites one skips it.
-        for name, acts in (("guest_carts_cleanup_failure_sensor", True),
-                           ("guest_favorites_cleanup_failure_sensor", False)):
-            sent.clear()
-            acted_on = react_to_failures(defs, name, instance, Sink())
-            assert acted_on == ([failed.run_id] if acts else []), name
-            assert bool(sent) == acts, (name, sent)
-            if acts:
-                assert sent[0].startswith("guest_carts cleanup failed: asset "
-                                          "carts/guest_carts_cleanup, partition 2026-06-15, ")
-                assert f"run {failed.run_id}: TableShapeError: " in sent[0]
+        sent.clear()
+        assert react_to_failures(defs, FAILURE_SENSOR, instance, Sink()) == [failed.run_id]
+        [alert] = sent
+        assert alert.startswith("guest_carts cleanup failed: asset carts/guest_carts_cleanup, "
+                                "partition 2026-06-15, "), alert
+        assert f"run {failed.run_id}: TableShapeError: " in alert
 
 
 def test_the_command_line_dry_run_takes_the_policy_by_name(rows, db_url):

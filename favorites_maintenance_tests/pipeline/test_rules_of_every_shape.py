@@ -26,6 +26,11 @@ from favorites_maintenance.pipeline.metrics import run_registry
 from favorites_maintenance.pipeline.partitions import daily_partitions
 from favorites_maintenance.pipeline.resources import AlertSink
 from favorites_maintenance.pipeline.run_report import RunReport
+from favorites_maintenance.pipeline.sensors import (
+    FAILURE_SENSOR,
+    STALE_SENSOR,
+    TICK_FAILURE_SENSOR,
+)
 from favorites_maintenance.retention.defaults import DATABASE_URL_VAR
 from favorites_maintenance.retention.rule import RetentionRule
 from favorites_maintenance.retention.statements import (
@@ -138,7 +143,7 @@ def test_a_rule_with_no_guard_deletes_every_expired_row_whoever_owns_it(
     described += [spec.description for checks_def in defs.asset_checks
                   for spec in checks_def.check_specs if spec.asset_key == ASSET_KEY]
     described += [defs.resolve_sensor_def(name).description for name in (
-        policy.stale_sensor_name, policy.failure_sensor_name, policy.tick_failure_sensor_name)]
+        STALE_SENSOR, FAILURE_SENSOR, TICK_FAILURE_SENSOR)]
     assert len(described) == 2 + 3 + 3 + 3 and all(described), described
     assert "(no guard: whoever owns them) whose expires_at is more than 30 days past" in \
         described[0]
@@ -217,10 +222,11 @@ def test_a_rule_with_no_guard_deletes_every_expired_row_whoever_owns_it(
                 return True
 
         ctx = dg.build_run_status_sensor_context(
-            sensor_name=policy.failure_sensor_name, dagster_instance=instance,
+            sensor_name=FAILURE_SENSOR, dagster_instance=instance,
             dagster_run=instance.get_run_by_id(failed.run_id), dagster_event=failure,
-            resources={ALERTS_KEY: Sink()}).for_run_failure()
-        defs.resolve_sensor_def(policy.failure_sensor_name)(ctx)
+            resources={ALERTS_KEY: Sink()},
+            repository_def=defs.get_repository_def()).for_run_failure()
+        defs.resolve_sensor_def(FAILURE_SENSOR)(ctx)
         assert len(sent) == 1 and "guest" not in sent[0].lower()
         assert sent[0].startswith("email_change_requests cleanup failed: asset "
                                   "accounts/email_change_requests_cleanup, "), sent[0]

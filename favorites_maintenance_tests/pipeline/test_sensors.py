@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import datetime as dt
 import json
 import time
@@ -21,9 +22,15 @@ from dagster._core.test_utils import freeze_time
 import favorites_maintenance
 from favorites_maintenance.components.policy_tree import load_policies
 from favorites_maintenance.pipeline.resources import AlertSink
-from favorites_maintenance.pipeline.sensors import build_stale_sensor
+from favorites_maintenance.pipeline.sensors import (
+    FAILURE_SENSOR,
+    STALE_SENSOR,
+    TICK_FAILURE_SENSOR,
+    build_stale_sensor,
+)
 from favorites_maintenance.retention.defaults import DATABASE_URL_VAR
 from favorites_maintenance_tests.helpers.jobs import JOB, POLICY, load_code_location
+from favorites_maintenance_tests.helpers.policies import favorites_policy, policy_sandbox
 from favorites_maintenance_tests.helpers.resource_keys import ALERTS_KEY
 from favorites_maintenance_tests.helpers.sensors import react_to_failures
 
@@ -77,10 +84,22 @@ def job(defs):
     return defs.resolve_job_def(JOB)
 
 
-def guest_policy():
-    """The guest-favorites policy, as the code location reads it from ``defs/``."""
+def guest_policy(stale_after: dt.timedelta | None = None):
+    """The guest-favorites policy, as the code location reads it from ``defs/`` (with
+    ``stale_after``, when given)."""
     [policy] = [p for p in load_policies() if p.name == POLICY]
-    return policy
+    if stale_after is None:
+        return policy
+    return dataclasses.replace(
+        policy, settings=dataclasses.replace(policy.settings, stale_after=stale_after))
+
+
+def outcome(skip_message: str, policy: str = POLICY) -> str:
+    """What a tick of a sensor serving one policy says of it: ``fresh`` of ``fresh:
+    guest_favorites``."""
+    said, name = skip_message.rsplit(": ", 1)
+    assert name == policy, skip_message
+    return said
 
 
 class Watch:
@@ -91,7 +110,7 @@ class Watch:
         self.webhook = webhook
         self.now = T0
         self.cursor = None
-        self.sensor = build_stale_sensor(guest_policy(), stale_after, clock=lambda: self.now)
+        self.sensor = build_stale_sensor([guest_policy(stale_after)], clock=lambda: self.now)
         self.sink = AlertSink(webhook_url=webhook.url, attempts=2, timeout_seconds=2)
 
     def tick(self, at: float) -> str:
@@ -100,7 +119,7 @@ class Watch:
                                       resources={ALERTS_KEY: self.sink})
         result = self.sensor(ctx)
         self.cursor = ctx.cursor
-        return result.skip_message
+        return outcome(result.skip_message)
 
 
 def run_at(job, instance, at: float, partition: str | None = None, **kwargs):
@@ -154,6 +173,29 @@ def test_failed_runs_and_old_partition_backfills_do_not_reset_the_clock(job, web
         assert watch.tick(T0 + 49 * H) == "alerted"
 
 
+def test_a_tick_during_the_run_that_succeeds_does_not_hide_that_success(job, webhook):
+    """A tick between the materialization and the end of its run (the run not SUCCESS yet)
+    does not count it, and the next tick, after the run succeeded, does: an asset whose
+    newest materialization was already looked at is skipped only once its run has ended."""
+    with dg.instance_for_test() as instance:
+        watch = Watch(instance, webhook)
+        watch.tick(T0 - 100 * H)  # deployed long ago
+        mid_run = []
+
+        @dg.success_hook
+        def tick_mid_run(context):
+            if context.op.name == "measure_backlog":  # the step that materializes
+                run = context.instance.get_run_by_id(context.run_id)
+                mid_run.append((run.status, watch.tick(T0 + 0.1 * H)))
+
+        assert run_at(job.with_hooks({tick_mid_run}), instance, T0).success
+        assert mid_run == [(dg.DagsterRunStatus.STARTED, "alerted")]
+        assert watch.tick(T0 + 0.2 * H) == "resolved"
+        assert watch.tick(T0 + 0.3 * H) == "fresh"
+    assert webhook.messages[1].startswith(
+        "guest_favorites_cleanup: resolved, a run succeeded at 2026-10-05T03:00")
+
+
 def test_a_large_history_of_other_jobs_does_not_count(job, webhook):
     with dg.instance_for_test() as instance:
         for _ in range(1000):
@@ -189,8 +231,7 @@ def test_a_failed_run_alerts_with_the_policy_asset_partition_cause_and_run_page(
     sink = AlertSink(webhook_url=webhook.url, webserver_base_url="https://dagster.example.internal")
     with dg.instance_for_test() as instance:
         result = run_at(job, instance, T0)
-        acted_on = react_to_failures(defs, "guest_favorites_cleanup_failure_sensor", instance,
-                                     sink)
+        acted_on = react_to_failures(defs, FAILURE_SENSOR, instance, sink)
     assert acted_on == [result.run_id]
     [message] = webhook.messages
     # The cause as the run's log words it: the error's type, then its privacy-safe message.
@@ -223,13 +264,13 @@ def test_without_a_cursor_the_clock_is_the_last_success_in_the_history(job, webh
         yesterday = (dt.datetime.now(UTC) - dt.timedelta(days=1)).date().isoformat()
         assert job.execute_in_process(partition_key=yesterday, instance=instance).success
         time.sleep(3)  # the run is now older than stale_after
-        sensor = build_stale_sensor(guest_policy(), stale_after)
+        sensor = build_stale_sensor([guest_policy(stale_after)])
         sink = AlertSink(webhook_url=webhook.url, attempts=1)
         ctx = dg.build_sensor_context(instance=instance, resources={ALERTS_KEY: sink})
-        assert sensor(ctx).skip_message == "alerted"
+        assert outcome(sensor(ctx).skip_message) == "alerted"
         again = dg.build_sensor_context(instance=instance, cursor=ctx.cursor,
                                         resources={ALERTS_KEY: sink})
-        assert sensor(again).skip_message == "stale, already alerted"
+        assert outcome(sensor(again).skip_message) == "stale, already alerted"
     [message] = webhook.messages
     assert "no successful run for more than 0.000555556 h" in message
     assert "last successful run at" in message
@@ -284,14 +325,14 @@ def test_a_failed_schedule_tick_alerts_once_then_resolves(dagster_storage_url, d
             scheduler_and_sensors(workspace, start + 3 * minute)
             [run] = instance.get_runs()  # the 03:03 tick created its run
             assert run.tags["dagster/partition"] == "2026-10-04"
-        sensor_ticks = _ticks(instance, "guest_favorites_cleanup_tick_failure_sensor")
+        sensor_ticks = _ticks(instance, TICK_FAILURE_SENSOR)
     failed, resolved = webhook.messages
     assert failed.startswith("guest_favorites_cleanup_schedule: the tick at "
                              "2026-10-05T03:01:00+00:00 failed and started no cleanup run")
     assert "FAVORITES_DATABASE_URL" in failed and "not set" in failed
     assert resolved.startswith("guest_favorites_cleanup_schedule: resolved, the tick at "
                                "2026-10-05T03:03:00+00:00 succeeded")
-    assert [t.skip_reason for t in sensor_ticks][:3] == [
+    assert [outcome(t.skip_reason) for t in sensor_ticks][:3] == [
         "resolved", "failing, already alerted", "alerted"]
 
 
@@ -316,7 +357,7 @@ def test_a_cursor_the_staleness_sensor_did_not_write_is_treated_as_none(job, web
         watch = Watch(instance, webhook)
         watch.cursor = cursor
         assert watch.tick(T0) == "alerted"
-        assert json.loads(watch.cursor)["lastSuccess"] == T0 - 72 * H
+        assert json.loads(watch.cursor)["policies"][POLICY]["lastSuccess"] == T0 - 72 * H
         assert watch.tick(T0 + H) == "stale, already alerted"
     [message] = webhook.messages
     assert "last successful run at 2026-10-02T03:00:00+00:00" in message
@@ -343,8 +384,8 @@ def test_cursors_set_by_hand_leave_the_failure_alerts_working(dagster_storage_ur
         scheduler_and_sensors,
     )
 
-    tick_sensor = "guest_favorites_cleanup_tick_failure_sensor"
-    run_sensor = "guest_favorites_cleanup_failure_sensor"
+    tick_sensor = TICK_FAILURE_SENSOR
+    run_sensor = FAILURE_SENSOR
     monkeypatch.delenv(DATABASE_URL_VAR, raising=False)
     monkeypatch.setenv("FAVORITES_GUEST_RETENTION_CRON", "* * * * *")
     monkeypatch.setenv("FAVORITES_GUEST_RETENTION_PARTITIONS_START", "2026-01-01")
@@ -372,7 +413,7 @@ def test_cursors_set_by_hand_leave_the_failure_alerts_working(dagster_storage_ur
         cursors = {name: _state(instance, name).instigator_data.cursor
                    for name in (tick_sensor, run_sensor)}
     assert all(t.status != TickStatus.FAILURE for name in ticks for t in ticks[name])
-    assert json.loads(cursors[tick_sensor]) == {"failingSince": None}
+    assert json.loads(cursors[tick_sensor]) == {"failingSince": {}}
     assert json.loads(cursors[run_sensor])["__class__"] == "RunStatusSensorCursor"
     failed_ticks = [m for m in webhook.messages if "failed and started no cleanup run" in m]
     assert [m.split(" failed")[0] for m in failed_ticks] == [
@@ -386,3 +427,130 @@ def test_cursors_set_by_hand_leave_the_failure_alerts_working(dagster_storage_ur
 def _state(instance, name):
     [state] = [s for s in instance.all_instigator_state() if s.instigator_name == name]
     return state
+
+
+#: A second policy on the guest-favorites table beside the real one.
+SECOND = "second_favorites"
+SECOND_JOB = "second_favorites_cleanup_job"
+
+
+@pytest.fixture
+def two_policies(db_url, monkeypatch):
+    """The code location of the real guest-favorites policy and :data:`SECOND`."""
+    with policy_sandbox(favorites_policy(SECOND)) as sandbox, sandbox.tree() as tree:
+        yield load_code_location(db_url, monkeypatch, tree=tree)
+
+
+def stale_tick(defs, instance, sink, cursor=None) -> tuple[str, str | None]:
+    """One tick of the code location's staleness sensor, as Dagster evaluates it (its
+    repository on the context): its skip message and the cursor it wrote."""
+    with dg.build_sensor_context(instance=instance, cursor=cursor, definitions=defs,
+                                 resources={ALERTS_KEY: sink}) as ctx:
+        said = defs.resolve_sensor_def(STALE_SENSOR)(ctx).skip_message
+        return said, ctx.cursor
+
+
+def test_one_sensor_of_each_kind_serves_every_policy_and_each_alert_names_its_policy(
+        two_policies, webhook, engine):
+    defs = two_policies
+    assert {s.name for s in defs.get_repository_def().sensor_defs} == {
+        STALE_SENSOR, FAILURE_SENSOR, TICK_FAILURE_SENSOR, "cleanup_dead_run_sensor"}
+    sink = AlertSink(webhook_url=webhook.url, attempts=1)
+    now = time.time()
+    with dg.instance_for_test() as instance:
+        # Guest favorites succeeded an hour ago; the second policy last 70 days ago.
+        assert run_at(defs.resolve_job_def(JOB), instance, now - H).success
+        assert run_at(defs.resolve_job_def(SECOND_JOB), instance, now - 70 * 24 * H).success
+        said, cursor = stale_tick(defs, instance, sink)
+        assert said == f"fresh: {POLICY}; alerted: {SECOND}"
+        [stale] = webhook.messages
+        assert stale.startswith(f"{SECOND}_cleanup: no successful run for more than 48 h"), stale
+        state = json.loads(cursor)["policies"]
+        assert state[POLICY]["lastSuccess"] == pytest.approx(now - H, abs=1)
+        assert state[SECOND]["lastSuccess"] == pytest.approx(now - 70 * 24 * H, abs=1)
+        said, _ = stale_tick(defs, instance, sink, cursor)  # once per episode
+        assert said == f"fresh: {POLICY}; stale, already alerted: {SECOND}"
+        assert len(webhook.messages) == 1
+
+        # Both policies' runs fail: one alert each, naming its policy and asset.
+        with engine.begin() as conn:
+            conn.execute(sa.text("DROP TABLE favorites.favorites"))
+        failed = {name: run_at(defs.resolve_job_def(f"{name}_cleanup_job"), instance, now)
+                  for name in (POLICY, SECOND)}
+        webhook.messages.clear()
+        acted_on = react_to_failures(defs, FAILURE_SENSOR, instance, sink)
+    assert sorted(acted_on) == sorted(r.run_id for r in failed.values())
+    assert len(webhook.messages) == 2
+    for name, result in failed.items():
+        [alert] = [m for m in webhook.messages if result.run_id in m]
+        assert alert.startswith(f"{name} cleanup failed: asset favorites/{name}_cleanup, "), alert
+
+
+def test_a_deployment_moving_from_the_per_policy_sensors_gets_no_burst_of_alerts(
+        two_policies, webhook):
+    """An instance whose policies were watched by sensors of their own: the shared sensor's
+    first tick has no cursor, looks up each policy's last success and alerts for none of the
+    policies that succeeded an hour ago."""
+    defs = two_policies
+    sink = AlertSink(webhook_url=webhook.url, attempts=1)
+    now = time.time()
+    with dg.instance_for_test() as instance:
+        for job in (JOB, SECOND_JOB):
+            assert run_at(defs.resolve_job_def(job), instance, now - H).success
+        said, cursor = stale_tick(defs, instance, sink)
+    assert said == f"fresh: {POLICY}, {SECOND}"
+    assert webhook.messages == []
+    assert {name: state["lastSuccess"] for name, state in json.loads(cursor)["policies"].items()
+            } == pytest.approx({POLICY: now - H, SECOND: now - H}, abs=1)
+
+
+def test_lookups_past_the_tick_s_budget_wait_for_the_next_tick(two_policies, webhook,
+                                                                 monkeypatch):
+    """A tick meeting many policies without state looks up their last successes for a bounded
+    time (a sensor's evaluation must end within Dagster's limit); the others are looked up by
+    the next ticks, and none alerts before it was looked up."""
+    from favorites_maintenance.pipeline import sensors
+
+    defs = two_policies
+    monkeypatch.setattr(sensors, "LOOKUP_BUDGET_S", 0.0)  # one lookup per tick
+    sink = AlertSink(webhook_url=webhook.url, attempts=1)
+    now = time.time()
+    with dg.instance_for_test() as instance:
+        for job in (JOB, SECOND_JOB):
+            assert run_at(defs.resolve_job_def(job), instance, now - 70 * 24 * H).success
+        said, cursor = stale_tick(defs, instance, sink)
+        assert said == f"alerted: {POLICY}; last success not looked up yet: {SECOND}"
+        assert list(json.loads(cursor)["policies"]) == [POLICY]
+        said, cursor = stale_tick(defs, instance, sink, cursor)
+        assert said == f"stale, already alerted: {POLICY}; alerted: {SECOND}"
+    assert [m.split(":")[0] for m in webhook.messages] == [
+        f"{POLICY}_cleanup", f"{SECOND}_cleanup"]
+
+
+def test_the_tick_failure_sensor_alerts_each_failing_schedule_by_name(
+        dagster_storage_url, webhook, monkeypatch):
+    """Two policies whose schedule ticks fail (no database variable): the one tick-failure
+    sensor, in the daemon's pass, alerts once for each schedule, naming it, then holds."""
+    from favorites_maintenance_tests.helpers.daemon import (
+        code_location,
+        pg_instance,
+        scheduler_and_sensors,
+    )
+
+    monkeypatch.delenv(DATABASE_URL_VAR, raising=False)
+    monkeypatch.setenv("FAVORITES_GUEST_RETENTION_CRON", "* * * * *")
+    monkeypatch.setenv("FAVORITES_GUEST_RETENTION_PARTITIONS_START", "2026-01-01")
+    monkeypatch.setenv("FAVORITES_ALERT_WEBHOOK_URL", webhook.url)
+    start = dt.datetime(2026, 10, 5, 3, 0, 30, tzinfo=UTC)
+    minute = dt.timedelta(minutes=1)
+    with policy_sandbox(favorites_policy(SECOND, cron="* * * * *")) as sandbox, \
+            pg_instance(dagster_storage_url) as instance, \
+            code_location(instance, sandbox.location_target()) as workspace:
+        scheduler_and_sensors(workspace, start)  # the scheduler first sees the schedules
+        scheduler_and_sensors(workspace, start + minute)  # both 03:01 ticks fail
+        scheduler_and_sensors(workspace, start + 2 * minute)  # and again: same episodes
+        [tick, *_] = _ticks(instance, TICK_FAILURE_SENSOR)
+    assert sorted(m.split(": the tick at 2026-10-05T03:01:00+00:00 failed")[0]
+                  for m in webhook.messages) == [
+        f"{POLICY}_cleanup_schedule", f"{SECOND}_cleanup_schedule"]
+    assert tick.skip_reason == f"failing, already alerted: {POLICY}, {SECOND}"

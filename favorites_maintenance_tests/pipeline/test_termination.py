@@ -9,6 +9,7 @@ whole, start no other batch, and end CANCELED (never retried, never counted as a
 from __future__ import annotations
 
 import datetime as dt
+import json
 import os
 import signal
 import threading
@@ -136,11 +137,12 @@ def assert_cancelled_cleanly(instance, run_id, engine, deleted_at_request):
     assert failure.step_failure_data.error.message.strip() == (
         f"dagster._core.errors.DagsterExecutionInterruptedError: {stopped}")
     # The sensor does not count a canceled run as a success.
-    sensor = build_stale_sensor(guest_policy(), dt.timedelta(hours=48),
-                                clock=lambda: time.time() + 3600)
-    ctx = dg.build_sensor_context(instance=instance, cursor='{"firstSeen": 0}',
+    policy = guest_policy()
+    sensor = build_stale_sensor([policy], clock=lambda: time.time() + 3600)
+    watching_since_1970 = json.dumps({"policies": {policy.name: {"since": 0}}})
+    ctx = dg.build_sensor_context(instance=instance, cursor=watching_since_1970,
                                   resources={ALERTS_KEY: AlertSink()})
-    assert sensor(ctx).skip_message == "alerted"
+    assert sensor(ctx).skip_message == f"alerted: {policy.name}"
     return deleted
 
 
