@@ -475,7 +475,7 @@ def _echo_plan(line) -> None:
     """The text form of one policy's plan line."""
     _echo(f"{line.change:<10} {line.name}" + (f" ({line.database})" if line.database else ""))
     for name, values in line.settings_changed.items():
-        _echo(f"           {name}: {values['from'] or '-'} -> {values['to'] or '-'}")
+        _echo(f"           {name}: {values['from'] or 'unset'} -> {values['to'] or 'unset'}")
     if line.change == "unchanged" or line.error:
         return
     _echo(f"           newly prunable {line.newly_prunable:,} rows, no longer prunable "

@@ -36,7 +36,7 @@ from favorites_maintenance.components.policy_tree import PolicyLoadError, load_p
 from favorites_maintenance.config.deployment import require_database_url
 from favorites_maintenance.config.parsers import SettingsError, safe_url
 from favorites_maintenance.config.policy import Policy
-from favorites_maintenance.config.policy_settings import PolicySettings
+from favorites_maintenance.config.policy_settings import SETTINGS, setting_text
 from favorites_maintenance.pipeline.partitions import read_now
 from favorites_maintenance.retention.archive import count_overdue_archive
 from favorites_maintenance.retention.database import create_engine, limit_transaction
@@ -60,8 +60,9 @@ class PolicyPlan:
     Attributes:
         name: the policy's name.
         change: ``added``, ``removed``, ``changed`` or ``unchanged``.
-        settings_changed: field -> ``{"from": text, "to": text}`` for every field of the rule
-            and every setting that differs (``None`` for a side that has no policy).
+        settings_changed: for a changed policy, field -> ``{"from": text, "to": text}`` for
+            every field of the rule and every setting that differs, as a policy file writes it
+            (``None``: unset); see :func:`policy_fields`.
         newly_prunable: rows the new policy would delete now that the base's keeps (an added
             policy: its whole first backlog), or ``None`` when not counted (``error``).
         no_longer_prunable: rows the base's policy deletes now that the new one keeps (a
@@ -94,19 +95,20 @@ class PolicyPlan:
         return dataclasses.asdict(self)
 
 
-def policy_fields(policy: Policy) -> dict[str, str]:
-    """Every field of ``policy`` that decides what it deletes and how, as text: the rule's
-    (``table``, ``key_column``, ``age_column``, ``null_columns``), ``database_url_env``,
-    ``archive_table`` and each setting of
-    :class:`~favorites_maintenance.config.policy_settings.PolicySettings`."""
+def policy_fields(policy: Policy) -> dict[str, str | None]:
+    """Every field of ``policy`` that decides what it deletes and how, as a policy file writes
+    it (``None``: unset): the rule's (``table``, ``key_column``, ``age_column``,
+    ``null_columns``), ``database_url_env``, ``archive_table`` and each setting of
+    :class:`~favorites_maintenance.config.policy_settings.PolicySettings`, a default included
+    (writing a default out is no change)."""
     rule = policy.rule
     fields = {"table": rule.qualified_name, "key_column": rule.key.name,
               "age_column": rule.age.name,
-              "null_columns": ", ".join(c.name for c in rule.guards) or "[] (no guard)",
+              "null_columns": "[" + ", ".join(c.name for c in rule.guards) + "]",
               "database_url_env": policy.database_url_env,
-              "archive_table": str(policy.archive_table)}
-    for setting in dataclasses.fields(PolicySettings):
-        fields[setting.name] = str(getattr(policy.settings, setting.name))
+              "archive_table": policy.archive_table}
+    for name in SETTINGS:
+        fields[name] = setting_text(getattr(policy.settings, name))
     return fields
 
 
@@ -118,10 +120,11 @@ def compare(base: Sequence[Policy], head: Sequence[Policy]) -> list[tuple[Policy
     old, new = {p.name: p for p in base}, {p.name: p for p in head}
     lines = []
     for name in sorted(old.keys() | new.keys()):
-        before = policy_fields(old[name]) if name in old else {}
-        after = policy_fields(new[name]) if name in new else {}
-        changed = {k: {"from": before.get(k), "to": after.get(k)}
-                   for k in dict.fromkeys([*before, *after]) if before.get(k) != after.get(k)}
+        changed = {}
+        if name in old and name in new:
+            before, after = policy_fields(old[name]), policy_fields(new[name])
+            changed = {k: {"from": before[k], "to": after[k]}
+                       for k in before if before[k] != after[k]}
         kind = (ADDED if name not in old else REMOVED if name not in new
                 else CHANGED if changed else UNCHANGED)
         lines.append((PolicyPlan(name, kind, changed), old.get(name), new.get(name)))
@@ -250,9 +253,15 @@ def base_policies(base: str, tree: dg.ComponentTree) -> list[Policy]:
             base_tree = dg.ComponentTree.from_module(defs_module=module,
                                                      project_root=Path(scratch))
             try:
-                return load_policies(base_tree)
+                policies = load_policies(base_tree)
             except PolicyLoadError as exc:
                 raise PlanBaseError(f"--base {base}: its policies do not load: {exc}") from None
+            if not policies and folder.is_dir():
+                # Every policy would read as added: a wrong folder, not a first deployment.
+                raise PlanBaseError(f"--base {base}: no policy file (<policy>/defs.yaml of type "
+                                    "favorites_maintenance.RetentionPolicy) in that folder; "
+                                    "give the defs folder holding the policies' folders")
+            return policies
         finally:
             sys.path.remove(scratch)
             for name in [m for m in sys.modules if m == package or m.startswith(f"{package}.")]:

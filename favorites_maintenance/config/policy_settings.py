@@ -545,17 +545,26 @@ def parse_policy_settings(values: Mapping[str, str | int | None],
         name for name, raw in values.items() if raw is not None))
 
 
+def setting_text(value: Any) -> str | None:
+    """A setting's value as a policy file writes it: a duration in ISO 8601 (``PT10M``), a
+    boolean ``true``/``false``, a list ``[a, b]``, a mapping ``{k: v}``; ``None`` for unset
+    (or an empty list or mapping)."""
+    if isinstance(value, dt.timedelta):
+        return iso_duration(value)
+    if isinstance(value, bool):
+        return str(value).lower()
+    if isinstance(value, (tuple, list, frozenset)):
+        return "[" + ", ".join(map(str, value)) + "]" if value else None
+    if isinstance(value, Mapping):
+        return "{" + ", ".join(f"{k}: {v}" for k, v in value.items()) + "}" if value else None
+    return None if value is None else str(value)
+
+
 def markdown_table() -> str:
     """The policy settings as the README's configuration table (Markdown)."""
     lines = ["| field | default | accepted | what it does |", "|---|---|---|---|"]
     for name, declared in SETTINGS.items():
-        default = default_of(name)
-        if isinstance(default, dt.timedelta):
-            default = iso_duration(default)
-        elif isinstance(default, bool):
-            default = str(default).lower()
-        if isinstance(default, tuple):
-            default = "[" + ", ".join(default) + "]" if default else None
+        default = setting_text(default_of(name))
         shown = (declared.default_text if declared.default_text is not None
                  else "unset" if default is None else f"`{default}`")
         lines.append(f"| `{name}` | {shown} | {declared.bounds} | {declared.description} |")

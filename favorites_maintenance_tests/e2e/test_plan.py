@@ -131,7 +131,7 @@ def test_a_removed_guard_column_makes_the_accounts_newly_prunable(project, rows)
     done = plan(root, env, "--base", "main")
     assert done.returncode == 1
     assert "changed    kept" in done.stdout
-    assert "null_columns: user_id -> [] (no guard)" in done.stdout
+    assert "null_columns: [user_id] -> []" in done.stdout
     assert "newly prunable 7 rows, no longer prunable 0 rows" in done.stdout
 
 
@@ -211,3 +211,17 @@ def test_partitions_newly_past_the_cutoff_and_archived_rows_past_a_shorter_reten
     assert lines["narrowed"]["partitions_newly_expired"] == expected
     # Archived 20 and 25 days ago: past 15 days, not past 30; the other policy's row is not its.
     assert lines["kept"]["archive_newly_prunable"] == 2
+
+
+def test_a_folder_holding_no_policy_file_is_refused_and_a_written_out_default_is_no_change(
+        project, tmp_path):
+    root, env, _ = project
+    one_policy = root / "src" / "my_platform" / "defs" / "kept"
+    refused = plan(root, env, "--base", str(one_policy))
+    assert refused.returncode == 2
+    assert f"--base {one_policy}: no policy file" in refused.stderr
+    # 48 hours is stale_after's default: written out, it changes nothing the policy does.
+    _policy(root, "kept", stale_after="PT48H")
+    done = plan(root, env, "--base", "main", "--json")
+    assert done.returncode == 0, done.stderr
+    assert by_name(done)["kept"]["change"] == "unchanged"

@@ -60,10 +60,11 @@ def test_the_stock_definitions_of_a_host_load_its_policies_complete_beside_its_o
     assert defs.resources["database"].name == "warehouse"
     assert defs.resources["alerts"].name == "pager"
     assert defs.resolve_implicit_global_asset_job_def().executor_def.name == "host_executor"
-    # One sensor of each kind serves both policies, under the package's names.
+    # One sensor of each kind serves both policies, under the package's names, and the code
+    # location's dead-run sensor comes with them.
     assert sorted(s.name for s in defs.get_repository_def().sensor_defs) == [
-        "favorites_maintenance_failure_sensor", "favorites_maintenance_stale_sensor",
-        "favorites_maintenance_tick_failure_sensor"]
+        "cleanup_dead_run_sensor", "favorites_maintenance_failure_sensor",
+        "favorites_maintenance_stale_sensor", "favorites_maintenance_tick_failure_sensor"]
     # The package's resources are under its own keys, one database resource for both.
     keys = sorted(k for k in defs.resources if k.startswith("favorites_maintenance"))
     assert keys == ["favorites_maintenance_alerts", "favorites_maintenance_favorites_database_url",
