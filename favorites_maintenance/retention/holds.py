@@ -257,14 +257,17 @@ def place_hold(engine: sa.Engine, holds: HoldTable, value: str, *, reason: str,
         }).returning(h[HOLD_ID])).scalar_one()
 
 
-def _column_type(conn: sa.Connection, table: str, column: str) -> str:
-    """``table.column``'s type as ``format_type`` writes it (SQL that reads as that type).
+def _column_type(conn: sa.Connection, table: str, column: str, *,
+                 modifier: bool = True) -> str:
+    """``table.column``'s type as ``format_type`` writes it (SQL that reads as that type);
+    without ``modifier``, without its length or precision (``character varying`` for
+    ``character varying(5)``).
 
     Raises:
         InvalidArgumentError: the column is not found.
     """
     type_name = conn.execute(sa.text(
-        "SELECT format_type(atttypid, atttypmod) FROM pg_attribute "
+        f"SELECT format_type(atttypid, {'atttypmod' if modifier else 'NULL'}) FROM pg_attribute "
         "WHERE attrelid = CAST(:t AS regclass) AND attname = :c AND NOT attisdropped"),
         {"t": table, "c": column}).scalar()
     if type_name is None:
@@ -280,14 +283,23 @@ def _as_the_column_writes_it(conn: sa.Connection, table: str, column: str, value
         InvalidArgumentError: the column is not found, or ``value`` is not of its type.
     """
     type_name = _column_type(conn, table, column)
-    # The type's name comes from the catalog, written by format_type as SQL reads it.
+    base_type = _column_type(conn, table, column, modifier=False)
+    # The types' names come from the catalog, written by format_type as SQL reads them. An
+    # explicit cast to varchar(5) or numeric(5, 2) cuts or rounds instead of failing: the
+    # value must be the same read with the type's length or precision and without.
     try:
         with conn.begin_nested():
-            return conn.execute(sa.text(f"SELECT CAST(CAST(:v AS {type_name}) AS text)"),
-                                {"v": value}).scalar_one()
+            written, whole = conn.execute(sa.text(
+                f"SELECT CAST(CAST(:v AS {type_name}) AS text), "
+                f"CAST(:v AS {type_name}) = CAST(:v AS {base_type})"), {"v": value}).one()
     except sa.exc.DataError:
         raise InvalidArgumentError(
             f"hold key is not a value of {table}.{column} ({type_name})") from None
+    if not whole:
+        raise InvalidArgumentError(
+            f"hold key does not fit {table}.{column} ({type_name}): the column would keep it "
+            "cut or rounded, a value no row has")
+    return written
 
 
 #: How long :func:`a_row_has` may look for a row (a hold column without an index is read

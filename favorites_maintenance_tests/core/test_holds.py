@@ -79,6 +79,25 @@ def test_a_hold_typed_another_way_than_postgresql_writes_the_key_still_covers_it
                    of_table="favorites.favorites")
 
 
+@pytest.mark.parametrize("column_type,too_long,fitting,written", [
+    ("varchar(5)", "abcdeXYZ", "abc", "abc"),
+    ("numeric(5, 2)", "1.234", "1.5", "1.50"),
+])
+def test_a_key_the_column_would_cut_or_round_is_refused(engine, holds, column_type, too_long,
+                                                         fitting, written):
+    with engine.begin() as conn:
+        conn.execute(sa.text(f"ALTER TABLE favorites.favorites ADD COLUMN token {column_type}"))
+    token_holds = holds_of(column="token")
+    # An explicit cast would keep "abcde" or 1.23: a hold on a value no row has.
+    with pytest.raises(InvalidArgumentError, match=r"hold key does not fit "
+                       r"favorites.favorites.token .*cut or rounded"):
+        place_hold(engine, token_holds, too_long, reason="r", placed_by="s",
+                   of_table="favorites.favorites")
+    place_hold(engine, token_holds, fitting, reason="r", placed_by="s",
+               of_table="favorites.favorites")
+    assert [h.held_value for h in list_holds(engine, token_holds)] == [written]
+
+
 def test_the_delete_repeats_the_hold_test(engine, rows, holds):
     ids = rows.add_many(5, updated_at=OLD)
     place_hold(engine, holds, str(ids[0]), reason="dispute", placed_by="support")
