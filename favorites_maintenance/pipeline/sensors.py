@@ -21,6 +21,7 @@ no materialization, and the run of the chosen materialization must have ended SU
 import datetime as dt
 import functools
 import json
+import math
 import re
 import time
 from collections import defaultdict
@@ -213,7 +214,9 @@ def latest_current_success(instance: dg.DagsterInstance, asset_key: dg.AssetKey,
 
 
 def _number(value) -> bool:
-    return isinstance(value, (int, float)) and not isinstance(value, bool)
+    # NaN or Infinity (JSON that Python reads) would compare as no time at all.
+    return isinstance(value, (int, float)) and not isinstance(value, bool) \
+        and math.isfinite(value)
 
 
 def _read_cursor(context: dg.SensorEvaluationContext,

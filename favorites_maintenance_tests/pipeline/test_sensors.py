@@ -345,7 +345,11 @@ def _ticks(instance, name):
 #: Cursors no sensor of this project writes: set by hand, or left by an older sensor of the
 #: same name (another sensor's JSON, a number, a list).
 FOREIGN_CURSORS = ["5", "not json", "[1, 2]",
-                   '{"__class__": "RunStatusSensorCursor", "record_id": 9}']
+                   '{"__class__": "RunStatusSensorCursor", "record_id": 9}',
+                   # Numbers JSON does not have, which Python reads: no instant at all.
+                   '{"policies": {"%s": {"since": NaN, "lastSuccess": null}}}' % POLICY,
+                   '{"policies": {"%s": {"since": Infinity}}}' % POLICY,
+                   '{"policies": {"%s": {"since": 1e400}}}' % POLICY]
 
 
 @pytest.mark.parametrize("cursor", FOREIGN_CURSORS)
