@@ -461,13 +461,14 @@ def plan(base: str, max_newly_prunable: int, allow_widening: bool, as_json: bool
     for line in lines:
         if line.error:
             click.secho(f"error: {line.error}", fg="red", err=True)
-    if any(line.error for line in lines):
-        sys.exit(2)
     if widening and not allow_widening:
         click.secho(f"error: {', '.join(line.name for line in widening)}: would newly delete "
                     f"more than --max-newly-prunable {max_newly_prunable} rows; check the "
                     "change, then pass --allow-widening (or raise the limit) to accept it",
                     fg="red", err=True)
+    if any(line.error for line in lines):
+        sys.exit(2)
+    if widening and not allow_widening:
         sys.exit(1)
 
 
@@ -476,10 +477,14 @@ def _echo_plan(line) -> None:
     _echo(f"{line.change:<10} {line.name}" + (f" ({line.database})" if line.database else ""))
     for name, values in line.settings_changed.items():
         _echo(f"           {name}: {values['from'] or 'unset'} -> {values['to'] or 'unset'}")
-    if line.change == "unchanged" or line.error:
+    if line.change == "unchanged":
         return
-    _echo(f"           newly prunable {line.newly_prunable:,} rows, no longer prunable "
-          f"{line.no_longer_prunable:,} rows")
+
+    def rows(count: int | None) -> str:
+        return "not counted" if count is None else f"{count:,} rows"
+
+    _echo(f"           newly prunable {rows(line.newly_prunable)}, no longer prunable "
+          f"{rows(line.no_longer_prunable)}")
     if line.partitions_newly_expired:
         _echo(f"           partitions newly detached: {', '.join(line.partitions_newly_expired)}")
     if line.archive_newly_prunable:

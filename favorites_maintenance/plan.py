@@ -40,7 +40,7 @@ from favorites_maintenance.config.policy_settings import SETTINGS, setting_text
 from favorites_maintenance.pipeline.partitions import read_now
 from favorites_maintenance.retention.archive import count_overdue_archive
 from favorites_maintenance.retention.database import create_engine, limit_transaction
-from favorites_maintenance.retention.errors import describe
+from favorites_maintenance.retention.errors import RetentionError, describe
 from favorites_maintenance.retention.partitioned import leaf_partitions
 from favorites_maintenance.retention.rule import compute_cutoff
 from favorites_maintenance.retention.rule_change import count_prunable, count_rule_change
@@ -133,15 +133,26 @@ def compare(base: Sequence[Policy], head: Sequence[Policy]) -> list[tuple[Policy
 
 def count(line: PolicyPlan, old: Policy | None, new: Policy | None) -> PolicyPlan:
     """Fill ``line``'s counts on the policies' databases (read only, by the database server's
-    clock); a database that cannot be read is the line's ``error``, the others still counted.
-    An unchanged policy is not counted (both rules admit the same rows)."""
+    clock). What cannot be read (a database, a table, a partitioning or an archive not there
+    yet) is the line's ``error`` and its count ``None``; what can is still counted, on that
+    side and for the other policies. An unchanged policy is not counted (both rules admit the
+    same rows)."""
     if line.change == UNCHANGED:
         return line
-    same_place = (old is not None and new is not None
-                  and old.database_url_env == new.database_url_env
-                  and old.rule.qualified_name == new.rule.qualified_name)
-    try:
-        if same_place:
+    errors: list[str] = []
+
+    def attempt(what: str, read) -> None:
+        try:
+            read()
+        except (SettingsError, RetentionError, sa.exc.DBAPIError) as exc:
+            reason = describe(exc) if isinstance(exc, sa.exc.DBAPIError) else str(exc)
+            errors.append(f"{what}: {reason}")
+            if what != "archive":
+                setattr(line, what, None)
+
+    if (old is not None and new is not None and old.database_url_env == new.database_url_env
+            and old.rule.qualified_name == new.rule.qualified_name):
+        def both() -> None:
             with _reading(new) as (conn, now, shown):
                 line.database = shown
                 change = count_rule_change(
@@ -150,26 +161,37 @@ def count(line: PolicyPlan, old: Policy | None, new: Policy | None) -> PolicyPla
                 line.newly_prunable = change.newly_prunable
                 line.no_longer_prunable = change.no_longer_prunable
                 line.partitions_newly_expired = _newly_expired(conn, old, new, now)
-        else:
-            # Another table or database: the old rule's rows are no longer deleted there, the
-            # new rule's first backlog is.
-            if old is not None:
-                with _reading(old) as (conn, now, shown):
-                    line.database = shown
-                    line.no_longer_prunable = count_prunable(
-                        conn, old.rule, compute_cutoff(now, old.settings.retention_days))
-            if new is not None:
-                with _reading(new) as (conn, now, shown):
-                    line.database = shown
-                    line.newly_prunable = count_prunable(
-                        conn, new.rule, compute_cutoff(now, new.settings.retention_days))
-                    line.partitions_newly_expired = _newly_expired(conn, None, new, now)
-        if new is not None and new.archive_table is not None:
+
+        attempt("newly_prunable", both)
+        if line.newly_prunable is None:
+            line.no_longer_prunable = None
+    else:
+        # Another table or database: the old rule's rows are no longer deleted there, the new
+        # rule's first backlog is; each side read on its own.
+        def old_side() -> None:
+            with _reading(old) as (conn, now, shown):
+                line.database = shown
+                line.no_longer_prunable = count_prunable(
+                    conn, old.rule, compute_cutoff(now, old.settings.retention_days))
+
+        def new_side() -> None:
+            with _reading(new) as (conn, now, shown):
+                line.database = shown
+                line.newly_prunable = count_prunable(
+                    conn, new.rule, compute_cutoff(now, new.settings.retention_days))
+                line.partitions_newly_expired = _newly_expired(conn, None, new, now)
+
+        if old is not None:
+            attempt("no_longer_prunable", old_side)
+        if new is not None:
+            attempt("newly_prunable", new_side)
+    if new is not None and new.archive_table is not None:
+        def archive() -> None:
             line.archive_newly_prunable = _archive_newly_prunable(old, new)
-    except (SettingsError, sa.exc.DBAPIError) as exc:
-        reason = str(exc) if isinstance(exc, SettingsError) else describe(exc)
-        line.newly_prunable = line.no_longer_prunable = None
-        line.error = f"could not count policy {line.name}'s rows: {reason}"
+
+        attempt("archive", archive)
+    if errors:
+        line.error = f"could not count policy {line.name}'s rows: {'; '.join(errors)}"
     return line
 
 
@@ -255,7 +277,9 @@ def base_policies(base: str, tree: dg.ComponentTree) -> list[Policy]:
             try:
                 policies = load_policies(base_tree)
             except PolicyLoadError as exc:
-                raise PlanBaseError(f"--base {base}: its policies do not load: {exc}") from None
+                # Named by their path in the base, not in the scratch copy.
+                shown = str(exc).replace(f"{package}/", "")
+                raise PlanBaseError(f"--base {base}: its policies do not load: {shown}") from None
             if not policies and folder.is_dir():
                 # Every policy would read as added: a wrong folder, not a first deployment.
                 raise PlanBaseError(f"--base {base}: no policy file (<policy>/defs.yaml of type "

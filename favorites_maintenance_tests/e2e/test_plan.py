@@ -225,3 +225,22 @@ def test_a_folder_holding_no_policy_file_is_refused_and_a_written_out_default_is
     done = plan(root, env, "--base", "main", "--json")
     assert done.returncode == 0, done.stderr
     assert by_name(done)["kept"]["change"] == "unchanged"
+
+
+def test_what_is_not_there_yet_is_the_policy_s_error_and_the_other_side_is_still_counted(
+        project, rows):
+    root, env, _ = project
+    rows.add_many(4, updated_at=NOW - dt.timedelta(days=40))
+    # The partitioning migration has not run; the new table of a moved policy is there.
+    _policy(root, "kept", drop_expired_partitions="true")
+    _policy(root, "narrowed", table="favorites.missing_table")
+    done = plan(root, env, "--base", "main", "--json")
+    assert done.returncode == 2, done.stderr
+    lines = by_name(done)
+    assert lines["kept"]["newly_prunable"] is None
+    assert "is not a partitioned table" in lines["kept"]["error"]
+    # The old table is still read: its 4 rows are no longer deleted there.
+    assert (lines["narrowed"]["no_longer_prunable"], lines["narrowed"]["newly_prunable"]) == (
+        4, None)
+    assert "favorites.missing_table" in lines["narrowed"]["error"]
+    assert "Traceback" not in done.stderr
