@@ -3,8 +3,9 @@ keeps, and the rows it stops deleting, counted in one read.
 
 Both rules are on the same table (compare a rule moved to another table or database as the old
 one removed and the new one added: :func:`count_prunable` on each). Their predicates are the
-project's own (:meth:`~favorites_maintenance.retention.rule.RetentionRule.prunable`, holds
-included), so what is counted is what a run would delete.
+project's own (:meth:`~favorites_maintenance.retention.rule.RetentionRule.prunable`), holds
+compared as a run's batches compare them (:func:`~favorites_maintenance.retention.holds.
+typed_holds`), so what is counted is what a run would delete.
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ from dataclasses import dataclass
 import sqlalchemy as sa
 from sqlalchemy.sql import visitors
 
+from favorites_maintenance.retention.holds import typed_holds
 from favorites_maintenance.retention.rule import RetentionRule
 
 
@@ -41,11 +43,13 @@ def count_rule_change(conn: sa.Connection, old: RetentionRule, old_cutoff: dt.da
 
     Raises:
         ValueError: the rules are on different tables.
-        sqlalchemy.exc.DBAPIError: the table or a column cannot be read.
+        InvalidArgumentError: a hold column that is not a column of the table.
+        sqlalchemy.exc.DBAPIError: the table, a column or the hold table cannot be read.
     """
     if (old.table.schema, old.table.name) != (new.table.schema, new.table.name):
         raise ValueError(f"the rules are on different tables: {old.qualified_name} and "
                          f"{new.qualified_name}")
+    old, new = _as_batches_compare(conn, old), _as_batches_compare(conn, new)
     # One Table object holding every column either rule reads, so that the two predicates
     # read the same row instead of joining the table to itself.
     names = sorted({c.name for c in (*old.table.columns, *new.table.columns)
@@ -68,8 +72,17 @@ def count_prunable(conn: sa.Connection, rule: RetentionRule, cutoff: dt.datetime
     Raises:
         sqlalchemy.exc.DBAPIError: the table or a column cannot be read.
     """
+    rule = _as_batches_compare(conn, rule)
     return conn.execute(sa.select(sa.func.count()).select_from(rule.table)
                         .where(rule.prunable(cutoff))).scalar_one()
+
+
+def _as_batches_compare(conn: sa.Connection, rule: RetentionRule) -> RetentionRule:
+    """``rule`` with its holds compared in the key's type when a run's batches would (a hold
+    written ``042`` for the bigint 42 keeps its row in a run, so it is not counted)."""
+    if rule.hold is None:
+        return rule
+    return rule.with_hold(typed_holds(conn, rule.hold, rule.qualified_name)[0])
 
 
 def _rebound(predicate: sa.ColumnElement[bool], source: sa.Table, target: sa.Table,

@@ -6,6 +6,7 @@ from __future__ import annotations
 import datetime as dt
 
 import pytest
+import sqlalchemy as sa
 
 from favorites_maintenance.retention.holds import create_hold_table, place_hold
 from favorites_maintenance.retention.rule import GUEST_FAVORITES, RetentionRule
@@ -50,3 +51,18 @@ def test_rules_on_two_tables_are_refused():
     with pytest.raises(ValueError, match="different tables: favorites.favorites and "
                                          "favorites.other"):
         count_rule_change(None, GUEST_FAVORITES, NOW, other, NOW)
+
+
+def test_a_hold_written_otherwise_than_postgresql_writes_the_key_is_not_counted(engine, rows):
+    create_hold_table(engine, HOLDS)
+    ids = rows.add_many(3, updated_at=NOW - 20 * DAY)
+    holds = holds_of()
+    # Written by an application as "0<id>": a run's batches compare in bigint and keep the row.
+    with engine.begin() as conn:
+        conn.execute(sa.insert(holds.table).values(
+            policy="guest_favorites", held_value=f"0{ids[0]}", reason="r", placed_by="app"))
+    rule = GUEST_FAVORITES.with_hold(holds)
+    with engine.connect() as conn:
+        change = count_rule_change(conn, rule, NOW - 30 * DAY, rule, NOW - 10 * DAY)
+        assert count_prunable(conn, rule, NOW - 10 * DAY) == 2
+    assert change.newly_prunable == 2
