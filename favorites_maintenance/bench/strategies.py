@@ -79,7 +79,8 @@ def _purge_a(strategy: str, engine: sa.Engine, url: str, cutoff: dt.datetime, ba
     from favorites_maintenance.retention.archive import ArchiveTarget
     from favorites_maintenance.retention.health import HealthLimits
     from favorites_maintenance.retention.holds import HoldTable
-    from favorites_maintenance.retention.purge import ScanMode, purge
+    from favorites_maintenance.retention.purge import purge
+    from favorites_maintenance.retention.scan import ScanMode
     from favorites_maintenance.retention.rule import GUEST_FAVORITES
 
     # As the job calls it at the default settings (batch size mode adaptive: from batch_size

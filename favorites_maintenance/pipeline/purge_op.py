@@ -42,7 +42,7 @@ from favorites_maintenance.retention.partitioned import (
     PartitionDropResult,
     drop_expired_partitions,
 )
-from favorites_maintenance.retention.purge import BatchResult, PurgeReport, StopReason
+from favorites_maintenance.retention.report import BatchResult, PurgeReport, StopReason
 from favorites_maintenance.retention.purge import purge as run_purge
 from favorites_maintenance.retention.rule import RetentionRule
 

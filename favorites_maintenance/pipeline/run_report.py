@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from favorites_maintenance.config.policy_settings import PolicySettings
-from favorites_maintenance.retention.purge import PurgeReport, StopReason
+from favorites_maintenance.retention.report import PurgeReport, StopReason
 
 _NONE = "none"
 #: Metadata key of a range run's records: the range, ``first...last``.

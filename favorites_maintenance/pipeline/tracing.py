@@ -27,7 +27,7 @@ from opentelemetry import trace
 from opentelemetry.trace import Status, StatusCode
 
 from favorites_maintenance.retention.errors import DatabaseError
-from favorites_maintenance.retention.purge import PurgeReport
+from favorites_maintenance.retention.report import PurgeReport
 from favorites_maintenance.retention.rule import RetentionRule
 from favorites_maintenance.retention.spans import table_attributes
 

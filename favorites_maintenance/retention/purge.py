@@ -21,7 +21,6 @@ import sqlalchemy as sa
 
 from favorites_maintenance.retention.archive import ArchiveTarget
 from favorites_maintenance.retention.batch_loop import (
-    BLOCKED_AFTER,
     DEFAULT_MAX_SKIPPED_ROWS,
     BatchLoop,
     PurgeOptions,
@@ -31,25 +30,9 @@ from favorites_maintenance.retention.database import (
     DEFAULT_STATEMENT_TIMEOUT,
 )
 from favorites_maintenance.retention.health import HealthLimits
-from favorites_maintenance.retention.report import BatchResult, PurgeReport, StopReason
+from favorites_maintenance.retention.report import BatchResult, PurgeReport
 from favorites_maintenance.retention.rule import GUEST_FAVORITES, RetentionRule
 from favorites_maintenance.retention.scan import ScanMode
-from favorites_maintenance.retention.statements import assert_primary
-
-# Importers of this module found these names here before the loop, the statements and the
-# report types had modules of their own. The loop's tunable constants are read (and patched)
-# in batch_loop.
-__all__ = [
-    "BLOCKED_AFTER",
-    "DEFAULT_MAX_SKIPPED_ROWS",
-    "BatchResult",
-    "PurgeOptions",
-    "PurgeReport",
-    "ScanMode",
-    "StopReason",
-    "assert_primary",
-    "purge",
-]
 
 
 def purge(
@@ -166,7 +149,7 @@ def purge(
             the open batch rolled back, earlier ones stay moved.
         BatchError: a batch failed; it was rolled back, earlier batches stay committed. The
             database error is described in its ``error`` (never chained: see the class).
-        SkippedRowsError: :data:`BLOCKED_AFTER` candidates in a row failed (a blocked table,
+        SkippedRowsError: :data:`~favorites_maintenance.retention.batch_loop.BLOCKED_AFTER` candidates in a row failed (a blocked table,
             or rows none of which can be deleted within ``statement_timeout``), or more than
             ``max_skipped_rows`` did.
         NoProgressError: the rule matches rows no other session holds, yet the batches deleted

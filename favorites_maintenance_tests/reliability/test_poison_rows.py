@@ -16,7 +16,7 @@ import pytest
 import sqlalchemy as sa
 
 from favorites_maintenance.retention import SkippedRowsError, purge
-from favorites_maintenance.retention.purge import BLOCKED_AFTER
+from favorites_maintenance.retention.batch_loop import BLOCKED_AFTER
 from favorites_maintenance.retention.schema import dev_favorites
 from favorites_maintenance_tests.reliability.conftest import (
     CUTOFF,
