@@ -944,7 +944,11 @@ def hold_place(policy_name: str, value: str, reason: str, placed_by: str | None)
     try:
         hold_id = place_hold(engine, holds, value, reason=reason,
                              placed_by=placed_by or getpass.getuser(), of_table=table)
-        matched = a_row_has(engine, table, holds.column, value)
+        try:
+            matched = a_row_has(engine, table, holds.column, value)
+        except (sa.exc.DBAPIError, ConnectError):
+            # The hold is committed: its id must reach the operator, who would place it again.
+            matched = None
     except InvalidArgumentError as exc:
         _fail(str(exc).replace("hold key", "--key").replace("hold reason", "--reason")
               .replace("hold by", "--by"))

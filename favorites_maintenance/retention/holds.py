@@ -413,7 +413,8 @@ def count_holds_matching_no_row(conn: sa.Connection, holds: HoldTable, table: st
             conn.execute(sa.select(sa.func.set_config("statement_timeout", previous, True)))
             return count
     except sa.exc.DBAPIError as exc:
-        if getattr(exc.orig, "sqlstate", "")[:2] == "22" or \
+        # A lost connection has no SQLSTATE (None).
+        if (getattr(exc.orig, "sqlstate", None) or "")[:2] == "22" or \
                 getattr(exc.orig, "sqlstate", None) == _CANCELED:
             return None
         raise
