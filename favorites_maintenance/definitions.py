@@ -12,4 +12,6 @@ import dagster as dg
 
 @dg.definitions
 def defs() -> dg.Definitions:
+    """Every policy of ``favorites_maintenance/defs/`` with its checks, job, schedule and
+    resources, and the sensors every policy shares."""
     return dg.load_from_defs_folder(path_within_project=Path(__file__).parent)

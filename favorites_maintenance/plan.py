@@ -53,6 +53,10 @@ class PlanBaseError(Exception):
     does not exist, policy files that do not load (the message names which)."""
 
 
+class PlanCountError(Exception):
+    """Something a policy's plan counts is not there yet (an archive before its first run)."""
+
+
 @dataclass
 class PolicyPlan:
     """One policy's line of a plan.
@@ -70,8 +74,10 @@ class PolicyPlan:
         partitions_newly_expired: ``schema.name`` of each partition a run would now detach
             (``drop_expired_partitions``) that the base's would keep attached.
         archive_newly_prunable: archived rows past the new ``archive_retention_days`` and not
-            past the base's (deleted by the next run's archive retention).
-        database: the database counted on, its password hidden.
+            past the base's (deleted by the next run's archive retention); ``None`` when not
+            counted (``error``).
+        database: the database counted on, its password hidden (a policy moved to another
+            database: ``<base's> -> <new>``).
         error: why the rows could not be counted, or ``None``.
     """
 
@@ -81,14 +87,14 @@ class PolicyPlan:
     newly_prunable: int | None = 0
     no_longer_prunable: int | None = 0
     partitions_newly_expired: list[str] = field(default_factory=list)
-    archive_newly_prunable: int = 0
+    archive_newly_prunable: int | None = 0
     database: str | None = None
     error: str | None = None
 
     @property
     def widening(self) -> int:
         """Rows the change newly deletes (table and archive), 0 when not counted."""
-        return (self.newly_prunable or 0) + self.archive_newly_prunable
+        return (self.newly_prunable or 0) + (self.archive_newly_prunable or 0)
 
     def as_json(self) -> dict:
         """The line as a JSON-ready dict (counts in rows)."""
@@ -144,11 +150,10 @@ def count(line: PolicyPlan, old: Policy | None, new: Policy | None) -> PolicyPla
     def attempt(what: str, read) -> None:
         try:
             read()
-        except (SettingsError, RetentionError, sa.exc.DBAPIError) as exc:
+        except (SettingsError, RetentionError, PlanCountError, sa.exc.SQLAlchemyError) as exc:
             reason = describe(exc) if isinstance(exc, sa.exc.DBAPIError) else str(exc)
             errors.append(f"{what}: {reason}")
-            if what != "archive":
-                setattr(line, what, None)
+            setattr(line, what, None)
 
     if (old is not None and new is not None and old.database_url_env == new.database_url_env
             and old.rule.qualified_name == new.rule.qualified_name):
@@ -176,7 +181,7 @@ def count(line: PolicyPlan, old: Policy | None, new: Policy | None) -> PolicyPla
 
         def new_side() -> None:
             with _reading(new) as (conn, now, shown):
-                line.database = shown
+                line.database = f"{line.database} -> {shown}" if line.database else shown
                 line.newly_prunable = count_prunable(
                     conn, new.rule, compute_cutoff(now, new.settings.retention_days))
                 line.partitions_newly_expired = _newly_expired(conn, None, new, now)
@@ -189,7 +194,7 @@ def count(line: PolicyPlan, old: Policy | None, new: Policy | None) -> PolicyPla
         def archive() -> None:
             line.archive_newly_prunable = _archive_newly_prunable(old, new)
 
-        attempt("archive", archive)
+        attempt("archive_newly_prunable", archive)
     if errors:
         line.error = f"could not count policy {line.name}'s rows: {'; '.join(errors)}"
     return line
@@ -234,9 +239,20 @@ def _newly_expired(conn: sa.Connection, old: Policy | None, new: Policy,
 
 def _archive_newly_prunable(old: Policy | None, new: Policy) -> int:
     """Archived rows of ``new``'s archive past its ``archive_retention_days`` and not past
-    ``old``'s (all of them when ``old`` had another archive or none)."""
+    ``old``'s (all of them when ``old`` had another archive or none), each count a read of
+    its own.
+
+    Raises:
+        SettingsError: the database variable is unset or invalid.
+        PlanCountError: the archive does not exist yet.
+        ArchiveCountError: the archive cannot be read.
+    """
     engine = create_engine(require_database_url(new.database_url_env))
     try:
+        with engine.connect() as conn:
+            if conn.execute(sa.select(sa.func.to_regclass(new.archive_table))).scalar() is None:
+                raise PlanCountError(f"archive {new.archive_table} does not exist yet (the "
+                                     "policy's first run creates it)")
         def overdue(days: int) -> int:
             return count_overdue_archive(engine, new.archive_table, new.name, days,
                                          hold=new.rule.hold).rows

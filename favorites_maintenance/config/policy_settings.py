@@ -7,8 +7,8 @@ Everything else derives from that declaration:
 - the :class:`~favorites_maintenance.components.retention_policy.RetentionPolicy` component's
   optional YAML fields, their types and descriptions (what ``dg`` shows);
 - the bounds checks (:func:`parse_policy_settings`, the only place a value is validated);
-- the run limits a launch may set (:data:`LAUNCH_LIMITS`, served by the ``retention``
-  resource);
+- the run limits a launch may set (:data:`LAUNCH_LIMITS`, served by each policy's
+  ``favorites_maintenance_<policy>_run_limits`` resource);
 - the configuration table of the README (:func:`markdown_table`; a test keeps them equal).
 
 Adding a policy setting is one :func:`setting` field here plus its use.
@@ -553,6 +553,9 @@ def setting_text(value: Any) -> str | None:
         return iso_duration(value)
     if isinstance(value, bool):
         return str(value).lower()
+    if isinstance(value, tuple) and value and all(
+            isinstance(v, tuple) and len(v) == 2 for v in value):
+        value = dict(value)  # tags, kept as pairs
     if isinstance(value, (tuple, list, frozenset)):
         return "[" + ", ".join(map(str, value)) + "]" if value else None
     if isinstance(value, Mapping):

@@ -90,25 +90,13 @@ def policy_sensors(policy: Policy) -> list[dg.SensorDefinition]:
 
 def with_sensors(defs: dg.Definitions, sensors: Sequence[dg.SensorDefinition]
                  ) -> dg.Definitions:
-    """``defs`` with ``sensors`` in place of its own."""
+    """``defs`` with ``sensors`` in place of its own; every other field (assets, checks, jobs,
+    schedules, resources, executor, loggers, metadata, component tree) as it was."""
     return dg.Definitions(
         assets=defs.assets, asset_checks=defs.asset_checks, jobs=defs.jobs,
         schedules=defs.schedules, sensors=sensors, resources=defs.resources,
         executor=defs.executor, loggers=defs.loggers, metadata=defs.metadata,
         component_tree=defs.component_tree)
-
-
-def one_sensor_per_name(defs: dg.Definitions) -> dg.Definitions:
-    """``defs`` keeping the first of the sensors of one name: the sensors every policy's
-    definitions carry (:func:`policy_sensors`) merged from several policies, some of them
-    copies (a defs folder copies each definition of a component to add its metadata), which
-    Dagster would refuse as duplicates."""
-    kept: dict[str, dg.SensorDefinition] = {}
-    for sensor in defs.sensors or ():
-        kept.setdefault(sensor.name, sensor)
-    if len(kept) == len(defs.sensors or ()):
-        return defs
-    return with_sensors(defs, list(kept.values()))
 
 
 def location_policies(context) -> list[Policy]:

@@ -244,3 +244,15 @@ def test_what_is_not_there_yet_is_the_policy_s_error_and_the_other_side_is_still
         4, None)
     assert "favorites.missing_table" in lines["narrowed"]["error"]
     assert "Traceback" not in done.stderr
+
+
+def test_an_archive_not_there_yet_is_not_counted_and_tags_read_as_written(project, rows):
+    root, env, _ = project
+    _policy(root, "kept", archive_table="favorites.kept_archive", tags="{team: billing}")
+    done = plan(root, env, "--base", "main", "--json")
+    assert done.returncode == 2, done.stderr
+    kept = by_name(done)["kept"]
+    assert kept["archive_newly_prunable"] is None
+    assert "archive favorites.kept_archive does not exist yet" in kept["error"]
+    assert kept["newly_prunable"] == 0  # the table's count is still made
+    assert kept["settings_changed"]["tags"] == {"from": None, "to": "{team: billing}"}
