@@ -82,6 +82,7 @@ from favorites_maintenance.retention.errors import (
     InvalidArgumentError,
     describe,
 )
+from favorites_maintenance.retention.catalog_type import CatalogType
 from favorites_maintenance.retention.holds import HoldTable
 from favorites_maintenance.retention.rule import RetentionRule, split_table_name
 
@@ -204,20 +205,6 @@ def table_columns(conn: sa.Connection, table: str) -> tuple[TableColumn, ...] | 
         exists = conn.execute(_RELKIND, {"t": table}).first()
         return None if exists is None else ()
     return tuple(TableColumn(*row) for row in rows)
-
-
-class CatalogType(sa.types.UserDefinedType):
-    """A column type as the catalog's ``format_type`` names it, rendered as such in DDL: the
-    archive's columns take the table's types exactly (arrays, ``numeric(p,s)``, domains,
-    enums), whatever SQLAlchemy knows of them. The text is the server's, never a policy's."""
-
-    cache_ok = True
-
-    def __init__(self, spec: str):
-        self.spec = spec
-
-    def get_col_spec(self, **kw) -> str:
-        return self.spec
 
 
 class InsertOverridingSystemValue(Insert):

@@ -43,6 +43,7 @@ from dataclasses import dataclass
 import sqlalchemy as sa
 from sqlalchemy.dialects.postgresql import TIMESTAMP
 
+from favorites_maintenance.retention.catalog_type import CatalogType
 from favorites_maintenance.retention.errors import InvalidArgumentError
 from favorites_maintenance.retention.identifiers import split_table_name
 
@@ -118,7 +119,6 @@ class HoldTable:
         """The active holds' values: as text, or read as :attr:`column_type`."""
         value = self.table.c[HELD_VALUE]
         if self.column_type is not None:
-            from favorites_maintenance.retention.archive import CatalogType  # imports the rule
 
             value = sa.cast(value, CatalogType(self.column_type))
         return sa.select(value).where(self.active())
@@ -318,7 +318,6 @@ def a_row_has(engine: sa.Engine, table: str, column: str, value: str) -> bool | 
         InvalidArgumentError: the column is not found, or ``value`` is not of its type.
         sqlalchemy.exc.DBAPIError: the database refused otherwise.
     """
-    from favorites_maintenance.retention.archive import CatalogType  # archive imports the rule
 
     schema, name = split_table_name(table, "table")
     t = sa.table(name, sa.column(column), schema=schema)
@@ -356,7 +355,6 @@ def typed_holds(conn: sa.Connection, holds: HoldTable, table: str
         InvalidArgumentError: the column is not a column of ``table``.
         sqlalchemy.exc.DBAPIError: the database refused (no SELECT on the hold table).
     """
-    from favorites_maintenance.retention.archive import CatalogType  # archive imports the rule
 
     type_name = _column_type(conn, table, holds.column)
     typed = holds.typed(type_name)
@@ -394,7 +392,6 @@ def count_holds_matching_no_row(conn: sa.Connection, holds: HoldTable, table: st
         InvalidArgumentError: the column is not a column of ``table``.
         sqlalchemy.exc.DBAPIError: the database refused otherwise (no SELECT on a column).
     """
-    from favorites_maintenance.retention.archive import CatalogType  # archive imports the rule
 
     schema, name = split_table_name(table, "table")
     t = sa.table(name, sa.column(holds.column), schema=schema)

@@ -68,13 +68,13 @@ from favorites_maintenance.retention.archive import (
     RUN_ID_COLUMN,
     Archive,
     ArchiveTarget,
-    CatalogType,
     InsertOverridingSystemValue,
     archive_table,
     check_archive,
     insert_interceptor,
     table_columns,
 )
+from favorites_maintenance.retention.catalog_type import CatalogType
 from favorites_maintenance.retention.database import (
     DEFAULT_LOCK_TIMEOUT,
     DEFAULT_STATEMENT_TIMEOUT,
