@@ -85,7 +85,8 @@ def _tree():
     """The component tree of the code location the command reads (see
     :func:`~favorites_maintenance.components.policy_tree.project_tree`); exits naming what
     to give when there is none."""
-    from favorites_maintenance.components.policy_tree import PolicyLoadError, project_tree
+    from favorites_maintenance.components.load_errors import PolicyLoadError
+    from favorites_maintenance.components.policy_tree import project_tree
 
     try:
         return project_tree(_location["module_name"])
@@ -99,8 +100,8 @@ def _load_policy(name: str, *, local: bool = False):
     with the policy's own error when it is the broken one, or naming the valid ones when there is
     no such policy. ``local``: also the policy of the second embedded database of ``demo`` and
     ``dev``."""
+    from favorites_maintenance.components.load_errors import PolicyLoadError
     from favorites_maintenance.components.policy_tree import (
-        PolicyLoadError,
         component_tree,
         load_policies,
         policy_files,
@@ -439,7 +440,8 @@ def plan(base: str, max_newly_prunable: int, allow_widening: bool, as_json: bool
     """
     import json
 
-    from favorites_maintenance.components.policy_tree import PolicyLoadError, load_policies
+    from favorites_maintenance.components.load_errors import PolicyLoadError
+    from favorites_maintenance.components.policy_tree import load_policies
     from favorites_maintenance.plan import PlanBaseError, base_policies, compare, count
 
     _check_deployment_settings()

@@ -32,7 +32,8 @@ from pathlib import Path
 import dagster as dg
 import sqlalchemy as sa
 
-from favorites_maintenance.components.policy_tree import PolicyLoadError, load_policies
+from favorites_maintenance.components.load_errors import PolicyLoadError
+from favorites_maintenance.components.policy_tree import load_policies
 from favorites_maintenance.config.deployment import require_database_url
 from favorites_maintenance.config.parsers import SettingsError, safe_url
 from favorites_maintenance.config.policy import Policy

@@ -9,7 +9,8 @@ never hides the policies beside it:
     not a field of a retention policy (did you mean retention_days?)
 
 (on one line). A policy that fails its own checks when Dagster builds it stops the code
-location, in any project, with that one line and no stack (:class:`PolicyLocationError`);
+location, in any project, with that one line and no stack
+(:class:`~favorites_maintenance.components.load_errors.PolicyLocationError`);
 :func:`code_location` builds a defs folder the way Dagster's loader does, for the command line
 and the tests, and the command line's commands for one policy load that policy alone and name
 the broken ones beside it.
@@ -17,98 +18,31 @@ the broken ones beside it.
 
 from __future__ import annotations
 
-import contextlib
-import difflib
 import importlib
-import warnings
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import dagster as dg
-import pydantic
-import yaml
-from dagster.components.core.component_tree import ComponentTreeException
-from dagster_shared.error import DagsterUnresolvableSymbolError
 
+from favorites_maintenance.components.load_errors import (
+    COMPONENT_FILES,
+    FileLayout,
+    PolicyLoadError,
+    PolicyLocationError,
+    describe,
+    field_of,
+    quiet_previews,
+    root_cause,
+    shown_path,
+)
 from favorites_maintenance.components.retention_policy import RetentionPolicy
 from favorites_maintenance.config.deployment import load_deployment_settings
 from favorites_maintenance.config.parsers import SettingsError
 from favorites_maintenance.config.policy import Policy, PolicyError
-from favorites_maintenance.pipeline.dagster_internals import (
-    DagsterUserCodeProcessError,
-    SerializableErrorInfo,
-)
 
 #: The checkout holding ``pyproject.toml`` (the project root ``dg`` and Dagster load from).
 PROJECT_ROOT = Path(__file__).resolve().parent.parent.parent
-
-#: What a policy file's ``type`` says.
-RETENTION_POLICY_TYPE = "favorites_maintenance.RetentionPolicy"
-#: The names a component file may hold, after Dagster's component file model.
-_COMPONENT_FILE_KEYS = ("type", "attributes", "requirements", "template_vars_module",
-                        "post_processing")
-#: Files a folder of the defs folder declares a component with.
-_COMPONENT_FILES = ("defs.yaml", "defs.yml")
-#: Characters of a value quoted in a message at most.
-_QUOTED = 40
-
-
-class PolicyLoadError(Exception):
-    """The policies of ``defs/`` could not be loaded: a YAML file that does not fit the
-    component's schema (a misspelled or missing field), a malformed policy, a setting out of
-    bounds, or two policies of one name. The message is one line per broken file, each naming
-    the file, the line, the policy and the field (see the module docstring)."""
-
-
-class PolicyLocationError(ComponentTreeException, DagsterUserCodeProcessError):
-    """A policy's or a setting's error (:attr:`error`) as the load error of the code location
-    holding the policy, shown as its message alone: ``PolicyLoadError: <file>:<line>: ...``.
-
-    The error is the configuration's, not the code's, so the stack of the code that found it
-    is left out. Dagster's component tree passes an error of its own kind through unwrapped,
-    and Dagster reports an error received from a code process as that process serialized it:
-    the UI's code location page, ``dg check defs`` and ``dagster definitions validate`` show
-    the one line, in this package's code location and in any project's.
-
-    Attributes:
-        error: the :class:`PolicyLoadError` or
-            :class:`~favorites_maintenance.config.parsers.SettingsError` behind it.
-    """
-
-    def __init__(self, error: PolicyLoadError | SettingsError):
-        info = SerializableErrorInfo(message=f"{type(error).__name__}: {error}\n", stack=[],
-                                     cls_name=type(error).__name__)
-        super().__init__(str(error), user_code_process_error_infos=[info])
-        self.error = error
-
-
-def location_error(exc: PolicyError | SettingsError, component: RetentionPolicy,
-                   folder: Path, project_root: Path) -> PolicyLocationError:
-    """``exc``, raised validating ``component`` (declared in ``folder``), as its code
-    location's load error: a :class:`PolicyLoadError` of ``exc``'s message after the file and
-    the line of the field it is about, ``exc`` its cause."""
-    files = [folder / name for name in _COMPONENT_FILES if (folder / name).is_file()]
-    path = files[0] if files else folder
-    line = _Layout.read(path).line(_field_of(exc, component)) if files else 1
-    error = PolicyLoadError(f"{_shown(path, project_root)}:{line}: {exc}")
-    error.__cause__ = exc
-    return PolicyLocationError(error)
-
-
-def schema_error(cause: pydantic.ValidationError, folder: Path,
-                 project_root: Path) -> PolicyLocationError:
-    """``cause``, the schema errors of the ``attributes`` of the policy declared in ``folder``,
-    as its code location's load error: one line naming the file, the line and each field
-    (an unknown one with the closest known one)."""
-    files = [folder / name for name in _COMPONENT_FILES if (folder / name).is_file()]
-    path = files[0] if files else folder
-    layout = _Layout.read(path) if files else _Layout(folder.name)
-    error = PolicyLoadError(_describe_schema(cause, _shown(path, project_root), layout,
-                                             attributes=True))
-    error.__cause__ = cause
-    return PolicyLocationError(error)
-
 
 def code_location(*trees: dg.ComponentTree | None, only: str | None = None) -> dg.Definitions:
     """The definitions of ``trees`` (default: ``defs/``), each built as Dagster's
@@ -148,7 +82,8 @@ def merge_trees(*trees: dg.ComponentTree) -> dg.Definitions:
     shares, which one policy of each tree carries, are kept once.
 
     Raises:
-        PolicyLocationError: see :class:`PolicyLocationError`.
+        PolicyLocationError: see
+            :class:`~favorites_maintenance.components.load_errors.PolicyLocationError`.
     """
     with quiet_previews():
         first, *others = (tree.build_defs() for tree in trees)
@@ -284,24 +219,7 @@ def load_policies(tree: dg.ComponentTree | None = None) -> list[Policy]:
 def declared_name(path: Path) -> str:
     """The ``name`` policy file ``path`` gives its policy, read as text (its folder's name when
     it gives none or cannot be read): what messages call a broken policy."""
-    return _Layout.read(path).name
-
-
-@contextlib.contextmanager
-def quiet_previews() -> Iterator[None]:
-    """Components and code references are preview and beta in Dagster 1.13: said once in the
-    README, not at every load of the code location."""
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore", dg.PreviewWarning)
-        warnings.simplefilter("ignore", dg.BetaWarning)
-        yield
-
-
-def root_cause(exc: BaseException) -> BaseException:
-    """The innermost ``__cause__`` of ``exc`` (Dagster wraps a component's error in its tree's)."""
-    while exc.__cause__ is not None:
-        exc = exc.__cause__
-    return exc
+    return FileLayout.read(path).name
 
 
 # --- one file ---------------------------------------------------------------------------------
@@ -312,7 +230,7 @@ def _component_files(folder: Path) -> Iterator[Path]:
     for child in sorted(folder.iterdir()):
         if not child.is_dir() or child.name.startswith((".", "_")):
             continue
-        own = [child / name for name in _COMPONENT_FILES if (child / name).is_file()]
+        own = [child / name for name in COMPONENT_FILES if (child / name).is_file()]
         if own:
             yield own[0]
         else:
@@ -320,8 +238,8 @@ def _component_files(folder: Path) -> Iterator[Path]:
 
 
 def _load_file(path: Path, tree: dg.ComponentTree, project_root: Path) -> PolicyFile:
-    layout = _Layout.read(path)
-    where = _shown(path, project_root)
+    layout = FileLayout.read(path)
+    where = shown_path(path, project_root)
     try:
         with quiet_previews():
             components = tree.get_all_components(RetentionPolicy)
@@ -330,7 +248,7 @@ def _load_file(path: Path, tree: dg.ComponentTree, project_root: Path) -> Policy
             try:
                 policies.append(component.policy)
             except (PolicyError, SettingsError) as exc:
-                line = layout.line(_field_of(exc, component))
+                line = layout.line(field_of(exc, component))
                 raise _Located(f"{where}:{line}: {exc}") from exc
     except _Located as exc:
         return PolicyFile(path, tree, error=str(exc), cause=exc.__cause__)
@@ -338,133 +256,9 @@ def _load_file(path: Path, tree: dg.ComponentTree, project_root: Path) -> Policy
         return PolicyFile(path, tree, error=str(exc.error), cause=exc.error.__cause__)
     except Exception as exc:  # noqa: BLE001 - YAML, schema, Dagster's tree, a component's own
         cause = root_cause(exc)
-        return PolicyFile(path, tree, error=_describe(cause, where, layout), cause=cause)
+        return PolicyFile(path, tree, error=describe(cause, where, layout, RetentionPolicy.model_fields), cause=cause)
     return PolicyFile(path, tree, tuple(policies))
 
 
 class _Located(Exception):
     """A policy's error, already worded with its file and line."""
-
-
-@dataclass(frozen=True)
-class _Layout:
-    """Where things are in one policy file, read as text (every scalar a string).
-
-    Attributes:
-        name: the policy's ``name``, or its folder's name when the file gives none.
-        attributes_line: the 1-based line of ``attributes:`` (1 when there is none).
-        lines: field of ``attributes`` -> the 1-based line of its key.
-        type_line: the 1-based line of ``type:``.
-    """
-
-    name: str
-    attributes_line: int = 1
-    lines: tuple[tuple[str, int], ...] = ()
-    type_line: int = 1
-
-    @classmethod
-    def read(cls, path: Path) -> _Layout:
-        folder = path.parent.name
-        try:
-            node = next(iter(yaml.compose_all(path.read_text(), Loader=yaml.BaseLoader)), None)
-        except (OSError, yaml.YAMLError):
-            return cls(folder)
-        if not isinstance(node, yaml.MappingNode):
-            return cls(folder)
-        keys = {k.value: (k.start_mark.line + 1, v) for k, v in node.value
-                if isinstance(k, yaml.ScalarNode)}
-        line, attributes = keys.get("attributes", (1, None))
-        type_line = keys.get("type", (1, None))[0]
-        if not isinstance(attributes, yaml.MappingNode):
-            return cls(folder, line, type_line=type_line)
-        lines = tuple((k.value, k.start_mark.line + 1) for k, _ in attributes.value
-                      if isinstance(k, yaml.ScalarNode))
-        name = next((v.value for k, v in attributes.value
-                     if k.value == "name" and isinstance(v, yaml.ScalarNode) and v.value), folder)
-        return cls(name, line, lines, type_line)
-
-    def line(self, field: str | None) -> int:
-        """The line of ``field``'s key (its last, if written twice), else of ``attributes``."""
-        found = [line for name, line in self.lines if name == field]
-        return found[-1] if found else self.attributes_line
-
-
-def _shown(path: Path, project_root: Path) -> str:
-    """``path`` as a message shows it: relative to the project when inside it."""
-    try:
-        return str(path.resolve().relative_to(project_root.resolve()))
-    except ValueError:
-        return str(path)
-
-
-def _field_of(exc: PolicyError | SettingsError, component: RetentionPolicy) -> str | None:
-    """The field of ``component`` that ``exc`` is about, or ``None``."""
-    if isinstance(exc, SettingsError):
-        for name in RetentionPolicy.model_fields:
-            value = getattr(component, name, None)
-            if exc.variable in (getattr(value, "variable", None),
-                                f"policy {component.name}, {name}"):
-                return name
-        return None
-    if exc.field:
-        return exc.field
-    # A rule's message starts with the field it is about ("table 'x' must be ...").
-    text = str(exc).split(": ", 1)[-1]
-    first = text.split(" ", 1)[0]
-    return {"schema": "table", "columns": "key_column"}.get(first, first)
-
-
-def _describe(cause: BaseException, where: str, layout: _Layout) -> str:
-    """One line for a file that is not valid YAML or does not fit the component's schema."""
-    if isinstance(cause, yaml.MarkedYAMLError):
-        mark = cause.problem_mark or cause.context_mark
-        line = mark.line + 1 if mark else 1
-        problem = " ".join(str(cause.problem or cause.context or cause).split())
-        return f"{where}:{line}: policy {layout.name}: not valid YAML: {problem}"
-    if isinstance(cause, pydantic.ValidationError):
-        return _describe_schema(cause, where, layout)
-    lines = str(cause).strip().splitlines()
-    text = lines[0] if lines else ""
-    if isinstance(cause, DagsterUnresolvableSymbolError):
-        return (f"{where}:{layout.type_line}: policy {layout.name}, type: {text} (a retention "
-                f"policy is type: {RETENTION_POLICY_TYPE})")
-    return (f"{where}:{layout.attributes_line}: policy {layout.name}: "
-            f"{type(cause).__name__}: {text}")
-
-
-def _describe_schema(cause: pydantic.ValidationError, where: str, layout: _Layout,
-                     attributes: bool = False) -> str:
-    """The schema errors of one file on one line: unknown fields (with the closest known
-    one) and values of the wrong type by line, then missing fields; the line given is the
-    first one's. ``attributes``: ``cause`` is about the ``attributes`` mapping alone."""
-    known = list(RetentionPolicy.model_fields)
-    problems: dict[str, tuple[int, str]] = {}
-    missing: list[str] = []
-    for error in cause.errors():
-        loc = str(error["loc"][0]) if error["loc"] else ""
-        path = loc.split(" at ", 1)[0].split(".")
-        # An empty ``attributes`` mapping has no position: its errors name the field alone.
-        nested = path[0] == "attributes" and len(path) > 1
-        inside = attributes or nested or path[0] in known
-        name = path[1] if nested else path[0]
-        position = (error.get("ctx") or {}).get("source_position")
-        line = position.start.line if position is not None else layout.line(name)
-        if error["type"] == "missing" and inside:
-            missing.append(name)
-        elif error["type"] == "extra_forbidden":
-            close = difflib.get_close_matches(name, known if inside else _COMPONENT_FILE_KEYS,
-                                              n=1)
-            what = "a field of a retention policy" if inside else "a key of a component file"
-            hint = f" (did you mean {close[0]}?)" if close else ""
-            problems.setdefault(name, (line, f"{name}: not {what}{hint}"))
-        elif name not in problems:
-            given = repr(error.get("input"))
-            given = given if len(given) <= _QUOTED else given[:_QUOTED - 3] + "..."
-            reason = error["msg"][0].lower() + error["msg"][1:]
-            problems[name] = (line, f"{name}: {given} is not accepted ({reason})")
-    parts = sorted(problems.values())
-    if missing:
-        parts.append((layout.attributes_line, "required field" + "s" * (len(missing) > 1)
-                      + " missing: " + ", ".join(sorted(set(missing), key=known.index))))
-    first = parts[0][0] if parts else layout.attributes_line
-    return f"{where}:{first}: policy {layout.name}, " + "; ".join(text for _, text in parts)

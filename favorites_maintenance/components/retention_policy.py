@@ -60,6 +60,12 @@ import pydantic
 import yaml
 from pydantic import ConfigDict, Field
 
+from favorites_maintenance.components.load_errors import (
+    PolicyLocationError,
+    location_error,
+    quiet_previews,
+    schema_error,
+)
 from favorites_maintenance.config.deployment import (
     check_database_urls,
     load_deployment_settings,
@@ -427,16 +433,15 @@ class RetentionPolicy(dg.Component, dg.Resolvable, _PolicyFields):
         """The component of ``attributes``, validated by :meth:`get_model_cls`.
 
         Raises:
-            favorites_maintenance.components.policy_tree.PolicyLocationError: the file does
+            favorites_maintenance.components.load_errors.PolicyLocationError: the file does
                 not fit the schema (a misspelled or missing field, a value of the wrong
                 type): the code location's load error, one line naming the file, the line and
                 the field, without a stack.
         """
         refusal = vars(attributes).get(_REFUSAL) if attributes is not None else None
         if refusal is not None:
-            from favorites_maintenance.components.policy_tree import schema_error
-
-            raise schema_error(refusal, context.path, context.project_root) from refusal
+            raise schema_error(refusal, context.path, context.project_root,
+                               cls.model_fields) from refusal
         return super().load(attributes, context)
 
     @cached_property
@@ -500,17 +505,12 @@ class RetentionPolicy(dg.Component, dg.Resolvable, _PolicyFields):
         definitions to add its metadata), so the other policies return none.
 
         Raises:
-            favorites_maintenance.components.policy_tree.PolicyLocationError: a malformed
+            favorites_maintenance.components.load_errors.PolicyLocationError: a malformed
                 policy or setting (one line naming the file, the line, the policy and the
                 field or its variable), or deployment variable, or the policy's database
                 variable set to a malformed URL (named): the code location's load error,
                 without a stack.
         """
-        from favorites_maintenance.components.policy_tree import (
-            PolicyLocationError,
-            location_error,
-            quiet_previews,
-        )
         from favorites_maintenance.pipeline.heartbeat import dead_run_sensor
         from favorites_maintenance.pipeline.policy_defs import policy_definitions
         from favorites_maintenance.pipeline.sensors import with_sensors

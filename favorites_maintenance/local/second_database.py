@@ -53,7 +53,7 @@ def local_policies():
     that of the second database (:class:`~favorites_maintenance.config.policy.Policy` list).
 
     Raises:
-        favorites_maintenance.components.policy_tree.PolicyLoadError: as for the code location.
+        favorites_maintenance.components.load_errors.PolicyLoadError: as for the code location.
     """
     from favorites_maintenance.components.policy_tree import load_policies
 

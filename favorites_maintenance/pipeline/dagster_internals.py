@@ -18,7 +18,7 @@ upgrade of Dagster is checked here and nowhere else.
 - :data:`POOL_TAG_PREFIX`: the run tag that says a run holds a pool (run granularity).
 - :class:`DagsterUserCodeProcessError`, :class:`SerializableErrorInfo`: a code location's load
   error shown as its message alone, without a stack (raised by the component, so any project's
-  stock loader shows it so: :class:`~favorites_maintenance.components.policy_tree.
+  stock loader shows it so: :class:`~favorites_maintenance.components.load_errors.
   PolicyLocationError`).
 """
 

@@ -12,7 +12,7 @@ import dagster as dg
 import pytest
 import sqlalchemy as sa
 
-from favorites_maintenance.components.policy_tree import PolicyLoadError
+from favorites_maintenance.components.load_errors import PolicyLoadError
 from favorites_maintenance.retention.defaults import DATABASE_URL_VAR
 from favorites_maintenance_tests.helpers import archive as shop
 from favorites_maintenance_tests.helpers.jobs import (

@@ -12,7 +12,7 @@ import pytest
 from click.testing import CliRunner
 
 from favorites_maintenance.cli import main
-from favorites_maintenance.components.policy_tree import PolicyLoadError
+from favorites_maintenance.components.load_errors import PolicyLoadError
 from favorites_maintenance.config.parsers import SettingsError
 from favorites_maintenance.retention.defaults import DATABASE_URL_VAR
 from favorites_maintenance_tests.helpers.policies import favorites_policy, policy_sandbox

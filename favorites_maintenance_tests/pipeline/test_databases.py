@@ -15,7 +15,7 @@ import dagster as dg
 import pytest
 from click.testing import CliRunner
 
-from favorites_maintenance.components.policy_tree import PolicyLoadError
+from favorites_maintenance.components.load_errors import PolicyLoadError
 from favorites_maintenance.config.parsers import SettingsError
 from favorites_maintenance.config.policy import DATABASE_TAG
 from favorites_maintenance.pipeline.resources import AlertSink

@@ -14,7 +14,7 @@ from pathlib import Path
 import dagster as dg
 import pytest
 
-from favorites_maintenance.components.policy_tree import quiet_previews
+from favorites_maintenance.components.load_errors import quiet_previews
 from favorites_maintenance.retention.defaults import DATABASE_URL_VAR
 from favorites_maintenance_tests.helpers.host_project import (
     HOST_DEFINITIONS,

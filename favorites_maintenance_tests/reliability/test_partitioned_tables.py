@@ -352,7 +352,7 @@ def test_with_a_default_partition_the_detach_is_a_plain_one(db_url, engine, rows
 
 
 def test_an_archive_table_with_drop_expired_partitions_is_refused_at_load(table):
-    from favorites_maintenance.components.policy_tree import PolicyLoadError
+    from favorites_maintenance.components.load_errors import PolicyLoadError
 
     with pytest.raises(PolicyLoadError, match="archive_table and .*drop_expired_partitions"):
         defs(archive_table="favorites.favorites_archive")
