@@ -10,8 +10,9 @@ check history per run: the *planned* execution, stored under the run's partition
 result, stored under none; the UI then shows the planned one as "Skipped".)
 
 - ``no_guest_row_older_than_retention_plus_one_day`` (ERROR): the freshness SLO. After a run of
-  day ``D`` no row the rule admits may be older than that run's cutoff minus one day, i.e.
-  ``updated_at < min(now, end of D) - (Days + 1 day)``: the day of slack covers a run's backlog
+  day ``D`` no row the rule admits may be older than that run's cutoff
+  (:func:`~favorites_maintenance.pipeline.partitions.partition_cutoff`) minus one day, i.e.
+  ``updated_at < cutoff - 1 day``: the day of slack covers a run's backlog
   and rows skipped because a user held them. For the latest day this is the table's SLO as of
   that day's end; a backfilled past day is judged against its own, older cutoff, never against
   rows only today's cutoff covers.
@@ -114,8 +115,8 @@ def build_asset_checks(policy: Policy) -> list[dg.AssetChecksDefinition]:
     )
     def overdue_rows(context: dg.AssetCheckExecutionContext) -> Iterator[CheckOutput]:
         """Count the rows the rule admits older than ``cutoff - 1 day``, where ``cutoff`` is the
-        run's own (``min(now, end of its day) - Days``, UTC, now by the database server's
-        clock), through the backlog measurement, on the policy's database; any such row fails
+        run's own (:func:`~favorites_maintenance.pipeline.partitions.partition_cutoff`),
+        through the backlog measurement, on the policy's database; any such row fails
         (ERROR). In a range run each day is counted against its own cutoff."""
         days = policy.settings.retention_days
         database: PolicyDatabase = getattr(context.resources, policy.database_key)
