@@ -410,8 +410,9 @@ class PurgeStep:
         :data:`PROGRESS_EVERY_S` seconds."""
         if batch.deleted == 0:  # not a batch in the run's metadata (`batches` counts none)
             if batch.batch_no == 1:
+                noun = self.policy.names.row_noun
                 to_run_log(self.context, logging.INFO,
-                           f"nothing to delete: no {self.policy.names.row_noun} {self.rule.older_than} "
+                           f"nothing to delete: no {noun} {self.rule.older_than} "
                            f"{self.cutoff.isoformat()} that no other session holds")
             return
         now = time.monotonic()
