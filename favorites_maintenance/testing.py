@@ -121,8 +121,8 @@ def prunable_rows(policy: str | Policy, *, now: dt.datetime | None = None,
                   tree: dg.ComponentTree | None = None,
                   database: sa.Engine | sa.Connection | None = None) -> PrunableRows:
     """The rows ``policy``'s rule matches at ``now``, the cutoff derived as the job derives
-    it: ``min(now, end of partition) - retention_days`` (no ``partition``: ``now -
-    retention_days``), a UTC instant.
+    it (:func:`~favorites_maintenance.pipeline.partitions.partition_cutoff`; no
+    ``partition``: ``now - retention_days``), a UTC instant.
 
     Args:
         policy: a policy's name (looked up by :func:`find_policy`) or the policy.

@@ -15,6 +15,9 @@ Prometheus metric names           ``<metrics_prefix>_*`` (default ``<name>_clean
 restore job (with an archive)     ``restore_<name>_job``
 ================================  ============================================
 
+The freshness check and the metadata keys of its rows follow its ``row_noun`` and its age
+column (:mod:`~favorites_maintenance.config.names`).
+
 Three sensors serve every policy of a code location and name the policy in each alert
 (``favorites_maintenance_stale_sensor``, ``favorites_maintenance_failure_sensor``,
 ``favorites_maintenance_tick_failure_sensor``).
@@ -40,6 +43,7 @@ import dataclasses
 import re
 from dataclasses import dataclass, field
 
+from favorites_maintenance.config.names import PolicyNames
 from favorites_maintenance.config.policy_settings import PolicySettings
 from favorites_maintenance.retention.defaults import DATABASE_URL_VAR
 from favorites_maintenance.retention.holds import HoldTable
@@ -236,6 +240,12 @@ class Policy:
     def label(self, setting: str) -> str:
         """What a message calls ``setting``: its variable, or ``policy <name>, <setting>``."""
         return self.labels.get(setting) or f"policy {self.name}, {setting}"
+
+    @property
+    def names(self) -> PolicyNames:
+        """The names of the policy's rows: its freshness check, the metadata keys of its rows
+        and the noun of its messages (:mod:`~favorites_maintenance.config.names`)."""
+        return PolicyNames(self.settings.row_noun, self.rule.age.name)
 
     @property
     def cleanup(self) -> str:

@@ -27,6 +27,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from favorites_maintenance.config.names import DEFAULT_ROW_NOUN, parse_row_noun
 from favorites_maintenance.config.parsers import (
     SettingsError,
     date_between,
@@ -441,6 +442,12 @@ class PolicySettings:
         "case without _database_url (CARTS_DATABASE_URL: carts)",
         "A-Z a-z 0-9 _, segments separated by /",
         default_text="its database's (`favorites` for `FAVORITES_DATABASE_URL`)")
+    row_noun: str = setting(
+        DEFAULT_ROW_NOUN, parse_row_noun, str,
+        "what the policy's freshness check, metadata keys and messages call a row the rule "
+        "admits (guest row: the check no_guest_row_older_than_retention_plus_one_day, the key "
+        "overdueGuestRows); changing it renames them (docs/dagster.md, \"Names\")",
+        "lower-case words, e.g. guest row")
 
     explicit: frozenset[str] = field(default=frozenset())
 

@@ -58,8 +58,8 @@ from favorites_maintenance.pipeline.ranges import (
     run_partitions,
 )
 from favorites_maintenance.pipeline.resources import (
-    FavoritesDatabase,
     MetricsPush,
+    PolicyDatabase,
     RunLimits,
     name_database,
 )
@@ -104,7 +104,7 @@ def build_cleanup_asset(policy: Policy) -> dg.AssetsDefinition:
     ``stale_after`` without a materialization, see :func:`freshness_policy`).
 
     The ops read the policy's database resource (:class:`~favorites_maintenance.pipeline.
-    resources.FavoritesDatabase`, key ``policy.database_key``: one per database variable) and
+    resources.PolicyDatabase`, key ``policy.database_key``: one per database variable) and
     its run limits (:class:`~favorites_maintenance.pipeline.resources.RunLimits`, key
     ``policy.run_limits_key``: what a launch changed of the policy's batch size and time budget). The purge holds the
     policy's pool and ``measure_backlog`` its database's: with the pools' run granularity, a
@@ -123,7 +123,7 @@ def build_cleanup_asset(policy: Policy) -> dg.AssetsDefinition:
         limits: RunLimits = getattr(context.resources, policy.run_limits_key)
         return limits.apply(policy)
 
-    def database_of(context: dg.OpExecutionContext) -> FavoritesDatabase:
+    def database_of(context: dg.OpExecutionContext) -> PolicyDatabase:
         return getattr(context.resources, database_key)
 
     compute_cutoff, purge, measure_backlog = _cleanup_ops(policy, asset_key, settings_of,
@@ -257,7 +257,8 @@ def _cleanup_ops(policy: Policy, asset_key: dg.AssetKey, settings_of, database_o
                          + (f" held={backlog.held}" if rule.hold is not None else "")
                          + (f" partitions={range_text(partitions)}" if partitions else ""))
         report = report.with_backlog(backlog.remaining, oldest.isoformat() if oldest else None,
-                                     backlog.held if rule.hold is not None else None)
+                                     backlog.held if rule.hold is not None else None,
+                                     oldest_key=policy.names.backlog_oldest_key)
         if is_range_run(context):
             # Dagster materializes each day of the range with the output's metadata: give each
             # day its own, so that no total is counted once per day.

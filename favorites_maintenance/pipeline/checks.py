@@ -1,9 +1,8 @@
 """Asset checks of a policy's cleanup asset, for the SLOs of the table and of the runs; they run
 in every run of the job. :func:`build_asset_checks` builds them for one policy; the names are the
-same for every policy (checks are named per asset). Below, a *guest row* is a row whose guard
-columns are all NULL (``user_id IS NULL`` for guest favorites); a policy with no guard
-(``null_columns: []``) has no guest rows, only rows, and its freshness check is named
-``no_row_older_than_retention_plus_one_day``, its count ``overdueRows``.
+same for every policy (checks are named per asset), except the freshness check's and its keys,
+which follow the policy's row noun and age column (:mod:`~favorites_maintenance.config.names`;
+below, those of the guest-favorites policy: row noun ``guest row``, age column ``updated_at``).
 
 The checks are partitioned like the asset, so each run records exactly one result per check
 for each day it covers. (An unpartitioned check on this partitioned asset gets two rows in Dagster's
@@ -11,8 +10,9 @@ check history per run: the *planned* execution, stored under the run's partition
 result, stored under none; the UI then shows the planned one as "Skipped".)
 
 - ``no_guest_row_older_than_retention_plus_one_day`` (ERROR): the freshness SLO. After a run of
-  day ``D`` no guest row may be older than that run's cutoff minus one day, i.e.
-  ``updated_at < min(now, end of D) - (Days + 1 day)``: the day of slack covers a run's backlog
+  day ``D`` no row the rule admits may be older than that run's cutoff
+  (:func:`~favorites_maintenance.pipeline.partitions.partition_cutoff`) minus one day, i.e.
+  ``updated_at < cutoff - 1 day``: the day of slack covers a run's backlog
   and rows skipped because a user held them. For the latest day this is the table's SLO as of
   that day's end; a backfilled past day is judged against its own, older cutoff, never against
   rows only today's cutoff covers.
@@ -57,6 +57,7 @@ from collections.abc import Iterator, Mapping
 import dagster as dg
 import sqlalchemy as sa
 
+from favorites_maintenance.config.names import PolicyNames
 from favorites_maintenance.config.policy import Policy
 from favorites_maintenance.pipeline.dagster_internals import (
     AssetCheckEvaluationTargetMaterializationData,
@@ -69,7 +70,7 @@ from favorites_maintenance.pipeline.partitions import (
     run_now,
 )
 from favorites_maintenance.pipeline.ranges import is_range_run, run_partitions
-from favorites_maintenance.pipeline.resources import FavoritesDatabase, name_database
+from favorites_maintenance.pipeline.resources import PolicyDatabase, name_database
 from favorites_maintenance.pipeline.run_report import ATTRIBUTED_KEY, RunReport
 from favorites_maintenance.retention.archive import count_overdue_archive
 from favorites_maintenance.retention.backlog import Backlog, count_held, measure_backlog
@@ -95,27 +96,18 @@ ARCHIVE_CHECK = "archive_within_retention"
 HELD_CHECK = "held_rows"
 
 
-def overdue_check_name(policy: Policy) -> str:
-    """The name of ``policy``'s freshness check:
-    ``no_guest_row_older_than_retention_plus_one_day``, or
-    ``no_row_older_than_retention_plus_one_day`` for a rule with no guard."""
-    noun = policy.rule.row_noun.replace(" ", "_")
-    return f"no_{noun}_older_than_retention_plus_one_day"
-
-
 def build_asset_checks(policy: Policy) -> list[dg.AssetChecksDefinition]:
     """The asset checks of ``policy``'s cleanup asset (see the module docstring): three, and
     the archive's for a policy with an ``archive_table``."""
     asset_key = dg.AssetKey(list(policy.asset_key_path))
     rule = policy.rule
-    noun = rule.row_noun
+    names = policy.names
     which = f"with {rule.guard_sql} " if rule.guards else ""
-    overdue_key = "overdueGuestRows" if rule.guards else "overdueRows"
 
     @dg.asset_check(
         asset=asset_key,
         partitions_def=policy_partitions(policy),
-        name=overdue_check_name(policy),
+        name=names.overdue_check,
         description=(f"SLO: after a day's run, no row {which}whose {rule.age.name} is more than "
                      "the retention period plus one day past, measured from that run's cutoff."),
         # The policy's own database: the key is its variable's (policy.database_key).
@@ -123,11 +115,11 @@ def build_asset_checks(policy: Policy) -> list[dg.AssetChecksDefinition]:
     )
     def overdue_rows(context: dg.AssetCheckExecutionContext) -> Iterator[CheckOutput]:
         """Count the rows the rule admits older than ``cutoff - 1 day``, where ``cutoff`` is the
-        run's own (``min(now, end of its day) - Days``, UTC, now by the database server's
-        clock), through the backlog measurement, on the policy's database; any such row fails
+        run's own (:func:`~favorites_maintenance.pipeline.partitions.partition_cutoff`),
+        through the backlog measurement, on the policy's database; any such row fails
         (ERROR). In a range run each day is counted against its own cutoff."""
         days = policy.settings.retention_days
-        database: FavoritesDatabase = getattr(context.resources, policy.database_key)
+        database: PolicyDatabase = getattr(context.resources, policy.database_key)
         now = run_now(context, database.engine)
         cutoff = run_cutoff(context, days, now)
 
@@ -145,11 +137,10 @@ def build_asset_checks(policy: Policy) -> list[dg.AssetChecksDefinition]:
             # An earlier day's limit is older: none of its rows is left if none is left at the
             # last day's, so only a non-zero count needs a query of its own.
             overdue = overdue_at(own - dt.timedelta(days=1)) if latest.remaining else latest
-            results[partition] = _overdue_result(own, overdue, overdue_key, noun,
-                                                 rule.older_than)
-        results[_last_partition(context)] = _overdue_result(cutoff, latest, overdue_key, noun,
+            results[partition] = _overdue_result(own, overdue, names, rule.older_than)
+        results[_last_partition(context)] = _overdue_result(cutoff, latest, names,
                                                             rule.older_than)
-        yield from _outcome(context, asset_key, overdue_check_name(policy), results)
+        yield from _outcome(context, asset_key, names.overdue_check, results)
 
     @dg.asset_check(
         asset=asset_key,
@@ -205,7 +196,7 @@ def build_asset_checks(policy: Policy) -> list[dg.AssetChecksDefinition]:
     def archive_within_retention(context: dg.AssetCheckExecutionContext
                                  ) -> Iterator[CheckOutput]:
         """Count the policy's archived rows past the archive's retention; any fails (ERROR)."""
-        database: FavoritesDatabase = getattr(context.resources, policy.database_key)
+        database: PolicyDatabase = getattr(context.resources, policy.database_key)
         results = _references(context, asset_key, figures={})
         results[_last_partition(context)] = archive_retention_result(database.engine, policy,
                                                                      days)
@@ -229,7 +220,7 @@ def _held_rows_check(policy: Policy, asset_key: dg.AssetKey) -> dg.AssetChecksDe
     )
     def held_rows(context: dg.AssetCheckExecutionContext) -> Iterator[CheckOutput]:
         """Count the held rows at the run's cutoff and summarize the active holds."""
-        database: FavoritesDatabase = getattr(context.resources, policy.database_key)
+        database: PolicyDatabase = getattr(context.resources, policy.database_key)
         cutoff = run_cutoff(context, policy.settings.retention_days,
                             run_now(context, database.engine))
         try:
@@ -316,25 +307,24 @@ def archive_check_evaluation(context: dg.OpExecutionContext, engine: sa.Engine,
 CheckOutput = dg.AssetCheckResult | dg.AssetCheckEvaluation | dg.Output
 
 
-def _overdue_result(cutoff: dt.datetime, overdue: Backlog, key: str,
-                    noun: str, older_than: str = "older than") -> dg.AssetCheckResult:
+def _overdue_result(cutoff: dt.datetime, overdue: Backlog, names: PolicyNames,
+                    older_than: str = "older than") -> dg.AssetCheckResult:
     """The overdue-rows result of a day whose cutoff is ``cutoff``, from the rows left older
-    than ``cutoff - 1 day`` (``overdue``: its count and oldest age); ``key`` is the count's
-    metadata key, ``noun`` what a row is called (``guest row``, or ``row``), ``older_than`` how
-    the rule compares an age with the limit (:attr:`~favorites_maintenance.retention.rule.
-    RetentionRule.older_than`)."""
+    than ``cutoff - 1 day`` (``overdue``: its count and oldest age), under the policy's
+    ``names`` (its keys and row noun); ``older_than`` is how the rule compares an age with the
+    limit (:attr:`~favorites_maintenance.retention.rule.RetentionRule.older_than`)."""
     limit = cutoff - dt.timedelta(days=1)
     oldest = overdue.oldest_age
     return dg.AssetCheckResult(
         passed=overdue.remaining == 0,
         severity=dg.AssetCheckSeverity.ERROR,
         metadata={
-            key: overdue.remaining,
-            "oldestOverdueUpdatedAt": oldest.isoformat() if oldest else "none",
+            names.overdue_key: overdue.remaining,
+            names.oldest_overdue_key: oldest.isoformat() if oldest else "none",
             "cutoff": cutoff.isoformat(),
             "limit": limit.isoformat(),
         },
-        description=(f"{overdue.remaining} {noun}s are {older_than} this run's cutoff "
+        description=(f"{overdue.remaining} {names.rows} are {older_than} this run's cutoff "
                      f"minus one day ({limit.isoformat()})" if overdue.remaining else None),
     )
 

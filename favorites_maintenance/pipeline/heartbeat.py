@@ -9,7 +9,7 @@ executed in a command's own process, as ``demo`` and ``restore`` do) or when the
 went down with it, until run monitoring's ``max_runtime_seconds`` (an hour).
 
 So while a step of a run holds a policy's database
-(:class:`~favorites_maintenance.pipeline.resources.FavoritesDatabase`), its process writes the
+(:class:`~favorites_maintenance.pipeline.resources.PolicyDatabase`), its process writes the
 run tag :data:`HEARTBEAT_TAG` (the instant, epoch seconds) every :func:`beat_every` seconds,
 from a thread of its own: a long batch or a health pause beats too. The code location's sensor
 ``cleanup_dead_run_sensor`` (:func:`dead_run_sensor`, which comes with the policies' component)

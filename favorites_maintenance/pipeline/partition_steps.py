@@ -18,7 +18,7 @@ from dataclasses import dataclass
 import dagster as dg
 
 from favorites_maintenance.config.policy import Policy
-from favorites_maintenance.pipeline.resources import FavoritesDatabase
+from favorites_maintenance.pipeline.resources import PolicyDatabase
 from favorites_maintenance.retention.partition_plan import prunable_partitions
 from favorites_maintenance.retention.partitioned import TablePartition
 
@@ -64,7 +64,7 @@ class PartitionPlan:
         return max(0, round((now - self.started_at).total_seconds() * 1000))
 
 
-def partitions_to_purge(context: dg.OpExecutionContext, database: FavoritesDatabase,
+def partitions_to_purge(context: dg.OpExecutionContext, database: PolicyDatabase,
                         policy: Policy, cutoff: dt.datetime) -> list[TablePartition]:
     """The partitions of the policy's table that hold prunable rows at ``cutoff``, oldest
     first; the one place the run decides, before any partition step starts, what the steps

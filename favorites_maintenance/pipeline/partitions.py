@@ -1,8 +1,7 @@
 """Daily UTC partitions of a policy's cleanup asset, and which runs of them are *current*.
 
-Each policy's partitions start on its ``partitions_start`` (README, "Configuration"). A run of
-partition ``D`` uses ``cutoff = min(now, end of D) - Days``, so a backfill of an old day deletes
-a subset of what today's run would. ``now`` is the database server's clock (:func:`read_now`),
+Each policy's partitions start on its ``partitions_start`` (README, "Configuration"). A run's
+cutoff is :func:`partition_cutoff`'s, ``now`` by the database server's clock (:func:`read_now`),
 whatever this host's says.
 """
 
@@ -71,8 +70,9 @@ def partition_cutoff(partition_key: str | None, retention_days: int, *,
                      partitions: dg.DailyPartitionsDefinition | None = None) -> dt.datetime:
     """The cutoff of a run of daily partition ``partition_key`` (``None``: a run without a
     partition) at ``now`` (the database server's instant, :func:`read_now`): ``min(now, end of
-    the day) - retention_days``, a UTC datetime. The one computation of a run's cutoff: the
-    job's ``compute_cutoff`` op, its checks, ``demo`` and ``dry-run`` all come here (see
+    the day) - retention_days``, a UTC datetime, so a backfill of an old day deletes a subset
+    of what today's run would. The one computation of a run's cutoff: the job's
+    ``compute_cutoff`` op, its checks, ``demo`` and ``dry-run`` all come here (see
     :func:`~favorites_maintenance.retention.rule.compute_cutoff`).
 
     Args:

@@ -19,8 +19,8 @@ from favorites_maintenance.pipeline import tracing
 from favorites_maintenance.pipeline.checks import archive_check_evaluation
 from favorites_maintenance.pipeline.dagster_internals import capture_interrupts
 from favorites_maintenance.pipeline.resources import (
-    FavoritesDatabase,
     MetricsPush,
+    PolicyDatabase,
     health_limits,
     name_database,
 )
@@ -110,7 +110,7 @@ def attempt_failed(context: dg.OpExecutionContext, config: PurgeConfig, policy: 
 
 
 def run_purge_op(context: dg.OpExecutionContext, config: PurgeConfig,
-                 database: FavoritesDatabase, policy: Policy, settings: PolicySettings,
+                 database: PolicyDatabase, policy: Policy, settings: PolicySettings,
                  asset_key: dg.AssetKey,
                  cutoff: dt.datetime, metrics: MetricsPush | None = None,
                  rule: RetentionRule | None = None) -> RunReport:
@@ -172,7 +172,7 @@ def previous_row_s(instance: dg.DagsterInstance, asset_key: dg.AssetKey) -> floa
     return None
 
 
-def run_drop_phase(context: dg.OpExecutionContext, database: FavoritesDatabase,
+def run_drop_phase(context: dg.OpExecutionContext, database: PolicyDatabase,
                    policy: Policy, settings: PolicySettings, cutoff: dt.datetime,
                    should_stop: Callable[[], bool] = lambda: False,
                    ) -> PartitionDropResult | None:
@@ -244,7 +244,7 @@ class PurgeStep:
 
     context: dg.OpExecutionContext
     config: PurgeConfig
-    database: FavoritesDatabase
+    database: PolicyDatabase
     policy: Policy
     settings: PolicySettings
     asset_key: dg.AssetKey
@@ -410,8 +410,9 @@ class PurgeStep:
         :data:`PROGRESS_EVERY_S` seconds."""
         if batch.deleted == 0:  # not a batch in the run's metadata (`batches` counts none)
             if batch.batch_no == 1:
+                noun = self.policy.names.row_noun
                 to_run_log(self.context, logging.INFO,
-                           f"nothing to delete: no {self.rule.row_noun} {self.rule.older_than} "
+                           f"nothing to delete: no {noun} {self.rule.older_than} "
                            f"{self.cutoff.isoformat()} that no other session holds")
             return
         now = time.monotonic()

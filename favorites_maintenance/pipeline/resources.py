@@ -64,7 +64,7 @@ _alerts_log = logging.getLogger("favorites_maintenance.alerts")
 #: Where the code location reads its settings from, as the refusals tell the operator.
 _WHERE = "the environment of the process serving the code location (README, \"Configuration\")"
 
-class FavoritesDatabase(dg.ConfigurableResource):
+class PolicyDatabase(dg.ConfigurableResource):
     """The PostgreSQL database of one or more policies (their table lives there).
 
     Attributes:
@@ -394,7 +394,7 @@ def deployed_database(variable: str = DATABASE_URL_VAR,
         # Resolved by Dagster when the run starts: the URL never enters the run's config.
         return {"url": {"env": variable}, "url_env": variable}
 
-    return FavoritesDatabase(url=dg.EnvVar(variable), url_env=variable) \
+    return PolicyDatabase(url=dg.EnvVar(variable), url_env=variable) \
         .get_resource_definition().configured(
             at_launch, config_schema=dg.Permissive({}),
             description=f"{whose[0].upper()}{whose[1:]}: {variable} (by reference, never "

@@ -36,7 +36,7 @@ from favorites_maintenance.pipeline.dagster_internals import (
     capture_interrupts,
 )
 from favorites_maintenance.pipeline.jobs import CLEANUP_EXECUTOR
-from favorites_maintenance.pipeline.resources import FavoritesDatabase, name_database
+from favorites_maintenance.pipeline.resources import PolicyDatabase, name_database
 from favorites_maintenance.pipeline.run_log import core_logs_in_run_log
 from favorites_maintenance.pipeline.stop_requests import StopRequests
 from favorites_maintenance.retention.errors import InvalidArgumentError, RestoreError
@@ -133,7 +133,7 @@ def _pool_holders(context: dg.OpExecutionContext, pool: str) -> list[dg.DagsterR
 
 
 def run_restore_op(context: dg.OpExecutionContext, config: RestoreConfig,
-                   database: FavoritesDatabase, policy: Policy) -> RestoreReport:
+                   database: PolicyDatabase, policy: Policy) -> RestoreReport:
     """The body of a policy's restore op (see the module docstring); records its figures as
     the op's output metadata and returns them.
 

@@ -17,6 +17,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from favorites_maintenance.config.names import BACKLOG_OLDEST_PREFIX
 from favorites_maintenance.config.policy_settings import PolicySettings
 from favorites_maintenance.retention.report import PurgeReport, StopReason
 
@@ -66,7 +67,11 @@ class RunReport:
         backlog_remaining: rows the rule still matches after the run; ``None`` before it is
             measured [``backlogRemaining``].
         backlog_oldest: the age column of the oldest of them, ISO 8601, or ``none``
-            [``backlogOldestUpdatedAt``].
+            [``backlogOldest<Age>``, after the policy's age column: ``backlogOldestUpdatedAt``
+            for ``updated_at``].
+        backlog_oldest_key: the key ``backlog_oldest`` is recorded under
+            (:attr:`~favorites_maintenance.config.names.PolicyNames.backlog_oldest_key`); empty
+            until the backlog is measured.
         held_rows: for a policy with a hold table, the rows its guard and age admit that an
             active hold keeps, counted with the backlog and not in it (never their values);
             ``None`` for a policy without holds [``heldRows``].
@@ -109,6 +114,7 @@ class RunReport:
     health_unreadable: str = _NONE
     backlog_remaining: int | None = None
     backlog_oldest: str | None = None
+    backlog_oldest_key: str = ""
     held_rows: int | None = None
     archive_deleted_total: int | None = None
     archive_rows: int | None = None
@@ -199,13 +205,15 @@ class RunReport:
                                    batches=self.batches + earlier.batches,
                                    ms_per_row=_ms_per_row((self, earlier)), **partitions)
 
-    def with_backlog(self, remaining: int, oldest: str | None,
-                     held: int | None = None) -> "RunReport":
+    def with_backlog(self, remaining: int, oldest: str | None, held: int | None = None, *,
+                     oldest_key: str) -> "RunReport":
         """The record with the backlog measured after the purge (``oldest``: ISO 8601 or
-        ``None`` when nothing is left; ``held``: rows an active hold keeps, for a policy with
-        holds, else ``None``)."""
+        ``None`` when nothing is left, recorded under ``oldest_key``, the policy's
+        :attr:`~favorites_maintenance.config.names.PolicyNames.backlog_oldest_key`; ``held``:
+        rows an active hold keeps, for a policy with holds, else ``None``)."""
         return dataclasses.replace(self, backlog_remaining=remaining,
-                                   backlog_oldest=oldest or _NONE, held_rows=held)
+                                   backlog_oldest=oldest or _NONE, held_rows=held,
+                                   backlog_oldest_key=oldest_key)
 
     def with_archive(self, deleted_total: int, rows: int) -> "RunReport":
         """The record with the archive's figures after its retention ran (rows)."""
@@ -228,7 +236,7 @@ class RunReport:
                 metadata[_KEYS[name]] = getattr(self, name)
         if self.backlog_remaining is not None:
             metadata["backlogRemaining"] = self.backlog_remaining
-            metadata["backlogOldestUpdatedAt"] = self.backlog_oldest or _NONE
+            metadata[self.backlog_oldest_key] = self.backlog_oldest or _NONE
         return metadata
 
     def as_reference(self) -> RunReport:
@@ -280,6 +288,11 @@ class RunReport:
             return getattr(item, "value", item)
 
         found = {name: value(key) for name, key in _KEYS.items() if key in metadata}
+        # The one key named after the policy's age column.
+        oldest_key = next((key for key in metadata if key.startswith(BACKLOG_OLDEST_PREFIX)),
+                          None)
+        if oldest_key is not None:
+            found.update(backlog_oldest=value(oldest_key), backlog_oldest_key=oldest_key)
         if "deleted_total" not in found or "batches" not in found:
             raise KeyError("deletedTotal and batches")
         return cls(**found)
@@ -318,7 +331,6 @@ _KEYS = {
     "throttled_by": "throttledBy",
     "health_unreadable": "healthUnreadable",
     "backlog_remaining": "backlogRemaining",
-    "backlog_oldest": "backlogOldestUpdatedAt",
     "held_rows": "heldRows",
     "archive_deleted_total": "archiveDeletedTotal",
     "archive_rows": "archiveRows",
@@ -326,7 +338,7 @@ _KEYS = {
     "partitions_dropped": "partitionsDropped",
     "ms_per_row": "msPerRow",
 }
-_BACKLOG = ("backlog_remaining", "backlog_oldest")
+_BACKLOG = ("backlog_remaining", "backlog_oldest", "backlog_oldest_key")
 #: The stop reasons that leave prunable rows behind, the one a combined record names first.
 _EARLY_STOPS = (StopReason.DB_UNHEALTHY, StopReason.MAX_RUN_DURATION)
 _ARCHIVE = ("archive_deleted_total", "archive_rows")

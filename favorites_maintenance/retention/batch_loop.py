@@ -27,8 +27,8 @@ range too (1.1-1.6 ms against 2.5-3.0 ms for the candidates of one 1000-row batc
 ANALYZE`` at 1 M rows). It also turns hash and merge joins off: from about 7,000 rows a batch
 the planner would join the DELETE to the batch by hashing a bitmap scan of *every* prunable
 row, rather than reaching each batch row by its address (10,000 rows: 92 ms against 37-44 ms);
-sequential scans off (after a backlog is cleared the table's statistics still expect a year of
-guest rows, and a sequential scan of the whole table would look cheaper than the index); and
+sequential scans off (after a backlog is cleared the table's statistics still expect a year's
+backlog, and a sequential scan of the whole table would look cheaper than the index); and
 parallel workers off. A page-order batch reads the table by TID range scans only, so its rows
 come in address order.
 

@@ -267,7 +267,7 @@ def limit_transaction(conn: sa.Connection, *,
             index's order).
         seqscan: ``False`` sets ``enable_seqscan`` off for the transaction: a batch that reads
             through the rule's index keeps to it even when the table's statistics (after a
-            backlog was cleared, they still expect a year of guest rows) make a sequential scan
+            backlog was cleared, they still expect a year's backlog) make a sequential scan
             of the whole table look cheaper.
     """
     conn.execute(_SET_LIMITS, {"lock_timeout": _ms(lock_timeout),

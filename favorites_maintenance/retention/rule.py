@@ -263,12 +263,6 @@ class RetentionRule:
         _require_aware(cutoff, "cutoff")
         return cutoff + _MICROSECOND if self.cutoff_inclusive else cutoff
 
-    @property
-    def row_noun(self) -> str:
-        """What messages call a row the guard admits: ``guest row`` (every guard column NULL),
-        or ``row`` for a rule with no guard, which admits every row."""
-        return "guest row" if self.guards else "row"
-
     def prunable(self, cutoff: dt.datetime) -> sa.ColumnElement[bool]:
         """The prunable predicate ``<guards> IS NULL AND <age> < :cutoff`` (``<=`` with
         ``cutoff_inclusive``), and, with holds, ``AND NOT EXISTS (<an active hold of the

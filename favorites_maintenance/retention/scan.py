@@ -199,7 +199,7 @@ def read_scan_estimate(conn: sa.Connection, rule: RetentionRule, cutoff: dt.date
     run's largest batch: a millisecond or so); and, when page order is allowed and the backlog
     is larger, the density of prunable rows in :data:`SAMPLE_PAGES` of the table's pages
     (``TABLESAMPLE SYSTEM``: a few milliseconds). The planner's estimate is not used: after a
-    backlog is cleared the table's statistics still expect a year of guest rows.
+    backlog is cleared the table's statistics still expect a year's backlog.
 
     Raises:
         sqlalchemy.exc.DBAPIError: as the statements do (the caller describes it).

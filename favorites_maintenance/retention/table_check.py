@@ -143,7 +143,7 @@ def check_table(conn: sa.Connection, rule: RetentionRule = GUEST_FAVORITES) -> T
             why = f"is of domain {guard_column['domain']}, which is NOT NULL"
         if why:
             raise TableShapeError(
-                f"{table}.{guard.name} {why}, so no row can ever be a guest row "
+                f"{table}.{guard.name} {why}, so no row can ever pass the guard "
                 f"({rule.guard_sql}): the table is not the one the rule is written for",
                 column=guard.name)
 

@@ -9,7 +9,12 @@ import pytest
 import sqlalchemy as sa
 
 from favorites_maintenance_tests.conftest import slow_batches
-from favorites_maintenance_tests.helpers.jobs import ASSET_KEY, JOB, load_code_location
+from favorites_maintenance_tests.helpers.jobs import (
+    ASSET_KEY,
+    JOB,
+    load_code_location,
+    materialization,
+)
 
 UTC = dt.timezone.utc
 OVERDUE = "no_guest_row_older_than_retention_plus_one_day"
@@ -51,6 +56,31 @@ def test_overdue_check_fails_with_error_severity_when_guest_rows_are_left(run, r
     assert not check.passed
     assert check.severity == dg.AssetCheckSeverity.ERROR
     assert check.metadata["overdueGuestRows"].value == 40
+    assert check.description.startswith("40 guest rows are older than this run's cutoff")
+
+
+def test_the_guest_favorites_policy_keeps_its_check_names_and_metadata_keys(db_url, rows,
+                                                                          monkeypatch):
+    """Its check history, dashboards and alerts read these names: every one of them, pinned."""
+    rows.add_many(5, updated_at=long_ago(500))
+    defs = load_code_location(db_url, monkeypatch)
+    checks = {c.name for c in defs.resolve_asset_graph().asset_check_keys}
+    assert checks == {OVERDUE, SPIKE, "no_rows_skipped"}
+    yesterday = (dt.datetime.now(UTC) - dt.timedelta(days=1)).date().isoformat()
+    with dg.instance_for_test() as instance:
+        result = defs.resolve_job_def(JOB).execute_in_process(partition_key=yesterday,
+                                                              instance=instance)
+    assert set(materialization(result)) == {
+        "deletedTotal", "batches", "durationMs", "batchMaxMs", "cutoff", "retentionDays",
+        "batchSize", "batchSizeMode", "stopReason", "skippedRows", "skippedCauses",
+        "isolationBatches", "batchSizeFirst", "batchSizeMax", "pausedMs", "pacedMs",
+        "scanMode", "scanReason", "throttledBy", "healthUnreadable", "backlogRemaining",
+        "backlogOldestUpdatedAt", "msPerRow"}
+    overdue = {e.check_name: e for e in result.get_asset_check_evaluations()}[OVERDUE]
+    assert set(overdue.metadata) == {"overdueGuestRows", "oldestOverdueUpdatedAt", "cutoff",
+                                     "limit"}
+    assert overdue.metadata["overdueGuestRows"].value == 0
+    assert overdue.description is None
 
 
 def test_spike_check_warns_on_a_run_far_above_the_recent_median(run, rows):

@@ -31,7 +31,13 @@ from favorites_maintenance.pipeline.sensors import (
     TICK_FAILURE_SENSOR,
 )
 from favorites_maintenance.retention.defaults import DATABASE_URL_VAR
-from favorites_maintenance_tests.helpers.jobs import failure_text, guest_settings_env, run_report
+from favorites_maintenance_tests.helpers.jobs import (
+    failure_text,
+    guest_settings_env,
+    materialization,
+    purge_retries,
+    run_report,
+)
 from favorites_maintenance_tests.helpers.resource_keys import ALERTS_KEY
 from favorites_maintenance_tests.helpers.sensors import react_to_failures
 
@@ -125,8 +131,7 @@ def test_a_second_policy_from_yaml_alone_gets_the_whole_surface_under_its_own_na
     graph = defs.resolve_asset_graph()
     assert graph.get_all_asset_keys() == {carts_key, guest_key}
     assert {c.name for c in graph.asset_check_keys if c.asset_key == carts_key} == {
-        "no_guest_row_older_than_retention_plus_one_day", "deleted_total_spike",
-        "no_rows_skipped"}
+        "no_row_older_than_retention_plus_one_day", "deleted_total_spike", "no_rows_skipped"}
     assert defs.resolve_job_def("guest_carts_cleanup_job")
     assert defs.resolve_schedule_def("guest_carts_cleanup_schedule").cron_schedule == "15 4 * * *"
     assert defs.resolve_schedule_def("guest_favorites_cleanup_schedule").cron_schedule == \
@@ -196,6 +201,67 @@ def test_a_second_policy_from_yaml_alone_gets_the_whole_surface_under_its_own_na
         assert alert.startswith("guest_carts cleanup failed: asset carts/guest_carts_cleanup, "
                                 "partition 2026-06-15, "), alert
         assert f"run {failed.run_id}: TableShapeError: " in alert
+
+
+def test_a_guarded_policy_gets_the_generic_check_name_and_keys_after_its_age_column(
+        sandbox, carts, engine, db_url, monkeypatch):
+    """The names of the guest-favorites policy (``guest row``, ``updated_at``) are its own: a
+    guarded policy that names no row noun gets ``row``, and keys after its age column,
+    ``touched_at``."""
+    monkeypatch.setenv(DATABASE_URL_VAR, db_url.render_as_string(hide_password=False))
+    guest_settings_env(monkeypatch)
+    write_policy(sandbox.defs_folder_path, CARTS)
+    with sandbox.build_component_tree() as tree:
+        defs = code_location(tree)
+    carts_key = dg.AssetKey(["carts", "guest_carts_cleanup"])
+    with dg.instance_for_test() as instance:
+        result = defs.resolve_job_def("guest_carts_cleanup_job").execute_in_process(
+            partition_key=PARTITION, instance=instance,
+            run_config=purge_retries(0, asset_key=carts_key), raise_on_error=False)
+    assert result.success
+    # The run's own record: the oldest left, under the age column's name.
+    metadata = materialization(result, asset_key=carts_key)
+    assert metadata["backlogOldestTouchedAt"] == "none"
+    assert not [k for k in metadata if "UpdatedAt" in k or "Guest" in k], metadata
+    [overdue] = [e for e in result.get_asset_check_evaluations()
+                 if e.check_name == "no_row_older_than_retention_plus_one_day"]
+    assert set(overdue.metadata) == {"overdueRows", "oldestOverdueTouchedAt", "cutoff",
+                                     "limit"}
+    assert overdue.passed and overdue.metadata["overdueRows"].value == 0
+
+
+def test_a_policy_s_row_noun_names_its_check_and_keys(sandbox, carts, engine, db_url,
+                                                       monkeypatch):
+    """``row_noun: guest cart``: the check, its count and the messages say guest carts."""
+    monkeypatch.setenv(DATABASE_URL_VAR, db_url.render_as_string(hide_password=False))
+    guest_settings_env(monkeypatch)
+    write_policy(sandbox.defs_folder_path, {**CARTS, "row_noun": "guest cart"})
+    with sandbox.build_component_tree() as tree:
+        defs = code_location(tree)
+    carts_key = dg.AssetKey(["carts", "guest_carts_cleanup"])
+    assert {c.name for c in defs.resolve_asset_graph().asset_check_keys
+            if c.asset_key == carts_key} == {
+        "no_guest_cart_older_than_retention_plus_one_day", "deleted_total_spike",
+        "no_rows_skipped"}
+    # A session holds every guest cart: the run skips them all, and they stay overdue.
+    locker = engine.connect()
+    locker.begin()
+    locker.execute(sa.text("SELECT 1 FROM carts.guest_carts WHERE customer_ref IS NULL "
+                           "FOR UPDATE"))
+    try:
+        with dg.instance_for_test() as instance:
+            result = defs.resolve_job_def("guest_carts_cleanup_job").execute_in_process(
+                partition_key=PARTITION, instance=instance,
+                run_config=purge_retries(0, asset_key=carts_key))
+            logs = [e.user_message or "" for e in instance.all_logs(result.run_id)]
+    finally:
+        locker.close()
+    [overdue] = [e for e in result.get_asset_check_evaluations()
+                 if e.check_name == "no_guest_cart_older_than_retention_plus_one_day"]
+    assert overdue.metadata["overdueGuestCarts"].value == 250
+    assert overdue.description.startswith("250 guest carts are older than this run's cutoff")
+    cutoff = (ANCHOR - dt.timedelta(days=30)).isoformat()
+    assert any(f"nothing to delete: no guest cart older than {cutoff}" in t for t in logs)
 
 
 def test_the_command_line_dry_run_takes_the_policy_by_name(rows, db_url):
@@ -310,6 +376,8 @@ def test_dry_run_all_counts_every_valid_policy_and_names_the_broken_and_unreadab
       "retention_days?)")),
     ({"batch_size": [100]}, "batch_size",
      "policy guest_carts, batch_size: [100] is not accepted (input should be a valid integer)"),
+    ({"row_noun": "Guest-Cart"}, "row_noun",
+     "policy guest_carts, row_noun: 'Guest-Cart' is not a row noun: lower-case words"),
     ({"name": "guest_favorites"}, None,
      "policy names must be unique, got ['guest_favorites', 'guest_favorites']"),
 ])

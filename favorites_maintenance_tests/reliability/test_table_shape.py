@@ -117,7 +117,8 @@ def test_a_timestamp_without_time_zone_is_refused_by_the_job_and_the_dry_run(
     ({"updated_at": "date NOT NULL"}, "updated_at",
      "favorites.favorites.updated_at is DATE"),
     ({"user_id": "bigint NOT NULL"}, "user_id",
-     "favorites.favorites.user_id is NOT NULL, so no row can ever be a guest row"),
+     "favorites.favorites.user_id is NOT NULL, so no row can ever pass the guard "
+     "(user_id IS NULL)"),
     ({"key": "bigint NOT NULL"}, "id", "favorites.favorites.id is not unique"),
 ])
 def test_other_shapes_the_rule_cannot_use_are_refused_naming_the_column(
@@ -402,7 +403,8 @@ def test_a_guard_made_not_null_by_a_check_constraint_is_refused_like_a_not_null_
         result = run_job(db_url, instance, monkeypatch=monkeypatch)
 
     said = ("favorites.favorites.user_id is NOT NULL by CHECK constraint "
-            "favorites.favorites_account_only, so no row can ever be a guest row")
+            "favorites.favorites_account_only, so no row can ever pass the guard "
+            "(user_id IS NULL)")
     if validated:
         assert not result.success and said in error_text(step_failure(result)[1])
         out = dry_run(db_url)
