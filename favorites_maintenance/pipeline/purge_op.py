@@ -38,10 +38,8 @@ from favorites_maintenance.retention.database import (
     transient_error_kind,
 )
 from favorites_maintenance.retention.errors import PurgeError, RetentionError
-from favorites_maintenance.retention.partitioned import (
-    PartitionDropResult,
-    drop_expired_partitions,
-)
+from favorites_maintenance.retention.partition_phase import PartitionDropResult
+from favorites_maintenance.retention.partitioned import drop_expired_partitions
 from favorites_maintenance.retention.report import BatchResult, PurgeReport, StopReason
 from favorites_maintenance.retention.purge import purge as run_purge
 from favorites_maintenance.retention.rule import RetentionRule
