@@ -226,8 +226,8 @@ def shop_rule():
 
 def test_a_held_row_is_not_archived_and_a_held_archived_row_outlives_the_archive_retention(
         items):
-    from favorites_maintenance.retention.archive import (
-        ArchiveTarget,
+    from favorites_maintenance.retention.archive import ArchiveTarget
+    from favorites_maintenance.retention.archive_retention import (
         count_overdue_archive,
         prune_archive,
     )
