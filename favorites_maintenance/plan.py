@@ -39,10 +39,10 @@ from favorites_maintenance.config.parsers import SettingsError, safe_url
 from favorites_maintenance.config.policy import Policy
 from favorites_maintenance.config.policy_settings import SETTINGS, setting_text
 from favorites_maintenance.pipeline.partitions import read_now
-from favorites_maintenance.retention.archive import count_overdue_archive
+from favorites_maintenance.retention.archive_retention import count_overdue_archive
 from favorites_maintenance.retention.database import create_engine, limit_transaction
 from favorites_maintenance.retention.errors import RetentionError, describe
-from favorites_maintenance.retention.partitioned import leaf_partitions
+from favorites_maintenance.retention.table_partitions import leaf_partitions
 from favorites_maintenance.retention.rule import compute_cutoff
 from favorites_maintenance.retention.rule_change import count_prunable, count_rule_change
 

@@ -20,7 +20,7 @@ import dagster as dg
 from favorites_maintenance.config.policy import Policy
 from favorites_maintenance.pipeline.resources import PolicyDatabase
 from favorites_maintenance.retention.partition_plan import prunable_partitions
-from favorites_maintenance.retention.partitioned import TablePartition
+from favorites_maintenance.retention.table_partitions import TablePartition
 
 _UTC = dt.UTC
 #: What Dagster accepts in a mapping key.

@@ -27,21 +27,16 @@ from favorites_maintenance.pipeline.resources import (
 from favorites_maintenance.pipeline.run_log import core_logs_in_run_log, to_run_log
 from favorites_maintenance.pipeline.run_report import RunReport
 from favorites_maintenance.pipeline.stop_requests import StopRequests
-from favorites_maintenance.retention.archive import (
-    ArchivePruneReport,
-    ArchiveTarget,
-    prune_archive,
-)
+from favorites_maintenance.retention.archive import ArchiveTarget
+from favorites_maintenance.retention.archive_retention import ArchivePruneReport, prune_archive
 from favorites_maintenance.retention.database import (
     error_summary,
     is_database_error,
     transient_error_kind,
 )
 from favorites_maintenance.retention.errors import PurgeError, RetentionError
-from favorites_maintenance.retention.partitioned import (
-    PartitionDropResult,
-    drop_expired_partitions,
-)
+from favorites_maintenance.retention.partition_phase import PartitionDropResult
+from favorites_maintenance.retention.partitioned import drop_expired_partitions
 from favorites_maintenance.retention.report import BatchResult, PurgeReport, StopReason
 from favorites_maintenance.retention.purge import purge as run_purge
 from favorites_maintenance.retention.rule import RetentionRule

@@ -1,11 +1,8 @@
 """The retention core: the rule, the batched purge, the backlog, the archive and restore. No
 Dagster import here."""
 
-from favorites_maintenance.retention.archive import (
-    ArchiveTarget,
-    count_overdue_archive,
-    prune_archive,
-)
+from favorites_maintenance.retention.archive import ArchiveTarget
+from favorites_maintenance.retention.archive_retention import count_overdue_archive, prune_archive
 from favorites_maintenance.retention.backlog import Backlog, measure_backlog
 from favorites_maintenance.retention.batch_size import BatchSizeController
 from favorites_maintenance.retention.errors import (

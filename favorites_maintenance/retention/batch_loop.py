@@ -119,6 +119,7 @@ from favorites_maintenance.retention.health import (
     Outcome,
 )
 from favorites_maintenance.retention.holds import typed_holds
+from favorites_maintenance.retention.page_statements import PageStatements
 from favorites_maintenance.retention.report import BatchResult, PurgeReport, StopReason
 from favorites_maintenance.retention.rule import RetentionRule
 from favorites_maintenance.retention.scan import (
@@ -134,7 +135,6 @@ from favorites_maintenance.retention.scan import (
 from favorites_maintenance.retention.spans import BatchSpans
 from favorites_maintenance.retention.statements import (
     BatchStatements,
-    PageStatements,
     assert_primary,
     assert_triggers_fire,
     match_by_ctid,

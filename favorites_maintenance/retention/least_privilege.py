@@ -19,7 +19,7 @@ from importlib.resources import files
 import sqlalchemy as sa
 
 from favorites_maintenance.retention.errors import InvalidArgumentError
-from favorites_maintenance.retention.partitioned import DETACH_FUNCTION, DROP_FUNCTION
+from favorites_maintenance.retention.partition_phase import DETACH_FUNCTION, DROP_FUNCTION
 from favorites_maintenance.retention.rule import (
     GUEST_FAVORITES,
     RetentionRule,

@@ -30,7 +30,7 @@ from favorites_maintenance.retention.errors import (
     TableShapeError,
     describe,
 )
-from favorites_maintenance.retention.partitioned import TablePartition, leaf_partitions
+from favorites_maintenance.retention.table_partitions import TablePartition, leaf_partitions
 from favorites_maintenance.retention.rule import RetentionRule
 
 

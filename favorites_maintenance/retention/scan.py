@@ -7,7 +7,7 @@ daily run), and it deletes the oldest rows first, which is what matters when a r
 its backlog within its time budget.
 
 *Page order* (``page_order``) takes each batch from a range of heap pages, in the order the rows
-lie on disk (a TID range scan, :func:`~favorites_maintenance.retention.statements.
+lie on disk (a TID range scan, :func:`~favorites_maintenance.retention.page_statements.
 page_batch_statement`). Each page is read once and the DELETE reaches its rows page after page:
 on a backlog spread over the table a row costs less than in keyset order (about 0.55 us against
 0.7 us, and keyset order's grows over a long run, to 1.6 us at 10 M rows), but every page of the
@@ -48,12 +48,9 @@ from dataclasses import dataclass
 import sqlalchemy as sa
 from sqlalchemy.sql.util import ClauseAdapter
 
+from favorites_maintenance.retention.page_statements import PageStatements
 from favorites_maintenance.retention.rule import RetentionRule
-from favorites_maintenance.retention.statements import (
-    BatchStatements,
-    PageStatements,
-    count_of,
-)
+from favorites_maintenance.retention.statements import BatchStatements, count_of
 
 
 class ScanMode(str, enum.Enum):

@@ -7,11 +7,8 @@ import datetime as dt
 
 import pytest
 
-from favorites_maintenance.retention.archive import (
-    ArchiveTarget,
-    count_overdue_archive,
-    prune_archive,
-)
+from favorites_maintenance.retention.archive import ArchiveTarget
+from favorites_maintenance.retention.archive_retention import count_overdue_archive, prune_archive
 from favorites_maintenance.retention.errors import ArchiveError
 from favorites_maintenance.retention.purge import purge
 from favorites_maintenance.retention.rule import RetentionRule

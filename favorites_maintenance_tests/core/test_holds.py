@@ -226,8 +226,8 @@ def shop_rule():
 
 def test_a_held_row_is_not_archived_and_a_held_archived_row_outlives_the_archive_retention(
         items):
-    from favorites_maintenance.retention.archive import (
-        ArchiveTarget,
+    from favorites_maintenance.retention.archive import ArchiveTarget
+    from favorites_maintenance.retention.archive_retention import (
         count_overdue_archive,
         prune_archive,
     )
@@ -285,7 +285,8 @@ def test_a_restored_row_a_hold_covers_is_not_counted_prunable_and_stays_at_the_n
 def test_an_expired_partition_holding_a_held_row_is_not_detached_and_its_rows_go_by_batches(
         db_url):
     from favorites_maintenance.retention.database import create_engine
-    from favorites_maintenance.retention.partitioned import Action, drop_expired_partitions
+    from favorites_maintenance.retention.partition_phase import Action
+    from favorites_maintenance.retention.partitioned import drop_expired_partitions
     from favorites_maintenance.retention.schema import (
         create_partitioned_dev_schema,
         drop_dev_schema,

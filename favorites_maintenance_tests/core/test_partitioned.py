@@ -9,11 +9,9 @@ import sqlalchemy as sa
 
 from favorites_maintenance.retention.database import create_engine
 from favorites_maintenance.retention.errors import TableShapeError
-from favorites_maintenance.retention.partitioned import (
-    Action,
-    drop_expired_partitions,
-    leaf_partitions,
-)
+from favorites_maintenance.retention.partition_phase import Action
+from favorites_maintenance.retention.partitioned import drop_expired_partitions
+from favorites_maintenance.retention.table_partitions import leaf_partitions
 from favorites_maintenance.retention.rule import GUEST_FAVORITES
 from favorites_maintenance.retention.schema import (
     create_partitioned_dev_schema,

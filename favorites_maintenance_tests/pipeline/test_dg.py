@@ -13,11 +13,9 @@ from pathlib import Path
 import pytest
 
 from favorites_maintenance.components.policy_tree import load_policies
-from favorites_maintenance.pipeline.sensors import (
-    FAILURE_SENSOR,
-    STALE_SENSOR,
-    TICK_FAILURE_SENSOR,
-)
+from favorites_maintenance.pipeline.failure_sensor import FAILURE_SENSOR
+from favorites_maintenance.pipeline.stale_sensor import STALE_SENSOR
+from favorites_maintenance.pipeline.tick_failure_sensor import TICK_FAILURE_SENSOR
 
 ROOT = Path(__file__).parents[2]
 DG = Path(sys.executable).parent / "dg"

@@ -23,13 +23,11 @@ from dagster.components.testing import create_defs_folder_sandbox
 import favorites_maintenance.defs
 from favorites_maintenance.components.policy_tree import PolicyLoadError, load_policies
 from favorites_maintenance.components.policy_tree import code_location
+from favorites_maintenance.pipeline.failure_sensor import FAILURE_SENSOR
 from favorites_maintenance.pipeline.partitions import daily_partitions
 from favorites_maintenance.pipeline.resources import AlertSink
-from favorites_maintenance.pipeline.sensors import (
-    FAILURE_SENSOR,
-    STALE_SENSOR,
-    TICK_FAILURE_SENSOR,
-)
+from favorites_maintenance.pipeline.stale_sensor import STALE_SENSOR
+from favorites_maintenance.pipeline.tick_failure_sensor import TICK_FAILURE_SENSOR
 from favorites_maintenance.retention.defaults import DATABASE_URL_VAR
 from favorites_maintenance_tests.helpers.jobs import (
     failure_text,

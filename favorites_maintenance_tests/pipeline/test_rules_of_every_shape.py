@@ -22,22 +22,17 @@ from prometheus_client import generate_latest
 import favorites_maintenance.defs
 from favorites_maintenance.components.policy_tree import PolicyLoadError, load_policies
 from favorites_maintenance.components.policy_tree import code_location
+from favorites_maintenance.pipeline.failure_sensor import FAILURE_SENSOR
 from favorites_maintenance.pipeline.metrics import run_registry
 from favorites_maintenance.pipeline.partitions import daily_partitions
 from favorites_maintenance.pipeline.resources import AlertSink
 from favorites_maintenance.pipeline.run_report import RunReport
-from favorites_maintenance.pipeline.sensors import (
-    FAILURE_SENSOR,
-    STALE_SENSOR,
-    TICK_FAILURE_SENSOR,
-)
+from favorites_maintenance.pipeline.stale_sensor import STALE_SENSOR
+from favorites_maintenance.pipeline.tick_failure_sensor import TICK_FAILURE_SENSOR
 from favorites_maintenance.retention.defaults import DATABASE_URL_VAR
+from favorites_maintenance.retention.page_statements import page_delete_statement
 from favorites_maintenance.retention.rule import RetentionRule
-from favorites_maintenance.retention.statements import (
-    batch_statement,
-    keyset_delete_statement,
-    page_delete_statement,
-)
+from favorites_maintenance.retention.statements import batch_statement, keyset_delete_statement
 from favorites_maintenance.testing import PrunableRows
 from favorites_maintenance_tests.helpers.jobs import (
     guest_settings_env,

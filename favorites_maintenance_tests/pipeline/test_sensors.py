@@ -21,13 +21,10 @@ from dagster._core.test_utils import freeze_time
 
 import favorites_maintenance
 from favorites_maintenance.components.policy_tree import load_policies
+from favorites_maintenance.pipeline.failure_sensor import FAILURE_SENSOR
 from favorites_maintenance.pipeline.resources import AlertSink
-from favorites_maintenance.pipeline.sensors import (
-    FAILURE_SENSOR,
-    STALE_SENSOR,
-    TICK_FAILURE_SENSOR,
-    build_stale_sensor,
-)
+from favorites_maintenance.pipeline.stale_sensor import STALE_SENSOR, build_stale_sensor
+from favorites_maintenance.pipeline.tick_failure_sensor import TICK_FAILURE_SENSOR
 from favorites_maintenance.retention.defaults import DATABASE_URL_VAR
 from favorites_maintenance_tests.helpers.jobs import JOB, POLICY, load_code_location
 from favorites_maintenance_tests.helpers.policies import favorites_policy, policy_sandbox
@@ -513,10 +510,10 @@ def test_lookups_past_the_tick_s_budget_wait_for_the_next_tick(two_policies, web
     """A tick meeting many policies without state looks up their last successes for a bounded
     time (a sensor's evaluation must end within Dagster's limit); the others are looked up by
     the next ticks, and none alerts before it was looked up."""
-    from favorites_maintenance.pipeline import sensors
+    from favorites_maintenance.pipeline import stale_sensor
 
     defs = two_policies
-    monkeypatch.setattr(sensors, "LOOKUP_BUDGET_S", 0.0)  # one lookup per tick
+    monkeypatch.setattr(stale_sensor, "LOOKUP_BUDGET_S", 0.0)  # one lookup per tick
     sink = AlertSink(webhook_url=webhook.url, attempts=1)
     now = time.time()
     with dg.instance_for_test() as instance:

@@ -21,7 +21,7 @@ import sqlalchemy as sa
 
 from favorites_maintenance.components.policy_tree import load_policies
 from favorites_maintenance.pipeline.resources import AlertSink
-from favorites_maintenance.pipeline.sensors import build_stale_sensor
+from favorites_maintenance.pipeline.stale_sensor import build_stale_sensor
 from favorites_maintenance.retention.defaults import DATABASE_URL_VAR
 from favorites_maintenance_tests.conftest import slow_batches
 from favorites_maintenance_tests.helpers.daemon import (

@@ -15,7 +15,7 @@ import dagster as dg
 import pytest
 import sqlalchemy as sa
 
-from favorites_maintenance.retention import partitioned
+from favorites_maintenance.retention import partition_phase, partitioned, table_partitions
 from favorites_maintenance.retention.database import create_engine
 from favorites_maintenance.retention.defaults import DATABASE_URL_VAR
 from favorites_maintenance.retention.least_privilege import (
@@ -90,7 +90,7 @@ def month(m: int, day: int = 10) -> dt.datetime:
 
 def partitions_of(engine) -> set[str]:
     with engine.connect() as conn:
-        return {p.qualified_name for p in partitioned.leaf_partitions(
+        return {p.qualified_name for p in table_partitions.leaf_partitions(
             conn, "favorites", "favorites", age_column="updated_at")}
 
 
@@ -238,7 +238,7 @@ def test_a_partition_with_a_delete_trigger_is_kept_and_its_rows_deleted_in_batch
 
 
 def test_a_lock_held_on_the_table_makes_the_detach_wait_and_try_again(table, rows, monkeypatch):
-    monkeypatch.setattr(partitioned, "LOCK_BACKOFF_S", 0.2)
+    monkeypatch.setattr(partition_phase, "LOCK_BACKOFF_S", 0.2)
     jan = rows.add_many(6, updated_at=month(1))
     account = rows.add(updated_at=month(2), user_id=3)
     released = threading.Event()
@@ -315,7 +315,7 @@ def test_a_detach_whose_backend_is_killed_is_finished_by_the_next_run(db_url, en
             assert first.success, failure_text(first)
             assert killed
             with engine.connect() as conn:
-                [pending] = [p for p in partitioned.leaf_partitions(
+                [pending] = [p for p in table_partitions.leaf_partitions(
                     conn, "favorites", "favorites") if p.qualified_name == JAN]
             assert pending.detach_pending
             assert materialization(first, asset_key=ASSET_KEY)["partitionsDetached"] == 0
@@ -623,7 +623,7 @@ def test_an_account_row_that_reaches_the_partition_after_the_check_stays_in_the_
     # an account's: the partition must not leave the table with that row.
     made = fill(rows)
     claimed = made["jan"][0]
-    real = partitioned._DropPhase.alter
+    real = partition_phase.DropPhase.alter
 
     def claim_then_alter(phase, statement):
         if JAN.split(".")[1] in statement and "FINALIZE" not in statement:
@@ -632,7 +632,7 @@ def test_an_account_row_that_reaches_the_partition_after_the_check_stays_in_the_
                                      "WHERE id = :id"), {"id": claimed})
         return real(phase, statement)
 
-    monkeypatch.setattr(partitioned._DropPhase, "alter", claim_then_alter)
+    monkeypatch.setattr(partition_phase.DropPhase, "alter", claim_then_alter)
     with dg.instance_for_test() as instance:
         result = run(instance)
         assert result.success, failure_text(result)
@@ -730,7 +730,7 @@ def test_a_detach_blocked_past_its_last_attempt_leaves_the_rows_to_the_batches(
     # EXCLUSIVE on the table longer than every attempt of the detach (and of the mark before
     # it: a lock on the table blocks one on its partition); it does not block the batches'
     # DELETE.
-    monkeypatch.setattr(partitioned, "LOCK_BACKOFF_S", 0.1)
+    monkeypatch.setattr(partition_phase, "LOCK_BACKOFF_S", 0.1)
     drop_dev_schema(engine)
     create_partitioned_dev_schema(engine, [month(1, 1), month(2, 1),
                                            dt.datetime(2027, 1, 1, tzinfo=UTC)])
@@ -763,7 +763,7 @@ def test_a_drop_phase_that_fails_after_its_detaches_still_counts_them(table, row
     # timeout (a real one: a table the application holds). A retry of the step would find
     # nothing left to detach: the phase ends with what it did, and the batches go on.
     made = fill(rows)
-    real = partitioned._DropPhase.drop_due
+    real = partitioned.drop_due
     calls = []
 
     def behind_a_lock_the_first_time(phase, privilege):
@@ -775,7 +775,7 @@ def test_a_drop_phase_that_fails_after_its_detaches_still_counts_them(table, row
                 conn.execute(sa.text(f"SELECT 1 FROM {JUNE} LIMIT 1"))
         return real(phase, privilege)
 
-    monkeypatch.setattr(partitioned._DropPhase, "drop_due", behind_a_lock_the_first_time)
+    monkeypatch.setattr(partitioned, "drop_due", behind_a_lock_the_first_time)
     with dg.instance_for_test() as instance:
         result = run_partition(defs(), instance, PARTITION, job=JOB,
                                run_config=purge_retries(1, asset_key=ASSET_KEY),
@@ -791,7 +791,7 @@ def test_a_stop_request_ends_the_drop_phase_between_lock_attempts(db_url, engine
                                                                    monkeypatch, caplog):
     # A detach waiting on an application's lock retries with pauses of up to seconds: a stop
     # requested meanwhile ends the phase at once, the partition attached and unmarked.
-    monkeypatch.setattr(partitioned, "LOCK_BACKOFF_S", 30)
+    monkeypatch.setattr(partition_phase, "LOCK_BACKOFF_S", 30)
     drop_dev_schema(engine)
     create_partitioned_dev_schema(engine, [month(1, 1), month(2, 1), month(3, 1),
                                            dt.datetime(2027, 1, 1, tzinfo=UTC)])

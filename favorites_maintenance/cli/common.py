@@ -1,0 +1,153 @@
+"""What the commands share: their output and exit, the ``--policy`` and ``-m`` options, and the
+policies of the code location they read."""
+
+from __future__ import annotations
+
+import sys
+
+import click
+import sqlalchemy as sa
+
+from favorites_maintenance.config.deployment import (
+    DeploymentSettings,
+    load_deployment_settings,
+)
+from favorites_maintenance.config.parsers import SettingsError
+
+
+def echo(message: str) -> None:
+    click.echo(message, err=False)
+
+
+def fail(message: str) -> None:
+    click.secho(f"error: {message}", fg="red", err=True)
+    sys.exit(2)
+
+
+def check_deployment_settings() -> DeploymentSettings:
+    """The deployment's settings, or exit naming the variable at fault."""
+    try:
+        return load_deployment_settings()
+    except SettingsError as exc:
+        fail(str(exc))
+
+
+def policy_option(command):
+    return click.option(
+        "--policy", "policy_name", default="guest_favorites", show_default=True,
+        metavar="NAME", help="The retention policy, by the name its defs.yaml gives it "
+             "(favorites_maintenance/defs/<folder>/defs.yaml).",
+    )(command)
+
+
+#: The code location of the commands that read policies (``-m``, else the working folder's
+#: ``[tool.dg]`` project): set by :func:`location_option`.
+_location: dict[str, str | None] = {"module_name": None}
+
+
+def location_option(command):
+    """``-m/--module-name``: the code location whose policies the command reads."""
+    def remember(ctx, param, value):
+        _location["module_name"] = value
+        return value
+
+    return click.option(
+        "-m", "--module-name", default=None, metavar="MODULE", expose_value=False,
+        callback=remember, is_eager=True,
+        help="The code location's module (my_platform.definitions), as Dagster's command line "
+             "takes it; default: the [tool.dg] project of the working folder, else, in its own "
+             "checkout, this package's policies.")(command)
+
+
+def location_tree():
+    """The component tree of the code location the command reads (see
+    :func:`~favorites_maintenance.components.policy_tree.project_tree`); exits naming what
+    to give when there is none."""
+    from favorites_maintenance.components.load_errors import PolicyLoadError
+    from favorites_maintenance.components.policy_tree import project_tree
+
+    try:
+        return project_tree(_location["module_name"])
+    except PolicyLoadError as exc:
+        fail(str(exc))
+
+
+def load_policy(name: str, *, local: bool = False):
+    """The policy ``name`` of ``favorites_maintenance/defs/`` (its settings validated), loaded
+    alone: each broken policy file beside it is named on one line, and the command goes on. Exit
+    with the policy's own error when it is the broken one, or naming the valid ones when there is
+    no such policy. ``local``: also the policy of the second embedded database of ``demo`` and
+    ``dev``."""
+    from favorites_maintenance.components.load_errors import PolicyLoadError
+    from favorites_maintenance.components.policy_tree import (
+        component_tree,
+        load_policies,
+        policy_files,
+    )
+
+    tree = component_tree() if local else location_tree()
+    files = policy_files(tree)
+    policies = {p.name: p for f in files for p in f.policies}
+    if local:
+        from favorites_maintenance.local.second_database import second_tree
+
+        try:
+            policies.update({p.name: p for p in load_policies(second_tree())})
+        except PolicyLoadError as exc:
+            fail(str(exc))
+    broken = [f for f in files if f.error]
+    if name not in policies:
+        own = [f.error for f in broken if _declares(f.path, name)]
+        if own:
+            fail(own[0])
+        fail(f"--policy {name!r}: no such policy; the policies are "
+              f"{', '.join(sorted(policies)) or 'none'} "
+              f"({_shown_folder(tree.defs_module_path)}/<policy>/defs.yaml)"
+              + "".join(f"\n{f.error}" for f in broken))
+    for f in broken:
+        warn_broken(f.error)
+    return policies[name]
+
+
+def _shown_folder(path) -> str:
+    """``path`` relative to the working folder when it is under it."""
+    from pathlib import Path
+
+    try:
+        return str(Path(path).resolve().relative_to(Path.cwd().resolve()))
+    except ValueError:
+        return str(path)
+
+
+def warn_broken(error: str) -> None:
+    """One line about a broken policy file beside the one a command uses."""
+    click.secho(f"warning: {error} (not loaded; the code location does not load until it is "
+                "fixed)", fg="yellow", err=True)
+
+
+def _declares(path, name: str) -> bool:
+    """Whether the policy file ``path`` names its policy ``name`` (or, unnamed, its folder)."""
+    from favorites_maintenance.components.policy_tree import declared_name
+
+    return declared_name(path) == name
+
+
+def prunable_rows_at(policy, partition: str | None, engine: sa.Engine):
+    """What ``policy``'s rule matches for a run of daily ``partition`` now, by the clock of
+    ``engine``'s database server (``None``: a run without a partition), the cutoff as the job
+    computes it; exits naming ``--partition`` when it is not one of the policy's days.
+
+    Raises:
+        ConnectError: the database's clock could not be read.
+    """
+    from favorites_maintenance.pipeline.partitions import policy_partitions
+    from favorites_maintenance.testing import prunable_rows
+
+    days = policy_partitions(policy)
+    if partition is not None and not days.has_partition_key(partition):
+        fail(f"--partition {partition!r} is not a day of policy {policy.name} (YYYY-MM-DD, "
+              f"from {days.get_first_partition_key()} to yesterday)")
+    try:
+        return prunable_rows(policy, partition=partition, database=engine)
+    except ValueError as exc:
+        fail(f"--partition {exc}")
