@@ -5,9 +5,10 @@ N generated policies (:func:`~favorites_maintenance.bench.policies.policy_yaml`,
 on a table of their own) are spread over D databases of the bench's server in turn (policy 1 on
 the first, 2 on the second, ...), each database named by a variable of its own
 (``database_url_env``), each table holding :data:`OLD_ROWS` prunable guest rows and
-:data:`KEPT_ROWS` rows the rule keeps. Their schedules fire every minute (``* * * * *``); a
-schedule's run key is its day, so only the first tick after the daemon starts launches runs:
-N runs at once. The instance is the checkout's ``dagster.yaml`` as deployed (its run queue,
+:data:`KEPT_ROWS` rows the rule keeps. Their schedules fire once a day at one minute, set
+``lead_seconds`` ahead (the daemon must have seen a schedule before its tick), so one tick
+launches N runs at once. (A schedule's run key only dedupes within a tick: a cron of every
+minute would launch the day's run again each minute.) The instance is the checkout's ``dagster.yaml`` as deployed (its run queue,
 the pools at run granularity, the tag limit of one run per database), on a storage database of
 the bench's server, every pool's limit written before the daemon starts
 (:func:`~favorites_maintenance.local.dev.ensure_pool_limits`, as a deployment sets them once).
@@ -37,7 +38,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
 
 import sqlalchemy as sa
@@ -52,6 +53,7 @@ from favorites_maintenance.bench.policies import (
     write_project,
 )
 from favorites_maintenance.bench.server import BenchServer
+from favorites_maintenance.config.policy import DATABASE_TAG
 
 #: Prunable guest rows (older than the retention) and kept rows (fresh guests and old
 #: accounts) of each policy's table.
@@ -59,8 +61,6 @@ OLD_ROWS = 50
 KEPT_ROWS = 20
 #: Run statuses of Dagster that end a run.
 FINISHED = ("SUCCESS", "FAILURE", "CANCELED")
-#: The run tag naming a run's database (the policies' jobs carry it).
-DATABASE_TAG = "favorites_maintenance/database"
 #: The run tag of a scheduled run: the instant its tick was due.
 SCHEDULED_TAG = ".dagster/scheduled_execution_time"
 
@@ -86,12 +86,13 @@ def database_variable(number: int) -> str:
     return f"BENCH_LAUNCH_DB{number}_URL"
 
 
-def launch_policy_yaml(number: int, databases: int) -> str:
+def launch_policy_yaml(number: int, databases: int, tick: dt.datetime) -> str:
     """The ``defs.yaml`` of generated policy ``number``: the guest rule on its own table, on
-    database ``(number - 1) % databases + 1``, its schedule every minute."""
+    database ``(number - 1) % databases + 1``, its schedule daily at ``tick``'s UTC minute."""
     database = database_variable((number - 1) % databases + 1)
+    tick = tick.astimezone(dt.timezone.utc)
     return (policy_yaml(number) + f"  database_url_env: {database}\n"
-            '  cron: "* * * * *"\n')
+            f'  cron: "{tick.minute} {tick.hour} * * *"\n')
 
 
 def create_policy_table(engine: sa.Engine, table: str, now: dt.datetime) -> None:
@@ -116,7 +117,7 @@ def create_policy_table(engine: sa.Engine, table: str, now: dt.datetime) -> None
         conn.execute(target.insert(), rows)
 
 
-def max_overlap(intervals: Iterable[tuple[float, float]]) -> int:
+def max_overlap(intervals: Sequence[tuple[float, float]]) -> int:
     """The most of ``intervals`` (start, end; seconds) open at one instant; one ending when
     another starts does not overlap it."""
     events = sorted([(end, -1) for _, end in intervals] + [(start, 1) for start, _ in intervals])
@@ -153,14 +154,16 @@ def _tick_runs(storage: sa.Engine) -> list[dict]:
 
 
 def _wait_drained(storage: sa.Engine, count: int, processes: list[subprocess.Popen],
-                  timeout: float, logs: list[Path]) -> list[dict]:
+                  tick: dt.datetime, timeout: float, logs: list[Path]) -> list[dict]:
     """Wait until ``count`` runs exist and every one has ended; the runs.
 
     Raises:
-        RuntimeError: a server exited, or the runs had not ended within ``timeout`` seconds.
+        RuntimeError: a server exited, no run came within two minutes of ``tick`` (the daemon
+            saw the schedules after it), or the runs had not ended within ``timeout`` seconds.
     """
     started = time.monotonic()
     while time.monotonic() - started < timeout:
+        late = dt.datetime.now(dt.timezone.utc) - tick > dt.timedelta(minutes=2)
         for process, log in zip(processes, logs):
             if process.poll() is not None:
                 raise RuntimeError(f"{log.stem} exited ({process.returncode}): "
@@ -171,13 +174,16 @@ def _wait_drained(storage: sa.Engine, count: int, processes: list[subprocess.Pop
             runs = []
         if len(runs) >= count and all(r["status"] in FINISHED for r in runs):
             return runs
+        if late and not runs:
+            raise RuntimeError(f"no run came of the tick at {tick.isoformat()}: the daemon "
+                               "saw the schedules after it; give a longer --launch-lead")
         time.sleep(2)
     raise RuntimeError(f"the runs of the tick had not ended after {timeout:.0f} s")
 
 
 def run_launch_bench(server, count: int, databases: int, instance_yaml: Path,
                      out: Path | None = None, echo: Callable[[str], None] = print,
-                     timeout: float = 3600.0) -> dict:
+                     lead_seconds: float = 240.0, timeout: float = 3600.0) -> dict:
     """Measure one tick launching ``count`` generated policies on ``databases`` databases (see
     the module docstring), on the bench's server; write the report to ``out`` (when given)
     and return it. The databases and the temporary project are removed after.
@@ -187,6 +193,9 @@ def run_launch_bench(server, count: int, databases: int, instance_yaml: Path,
         count: policies, at least 1.
         databases: databases the policies are spread over, at least 1.
         instance_yaml: the deployment's ``dagster.yaml`` (the checkout's).
+        lead_seconds: how far ahead the tick is set, seconds: the code server must serve and
+            the daemon see the schedules before it (a schedule fires only after the daemon
+            first saw it).
         timeout: how long the runs may take to drain, seconds.
 
     Raises:
@@ -194,13 +203,14 @@ def run_launch_bench(server, count: int, databases: int, instance_yaml: Path,
             drain within ``timeout`` (with the servers' output).
     """
     from favorites_maintenance.bench.report import write_json
-    from favorites_maintenance.bench.server import engine_on
 
     srv = BenchServer(server)
     names = [f"bench_launch_{n}" for n in range(1, databases + 1)]
     storage_db = "bench_launch_dagster"
     root = Path(tempfile.mkdtemp(prefix="favorites-bench-launch-"))
     now = dt.datetime.now(dt.timezone.utc)
+    # The first whole minute at least lead_seconds ahead.
+    tick = (now + dt.timedelta(seconds=lead_seconds + 59)).replace(second=0, microsecond=0)
     processes: list[subprocess.Popen] = []
     try:
         for db in [*names, storage_db]:
@@ -224,7 +234,7 @@ def run_launch_bench(server, count: int, databases: int, instance_yaml: Path,
             for number in range(1, count + 1):
                 folder = defs / f"policy_{number:05d}"
                 folder.mkdir()
-                (folder / "defs.yaml").write_text(launch_policy_yaml(number, databases))
+                (folder / "defs.yaml").write_text(launch_policy_yaml(number, databases, tick))
                 create_policy_table(engines[(number - 1) % databases],
                                     f"bench.policy_{number:05d}", now)
         finally:
@@ -246,9 +256,13 @@ def run_launch_bench(server, count: int, databases: int, instance_yaml: Path,
         processes.append(_start([str(bin_dir / "dagster-daemon"), "run", "--grpc-port",
                                  str(port), "--grpc-host", "localhost"], env, root, daemon_log))
         echo(f"  code server serving after {serving:.1f} s; the daemon started, waiting for "
-             "the tick and the queue to drain ...")
-        with engine_on(storage_url) as storage:
-            runs = _wait_drained(storage, count, processes, timeout, [server_log, daemon_log])
+             f"the tick at {tick:%H:%M} UTC and the queue to drain ...")
+        storage = sa.create_engine(srv.url(storage_db))  # Dagster's tables, read as they are
+        try:
+            runs = _wait_drained(storage, count, processes, tick, timeout,
+                                 [server_log, daemon_log])
+        finally:
+            storage.dispose()
     finally:
         for process in reversed(processes):
             _stop(process)
