@@ -719,16 +719,20 @@ def _bench_policies(count: int, idle_seconds: float, warmup_seconds: float, out)
     _echo(f"results written to {out}")
 
 
-def _bench_launch(server, count: int, databases: int, out) -> None:
+def _bench_launch(server, count: int, databases: int, lead_seconds: float, out) -> None:
     """The ``launch`` scenario of ``bench``: its figures on the console, its JSON in ``out``;
     fails when a run did not succeed, when two runs of one database overlapped or when a
     table was left with other rows than the rule keeps."""
     from favorites_maintenance.bench.launch import run_launch_bench
-    from favorites_maintenance.local.environment import project_root
+    from favorites_maintenance.local.environment import NotACheckoutError, project_root
 
     try:
-        report = run_launch_bench(server, count, databases, project_root() / "dagster.yaml",
-                                  out=out, echo=_echo)
+        instance_yaml = project_root() / "dagster.yaml"
+    except NotACheckoutError as exc:
+        _fail(f"launch: {exc}; the scenario runs the checkout's dagster.yaml, run it there")
+    try:
+        report = run_launch_bench(server, count, databases, instance_yaml, out=out, echo=_echo,
+                                  lead_seconds=lead_seconds)
     except RuntimeError as exc:
         _fail(f"launch: {exc}")
     _echo(f"results written to {out}")
@@ -782,6 +786,10 @@ def _times(deletes: float, drops: float, better: str, worse: str, same: str) -> 
               type=click.IntRange(min=1), help="Generated policies of the policies scenario.")
 @click.option("--launch-databases", default=3, show_default=True, type=click.IntRange(min=1),
               help="Databases the launch scenario spreads its policies over.")
+@click.option("--launch-lead-seconds", default=240.0, show_default=True,
+              type=click.FloatRange(min=60),
+              help="How far ahead the launch scenario sets its tick: the code server must serve "
+                   "and the daemon see the schedules before it.")
 @click.option("--policies-idle-seconds", default=60.0, show_default=True,
               type=click.FloatRange(min=1),
               help="Window over which the policies scenario reads the idle CPU.")
@@ -805,7 +813,7 @@ def _times(deletes: float, drops: float, better: str, worse: str, same: str) -> 
               help="Data folder of the bench's own server "
                    "[default: .favorites-maintenance/bench/pgdata in the checkout].")
 def bench(rows: int, strategies: str, scenarios: str, policy_count: int, launch_databases: int,
-          policies_idle_seconds: float, policies_warmup_seconds: float, daily_rows: int,
+          launch_lead_seconds: float, policies_idle_seconds: float, policies_warmup_seconds: float, daily_rows: int,
           paced_sleep_ratio: float, idle_seconds: float, repeat: int, out: str,
           pgdata: str | None) -> None:
     """Benchmark the purge (A) against one DELETE (B), Laravel's ctid loop (C), naive SKIP
@@ -845,7 +853,7 @@ def bench(rows: int, strategies: str, scenarios: str, policy_count: int, launch_
     if "launch" in chosen_scenarios:
         chosen_scenarios.remove("launch")
         try:
-            _bench_launch(server, policy_count, launch_databases,
+            _bench_launch(server, policy_count, launch_databases, launch_lead_seconds,
                           Path(out).with_name("launch.json"))
         finally:
             if not chosen_scenarios:

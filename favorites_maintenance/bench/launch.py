@@ -186,7 +186,7 @@ def _wait_drained(storage: sa.Engine, count: int, processes: list[subprocess.Pop
             return runs
         if late and not runs:
             raise RuntimeError(f"no run came of the tick at {tick.isoformat()}: the daemon "
-                               "saw the schedules after it; give a longer --launch-lead")
+                               "saw the schedules after it; give a longer --launch-lead-seconds")
         time.sleep(2)
     raise RuntimeError(f"the runs of the tick had not ended after {timeout:.0f} s")
 
