@@ -8,10 +8,11 @@ the first, 2 on the second, ...), each database named by a variable of its own
 :data:`KEPT_ROWS` rows the rule keeps. Their schedules fire once a day at one minute, set
 ``lead_seconds`` ahead (the daemon must have seen a schedule before its tick), so one tick
 launches N runs at once. (A schedule's run key only dedupes within a tick: a cron of every
-minute would launch the day's run again each minute.) The instance is the checkout's ``dagster.yaml`` as deployed (its run queue,
-the pools at run granularity, the tag limit of one run per database), on a storage database of
-the bench's server, every pool's limit written before the daemon starts
-(:func:`~favorites_maintenance.local.dev.ensure_pool_limits`, as a deployment sets them once).
+minute would launch the day's run again each minute.) The instance is the checkout's
+``dagster.yaml`` as deployed (its run queue, the pools at run granularity, the tag limit of one
+run per database), on a storage database of the bench's server, every pool's limit written
+before the daemon starts (:func:`~favorites_maintenance.local.dev.ensure_pool_limits`, as a
+deployment sets them once).
 A ``dagster code-server start`` and a ``dagster-daemon run`` then run the tick and the queue
 until every run has ended. The scenario reports:
 
