@@ -50,7 +50,9 @@ The package imports no Dagster (``J`` imports it in its own process). Its module
 :mod:`~favorites_maintenance.bench.server` (the bench's own server),
 :mod:`~favorites_maintenance.bench.job` (``J``),
 :mod:`~favorites_maintenance.bench.policies` (the ``policies`` scenario: what N policies cost
-Dagster, no database).
+Dagster, no database),
+:mod:`~favorites_maintenance.bench.launch` (the ``launch`` scenario: one schedule tick starting
+N policies on a few databases under the deployment's run queue).
 """
 
 from __future__ import annotations

@@ -28,9 +28,19 @@ from favorites_maintenance.cli.common import echo, fail
                    "JSON goes to partitioned.json beside --out) and policies (--policies "
                    "generated policies: the code location's build time, its sensors, schedules "
                    "and jobs, one tick of each sensor, the idle CPU of a code server and a "
-                   "daemon; no database; its JSON goes to policies.json beside --out).")
+                   "daemon; no database; its JSON goes to policies.json beside --out) and "
+                   "launch (--policies generated policies on --launch-databases databases, one "
+                   "schedule tick starting them all under dagster.yaml's run queue: the time "
+                   "the queue takes to drain and the most runs of one database at once; its "
+                   "JSON goes to launch.json beside --out).")
 @click.option("--policies", "policy_count", default=100, show_default=True,
               type=click.IntRange(min=1), help="Generated policies of the policies scenario.")
+@click.option("--launch-databases", default=3, show_default=True, type=click.IntRange(min=1),
+              help="Databases the launch scenario spreads its policies over.")
+@click.option("--launch-lead-seconds", default=240.0, show_default=True,
+              type=click.FloatRange(min=60),
+              help="How far ahead the launch scenario sets its tick: the code server must serve "
+                   "and the daemon see the schedules before it.")
 @click.option("--policies-idle-seconds", default=60.0, show_default=True,
               type=click.FloatRange(min=1),
               help="Window over which the policies scenario reads the idle CPU.")
@@ -53,8 +63,8 @@ from favorites_maintenance.cli.common import echo, fail
 @click.option("--pgdata", default=None, type=click.Path(file_okay=False),
               help="Data folder of the bench's own server "
                    "[default: .favorites-maintenance/bench/pgdata in the checkout].")
-def bench(rows: int, strategies: str, scenarios: str, policy_count: int,
-          policies_idle_seconds: float, policies_warmup_seconds: float, daily_rows: int,
+def bench(rows: int, strategies: str, scenarios: str, policy_count: int, launch_databases: int,
+          launch_lead_seconds: float, policies_idle_seconds: float, policies_warmup_seconds: float, daily_rows: int,
           paced_sleep_ratio: float, idle_seconds: float, repeat: int, out: str,
           pgdata: str | None) -> None:
     """Benchmark the purge (A) against one DELETE (B), Laravel's ctid loop (C), naive SKIP
@@ -76,7 +86,7 @@ def bench(rows: int, strategies: str, scenarios: str, policy_count: int,
         fail(f"--strategies: unknown {unknown or strategies!r}; choose from "
               f"{', '.join(bench_mod.STRATEGIES + bench_mod.EXTRA_STRATEGIES)}")
     chosen_scenarios = [s.strip().lower() for s in scenarios.split(",") if s.strip()]
-    known_scenarios = (*bench_mod.SCENARIOS, "partitioned", "policies")
+    known_scenarios = (*bench_mod.SCENARIOS, "partitioned", "policies", "launch")
     if not chosen_scenarios or set(chosen_scenarios) - set(known_scenarios):
         fail(f"--scenarios: unknown {scenarios!r}; choose from {', '.join(known_scenarios)}")
     if "policies" in chosen_scenarios:  # needs no database server
@@ -91,6 +101,16 @@ def bench(rows: int, strategies: str, scenarios: str, policy_count: int,
         fail(f"{exc}; or give --pgdata")
     echo(f"starting the bench's embedded PostgreSQL server ({folder})")
     server = bench_mod.start_server(folder)
+    if "launch" in chosen_scenarios:
+        chosen_scenarios.remove("launch")
+        try:
+            _bench_launch(server, policy_count, launch_databases, launch_lead_seconds,
+                          Path(out).with_name("launch.json"))
+        finally:
+            if not chosen_scenarios:
+                server.stop()
+        if not chosen_scenarios:
+            return
     if "partitioned" in chosen_scenarios:
         chosen_scenarios.remove("partitioned")
         try:
@@ -145,6 +165,32 @@ def _bench_policies(count: int, idle_seconds: float, warmup_seconds: float, out)
     except RuntimeError as exc:
         fail(f"policies: {exc}")
     echo(f"results written to {out}")
+
+
+def _bench_launch(server, count: int, databases: int, lead_seconds: float, out) -> None:
+    """The ``launch`` scenario of ``bench``: its figures on the console, its JSON in ``out``;
+    fails when a run did not succeed, when two runs of one database overlapped or when a
+    table was left with other rows than the rule keeps."""
+    from favorites_maintenance.bench.launch import run_launch_bench
+    from favorites_maintenance.local.environment import NotACheckoutError, project_root
+
+    try:
+        instance_yaml = project_root() / "dagster.yaml"
+    except NotACheckoutError as exc:
+        fail(f"launch: {exc}; the scenario runs the checkout's dagster.yaml, run it there")
+    try:
+        report = run_launch_bench(server, count, databases, instance_yaml, out=out, echo=echo,
+                                  lead_seconds=lead_seconds)
+    except RuntimeError as exc:
+        fail(f"launch: {exc}")
+    echo(f"results written to {out}")
+    if set(report["runs"]) != {"SUCCESS"}:
+        fail(f"launch: not every run succeeded: {report['runs']}")
+    if max(report["max_concurrent_per_database"].values(), default=0) > 1:
+        fail("launch: two runs of one database were in progress at once: "
+             f"{report['max_concurrent_per_database']}")
+    if report["rows_left"] != report["rows_kept"]:
+        fail(f"launch: rows left {report['rows_left']}, the rule keeps {report['rows_kept']}")
 
 
 def _times(deletes: float, drops: float, better: str, worse: str, same: str) -> str:

@@ -175,25 +175,36 @@ def _read_policy_text(filename: str, mtime_ns: int, size: int) -> str:
     return Path(filename).read_text()
 
 
-@functools.lru_cache(maxsize=32)
-def _attributes_at(text: str, line: int) -> tuple[yaml.MappingNode, dict] | None:
-    """The ``attributes`` mapping of the document of ``text`` holding 0-based ``line``: its
-    node, and its values as text (``yaml.BaseLoader``: every scalar a string as written)."""
+#: libyaml's parser when PyYAML has it: the same nodes and marks, parsed in C.
+_BASE_LOADER = getattr(yaml, "CBaseLoader", yaml.BaseLoader)
+
+
+@functools.lru_cache(maxsize=8)
+def _documents(text: str) -> tuple[yaml.Node, ...] | None:
+    """The documents of policy file ``text`` as YAML nodes, parsed once for every setting
+    of every policy in it; ``None`` when it is not YAML."""
     try:
-        nodes = list(yaml.compose_all(text, Loader=yaml.BaseLoader))
-        documents = list(yaml.load_all(text, Loader=yaml.BaseLoader))
+        return tuple(yaml.compose_all(text, Loader=_BASE_LOADER))
     except yaml.YAMLError:
         return None
-    for node, document in zip(nodes, documents):
+
+
+def _attributes_at(text: str, line: int) -> tuple[yaml.MappingNode, dict] | None:
+    """The ``attributes`` mapping of the document of ``text`` holding 0-based ``line``: its
+    node, and its values as text (every scalar a string as written, as ``yaml.BaseLoader``
+    reads it; a key written twice has its last value, as YAML keeps it)."""
+    for node in _documents(text) or ():
         if not node.start_mark.line <= line <= node.end_mark.line:
             continue
-        if not isinstance(node, yaml.MappingNode) or not isinstance(document, dict):
+        if not isinstance(node, yaml.MappingNode):
             return None
-        attributes = next((v for k, v in node.value if k.value == "attributes"), None)
-        values = document.get("attributes")
-        if isinstance(attributes, yaml.MappingNode) and isinstance(values, dict):
-            return attributes, values
-        return None
+        attributes = [v for k, v in node.value
+                      if isinstance(k, yaml.ScalarNode) and k.value == "attributes"]
+        if not attributes or not isinstance(attributes[-1], yaml.MappingNode):
+            return None
+        values = {k.value: v.value if isinstance(v, yaml.ScalarNode) else v
+                  for k, v in attributes[-1].value if isinstance(k, yaml.ScalarNode)}
+        return attributes[-1], values
     return None
 
 

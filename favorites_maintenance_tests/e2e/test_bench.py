@@ -6,6 +6,7 @@ strategy deletes exactly the prunable rows and no account row, in both scenarios
 
 from __future__ import annotations
 
+import datetime as dt
 import json
 import os
 
@@ -166,3 +167,29 @@ def test_the_policies_bench_counts_what_the_definitions_of_its_policies_hold(tmp
     assert report["idle"]["code_server_cpu_s"] >= 0 and report["idle"]["daemon_cpu_s"] >= 0
     assert f"{report['sensors']} sensors, {report['schedules']} schedules" in result.output
     assert not out.exists()  # the other scenarios did not run
+
+
+def test_the_launch_report_counts_the_runs_of_a_database_in_progress_at_once():
+    """The ``launch`` scenario's figures from its runs: a run launched as the one before it
+    ends does not overlap it, two runs of a database in progress together count 2, and the
+    drain runs from the tick to the last run's end."""
+    from favorites_maintenance.bench.launch import KEPT_ROWS, database_variable, launch_report
+
+    tick = dt.datetime(2026, 12, 2, 3, 0, tzinfo=dt.timezone.utc)
+    at = tick.timestamp()
+    first, second = database_variable(1), database_variable(2)
+
+    def run(database, start, end, status="SUCCESS", launched=None):
+        return {"status": status, "launched": at + (start if launched is None else launched),
+                "start_time": at + start, "end_time": at + end, "database": database,
+                "scheduled": tick.isoformat()}
+
+    # In progress from its launch (its run worker starting) to its end.
+    report = launch_report([run(first, 1, 5, launched=0.5), run(first, 5, 9),
+                            run(second, 2, 6), run(second, 4, 8, "FAILURE")], 4, 2,
+                           {first: 2 * KEPT_ROWS, second: 2 * KEPT_ROWS})
+    assert report["max_concurrent_per_database"] == {first: 1, second: 2}
+    assert report["max_concurrent"] == 3  # from 4 to 5 s: one of the first, two of the second
+    assert (report["drain_s"], report["first_launch_s"], report["longest_wait_s"]) == (9, 0.5, 5)
+    assert report["runs"] == {"SUCCESS": 3, "FAILURE": 1}
+    assert report["rows_left"] == report["rows_kept"] == {first: 40, second: 40}

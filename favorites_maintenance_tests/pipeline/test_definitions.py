@@ -235,3 +235,35 @@ def test_one_load_of_the_code_location_reads_each_policy_file_once(monkeypatch):
                      "guest_favorites": 2}  # its group is a literal
     assert {job.name for job in defs.resolve_all_job_defs()} >= {
         "guest_carts_cleanup_job", "guest_orders_cleanup_job", JOB}
+
+
+def test_a_policy_file_is_parsed_once_for_all_the_settings_it_writes(monkeypatch):
+    """Reading settings as written parses the policy's file once, however many settings it
+    writes as literals (each parse a cost per policy in a location's build)."""
+    from collections import Counter
+
+    import yaml
+
+    from favorites_maintenance_tests.helpers.policies import favorites_policy, policy_sandbox
+
+    guest_settings_env(monkeypatch)
+    parses: Counter[str] = Counter()
+    text_loaders = {yaml.BaseLoader, getattr(yaml, "CBaseLoader", yaml.BaseLoader)}
+
+    def counting(parse):
+        def parse_counted(stream, Loader=None):
+            if Loader in text_loaders and "name: many_settings" in str(stream):
+                parses["many_settings"] += 1
+            return parse(stream, Loader=Loader)
+        return parse_counted
+
+    # Six settings written as literals, values no other test writes (nothing parsed before).
+    policy = favorites_policy("many_settings", retention_days=41, batch_size=613,
+                              cron="7 5 * * *", max_pause="PT7M")
+    with policy_sandbox(policy) as sandbox, sandbox.tree() as tree:
+        for name in ("compose_all", "load_all", "compose", "load"):
+            monkeypatch.setattr(yaml, name, counting(getattr(yaml, name)))
+        defs = dg.load_from_defs_folder(path_within_project=tree.defs_module_path)
+        monkeypatch.undo()
+    assert parses == {"many_settings": 1}
+    assert "many_settings_cleanup_job" in {job.name for job in defs.resolve_all_job_defs()}
