@@ -38,10 +38,12 @@ from favorites_maintenance.config.parsers import (
     read_optional,
     validate_cron,
 )
+from favorites_maintenance.retention.batch_loop import PurgeOptions
 from favorites_maintenance.retention.defaults import (
     DEFAULT_MAX_PAUSE,
     DEFAULT_MAX_REPLICATION_LAG_BYTES,
 )
+from favorites_maintenance.retention.health import HealthLimits
 
 # Upper bounds keep every value inside what the arithmetic and the database can hold, and inside
 # what is sensible: a batch is one transaction holding row locks; a run is one daily tick.
@@ -463,6 +465,19 @@ class PolicySettings:
         if "batch_size_max" in self.explicit:
             return BatchSizeMode.CAPPED
         return BatchSizeMode.ADAPTIVE
+
+    def purge_options(self, previous_row_s: float | None = None) -> PurgeOptions:
+        """The purge's options (:class:`~favorites_maintenance.retention.batch_loop.
+        PurgeOptions`) these settings give: the sizes, the time budget, the pacing and the
+        health thresholds; ``previous_row_s`` is the previous run's time per row, seconds
+        (``None``: not known). The options a policy does not set keep their defaults."""
+        return PurgeOptions(
+            batch_size=self.batch_size, max_run_duration=self.max_run_duration,
+            batch_size_max=self.batch_size_max, target_batch_duration=self.target_batch_duration,
+            sleep_ratio=self.sleep_ratio, previous_row_s=previous_row_s,
+            health=HealthLimits(max_replication_lag_bytes=self.max_replication_lag_bytes,
+                                max_wal_bytes_per_second=self.max_wal_bytes_per_second,
+                                max_pause=self.max_pause))
 
     def launched(self, **values: Any) -> PolicySettings:
         """These settings with the run limits a launch set for one run (setting name -> typed

@@ -14,6 +14,11 @@ from favorites_maintenance.config.deployment import require_database_url
 from favorites_maintenance.config.policy import Policy
 from favorites_maintenance.local.dev import seed_progress
 from favorites_maintenance.local.environment import LocalEnvironment
+from favorites_maintenance.local.guest_favorites import (
+    GUEST_FAVORITES,
+    create_dev_schema,
+    drop_dev_schema,
+)
 from favorites_maintenance.local.second_database import local_code_location
 from favorites_maintenance.local.seed import seed_favorites, summarize
 from favorites_maintenance.pipeline.partitions import (
@@ -26,8 +31,7 @@ from favorites_maintenance.retention.backlog import measure_backlog
 from favorites_maintenance.retention.database import create_engine
 from favorites_maintenance.retention.errors import BacklogError, TableShapeError
 from favorites_maintenance.retention.holds import create_hold_table
-from favorites_maintenance.retention.rule import GUEST_FAVORITES, RetentionRule
-from favorites_maintenance.retention.schema import create_dev_schema, drop_dev_schema
+from favorites_maintenance.retention.rule import RetentionRule
 from favorites_maintenance.retention.table_check import check_table
 
 UTC = dt.timezone.utc
@@ -93,7 +97,7 @@ def run_demo(env: LocalEnvironment, *, rows: int, pretend: bool, policy: Policy,
             # The same check of the table the job makes before its first batch.
             with engine.connect() as conn:
                 check_table(conn, policy.rule)
-            prunable = measure_backlog(engine, cutoff, policy.rule)
+            prunable = measure_backlog(engine, policy.rule, cutoff)
         except (TableShapeError, BacklogError) as exc:
             raise DemoError(f"{exc}; demo --policy {policy.name} needs "
                             f"{policy.rule.qualified_name} in the embedded {url.database!r} "

@@ -133,7 +133,7 @@ def build_asset_checks(policy: Policy) -> list[dg.AssetChecksDefinition]:
 
         def overdue_at(limit: dt.datetime) -> Backlog:
             try:
-                return measure_backlog(database.engine, limit, rule)
+                return measure_backlog(database.engine, rule, limit)
             except Exception as exc:
                 name_database(exc, policy)
                 raise

@@ -42,7 +42,7 @@ from dataclasses import dataclass
 import sqlalchemy as sa
 
 from favorites_maintenance.retention.errors import TableShapeError
-from favorites_maintenance.retention.rule import GUEST_FAVORITES, RetentionRule
+from favorites_maintenance.retention.rule import RetentionRule
 
 
 @dataclass(frozen=True)
@@ -89,7 +89,7 @@ def _check_hold_table(conn: sa.Connection, rule: RetentionRule) -> None:
                               column=missing[0])
 
 
-def check_table(conn: sa.Connection, rule: RetentionRule = GUEST_FAVORITES) -> TableFindings:
+def check_table(conn: sa.Connection, rule: RetentionRule) -> TableFindings:
     """Check the table of ``rule`` on ``conn`` (see the module docstring for the rules).
 
     Runs a few catalog reads in the connection's current transaction; deletes nothing.

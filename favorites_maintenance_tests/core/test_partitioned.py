@@ -14,8 +14,8 @@ from favorites_maintenance.retention.partitioned import (
     drop_expired_partitions,
     leaf_partitions,
 )
-from favorites_maintenance.retention.rule import GUEST_FAVORITES
-from favorites_maintenance.retention.schema import (
+from favorites_maintenance.local.guest_favorites import GUEST_FAVORITES
+from favorites_maintenance.local.guest_favorites import (
     create_partitioned_dev_schema,
     drop_dev_schema,
     month_starts,
