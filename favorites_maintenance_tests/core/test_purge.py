@@ -223,14 +223,6 @@ def test_session_time_zone_does_not_change_what_is_deleted(db_url, rows):
     assert rows.ids() == keep
 
 
-@pytest.mark.parametrize("kwargs", [{"batch_size": 0}, {"max_run_duration": dt.timedelta(0)}])
-def test_invalid_arguments_are_refused_before_any_delete(engine, rows, kwargs):
-    rows.add(updated_at=OLD)
-    with pytest.raises(ValueError):
-        run(engine, **kwargs)
-    assert rows.count() == 1
-
-
 def partition_by_updated_at(engine, boundary: str) -> None:
     """Make favorites.favorites a table partitioned by ``updated_at``: before and from
     ``boundary`` (an ISO date), keyed by ``(id, updated_at)``."""
