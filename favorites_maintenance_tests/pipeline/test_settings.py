@@ -19,6 +19,7 @@ import pytest
 from dagster._utils.schedules import is_valid_cron_string
 
 from favorites_maintenance.components.policy_tree import PolicyLoadError, load_policies
+from favorites_maintenance.components.retention_policy import RetentionPolicy
 from favorites_maintenance.config.deployment import load_deployment_settings
 from favorites_maintenance.config.parsers import SettingsError, validate_cron
 from favorites_maintenance.config.policy_settings import PolicySettings, markdown_table
@@ -337,6 +338,12 @@ def test_the_readme_table_of_policy_settings_is_the_declared_one():
                       re.S)
     assert found, "README.md has no table between <!-- policy-settings --> markers"
     assert found[1].strip() == markdown_table()
+
+
+def test_every_field_of_the_policy_files_schema_says_what_it_means():
+    schema = RetentionPolicy.get_model_cls().model_json_schema()["properties"]
+    assert {"metrics_prefix", "archive_table", "null_columns"} <= set(schema)
+    assert [name for name, field in schema.items() if not field.get("description")] == []
 
 
 @pytest.mark.parametrize("written, comparison", [
