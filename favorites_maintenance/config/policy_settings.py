@@ -449,13 +449,12 @@ class PolicySettings:
     def __post_init__(self):
         object.__setattr__(self, "explicit", frozenset(self.explicit))
         # Unset, the max is batch_size when that was set (an explicit size is the bound), else
-        # the default max, or the first batch's size when that is larger.
+        # the default max, or the first batch's size when that is larger. A max set below
+        # batch_size is refused by parse_policy_settings.
         if self.batch_size_max is None:
             largest = (self.batch_size if "batch_size" in self.explicit
                        else max(DEFAULT_BATCH_SIZE_MAX, self.batch_size))
             object.__setattr__(self, "batch_size_max", largest)
-        elif self.batch_size_max < self.batch_size:
-            object.__setattr__(self, "batch_size_max", self.batch_size)
 
     @property
     def batch_size_mode(self) -> BatchSizeMode:

@@ -159,9 +159,15 @@ def _above_cap(value: float, policies: Sequence[Policy]) -> str:
 
 
 def _capped_below(value: Any, policies: Sequence[Policy]) -> list[Policy]:
-    """The policies whose explicit ``batch_size_max`` is below a launch's ``batch_size``."""
-    return [p for p in policies if _is_number(value) and "batch_size_max" in p.settings.explicit
-            and value > p.settings.batch_size_max]
+    """The policies whose settings refuse a launch's ``batch_size`` of ``value`` rows (the rule
+    is :meth:`~favorites_maintenance.config.policy_settings.PolicySettings.launched`'s)."""
+    refused = []
+    for policy in policies if _is_number(value) else ():
+        try:
+            policy.settings.launched(batch_size=value)
+        except ValueError:
+            refused.append(policy)
+    return refused
 
 
 def _refuse(message: str, config: Any) -> dg.DagsterInvalidConfigError:
