@@ -11,7 +11,9 @@ Everything else derives from that declaration:
   ``favorites_maintenance_<policy>_run_limits`` resource);
 - the configuration table of the README (:func:`markdown_table`; a test keeps them equal).
 
-Adding a policy setting is one :func:`setting` field here plus its use.
+Adding a policy setting is one :func:`setting` field here plus its use; a setting of the purge
+is used as a field of :class:`~favorites_maintenance.retention.batch_loop.PurgeOptions`,
+which :meth:`PolicySettings.purge_options` fills.
 
 This module imports no Dagster.
 """
@@ -467,16 +469,17 @@ class PolicySettings:
 
     def purge_options(self, previous_row_s: float | None = None) -> PurgeOptions:
         """The purge's options (:class:`~favorites_maintenance.retention.batch_loop.
-        PurgeOptions`) these settings give: the sizes, the time budget, the pacing and the
-        health thresholds; ``previous_row_s`` is the previous run's time per row, seconds
-        (``None``: not known). The options a policy does not set keep their defaults."""
-        return PurgeOptions(
-            batch_size=self.batch_size, max_run_duration=self.max_run_duration,
-            batch_size_max=self.batch_size_max, target_batch_duration=self.target_batch_duration,
-            sleep_ratio=self.sleep_ratio, previous_row_s=previous_row_s,
-            health=HealthLimits(max_replication_lag_bytes=self.max_replication_lag_bytes,
-                                max_wal_bytes_per_second=self.max_wal_bytes_per_second,
-                                max_pause=self.max_pause))
+        PurgeOptions`, its health thresholds a :class:`~favorites_maintenance.retention.health.
+        HealthLimits`): each field named like a setting takes the setting's value, the others
+        keep their defaults. ``previous_row_s`` is the previous run's time per row, seconds
+        (``None``: not known)."""
+        return PurgeOptions(**self._same_names(PurgeOptions), previous_row_s=previous_row_s,
+                            health=HealthLimits(**self._same_names(HealthLimits)))
+
+    def _same_names(self, options: type) -> dict[str, Any]:
+        """Setting name -> value, for the settings ``options`` (a dataclass) has a field of."""
+        return {f.name: getattr(self, f.name) for f in dataclasses.fields(options)
+                if f.name in SETTINGS}
 
     def launched(self, **values: Any) -> PolicySettings:
         """These settings with the run limits a launch set for one run (setting name -> typed
