@@ -53,6 +53,22 @@ class DemoError(Exception):
     """The demo could not run or its run failed; the message says why, in one line."""
 
 
+def _seed(engine: sa.Engine, policy: Policy, rows: int, echo: Callable[[str], None]):
+    """Recreate the dev table (and the policy's hold table) and seed ``rows`` rows over three
+    years; return the seed's summary (rows, guest rows, account rows)."""
+    echo(f"recreating favorites.favorites and seeding {rows:,} rows over three years ...")
+    t0 = time.monotonic()
+    drop_dev_schema(engine)
+    create_dev_schema(engine)
+    if policy.rule.hold is not None:  # it went with the schema
+        create_hold_table(engine, policy.rule.hold.qualified_name)
+    before = seed_favorites(engine, rows, now=dt.datetime.now(UTC),
+                            on_progress=seed_progress(rows, echo))
+    echo(f"  seeded in {time.monotonic() - t0:.1f} s: {before.rows:,} rows, "
+         f"{before.guest_rows:,} guest, {before.account_rows:,} account")
+    return before
+
+
 def run_demo(env: LocalEnvironment, *, rows: int, pretend: bool, policy: Policy,
              echo: Callable[[str], None]) -> None:
     """Seed (guest favorites only), count, run the policy's job once through Dagster on
@@ -78,16 +94,7 @@ def run_demo(env: LocalEnvironment, *, rows: int, pretend: bool, policy: Policy,
     engine = create_engine(url)
     try:
         if seeded:
-            echo(f"recreating favorites.favorites and seeding {rows:,} rows over three years ...")
-            t0 = time.monotonic()
-            drop_dev_schema(engine)
-            create_dev_schema(engine)
-            if policy.rule.hold is not None:  # it went with the schema
-                create_hold_table(engine, policy.rule.hold.qualified_name)
-            before = seed_favorites(engine, rows, now=dt.datetime.now(UTC),
-                                    on_progress=seed_progress(rows, echo))
-            echo(f"  seeded in {time.monotonic() - t0:.1f} s: {before.rows:,} rows, "
-                  f"{before.guest_rows:,} guest, {before.account_rows:,} account")
+            before = _seed(engine, policy, rows, echo)
         else:
             echo(f"policy {policy.name}: {policy.rule.qualified_name} is used as it is "
                   "(only favorites.favorites has a dev table to seed)")

@@ -188,9 +188,14 @@ def build_asset_checks(policy: Policy) -> list[dg.AssetChecksDefinition]:
     checks = [overdue_rows, deleted_total_spike, no_rows_skipped]
     if rule.hold is not None:
         checks.append(_held_rows_check(policy, asset_key))
-    if policy.archive_table is None:
-        return checks
+    if policy.archive_table is not None:
+        checks.append(_archive_check(policy, asset_key))
+    return checks
 
+
+def _archive_check(policy: Policy, asset_key: dg.AssetKey) -> dg.AssetChecksDefinition:
+    """The check of a policy with an ``archive_table``: no archived row is past the archive's
+    retention."""
     days = policy.settings.archive_retention_days
 
     @dg.asset_check(
@@ -211,7 +216,7 @@ def build_asset_checks(policy: Policy) -> list[dg.AssetChecksDefinition]:
                                                                      days)
         yield from _outcome(context, asset_key, ARCHIVE_CHECK, results)
 
-    return [*checks, archive_within_retention]
+    return archive_within_retention
 
 
 def _held_rows_check(policy: Policy, asset_key: dg.AssetKey) -> dg.AssetChecksDefinition:
