@@ -15,8 +15,8 @@ import pytest
 import sqlalchemy as sa
 
 from favorites_maintenance.local.embedded import EmbeddedPostgres
+from favorites_maintenance.local.guest_favorites import create_dev_schema, dev_favorites
 from favorites_maintenance.retention.database import create_engine
-from favorites_maintenance.retention.schema import create_dev_schema, dev_favorites
 
 UTC = dt.timezone.utc
 _counter = itertools.count()

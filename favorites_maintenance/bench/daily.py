@@ -45,16 +45,17 @@ def prepare_daily(srv: BenchServer, cfg: BenchConfig, db: str, cutoff: dt.dateti
     else:
         counts = seed_template(srv, db, cfg.daily_rows, cfg.seed)
     from favorites_maintenance.bench.server import engine_on
+    from favorites_maintenance.local.guest_favorites import GUEST_FAVORITES
+    from favorites_maintenance.retention.batch_loop import PurgeOptions
     from favorites_maintenance.retention.purge import purge
-    from favorites_maintenance.retention.rule import delete_prunable
 
     with engine_on(srv.url(db)) as engine:
-        cleared = purge(engine, cutoff, batch_size=cfg.batch_size,
-                        batch_size_max=DEFAULT_BATCH_SIZE_MAX,
-                        target_batch_duration=DEFAULT_TARGET_BATCH_DURATION,
-                        max_run_duration=cfg.max_run_duration)
+        cleared = purge(engine, GUEST_FAVORITES, cutoff, PurgeOptions(
+            batch_size=cfg.batch_size, batch_size_max=DEFAULT_BATCH_SIZE_MAX,
+            target_batch_duration=DEFAULT_TARGET_BATCH_DURATION,
+            max_run_duration=cfg.max_run_duration))
         with engine.begin() as conn:  # what the time budget may have left
-            conn.execute(delete_prunable(cutoff))
+            conn.execute(GUEST_FAVORITES.delete_prunable(cutoff))
         with engine.connect().execution_options(isolation_level="AUTOCOMMIT") as conn:
             conn.exec_driver_sql("VACUUM (FREEZE, ANALYZE) favorites.favorites")
     return {**counts, "previous_row_s": cleared.row_s}

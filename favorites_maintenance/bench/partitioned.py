@@ -62,7 +62,7 @@ def _months_back(end: dt.datetime, months: int) -> dt.datetime:
 def seed_partitioned(srv: BenchServer, db: str, rows: int, cutoff: dt.datetime) -> dict:
     """Create database ``db`` holding the partitioned data set (see the module), vacuumed,
     frozen and analysed; returns its figures (rows, prunable, accounts, partitions, bytes)."""
-    from favorites_maintenance.retention.schema import (
+    from favorites_maintenance.local.guest_favorites import (
         create_partitioned_dev_schema,
         month_starts,
     )
@@ -107,8 +107,9 @@ def _run(srv: BenchServer, db: str, strategy: str, cutoff: dt.datetime) -> dict:
         DEFAULT_TARGET_BATCH_DURATION,
     )
     from favorites_maintenance.retention.partitioned import drop_expired_partitions
+    from favorites_maintenance.local.guest_favorites import GUEST_FAVORITES
+    from favorites_maintenance.retention.batch_loop import PurgeOptions
     from favorites_maintenance.retention.purge import purge
-    from favorites_maintenance.retention.rule import GUEST_FAVORITES
 
     srv.execute("CHECKPOINT")
     figures: dict = {"strategy": strategy}
@@ -127,10 +128,10 @@ def _run(srv: BenchServer, db: str, strategy: str, cutoff: dt.datetime) -> dict:
             figures["partitions_detached"] = len(detached.detached)
             figures["partitions_dropped"] = len(dropped.dropped)
             removed += detached.rows_removed
-        report = purge(engine, cutoff, batch_size=DEFAULT_BATCH_SIZE,
-                       max_run_duration=dt.timedelta(hours=4),
-                       batch_size_max=DEFAULT_BATCH_SIZE_MAX,
-                       target_batch_duration=DEFAULT_TARGET_BATCH_DURATION)
+        report = purge(engine, GUEST_FAVORITES, cutoff, PurgeOptions(
+            batch_size=DEFAULT_BATCH_SIZE, max_run_duration=dt.timedelta(hours=4),
+            batch_size_max=DEFAULT_BATCH_SIZE_MAX,
+            target_batch_duration=DEFAULT_TARGET_BATCH_DURATION))
         figures["seconds"] = round(time.monotonic() - t, 2)
         figures["wal_bytes"] = srv.wal_diff(lsn, srv.lsn())
         figures["rows_removed"] = removed + report.deleted_total

@@ -17,7 +17,7 @@ from favorites_maintenance.config.policy_settings import (
     DEFAULT_BATCH_SIZE_MAX,
     DEFAULT_TARGET_BATCH_DURATION,
 )
-from favorites_maintenance.retention.rule import delete_prunable
+from favorites_maintenance.local.guest_favorites import GUEST_FAVORITES
 
 #: ``A_paced``: A with ``sleep_ratio`` set (the bench's ``paced_sleep_ratio``) and an explicit
 #: batch size.
@@ -79,9 +79,9 @@ def _purge_a(strategy: str, engine: sa.Engine, url: str, cutoff: dt.datetime, ba
     from favorites_maintenance.retention.archive import ArchiveTarget
     from favorites_maintenance.retention.health import HealthLimits
     from favorites_maintenance.retention.holds import HoldTable
+    from favorites_maintenance.retention.batch_loop import PurgeOptions
     from favorites_maintenance.retention.purge import purge
     from favorites_maintenance.retention.scan import ScanMode
-    from favorites_maintenance.retention.rule import GUEST_FAVORITES
 
     # As the job calls it at the default settings (batch size mode adaptive: from batch_size
     # up to the default max); A_fixed as it does with FAVORITES_GUEST_RETENTION_BATCH_SIZE set
@@ -90,22 +90,20 @@ def _purge_a(strategy: str, engine: sa.Engine, url: str, cutoff: dt.datetime, ba
     largest = batch_size if strategy in ("A_fixed", "A_paced") else DEFAULT_BATCH_SIZE_MAX
     adaptive = {"batch_size_max": largest, "target_batch_duration": DEFAULT_TARGET_BATCH_DURATION,
                 "health": HealthLimits()}
-    report = purge(engine, cutoff, batch_size=batch_size,
-                   max_run_duration=dt.timedelta(seconds=max_run_s),
-                   should_stop=lambda: False,
+    rule = (GUEST_FAVORITES.with_hold(HoldTable.define(HOLD_TABLE, "id", HOLD_POLICY))
+            if strategy == "A_held" else GUEST_FAVORITES)
+    settings = PurgeOptions(
+        batch_size=batch_size, max_run_duration=dt.timedelta(seconds=max_run_s),
+        **({"synchronous_commit": True} if strategy == "A_durable" else {}),
+        **({"optimistic": False} if strategy == "A_lock_first" else {}),
+        **({"scan": ScanMode.KEYSET} if strategy == "A_keyset" else {}),
+        **({"scan": ScanMode.PAGE_ORDER} if strategy == "A_page" else {}),
+        **({"sleep_ratio": options["sleep_ratio"]} if strategy == "A_paced" else {}),
+        previous_row_s=options.get("previous_row_s"), **adaptive)
+    report = purge(engine, rule, cutoff, settings,
                    on_batch=lambda b: batches.add(b.duration_s, b.deleted),
-                   **({"synchronous_commit": True} if strategy == "A_durable" else {}),
-                   **({"optimistic": False} if strategy == "A_lock_first" else {}),
-                   **({"archive": ArchiveTarget(ARCHIVE_TABLE, "bench", "bench-run")}
-                      if strategy == "A_archive" else {}),
-                   **({"scan": ScanMode.KEYSET} if strategy == "A_keyset" else {}),
-                   **({"scan": ScanMode.PAGE_ORDER} if strategy == "A_page" else {}),
-                   **({"sleep_ratio": options["sleep_ratio"]} if strategy == "A_paced" else {}),
-                   **({"rule": GUEST_FAVORITES.with_hold(
-                       HoldTable.define(HOLD_TABLE, "id", HOLD_POLICY))}
-                      if strategy == "A_held" else {}),
-                   previous_row_s=options.get("previous_row_s"),
-                   **adaptive)
+                   archive=(ArchiveTarget(ARCHIVE_TABLE, "bench", "bench-run")
+                            if strategy == "A_archive" else None))
     extra = {"batch_size_max": report.batch_size_max, "paused_ms": report.paused_ms,
              "paced_ms": report.paced_ms, "scan_mode": report.scan_mode,
              "scan_reason": report.scan_reason}
@@ -138,7 +136,7 @@ def _one_delete_b(strategy, engine, url, cutoff, batch_size, max_run_s, batches,
     with engine.begin() as conn:
         if strategy == "B_index":
             conn.exec_driver_sql("SET LOCAL enable_seqscan = off")
-        deleted = conn.execute(delete_prunable(cutoff)).rowcount
+        deleted = conn.execute(GUEST_FAVORITES.delete_prunable(cutoff)).rowcount
     batches.add(time.monotonic() - t, deleted)
     return deleted, "done", {}
 

@@ -28,7 +28,7 @@ _TOUCH = ("UPDATE favorites.favorites SET updated_at = now(), item_id = item_id 
 
 def seed_template(srv: BenchServer, db: str, rows: int, seed: float) -> dict:
     """Create database ``db`` holding the seeded dev table, vacuumed, frozen and analysed."""
-    from favorites_maintenance.retention.schema import create_dev_schema
+    from favorites_maintenance.local.guest_favorites import create_dev_schema
     from favorites_maintenance.local.seed import seed_favorites
 
     srv.drop(db)

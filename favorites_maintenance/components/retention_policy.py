@@ -71,7 +71,7 @@ from favorites_maintenance.config.deployment import (
     load_deployment_settings,
 )
 from favorites_maintenance.config.parsers import SettingsError, iso_duration
-from favorites_maintenance.config.policy import Policy, PolicyError
+from favorites_maintenance.config.policy import NAMED_FIELDS, Policy, PolicyError
 from favorites_maintenance.config.policy_settings import (
     SETTINGS,
     default_of,
@@ -234,8 +234,13 @@ def _rendered(context: dg.ResolutionContext, raw: Any) -> Any:
     return raw
 
 
-def _rule_field(field_type: Any) -> dg.Resolver:
-    return dg.Resolver(_rendered, model_field_type=field_type, inject_before_resolve=False)
+def _rule_field(field_type: Any, description: str | None = None) -> dg.Resolver:
+    return dg.Resolver(_rendered, model_field_type=field_type, inject_before_resolve=False,
+                       description=description)
+
+
+_NULL_COLUMNS = ("required: the guard, columns that must all be NULL for a row to be prunable; "
+                 "[] on purpose for a rule with no guard")
 
 
 class _RuleFields(dg.Model):
@@ -249,24 +254,25 @@ class _RuleFields(dg.Model):
     age_column: Annotated[str, _rule_field(str)] = Field(
         description="timestamptz column compared with the cutoff")
     # Optional in the schema only so that leaving it out gets a message of its own (below).
-    null_columns: Annotated[list[str] | None, _rule_field(list[str] | None)] = Field(
-        default=None, description="required: the guard, columns that must all be NULL for a "
-        "row to be prunable; [] on purpose for a rule with no guard")
-    metrics_prefix: Annotated[str | None, _rule_field(str | None)] = Field(
-        default=None, description="start of the Prometheus gauges' names (default "
-        "<name>_cleanup)")
-    database_url_env: Annotated[str | None, dg.Resolver(
-        _as_text, model_field_type=str | None, inject_before_resolve=False,
-        description="the environment variable holding the SQLAlchemy URL of the policy's "
-                    "database, by name (default FAVORITES_DATABASE_URL)")] = Field(default=None)
-    archive_table: Annotated[str | None, _rule_field(str | None)] = Field(
-        default=None, description="optional schema.table the purge moves deleted rows into "
-        "(same database), kept archive_retention_days; unset: rows are deleted, no archive")
+    null_columns: Annotated[list[str] | None, _rule_field(
+        list[str] | None, _NULL_COLUMNS)] = Field(default=None, description=_NULL_COLUMNS)
 
 
-#: The optional setting fields after the rule's, one per :class:`PolicySettings` field.
+def _named_field(name: str) -> tuple[Any, Any]:
+    """The optional schema field of a :class:`Policy` field that is not a setting."""
+    declared = NAMED_FIELDS[name]
+    # The resolver's description is the one the schema Dagster builds shows.
+    resolver = dg.Resolver(_as_text if declared["as_written"] else _rendered,
+                           model_field_type=str | None, inject_before_resolve=False,
+                           description=declared["description"])
+    return Annotated[str | None, resolver], Field(default=None)
+
+
+#: After the rule's fields, the policy's other names (:data:`NAMED_FIELDS`), then one optional
+#: field per :class:`PolicySettings` field.
 _PolicyFields = pydantic.create_model(
-    "PolicyFields", __base__=_RuleFields, **{name: _setting_field(name) for name in SETTINGS})
+    "PolicyFields", __base__=_RuleFields, **{name: _named_field(name) for name in NAMED_FIELDS},
+    **{name: _setting_field(name) for name in SETTINGS})
 
 
 #: The rule's fields, which every policy file writes (the scaffold with placeholders).
@@ -415,15 +421,9 @@ class RetentionPolicy(dg.Component, dg.Resolvable, _PolicyFields):
         null_columns: the guard; a row is deleted only while all of them are NULL. ``[]``,
             written on purpose, is a rule with no guard: every row whose ``age_column`` is
             before the cutoff is deleted, whoever owns it. Left out: refused.
-        metrics_prefix: snake_case start of the names of the gauges each run pushes to a
-            Prometheus Pushgateway (docs/metrics.md); default ``<name>_cleanup``.
-        database_url_env: the name of the environment variable holding the SQLAlchemy URL of
-            the policy's database (default ``FAVORITES_DATABASE_URL``); the URL itself never
-            appears in the YAML. Policies naming one variable share its resource and its
-            concurrency pool (README, "Adding a retention policy").
-        archive_table: optional ``schema.table`` in the same database that each batch moves
-            its rows into, kept ``archive_retention_days`` days, and the job
-            ``restore_<name>_job`` that moves them back (docs/archive.md). Unset: no archive.
+        (names): ``metrics_prefix``, ``database_url_env``, ``archive_table``, see
+            :data:`~favorites_maintenance.config.policy.NAMED_FIELDS` (README, "Adding a
+            retention policy").
         (settings): one optional field per policy setting, see
             :class:`~favorites_maintenance.config.policy_settings.PolicySettings` (README,
             "Configuration").
@@ -499,10 +499,8 @@ class RetentionPolicy(dg.Component, dg.Resolvable, _PolicyFields):
         settings = parse_policy_settings(
             {name: value.text for name, value in given.items() if value.text is not None},
             {name: labels.get(name, f"policy {self.name}, {name}") for name in SETTINGS})
-        return Policy(self.name, rule, settings, labels=labels,
-                      metrics_prefix=self.metrics_prefix, archive_table=self.archive_table,
-                      **({"database_url_env": self.database_url_env}
-                         if self.database_url_env is not None else {}))
+        return Policy(self.name, rule, settings, labels=labels, **{
+            name: value for name in NAMED_FIELDS if (value := getattr(self, name)) is not None})
 
     def build_defs(self, context: dg.ComponentLoadContext) -> dg.Definitions:
         """The policy's asset and checks, job, schedule, and the resources they use, under the

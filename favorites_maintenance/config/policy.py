@@ -42,6 +42,7 @@ from __future__ import annotations
 import dataclasses
 import re
 from dataclasses import dataclass, field
+from typing import Any
 
 from favorites_maintenance.config.names import PolicyNames
 from favorites_maintenance.config.policy_settings import PolicySettings
@@ -97,6 +98,15 @@ def database_group(variable: str) -> str:
     return variable.lower().removesuffix("_database_url")
 
 
+def named_field(default: str | None, description: str, *, as_written: bool = False) -> Any:
+    """A :class:`Policy` field that is not a setting (a name the policy file writes), declared
+    with what it means: the component's schema takes its description from here.
+    ``as_written``: the component takes the value as written, never rendering a template (a
+    variable's name, whose value may be a URL)."""
+    return field(default=default, metadata={"description": description,
+                                            "as_written": as_written})
+
+
 class PolicyError(ValueError):
     """A policy is malformed. The message names the policy, the field and the value at fault.
 
@@ -122,13 +132,9 @@ class Policy:
         labels: field of
             :class:`~favorites_maintenance.config.policy_settings.PolicySettings` -> what
             messages call it (the variable it was read from, or ``policy P, field F``).
-        metrics_prefix: what the names of the policy's Prometheus gauges start with
-            (``<metrics_prefix>_deleted_rows``, ...); ``None`` (the default) is ``<name>_cleanup``.
-        database_url_env: the environment variable holding the SQLAlchemy URL of the policy's
-            database (its name, never the URL); default ``FAVORITES_DATABASE_URL``.
-        archive_table: ``schema.table`` its purge moves the deleted rows into, in the same
-            database, kept ``settings.archive_retention_days`` days (docs/archive.md);
-            ``None`` (the default): rows are deleted, with no archive and no restore.
+        metrics_prefix, database_url_env, archive_table: the policy's fields that are not
+            settings, each described by its declaration below (:data:`NAMED_FIELDS`), which
+            the component's schema shows as written.
 
     Raises:
         PolicyError: ``name`` is not snake_case or is too long; ``metrics_prefix`` is not
@@ -149,9 +155,14 @@ class Policy:
     rule: RetentionRule
     settings: PolicySettings = field(default_factory=PolicySettings)
     labels: dict[str, str] = field(default_factory=dict, compare=False)
-    metrics_prefix: str | None = None
-    database_url_env: str = DATABASE_URL_VAR
-    archive_table: str | None = None
+    metrics_prefix: str | None = named_field(
+        None, "start of the Prometheus gauges' names (default <name>_cleanup)")
+    database_url_env: str = named_field(
+        DATABASE_URL_VAR, "the environment variable holding the SQLAlchemy URL of the policy's "
+        "database, by name (default FAVORITES_DATABASE_URL)", as_written=True)
+    archive_table: str | None = named_field(
+        None, "optional schema.table the purge moves deleted rows into (same database), kept "
+        "archive_retention_days; unset: rows are deleted, no archive")
 
     def __post_init__(self):
         if self.rule.cutoff_inclusive != self.settings.cutoff_inclusive:
@@ -300,3 +311,9 @@ class Policy:
     @property
     def schedule_name(self) -> str:
         return f"{self.cleanup}_schedule"
+
+
+#: The fields of a :class:`Policy` that are not settings, each a policy file's optional
+#: attribute: name -> its declaration's metadata (``description``, ``as_written``).
+NAMED_FIELDS: dict[str, dict[str, Any]] = {
+    f.name: dict(f.metadata) for f in dataclasses.fields(Policy) if "description" in f.metadata}

@@ -11,7 +11,9 @@ Everything else derives from that declaration:
   ``favorites_maintenance_<policy>_run_limits`` resource);
 - the configuration table of the README (:func:`markdown_table`; a test keeps them equal).
 
-Adding a policy setting is one :func:`setting` field here plus its use.
+Adding a policy setting is one :func:`setting` field here plus its use; a setting of the purge
+is used as a field of :class:`~favorites_maintenance.retention.batch_loop.PurgeOptions`,
+which :meth:`PolicySettings.purge_options` fills.
 
 This module imports no Dagster.
 """
@@ -39,10 +41,12 @@ from favorites_maintenance.config.parsers import (
     read_optional,
     validate_cron,
 )
+from favorites_maintenance.retention.batch_loop import PurgeOptions
 from favorites_maintenance.retention.defaults import (
     DEFAULT_MAX_PAUSE,
     DEFAULT_MAX_REPLICATION_LAG_BYTES,
 )
+from favorites_maintenance.retention.health import HealthLimits
 
 # Upper bounds keep every value inside what the arithmetic and the database can hold, and inside
 # what is sensible: a batch is one transaction holding row locks; a run is one daily tick.
@@ -454,13 +458,12 @@ class PolicySettings:
     def __post_init__(self):
         object.__setattr__(self, "explicit", frozenset(self.explicit))
         # Unset, the max is batch_size when that was set (an explicit size is the bound), else
-        # the default max, or the first batch's size when that is larger.
+        # the default max, or the first batch's size when that is larger. A max set below
+        # batch_size is refused by parse_policy_settings.
         if self.batch_size_max is None:
             largest = (self.batch_size if "batch_size" in self.explicit
                        else max(DEFAULT_BATCH_SIZE_MAX, self.batch_size))
             object.__setattr__(self, "batch_size_max", largest)
-        elif self.batch_size_max < self.batch_size:
-            object.__setattr__(self, "batch_size_max", self.batch_size)
 
     @property
     def batch_size_mode(self) -> BatchSizeMode:
@@ -470,6 +473,20 @@ class PolicySettings:
         if "batch_size_max" in self.explicit:
             return BatchSizeMode.CAPPED
         return BatchSizeMode.ADAPTIVE
+
+    def purge_options(self, previous_row_s: float | None = None) -> PurgeOptions:
+        """The purge's options (:class:`~favorites_maintenance.retention.batch_loop.
+        PurgeOptions`, its health thresholds a :class:`~favorites_maintenance.retention.health.
+        HealthLimits`): each field named like a setting takes the setting's value, the others
+        keep their defaults. ``previous_row_s`` is the previous run's time per row, seconds
+        (``None``: not known)."""
+        return PurgeOptions(**self._same_names(PurgeOptions), previous_row_s=previous_row_s,
+                            health=HealthLimits(**self._same_names(HealthLimits)))
+
+    def _same_names(self, options: type) -> dict[str, Any]:
+        """Setting name -> value, for the settings ``options`` (a dataclass) has a field of."""
+        return {f.name: getattr(self, f.name) for f in dataclasses.fields(options)
+                if f.name in SETTINGS}
 
     def launched(self, **values: Any) -> PolicySettings:
         """These settings with the run limits a launch set for one run (setting name -> typed

@@ -14,6 +14,11 @@ from favorites_maintenance.config.deployment import require_database_url
 from favorites_maintenance.config.policy import Policy
 from favorites_maintenance.local.dev import seed_progress
 from favorites_maintenance.local.environment import LocalEnvironment
+from favorites_maintenance.local.guest_favorites import (
+    GUEST_FAVORITES,
+    create_dev_schema,
+    drop_dev_schema,
+)
 from favorites_maintenance.local.second_database import local_code_location
 from favorites_maintenance.local.seed import seed_favorites, summarize
 from favorites_maintenance.pipeline.partitions import (
@@ -26,8 +31,7 @@ from favorites_maintenance.retention.backlog import measure_backlog
 from favorites_maintenance.retention.database import create_engine
 from favorites_maintenance.retention.errors import BacklogError, TableShapeError
 from favorites_maintenance.retention.holds import create_hold_table
-from favorites_maintenance.retention.rule import GUEST_FAVORITES, RetentionRule
-from favorites_maintenance.retention.schema import create_dev_schema, drop_dev_schema
+from favorites_maintenance.retention.rule import RetentionRule
 from favorites_maintenance.retention.table_check import check_table
 
 UTC = dt.timezone.utc
@@ -47,6 +51,22 @@ def guard_counts(engine: sa.Engine, rule: RetentionRule) -> tuple[int, int]:
 
 class DemoError(Exception):
     """The demo could not run or its run failed; the message says why, in one line."""
+
+
+def _seed(engine: sa.Engine, policy: Policy, rows: int, echo: Callable[[str], None]):
+    """Recreate the dev table (and the policy's hold table) and seed ``rows`` rows over three
+    years; return the seed's summary (rows, guest rows, account rows)."""
+    echo(f"recreating favorites.favorites and seeding {rows:,} rows over three years ...")
+    t0 = time.monotonic()
+    drop_dev_schema(engine)
+    create_dev_schema(engine)
+    if policy.rule.hold is not None:  # it went with the schema
+        create_hold_table(engine, policy.rule.hold.qualified_name)
+    before = seed_favorites(engine, rows, now=dt.datetime.now(UTC),
+                            on_progress=seed_progress(rows, echo))
+    echo(f"  seeded in {time.monotonic() - t0:.1f} s: {before.rows:,} rows, "
+         f"{before.guest_rows:,} guest, {before.account_rows:,} account")
+    return before
 
 
 def run_demo(env: LocalEnvironment, *, rows: int, pretend: bool, policy: Policy,
@@ -74,16 +94,7 @@ def run_demo(env: LocalEnvironment, *, rows: int, pretend: bool, policy: Policy,
     engine = create_engine(url)
     try:
         if seeded:
-            echo(f"recreating favorites.favorites and seeding {rows:,} rows over three years ...")
-            t0 = time.monotonic()
-            drop_dev_schema(engine)
-            create_dev_schema(engine)
-            if policy.rule.hold is not None:  # it went with the schema
-                create_hold_table(engine, policy.rule.hold.qualified_name)
-            before = seed_favorites(engine, rows, now=dt.datetime.now(UTC),
-                                    on_progress=seed_progress(rows, echo))
-            echo(f"  seeded in {time.monotonic() - t0:.1f} s: {before.rows:,} rows, "
-                  f"{before.guest_rows:,} guest, {before.account_rows:,} account")
+            before = _seed(engine, policy, rows, echo)
         else:
             echo(f"policy {policy.name}: {policy.rule.qualified_name} is used as it is "
                   "(only favorites.favorites has a dev table to seed)")
@@ -93,7 +104,7 @@ def run_demo(env: LocalEnvironment, *, rows: int, pretend: bool, policy: Policy,
             # The same check of the table the job makes before its first batch.
             with engine.connect() as conn:
                 check_table(conn, policy.rule)
-            prunable = measure_backlog(engine, cutoff, policy.rule)
+            prunable = measure_backlog(engine, policy.rule, cutoff)
         except (TableShapeError, BacklogError) as exc:
             raise DemoError(f"{exc}; demo --policy {policy.name} needs "
                             f"{policy.rule.qualified_name} in the embedded {url.database!r} "

@@ -47,7 +47,7 @@ def prepare_dev_table(engine: sa.Engine, rows: int, echo: Callable[[str], None],
                       reseed: bool = False) -> None:
     """Create the dev table if missing and seed ``rows`` rows if it is empty; with ``reseed``,
     drop and recreate its schema first (every table in it), so it holds freshly seeded rows whatever was there."""
-    from favorites_maintenance.retention.schema import create_dev_schema, drop_dev_schema
+    from favorites_maintenance.local.guest_favorites import create_dev_schema, drop_dev_schema
     from favorites_maintenance.local.seed import seed_favorites, summarize
 
     if reseed:

@@ -17,7 +17,7 @@ from dataclasses import dataclass
 
 import sqlalchemy as sa
 
-from favorites_maintenance.retention.schema import dev_favorites
+from favorites_maintenance.local.guest_favorites import dev_favorites
 
 _INSERT = sa.text(
     """
@@ -68,7 +68,7 @@ def seed_favorites(engine: sa.Engine, rows: int, *, now: dt.datetime, years: flo
 
     Args:
         engine: engine on a dev/test database whose table exists
-            (:func:`~favorites_maintenance.retention.schema.create_dev_schema`).
+            (:func:`~favorites_maintenance.local.guest_favorites.create_dev_schema`).
         rows: how many rows to insert, > 0.
         now: timezone-aware end of the time span; rows span ``years`` before it.
         seed: ``setseed()`` value in [-1, 1]; the same seed gives the same rows.

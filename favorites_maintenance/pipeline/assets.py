@@ -66,7 +66,7 @@ from favorites_maintenance.pipeline.resources import (
 from favorites_maintenance.pipeline.run_log import core_logs_in_run_log
 from favorites_maintenance.pipeline.run_report import RunReport
 from favorites_maintenance.pipeline.stop_requests import StopRequests
-from favorites_maintenance.retention.backlog import measure_backlog as count_backlog
+from favorites_maintenance.retention.backlog import measure_backlog
 from favorites_maintenance.retention.errors import BacklogError, ConnectError, RetentionError
 
 #: The freshness policy warns at this fraction of the policy's ``stale_after`` and fails at it:
@@ -126,8 +126,8 @@ def build_cleanup_asset(policy: Policy) -> dg.AssetsDefinition:
     def database_of(context: dg.OpExecutionContext) -> PolicyDatabase:
         return getattr(context.resources, database_key)
 
-    compute_cutoff, purge, measure_backlog = _cleanup_ops(policy, asset_key, settings_of,
-                                                          database_of)
+    compute_cutoff, purge, record_backlog = _cleanup_ops(policy, asset_key, settings_of,
+                                                         database_of)
 
     if policy.purges_partitions:
         plan_partitions, purge_partition, collect_partitions = _partition_ops(
@@ -140,15 +140,15 @@ def build_cleanup_asset(policy: Policy) -> dg.AssetsDefinition:
                 lambda work: purge_partition.alias("purge_partition")(cutoff, work))
             report = collect_partitions.alias("collect_partitions")(cutoff, plan,
                                                                     reports.collect())
-            return measure_backlog.alias("measure_backlog")(cutoff, report)
+            return record_backlog.alias("measure_backlog")(cutoff, report)
         shape = (f" The table is range-partitioned by {rule.age.name}: each partition with "
                  f"prunable rows is purged by its own step, at most "
                  f"{policy.settings.max_parallel_partitions} at once.")
     else:
         def graph():
             cutoff = compute_cutoff.alias("compute_cutoff")()
-            return measure_backlog.alias("measure_backlog")(cutoff,
-                                                            purge.alias("purge")(cutoff))
+            return record_backlog.alias("measure_backlog")(cutoff,
+                                                           purge.alias("purge")(cutoff))
         shape = ""
     graph.__name__ = "cleanup"
 
@@ -232,14 +232,14 @@ def _cleanup_ops(policy: Policy, asset_key: dg.AssetKey, settings_of, database_o
     @dg.op(name=f"{policy.name}_measure_backlog", out=dg.Out(dg.Nothing),
            pool=policy.database_pool, required_resource_keys={database_key, METRICS_KEY},
            description="Count what the rule still matches and record the run's metadata.")
-    def measure_backlog(context: dg.AssetExecutionContext, cutoff: dt.datetime,
-                        report: RunReport) -> None:
+    def record_backlog(context: dg.AssetExecutionContext, cutoff: dt.datetime,
+                       report: RunReport) -> None:
         """Measure the backlog for the run's cutoff, attach the run metadata to the asset
         materialization (of each day of a range run: the run's figures on the last day, a
         reference to it on the others) and push the run's gauges (failed or not)."""
         metrics: MetricsPush = getattr(context.resources, METRICS_KEY)
         try:
-            backlog = count_backlog(database_of(context).engine, cutoff, rule)
+            backlog = measure_backlog(database_of(context).engine, rule, cutoff)
         except BacklogError as exc:
             context.log.error(f"run failed: run_id={context.run.run_id} after deleting "
                               f"{report.deleted_total} rows: {exc}")
@@ -268,7 +268,7 @@ def _cleanup_ops(policy: Policy, asset_key: dg.AssetKey, settings_of, database_o
             context.add_output_metadata(report.as_metadata())
         metrics.push_run(context, policy, report, succeeded=True)
 
-    return compute_cutoff, purge, measure_backlog
+    return compute_cutoff, purge, record_backlog
 
 
 def _partition_ops(policy: Policy, asset_key: dg.AssetKey, settings_of, database_of):

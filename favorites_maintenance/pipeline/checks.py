@@ -125,7 +125,7 @@ def build_asset_checks(policy: Policy) -> list[dg.AssetChecksDefinition]:
 
         def overdue_at(limit: dt.datetime) -> Backlog:
             try:
-                return measure_backlog(database.engine, limit, rule)
+                return measure_backlog(database.engine, rule, limit)
             except Exception as exc:
                 name_database(exc, policy)
                 raise
@@ -179,9 +179,14 @@ def build_asset_checks(policy: Policy) -> list[dg.AssetChecksDefinition]:
     checks = [overdue_rows, deleted_total_spike, no_rows_skipped]
     if rule.hold is not None:
         checks.append(_held_rows_check(policy, asset_key))
-    if policy.archive_table is None:
-        return checks
+    if policy.archive_table is not None:
+        checks.append(_archive_check(policy, asset_key))
+    return checks
 
+
+def _archive_check(policy: Policy, asset_key: dg.AssetKey) -> dg.AssetChecksDefinition:
+    """The check of a policy with an ``archive_table``: no archived row is past the archive's
+    retention."""
     days = policy.settings.archive_retention_days
 
     @dg.asset_check(
@@ -202,7 +207,7 @@ def build_asset_checks(policy: Policy) -> list[dg.AssetChecksDefinition]:
                                                                      days)
         yield from _outcome(context, asset_key, ARCHIVE_CHECK, results)
 
-    return [*checks, archive_within_retention]
+    return archive_within_retention
 
 
 def _held_rows_check(policy: Policy, asset_key: dg.AssetKey) -> dg.AssetChecksDefinition:

@@ -21,7 +21,6 @@ from favorites_maintenance.pipeline.dagster_internals import capture_interrupts
 from favorites_maintenance.pipeline.resources import (
     MetricsPush,
     PolicyDatabase,
-    health_limits,
     name_database,
 )
 from favorites_maintenance.pipeline.run_log import core_logs_in_run_log, to_run_log
@@ -38,7 +37,7 @@ from favorites_maintenance.retention.errors import PurgeError, RetentionError
 from favorites_maintenance.retention.partition_phase import PartitionDropResult
 from favorites_maintenance.retention.partitioned import drop_expired_partitions
 from favorites_maintenance.retention.report import BatchResult, PurgeReport, StopReason
-from favorites_maintenance.retention.purge import purge as run_purge
+from favorites_maintenance.retention.purge import purge
 from favorites_maintenance.retention.rule import RetentionRule
 
 #: How often a batch line reaches the run's log, in seconds (the first batch's always does;
@@ -273,20 +272,11 @@ class PurgeStep:
             try:
                 dropped = self.drop_expired_partitions(stop_requests.requested)
                 known_row_s = previous_row_s(context.instance, self.asset_key)
-                report = run_purge(
-                    self.database.engine, self.cutoff,
-                    batch_size=settings.batch_size,
-                    max_run_duration=settings.max_run_duration,
-                    should_stop=stop_requests.requested,
-                    on_batch=self.on_batch,
-                    batch_size_max=settings.batch_size_max,
-                    target_batch_duration=settings.target_batch_duration,
-                    health=health_limits(settings),
-                    rule=self.rule,
-                    archive=self.archive_target(),
-                    sleep_ratio=settings.sleep_ratio,
-                    previous_row_s=known_row_s,
-                )
+                report = purge(
+                    self.database.engine, self.rule, self.cutoff,
+                    settings.purge_options(known_row_s),
+                    should_stop=stop_requests.requested, on_batch=self.on_batch,
+                    archive=self.archive_target())
             except Exception as exc:
                 tracing.run_failed(span, exc)
                 self.failed(exc, archive=self.archive_after_failure(exc, stop_requests))

@@ -56,7 +56,6 @@ from favorites_maintenance.pipeline.heartbeat import Heartbeat, beat_every
 from favorites_maintenance.pipeline.run_report import RunReport
 from favorites_maintenance.retention.database import create_engine
 from favorites_maintenance.retention.defaults import DATABASE_URL_VAR
-from favorites_maintenance.retention.health import HealthLimits
 
 
 _alerts_log = logging.getLogger("favorites_maintenance.alerts")
@@ -160,16 +159,15 @@ def _above_cap(value: float, policies: Sequence[Policy]) -> str:
 
 
 def _capped_below(value: Any, policies: Sequence[Policy]) -> list[Policy]:
-    """The policies whose explicit ``batch_size_max`` is below a launch's ``batch_size``."""
-    return [p for p in policies if _is_number(value) and "batch_size_max" in p.settings.explicit
-            and value > p.settings.batch_size_max]
-
-
-def health_limits(settings: PolicySettings) -> HealthLimits:
-    """The thresholds of the database health indicators of a policy."""
-    return HealthLimits(max_replication_lag_bytes=settings.max_replication_lag_bytes,
-                        max_wal_bytes_per_second=settings.max_wal_bytes_per_second,
-                        max_pause=settings.max_pause)
+    """The policies whose settings refuse a launch's ``batch_size`` of ``value`` rows (the rule
+    is :meth:`~favorites_maintenance.config.policy_settings.PolicySettings.launched`'s)."""
+    refused = []
+    for policy in policies if _is_number(value) else ():
+        try:
+            policy.settings.launched(batch_size=value)
+        except ValueError:
+            refused.append(policy)
+    return refused
 
 
 def _refuse(message: str, config: Any) -> dg.DagsterInvalidConfigError:

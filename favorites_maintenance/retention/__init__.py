@@ -32,7 +32,8 @@ from favorites_maintenance.retention.health import HealthLimits, HealthMonitor, 
 from favorites_maintenance.retention.purge import purge
 from favorites_maintenance.retention.report import BatchResult, PurgeReport, StopReason
 from favorites_maintenance.retention.restore import RestoreReport, Selection, restore
-from favorites_maintenance.retention.rule import compute_cutoff, delete_prunable, prunable
+from favorites_maintenance.retention.batch_loop import PurgeOptions
+from favorites_maintenance.retention.rule import RetentionRule, compute_cutoff
 from favorites_maintenance.retention.scan import ScanMode
 from favorites_maintenance.retention.table_check import check_table
 
@@ -56,11 +57,13 @@ __all__ = [
     "InvalidArgumentError",
     "NoProgressError",
     "PurgeError",
+    "PurgeOptions",
     "PurgeReport",
     "ReplicationRoleError",
     "RestoreBatchError",
     "RestoreError",
     "RestoreReport",
+    "RetentionRule",
     "RetentionError",
     "ScanMode",
     "Selection",
@@ -73,9 +76,7 @@ __all__ = [
     "check_table",
     "compute_cutoff",
     "count_overdue_archive",
-    "delete_prunable",
     "measure_backlog",
-    "prunable",
     "prune_archive",
     "purge",
     "restore",

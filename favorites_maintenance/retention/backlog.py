@@ -13,7 +13,7 @@ import sqlalchemy as sa
 
 from favorites_maintenance.retention.database import limit_transaction
 from favorites_maintenance.retention.errors import BacklogError, describe
-from favorites_maintenance.retention.rule import GUEST_FAVORITES, RetentionRule
+from favorites_maintenance.retention.rule import RetentionRule
 from favorites_maintenance.retention.unreadable import count_around_unreadable
 
 
@@ -36,8 +36,7 @@ class Backlog:
     held: int = 0
 
 
-def measure_backlog(engine: sa.Engine, cutoff: dt.datetime,
-                    rule: RetentionRule = GUEST_FAVORITES) -> Backlog:
+def measure_backlog(engine: sa.Engine, rule: RetentionRule, cutoff: dt.datetime) -> Backlog:
     """Count the prunable rows for ``cutoff`` in one read-only statement, bounded like a batch
     (``lock_timeout`` 2 s, ``statement_timeout`` 30 s, or the session's shorter limits).
 

@@ -79,7 +79,6 @@ from __future__ import annotations
 
 import datetime as dt
 import logging
-import math
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -105,7 +104,6 @@ from favorites_maintenance.retention.errors import (
     ConnectError,
     ErrorDescription,
     ErrorKind,
-    InvalidArgumentError,
     SkippedRowsError,
     TableChangedError,
     TableCheckError,
@@ -180,31 +178,40 @@ _CONFLICT_KINDS = frozenset({ErrorKind.LOCK_NOT_AVAILABLE, ErrorKind.SERIALIZATI
 
 @dataclass(frozen=True)
 class PurgeOptions:
-    """The tunables of one purge (each as :func:`~favorites_maintenance.retention.purge.purge`
-    documents its keyword of the same name).
+    """The settings of one purge: the one place each is documented. A policy's come from its
+    settings (:meth:`~favorites_maintenance.config.policy_settings.PolicySettings.
+    purge_options`), whose declarations hold their bounds; the values are not checked again
+    here.
 
     Attributes:
-        batch_size: rows of the first batch when ``previous_row_s`` is not known, > 0.
-        max_run_duration: the run's time budget, > 0, checked between batches after the first.
-        lock_timeout, statement_timeout: server-side limits of each batch transaction.
-        synchronous_commit: whether each batch's commit waits for the flush to disk.
-        max_skipped_rows: rows one run may skip before it fails, >= 0.
-        optimistic: whether batches after the first run in the optimistic form.
-        batch_size_max: the largest adaptive size, rows (``None`` or below ``batch_size``:
-            ``batch_size``).
-        target_batch_duration: wall time each batch aims at; zero: a fixed size.
-        health: thresholds of the health indicators read before batches; ``None``: not read.
-        scan: the order batches walk the backlog in; ``None``: chosen per run (see
-            :mod:`~favorites_maintenance.retention.scan`). Page order asked for is still refused
-            where the table or the role does not allow it.
-        sleep_ratio: pause between batches, as a multiple of the last batch's time, >= 0
-            (0: none).
+        batch_size: rows per batch transaction, > 0; when the size adapts, the first batch's
+            size unless ``previous_row_s`` is known.
+        max_run_duration: the run's time budget, checked between batches after the first;
+            when it runs out the purge returns with ``stop_reason=max_run_duration``.
+        lock_timeout, statement_timeout: server-side limits of each batch transaction; a
+            shorter limit of the session (role, database, URL) wins.
+        synchronous_commit: wait for each batch's commit to be flushed to disk (and to
+            synchronous standbys). Off by default: the delete is idempotent, so a commit a
+            server crash loses only comes back as backlog (``deleted_total`` then counts it).
+        max_skipped_rows: rows one run may skip before it fails with
+            :class:`~favorites_maintenance.retention.errors.SkippedRowsError`, >= 0.
+        optimistic: run batches after the first in the optimistic form; ``False`` locks every
+            batch's rows before deleting them.
+        batch_size_max: the largest size the adaptive batch size may reach, rows; ``None``:
+            ``batch_size``.
+        target_batch_duration: wall time each batch transaction aims at; after every full
+            batch the next size moves toward it (:class:`~favorites_maintenance.retention.
+            batch_size.BatchSizeController`). Zero: every batch has ``batch_size`` rows.
+        health: thresholds of the database health indicators read before batches
+            (:mod:`~favorites_maintenance.retention.health`); ``None``: not read.
+        scan: the order batches walk the backlog in; ``None``: chosen per run
+            (:mod:`~favorites_maintenance.retention.scan`). Page order asked for is still
+            refused where the table or the role does not allow it.
+        sleep_ratio: after each batch, pause that multiple of its time (no transaction open,
+            never past the budget); 0: none. The report's ``paced_s`` says how long.
         previous_row_s: the time a row took in the previous run's batch transactions, seconds
-            (its report's ``row_s``), > 0; ``None``: not known.
-
-    Raises:
-        InvalidArgumentError: ``batch_size``, ``max_run_duration``, ``max_skipped_rows``,
-            ``sleep_ratio`` or ``previous_row_s`` out of range.
+            (its report's ``row_s``), > 0; sizes the first batch when the size adapts.
+            ``None``: not known.
     """
 
     batch_size: int
@@ -220,21 +227,6 @@ class PurgeOptions:
     scan: ScanMode | None = None
     sleep_ratio: float = 0.0
     previous_row_s: float | None = None
-
-    def __post_init__(self):
-        if self.batch_size <= 0:
-            raise InvalidArgumentError(f"batch_size must be > 0, got {self.batch_size!r}")
-        if self.max_run_duration <= dt.timedelta(0):
-            raise InvalidArgumentError(
-                f"max_run_duration must be > 0, got {self.max_run_duration!r}")
-        if self.max_skipped_rows < 0:
-            raise InvalidArgumentError(
-                f"max_skipped_rows must be >= 0, got {self.max_skipped_rows!r}")
-        if not self.sleep_ratio >= 0:  # NaN included
-            raise InvalidArgumentError(f"sleep_ratio must be >= 0, got {self.sleep_ratio!r}")
-        if self.previous_row_s is not None and not 0 < self.previous_row_s < math.inf:
-            raise InvalidArgumentError(
-                f"previous_row_s must be a number of seconds > 0, got {self.previous_row_s!r}")
 
 
 class BatchLoop:

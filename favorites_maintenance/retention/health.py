@@ -48,8 +48,8 @@ from favorites_maintenance.retention.defaults import (
     DEFAULT_MAX_PAUSE,
     DEFAULT_MAX_REPLICATION_LAG_BYTES,
 )
-from favorites_maintenance.retention.errors import ErrorKind, InvalidArgumentError, describe
-from favorites_maintenance.retention.rule import GUEST_FAVORITES, RetentionRule
+from favorites_maintenance.retention.errors import ErrorKind, describe
+from favorites_maintenance.retention.rule import RetentionRule
 
 log = logging.getLogger(__name__)
 
@@ -85,8 +85,8 @@ class Reading:
     value: int
     threshold: int | None
     source: str
-    #: The table a ``vacuum`` reading is about, ``schema.table``.
-    table: str = GUEST_FAVORITES.qualified_name
+    #: The table a ``vacuum`` reading is about, ``schema.table``; ``None`` for the others.
+    table: str | None = None
 
     def __str__(self) -> str:
         if self.indicator is Indicator.REPLICATION_LAG:
@@ -99,7 +99,8 @@ class Reading:
 
 @dataclass(frozen=True)
 class HealthLimits:
-    """The thresholds and pacing of :class:`HealthMonitor`.
+    """The thresholds and pacing of :class:`HealthMonitor`. A policy's thresholds come from
+    its settings, whose declarations hold their bounds; they are not checked again here.
 
     Attributes:
         max_replication_lag_bytes: a standby or slot further behind than this pauses the purge
@@ -120,16 +121,6 @@ class HealthLimits:
     check_every: dt.timedelta = dt.timedelta(seconds=1)
     first_backoff: dt.timedelta = dt.timedelta(milliseconds=500)
     max_backoff: dt.timedelta = dt.timedelta(seconds=10)
-
-    def __post_init__(self):
-        if self.max_replication_lag_bytes <= 0:
-            raise InvalidArgumentError("max_replication_lag_bytes must be > 0, "
-                                       f"got {self.max_replication_lag_bytes!r}")
-        if self.max_wal_bytes_per_second is not None and self.max_wal_bytes_per_second <= 0:
-            raise InvalidArgumentError("max_wal_bytes_per_second must be > 0 or None, "
-                                       f"got {self.max_wal_bytes_per_second!r}")
-        if self.max_pause <= dt.timedelta(0):
-            raise InvalidArgumentError(f"max_pause must be > 0, got {self.max_pause!r}")
 
 
 class Outcome(enum.Enum):
@@ -215,9 +206,9 @@ class HealthMonitor:
 
     Args:
         limits: thresholds and pacing.
+        rule: the rule being purged; a VACUUM on its table pauses the purge.
         clock: monotonic clock in seconds (tests may pass their own).
         sleep: sleeps that many seconds.
-        rule: the rule being purged; a VACUUM on its table pauses the purge.
 
     Attributes:
         paused_s: time spent paused, all pauses together, in seconds.
@@ -226,9 +217,9 @@ class HealthMonitor:
         unreadable: indicator -> why it is skipped (the grant it needs), once per monitor.
     """
 
-    def __init__(self, limits: HealthLimits, *, clock: Callable[[], float] = time.monotonic,
-                 sleep: Callable[[float], None] = time.sleep,
-                 rule: RetentionRule = GUEST_FAVORITES):
+    def __init__(self, limits: HealthLimits, *, rule: RetentionRule,
+                 clock: Callable[[], float] = time.monotonic,
+                 sleep: Callable[[float], None] = time.sleep):
         self.limits = limits
         self._table = rule.qualified_name
         self._clock = clock

@@ -20,11 +20,7 @@ import sqlalchemy as sa
 
 from favorites_maintenance.retention.errors import InvalidArgumentError
 from favorites_maintenance.retention.partition_phase import DETACH_FUNCTION, DROP_FUNCTION
-from favorites_maintenance.retention.rule import (
-    GUEST_FAVORITES,
-    RetentionRule,
-    RuleError,
-)
+from favorites_maintenance.retention.rule import RetentionRule, RuleError
 
 SQL_RESOURCE = "least_privilege.sql"
 RLS_RESOURCE = "row_level_security.sql"
@@ -167,13 +163,11 @@ def partition_functions_sql(rule: RetentionRule, role: str) -> str:
     return text.replace("$fn$", tag)
 
 
-def apply_partition_functions(engine: sa.Engine, role: str,
-                              rule: RetentionRule = GUEST_FAVORITES) -> None:
-    """Install, as the owner of the rule's range-partitioned table (``favorites.favorites``
-    by default), the functions that detach and drop its expired partitions for ``role``
-    (:func:`partition_functions_sql`: ``<schema>.<table>_detach_partition`` and
-    ``<schema>.<table>_drop_detached``, ``SECURITY DEFINER``, EXECUTE granted to ``role``
-    only).
+def apply_partition_functions(engine: sa.Engine, role: str, rule: RetentionRule) -> None:
+    """Install, as the owner of the rule's range-partitioned table, the functions that detach
+    and drop its expired partitions for ``role`` (:func:`partition_functions_sql`:
+    ``<schema>.<table>_detach_partition`` and ``<schema>.<table>_drop_detached``, ``SECURITY
+    DEFINER``, EXECUTE granted to ``role`` only).
 
     Args:
         engine: connected as the table's owner.

@@ -2,7 +2,7 @@
 
 This is the one place a rule's predicate is built. A policy (``defs/<policy>/defs.yaml``)
 names its table and columns; :class:`RetentionRule` turns them into SQLAlchemy objects. The
-guest-favorites rule, :data:`GUEST_FAVORITES`, prunes a row iff::
+guest-favorites policy's rule prunes a row iff::
 
     user_id IS NULL AND updated_at < :cutoff
 
@@ -29,9 +29,6 @@ from favorites_maintenance.retention.identifiers import (
     RuleError,
     split_table_name,
 )
-
-SCHEMA = "favorites"
-TABLE = "favorites"
 
 _UTC = dt.timezone.utc
 _MICROSECOND = dt.timedelta(microseconds=1)
@@ -333,26 +330,6 @@ class RetentionRule:
         keeps its row).
         """
         return sa.delete(self.table).where(self.prunable(cutoff), *where)
-
-
-#: The guest-favorites rule: ``user_id IS NULL AND updated_at < :cutoff`` on
-#: ``favorites.favorites``, keyed by ``id``.
-GUEST_FAVORITES = RetentionRule.define(f"{SCHEMA}.{TABLE}", key_column="id",
-                                       age_column="updated_at", null_columns=["user_id"])
-
-#: The favorites table as the guest-favorites rule sees it.
-favorites = GUEST_FAVORITES.table
-
-
-def prunable(cutoff: dt.datetime) -> sa.ColumnElement[bool]:
-    """The guest-favorites predicate ``user_id IS NULL AND updated_at < :cutoff`` (see
-    :meth:`RetentionRule.prunable`)."""
-    return GUEST_FAVORITES.prunable(cutoff)
-
-
-def delete_prunable(cutoff: dt.datetime, *where: sa.ColumnElement[bool]) -> sa.Delete:
-    """The guest-favorites DELETE (see :meth:`RetentionRule.delete_prunable`)."""
-    return GUEST_FAVORITES.delete_prunable(cutoff, *where)
 
 
 def compute_cutoff(now: dt.datetime, retention_days: int,

@@ -37,12 +37,13 @@ of the daily run, which a reflection of the table through SQLAlchemy's inspector
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import sqlalchemy as sa
 
 from favorites_maintenance.retention.errors import TableShapeError
-from favorites_maintenance.retention.rule import GUEST_FAVORITES, RetentionRule
+from favorites_maintenance.retention.rule import RetentionRule
 
 
 @dataclass(frozen=True)
@@ -89,7 +90,7 @@ def _check_hold_table(conn: sa.Connection, rule: RetentionRule) -> None:
                               column=missing[0])
 
 
-def check_table(conn: sa.Connection, rule: RetentionRule = GUEST_FAVORITES) -> TableFindings:
+def check_table(conn: sa.Connection, rule: RetentionRule) -> TableFindings:
     """Check the table of ``rule`` on ``conn`` (see the module docstring for the rules).
 
     Runs a few catalog reads in the connection's current transaction; deletes nothing.
@@ -131,21 +132,7 @@ def check_table(conn: sa.Connection, rule: RetentionRule = GUEST_FAVORITES) -> T
             f"TABLE {table} ALTER COLUMN {age_column} TYPE timestamptz USING {age_column} AT "
             f"TIME ZONE 'UTC' (if it holds UTC wall-clock times)", column=age_column)
 
-    checks = _not_null_checks(check_definitions or (), rule)
-    for guard in rule.guards:
-        guard_column = column(guard.name)
-        why = None
-        if not guard_column["nullable"]:
-            why = "is NOT NULL"
-        elif guard.name in checks:
-            why = f"is NOT NULL by CHECK constraint {checks[guard.name]}"
-        elif guard_column["domain_not_null"]:
-            why = f"is of domain {guard_column['domain']}, which is NOT NULL"
-        if why:
-            raise TableShapeError(
-                f"{table}.{guard.name} {why}, so no row can ever pass the guard "
-                f"({rule.guard_sql}): the table is not the one the rule is written for",
-                column=guard.name)
+    _refuse_not_null_guards(rule, column, _not_null_checks(check_definitions or (), rule))
 
     if rule.hold is not None:
         column(rule.hold.column)
@@ -195,6 +182,27 @@ def check_table(conn: sa.Connection, rule: RetentionRule = GUEST_FAVORITES) -> T
             f"does not block writes): {rule.recommended_index_sql}")
     return TableFindings(table=table, has_recommended_index=has_index, warnings=tuple(warnings),
                          keyset_index=any(c[:2] == [age_column, key_column] for c in partial))
+
+
+def _refuse_not_null_guards(rule: RetentionRule, column: Callable[[str], dict],
+                            checks: dict[str, str]) -> None:
+    """Raise :class:`TableShapeError` for a guard column no row can have NULL: NOT NULL, by a
+    CHECK constraint (``checks``: column -> constraint) or by its domain. ``column`` reads a
+    column's catalog entry by name, raising for a missing one."""
+    for guard in rule.guards:
+        guard_column = column(guard.name)
+        why = None
+        if not guard_column["nullable"]:
+            why = "is NOT NULL"
+        elif guard.name in checks:
+            why = f"is NOT NULL by CHECK constraint {checks[guard.name]}"
+        elif guard_column["domain_not_null"]:
+            why = f"is of domain {guard_column['domain']}, which is NOT NULL"
+        if why:
+            raise TableShapeError(
+                f"{rule.qualified_name}.{guard.name} {why}, so no row can ever pass the guard "
+                f"({rule.guard_sql}): the table is not the one the rule is written for",
+                column=guard.name)
 
 
 def _key_sets(rule: RetentionRule) -> tuple[set[str], set[str]]:

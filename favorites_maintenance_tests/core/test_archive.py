@@ -10,10 +10,10 @@ import pytest
 from favorites_maintenance.retention.archive import ArchiveTarget
 from favorites_maintenance.retention.archive_retention import count_overdue_archive, prune_archive
 from favorites_maintenance.retention.errors import ArchiveError
-from favorites_maintenance.retention.purge import purge
 from favorites_maintenance.retention.rule import RetentionRule
 from favorites_maintenance.retention.scan import ScanMode
 from favorites_maintenance_tests.helpers import archive as shop
+from favorites_maintenance_tests.helpers.purging import purge_rows
 
 RULE = RetentionRule.define(shop.TABLE, key_column="id", age_column="updated_at",
                             null_columns=["owner_id"])
@@ -38,9 +38,9 @@ def test_a_column_added_during_the_run_rolls_the_batch_back_and_ends_the_run(ite
                                      "DEFAULT 'kept'")
 
     with pytest.raises(ArchiveError) as raised:
-        purge(engine, shop.CUTOFF, batch_size=10, max_run_duration=MINUTE, rule=RULE,
-              archive=ArchiveTarget(shop.ARCHIVE, shop.POLICY, "run-1"),
-              on_batch=migrate_after_the_first_batch)
+        purge_rows(engine, shop.CUTOFF, batch_size=10, max_run_duration=MINUTE, rule=RULE,
+                   archive=ArchiveTarget(shop.ARCHIVE, shop.POLICY, "run-1"),
+                   on_batch=migrate_after_the_first_batch)
     assert raised.value.column == "label"
     assert "changed during the run" in str(raised.value)
     # Batch 1 moved its 10 rows; batch 2 rolled back: its rows are still in the table.
@@ -50,8 +50,8 @@ def test_a_column_added_during_the_run_rolls_the_batch_back_and_ends_the_run(ite
 
     # The next run refuses the archive, which lacks the new column, before any delete.
     with pytest.raises(ArchiveError, match="has no column 'label'"):
-        purge(engine, shop.CUTOFF, batch_size=10, max_run_duration=MINUTE, rule=RULE,
-              archive=ArchiveTarget(shop.ARCHIVE, shop.POLICY, "run-2"))
+        purge_rows(engine, shop.CUTOFF, batch_size=10, max_run_duration=MINUTE, rule=RULE,
+                   archive=ArchiveTarget(shop.ARCHIVE, shop.POLICY, "run-2"))
     assert len(shop.ids_of(engine, shop.TABLE)) == 20
 
 
@@ -71,9 +71,9 @@ def test_a_routing_trigger_added_to_the_archive_during_the_run_rolls_the_batch_b
                     "EXECUTE FUNCTION shop.route()")
 
     with pytest.raises(ArchiveError) as raised:
-        purge(engine, shop.CUTOFF, batch_size=10, max_run_duration=MINUTE, rule=RULE,
-              archive=ArchiveTarget(shop.ARCHIVE, shop.POLICY, "run-1"),
-              on_batch=route_after_the_first_batch)
+        purge_rows(engine, shop.CUTOFF, batch_size=10, max_run_duration=MINUTE, rule=RULE,
+                   archive=ArchiveTarget(shop.ARCHIVE, shop.POLICY, "run-1"),
+                   on_batch=route_after_the_first_batch)
     assert ("archive shop.items_archive has a BEFORE INSERT trigger 'route' (function "
             "shop.route) on shop.items_archive") in str(raised.value)
     assert "The batch was rolled back and no batch follows" in str(raised.value)
@@ -85,8 +85,8 @@ def test_a_routing_trigger_added_to_the_archive_during_the_run_rolls_the_batch_b
 
 def test_an_archive_with_an_insert_rule_is_refused_before_any_delete(items):
     engine = items
-    purge(engine, shop.CUTOFF, batch_size=10, max_run_duration=MINUTE, rule=RULE,
-          archive=ArchiveTarget(shop.ARCHIVE, shop.POLICY, "run-0"))  # creates the archive
+    purge_rows(engine, shop.CUTOFF, batch_size=10, max_run_duration=MINUTE, rule=RULE,
+               archive=ArchiveTarget(shop.ARCHIVE, shop.POLICY, "run-0"))  # creates the archive
     shop.add_items(engine, 5, updated_at=shop.OLD)
     before = shop.rows_of(engine, shop.TABLE)
     with engine.begin() as conn:
@@ -94,8 +94,8 @@ def test_an_archive_with_an_insert_rule_is_refused_before_any_delete(items):
                              "CREATE RULE elsewhere AS ON INSERT TO shop.items_archive "
                              "DO INSTEAD INSERT INTO shop.elsewhere VALUES (NEW.*)")
     with pytest.raises(ArchiveError) as raised:
-        purge(engine, shop.CUTOFF, batch_size=10, max_run_duration=MINUTE, rule=RULE,
-              archive=ArchiveTarget(shop.ARCHIVE, shop.POLICY, "run-1"))
+        purge_rows(engine, shop.CUTOFF, batch_size=10, max_run_duration=MINUTE, rule=RULE,
+                   archive=ArchiveTarget(shop.ARCHIVE, shop.POLICY, "run-1"))
     assert ("archive shop.items_archive has a rule 'elsewhere' ON INSERT on "
             "shop.items_archive") in str(raised.value)
     assert "DROP RULE elsewhere ON shop.items_archive" in str(raised.value)
@@ -105,8 +105,8 @@ def test_an_archive_with_an_insert_rule_is_refused_before_any_delete(items):
 def test_archive_retention_deletes_only_its_own_policys_rows_past_it(items):
     engine = items
     shop.add_items(engine, 12, updated_at=shop.OLD)
-    report = purge(engine, shop.CUTOFF, batch_size=5, max_run_duration=MINUTE, rule=RULE,
-                   archive=ArchiveTarget(shop.ARCHIVE, shop.POLICY, "run-1"))
+    report = purge_rows(engine, shop.CUTOFF, batch_size=5, max_run_duration=MINUTE, rule=RULE,
+                        archive=ArchiveTarget(shop.ARCHIVE, shop.POLICY, "run-1"))
     assert (report.deleted_total, report.batches) == (12, 3)
     with engine.begin() as conn:
         # Another policy sharing the archive, and rows archived 31 days ago.
@@ -126,8 +126,8 @@ def test_the_overdue_count_is_what_the_archive_retention_deletes(items):
     engine = items
     assert count_overdue_archive(engine, shop.ARCHIVE, shop.POLICY, 30).rows == 0  # no archive
     shop.add_items(engine, 12, updated_at=shop.OLD)
-    purge(engine, shop.CUTOFF, batch_size=5, max_run_duration=MINUTE, rule=RULE,
-          archive=ArchiveTarget(shop.ARCHIVE, shop.POLICY, "run-1"))
+    purge_rows(engine, shop.CUTOFF, batch_size=5, max_run_duration=MINUTE, rule=RULE,
+               archive=ArchiveTarget(shop.ARCHIVE, shop.POLICY, "run-1"))
     with engine.begin() as conn:
         # A quarter belongs to another policy; of this policy's 9, 8 are past 30 days.
         conn.exec_driver_sql(
@@ -158,8 +158,8 @@ def test_a_restore_leaves_the_rows_the_table_refuses_in_the_archive_counted(item
     engine = items
     ids = shop.add_items(engine, 200, updated_at=shop.OLD)
     before = shop.rows_of(engine, shop.TABLE)
-    purge(engine, shop.CUTOFF, batch_size=50, max_run_duration=MINUTE, rule=RULE,
-          archive=ArchiveTarget(shop.ARCHIVE, shop.POLICY, "run-1"))
+    purge_rows(engine, shop.CUTOFF, batch_size=50, max_run_duration=MINUTE, rule=RULE,
+               archive=ArchiveTarget(shop.ARCHIVE, shop.POLICY, "run-1"))
     refused = set(sorted(ids)[::40])  # five rows the table now refuses
     with engine.begin() as conn:
         conn.exec_driver_sql(
@@ -190,9 +190,9 @@ def test_every_batch_form_moves_its_rows_into_the_archive(items, scan, optimisti
             conn.exec_driver_sql(shop.ARCHIVE_LIKE_THE_TABLE)
     ids = shop.add_items(engine, 23, updated_at=shop.OLD)
     before = shop.rows_of(engine, shop.TABLE)
-    report = purge(engine, shop.CUTOFF, batch_size=5, max_run_duration=MINUTE, rule=RULE,
-                   archive=ArchiveTarget(shop.ARCHIVE, shop.POLICY, "run-1"), scan=scan,
-                   optimistic=optimistic)
+    report = purge_rows(engine, shop.CUTOFF, batch_size=5, max_run_duration=MINUTE, rule=RULE,
+                        archive=ArchiveTarget(shop.ARCHIVE, shop.POLICY, "run-1"), scan=scan,
+                        optimistic=optimistic)
     assert report.scan_mode == scan.value
     assert report.deleted_total == 23 and report.skipped_rows == 0
     assert shop.ids_of(engine, shop.TABLE) == []

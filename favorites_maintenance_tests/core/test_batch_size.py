@@ -6,8 +6,8 @@ import datetime as dt
 
 import pytest
 
-from favorites_maintenance.retention import purge
 from favorites_maintenance.retention.batch_size import FLOOR, BatchSizeController
+from favorites_maintenance_tests.helpers.purging import purge_rows
 
 UTC = dt.timezone.utc
 TARGET = dt.timedelta(milliseconds=200)
@@ -132,10 +132,10 @@ def test_a_purge_grows_its_batches_and_reports_the_largest(engine, rows):
     rows.add_many(1500, updated_at=old)
     keep = set(rows.add_many(20, updated_at=old, user_id=3))
     sizes = []
-    report = purge(engine, dt.datetime(2024, 1, 1, tzinfo=UTC), batch_size=100,
-                   batch_size_max=400, target_batch_duration=dt.timedelta(seconds=5),
-                   max_run_duration=dt.timedelta(minutes=1),
-                   on_batch=lambda b: sizes.append(b.batch_size))
+    report = purge_rows(engine, dt.datetime(2024, 1, 1, tzinfo=UTC), batch_size=100,
+                        batch_size_max=400, target_batch_duration=dt.timedelta(seconds=5),
+                        max_run_duration=dt.timedelta(minutes=1),
+                        on_batch=lambda b: sizes.append(b.batch_size))
     assert report.deleted_total == 1500 and rows.ids() == keep
     # 100 + 200 + 400 + 400 + 400 = 1500: the last batch is full, one more finds nothing.
     assert sizes == [100, 200, 400, 400, 400, 400]
@@ -146,9 +146,9 @@ def test_a_purge_without_a_target_keeps_the_first_size(engine, rows):
     old = dt.datetime(2020, 1, 1, tzinfo=UTC)
     rows.add_many(250, updated_at=old)
     sizes = []
-    report = purge(engine, dt.datetime(2024, 1, 1, tzinfo=UTC), batch_size=100,
-                   batch_size_max=400, max_run_duration=dt.timedelta(minutes=1),
-                   on_batch=lambda b: sizes.append(b.batch_size))
+    report = purge_rows(engine, dt.datetime(2024, 1, 1, tzinfo=UTC), batch_size=100,
+                        batch_size_max=400, max_run_duration=dt.timedelta(minutes=1),
+                        on_batch=lambda b: sizes.append(b.batch_size))
     assert report.deleted_total == 250 and rows.count() == 0
     assert sizes == [100, 100, 100]
     assert report.batch_size_max == 100
@@ -165,10 +165,10 @@ def test_splitting_a_failed_batch_works_from_the_adaptive_size_and_grows_back_to
         IF OLD.id = {poison} THEN RAISE EXCEPTION 'refused'; END IF;
         RETURN OLD;""")
     sizes = []
-    report = purge(engine, dt.datetime(2024, 1, 1, tzinfo=UTC), batch_size=100,
-                   batch_size_max=800, target_batch_duration=dt.timedelta(seconds=10),
-                   max_run_duration=dt.timedelta(minutes=1),
-                   on_batch=lambda b: sizes.append(b.batch_size))
+    report = purge_rows(engine, dt.datetime(2024, 1, 1, tzinfo=UTC), batch_size=100,
+                        batch_size_max=800, target_batch_duration=dt.timedelta(seconds=10),
+                        max_run_duration=dt.timedelta(minutes=1),
+                        on_batch=lambda b: sizes.append(b.batch_size))
     assert rows.ids() == {poison} and report.skipped_rows == 1
     assert sizes[:2] == [100, 200]
     # The third batch (400) fails and is split in halves down to the poisoned row; the pieces

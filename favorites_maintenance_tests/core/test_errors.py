@@ -7,18 +7,20 @@ import datetime as dt
 import pytest
 import sqlalchemy as sa
 
+from favorites_maintenance.local.guest_favorites import GUEST_FAVORITES
 from favorites_maintenance.retention.database import (
     create_engine,
     error_summary,
     transient_error_kind,
 )
-from favorites_maintenance.retention import measure_backlog, purge
+from favorites_maintenance.retention import measure_backlog
 from favorites_maintenance.retention.errors import (
     BacklogError,
     ConnectError,
     RetentionError,
     describe,
 )
+from favorites_maintenance_tests.helpers.purging import purge_rows
 
 
 def failing(engine, sql: str) -> sa.exc.DBAPIError:
@@ -94,9 +96,9 @@ def test_the_cores_own_errors_say_whether_a_retry_may_help(db_url, engine):
     unreachable = create_engine(db_url.set(query={"host": "/nonexistent-socket-dir"}))
     cutoff = dt.datetime(2025, 6, 1, tzinfo=dt.timezone.utc)
     with pytest.raises(ConnectError) as no_session:
-        purge(unreachable, cutoff, batch_size=100, max_run_duration=dt.timedelta(minutes=1))
+        purge_rows(unreachable, cutoff, batch_size=100, max_run_duration=dt.timedelta(minutes=1))
     with pytest.raises(BacklogError) as no_backlog:
-        measure_backlog(unreachable, cutoff)
+        measure_backlog(unreachable, GUEST_FAVORITES, cutoff)
     for raised in (no_session.value, no_backlog.value):
         assert isinstance(raised, RetentionError) and raised.transient
         assert transient_error_kind(raised) == "connection_lost"
@@ -104,7 +106,7 @@ def test_the_cores_own_errors_say_whether_a_retry_may_help(db_url, engine):
     with engine.begin() as conn:
         conn.execute(sa.text("DROP TABLE favorites.favorites"))
     with pytest.raises(BacklogError) as missing:
-        measure_backlog(engine, cutoff)
+        measure_backlog(engine, GUEST_FAVORITES, cutoff)
     assert missing.value.kind == "undefined_table" and not missing.value.transient
     assert transient_error_kind(missing.value) is None
 

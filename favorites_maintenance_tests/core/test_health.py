@@ -12,11 +12,12 @@ import time
 import pytest
 import sqlalchemy as sa
 
-from favorites_maintenance.retention import HealthLimits, StopReason, purge
+from favorites_maintenance.local.guest_favorites import dev_favorites
+from favorites_maintenance.retention import HealthLimits, StopReason
 from favorites_maintenance.retention.database import create_engine
 from favorites_maintenance.retention.least_privilege import least_privilege_sql
-from favorites_maintenance.retention.schema import dev_favorites
 from favorites_maintenance_tests.conftest import VACUUM_PROGRESS
+from favorites_maintenance_tests.helpers.purging import purge_rows
 from favorites_maintenance_tests.reliability.conftest import (
     Roles,
     in_thread,
@@ -58,7 +59,7 @@ def purge_paused_by_a_vacuum(engine, rows, slow_vacuum):
     start_vacuum()
     vacuum_at_batch = []
     thread, out = in_thread(
-        purge, engine, CUTOFF, batch_size=100, max_run_duration=dt.timedelta(minutes=1),
+        purge_rows, engine, CUTOFF, batch_size=100, max_run_duration=dt.timedelta(minutes=1),
         health=HealthLimits(max_pause=dt.timedelta(seconds=30), **QUICK),
         on_batch=lambda b: vacuum_at_batch.append(vacuum_running(engine)))
     time.sleep(1.0)
@@ -111,8 +112,8 @@ def test_a_pause_longer_than_the_max_ends_the_run_db_unhealthy(engine, rows, slo
     rows.add_many(300, updated_at=OLD)
     start_vacuum, end_vacuum = slow_vacuum
     start_vacuum()
-    report = purge(engine, CUTOFF, batch_size=100, max_run_duration=dt.timedelta(minutes=1),
-                   health=HealthLimits(max_pause=dt.timedelta(seconds=1), **QUICK))
+    report = purge_rows(engine, CUTOFF, batch_size=100, max_run_duration=dt.timedelta(minutes=1),
+                        health=HealthLimits(max_pause=dt.timedelta(seconds=1), **QUICK))
     end_vacuum()
     assert report.stop_reason is StopReason.DB_UNHEALTHY
     assert report.deleted_total == 0 and guests(rows) == 300
@@ -125,8 +126,8 @@ def test_the_time_budget_ends_a_pause(engine, rows, slow_vacuum, caplog):
     rows.add_many(300, updated_at=OLD)
     start_vacuum, end_vacuum = slow_vacuum
     start_vacuum()
-    report = purge(engine, CUTOFF, batch_size=100, max_run_duration=dt.timedelta(seconds=1),
-                   health=HealthLimits(max_pause=dt.timedelta(minutes=2), **QUICK))
+    report = purge_rows(engine, CUTOFF, batch_size=100, max_run_duration=dt.timedelta(seconds=1),
+                        health=HealthLimits(max_pause=dt.timedelta(minutes=2), **QUICK))
     end_vacuum()
     assert report.stop_reason is StopReason.DB_UNHEALTHY
     assert guests(rows) == 300
@@ -143,9 +144,9 @@ def test_a_stop_request_ends_a_pause(engine, rows, slow_vacuum):
         asked.append(1)
         return len(asked) > 3  # the first poll is before the pause
 
-    report = purge(engine, CUTOFF, batch_size=100, max_run_duration=dt.timedelta(minutes=1),
-                   should_stop=should_stop,
-                   health=HealthLimits(max_pause=dt.timedelta(minutes=2), **QUICK))
+    report = purge_rows(engine, CUTOFF, batch_size=100, max_run_duration=dt.timedelta(minutes=1),
+                        should_stop=should_stop,
+                        health=HealthLimits(max_pause=dt.timedelta(minutes=2), **QUICK))
     end_vacuum()
     assert report.stop_reason is StopReason.STOP_REQUESTED
     assert guests(rows) == 300 and report.pauses == 1
@@ -157,8 +158,8 @@ def test_a_run_with_nothing_prunable_does_not_wait_for_a_vacuum(engine, rows, sl
     rows.add_many(50, updated_at=CUTOFF + dt.timedelta(days=1))  # guest rows, none expired
     start_vacuum, end_vacuum = slow_vacuum
     start_vacuum()
-    report = purge(engine, CUTOFF, batch_size=100, max_run_duration=dt.timedelta(minutes=1),
-                   health=HealthLimits(max_pause=dt.timedelta(seconds=1), **QUICK))
+    report = purge_rows(engine, CUTOFF, batch_size=100, max_run_duration=dt.timedelta(minutes=1),
+                        health=HealthLimits(max_pause=dt.timedelta(seconds=1), **QUICK))
     assert vacuum_running(engine)  # the VACUUM ran the whole time
     end_vacuum()
     # Health pauses are for batches: with no prunable row there is none to hold back.
@@ -171,8 +172,8 @@ def test_a_run_with_nothing_prunable_does_not_wait_for_a_vacuum(engine, rows, sl
 def test_a_wal_rate_over_its_threshold_pauses_the_purge_between_batches(engine, rows, caplog):
     caplog.set_level(logging.INFO, logger="favorites_maintenance")
     rows.add_many(600, updated_at=OLD)
-    report = purge(engine, CUTOFF, batch_size=200, max_run_duration=dt.timedelta(minutes=1),
-                   health=HealthLimits(max_wal_bytes_per_second=200_000,
+    report = purge_rows(engine, CUTOFF, batch_size=200, max_run_duration=dt.timedelta(minutes=1),
+                        health=HealthLimits(max_wal_bytes_per_second=200_000,
                                        max_pause=dt.timedelta(seconds=30), **QUICK))
     # Each batch writes its WAL in milliseconds, far above 200 kB/s; the pause after it lets
     # the rate over the pause fall back.
@@ -183,8 +184,8 @@ def test_a_wal_rate_over_its_threshold_pauses_the_purge_between_batches(engine, 
 
 def test_the_wal_rate_is_not_watched_by_default(engine, rows):
     rows.add_many(600, updated_at=OLD)
-    report = purge(engine, CUTOFF, batch_size=200, max_run_duration=dt.timedelta(minutes=1),
-                   health=HealthLimits(**QUICK))
+    report = purge_rows(engine, CUTOFF, batch_size=200, max_run_duration=dt.timedelta(minutes=1),
+                        health=HealthLimits(**QUICK))
     assert report.stop_reason is StopReason.EXHAUSTED and rows.count() == 0
     assert report.pauses == 0 and report.throttled_by is None and not report.health_unreadable
 
@@ -196,8 +197,8 @@ def purge_during_a_vacuum(url, rows, slow_vacuum, *, max_pause_s: float):
     start_vacuum()
     as_role = create_engine(url)
     try:
-        return purge(as_role, CUTOFF, batch_size=100, max_run_duration=dt.timedelta(minutes=1),
-                     health=HealthLimits(max_pause=dt.timedelta(seconds=max_pause_s), **QUICK))
+        return purge_rows(as_role, CUTOFF, batch_size=100, max_run_duration=dt.timedelta(minutes=1),
+                          health=HealthLimits(max_pause=dt.timedelta(seconds=max_pause_s), **QUICK))
     finally:
         as_role.dispose()
         end_vacuum()
@@ -238,7 +239,7 @@ def test_a_session_waiting_on_the_purges_locks_halves_the_next_batch(engine, row
     sizes = []
     with slow_delete(engine, seconds=1.0):
         thread, out = in_thread(
-            purge, engine, CUTOFF, batch_size=400, batch_size_max=800,
+            purge_rows, engine, CUTOFF, batch_size=400, batch_size_max=800,
             target_batch_duration=dt.timedelta(seconds=10),
             max_run_duration=dt.timedelta(minutes=1),
             on_batch=lambda b: sizes.append(b.batch_size))
@@ -270,8 +271,8 @@ def test_a_view_the_server_refuses_the_role_leaves_the_other_indicators_read(
         conn.exec_driver_sql("REVOKE SELECT ON pg_catalog.pg_replication_slots FROM PUBLIC")
     role = create_engine(url)
     try:
-        report = purge(role, CUTOFF, batch_size=10, max_run_duration=dt.timedelta(minutes=1),
-                       health=HealthLimits(max_wal_bytes_per_second=2**40, **QUICK))
+        report = purge_rows(role, CUTOFF, batch_size=10, max_run_duration=dt.timedelta(minutes=1),
+                            health=HealthLimits(max_wal_bytes_per_second=2**40, **QUICK))
     finally:
         role.dispose()
         with engine.begin() as conn:

@@ -10,7 +10,8 @@ import logging
 import pytest
 import sqlalchemy as sa
 
-from favorites_maintenance.retention import ScanMode, StopReason, measure_backlog, purge
+from favorites_maintenance.local.guest_favorites import GUEST_FAVORITES
+from favorites_maintenance.retention import ScanMode, StopReason, measure_backlog
 from favorites_maintenance.retention.errors import InvalidArgumentError
 from favorites_maintenance.retention.holds import (
     HoldTable,
@@ -19,8 +20,8 @@ from favorites_maintenance.retention.holds import (
     place_hold,
     release_hold,
 )
-from favorites_maintenance.retention.rule import GUEST_FAVORITES
 from favorites_maintenance_tests.core.test_purge import CUTOFF, OLD
+from favorites_maintenance_tests.helpers.purging import purge_rows
 
 TEN_MIN = dt.timedelta(minutes=10)
 HOLDS = "favorites.retention_holds"
@@ -39,7 +40,7 @@ def holds(engine) -> HoldTable:
 def run(engine, rule, **kwargs):
     kwargs.setdefault("batch_size", 1000)
     kwargs.setdefault("max_run_duration", TEN_MIN)
-    return purge(engine, CUTOFF, rule=rule, **kwargs)
+    return purge_rows(engine, CUTOFF, rule=rule, **kwargs)
 
 
 @pytest.mark.parametrize("scan,optimistic", [(ScanMode.KEYSET, True), (ScanMode.KEYSET, False),
@@ -60,7 +61,7 @@ def test_a_held_row_is_never_deleted_in_any_batch_form(engine, rows, holds, scan
     assert report.stop_reason is StopReason.EXHAUSTED
     assert report.deleted_total == 27
     assert rows.ids() == held | {account}
-    backlog = measure_backlog(engine, CUTOFF, rule)
+    backlog = measure_backlog(engine, rule, CUTOFF)
     assert (backlog.remaining, backlog.held) == (0, 3)
 
 
@@ -164,7 +165,7 @@ def test_a_hold_does_not_keep_a_row_the_rule_keeps_anyway_from_being_counted_hel
     fresh = rows.add(updated_at=CUTOFF + dt.timedelta(days=1))
     for key in (account, fresh):
         place_hold(engine, holds, str(key), reason="r", placed_by="b")
-    backlog = measure_backlog(engine, CUTOFF, GUEST_FAVORITES.with_hold(holds))
+    backlog = measure_backlog(engine, GUEST_FAVORITES.with_hold(holds), CUTOFF)
     assert (backlog.remaining, backlog.held) == (0, 0)
 
 
@@ -236,8 +237,8 @@ def test_a_held_row_is_not_archived_and_a_held_archived_row_outlives_the_archive
     engine, rule = items, shop_rule()
     ids = sorted(shop.add_items(engine, 10, updated_at=shop.OLD))
     place_hold(engine, rule.hold, str(ids[0]), reason="kept in place", placed_by="legal")
-    report = purge(engine, shop.CUTOFF, rule=rule, batch_size=3, max_run_duration=TEN_MIN,
-                   archive=ArchiveTarget(shop.ARCHIVE, shop.POLICY, "run-1"))
+    report = purge_rows(engine, shop.CUTOFF, rule=rule, batch_size=3, max_run_duration=TEN_MIN,
+                        archive=ArchiveTarget(shop.ARCHIVE, shop.POLICY, "run-1"))
     assert report.deleted_total == 9
     assert shop.ids_of(engine, shop.TABLE) == [ids[0]]
     assert sorted(shop.ids_of(engine, shop.ARCHIVE)) == ids[1:]
@@ -265,16 +266,16 @@ def test_a_restored_row_a_hold_covers_is_not_counted_prunable_and_stays_at_the_n
 
     engine, rule = items, shop_rule()
     ids = sorted(shop.add_items(engine, 4, updated_at=shop.OLD))
-    purge(engine, shop.CUTOFF, rule=rule, batch_size=10, max_run_duration=TEN_MIN,
-          archive=ArchiveTarget(shop.ARCHIVE, shop.POLICY, "run-1"))
+    purge_rows(engine, shop.CUTOFF, rule=rule, batch_size=10, max_run_duration=TEN_MIN,
+               archive=ArchiveTarget(shop.ARCHIVE, shop.POLICY, "run-1"))
     place_hold(engine, rule.hold, str(ids[1]), reason="restored for a dispute",
                placed_by="support")
 
     report = restore(engine, rule, shop.ARCHIVE, shop.POLICY, Selection(run_id="run-1"),
                      retention_days=365, allow_prunable=True)
     assert (report.restored_rows, report.prunable_rows) == (4, 3)
-    again = purge(engine, shop.CUTOFF, rule=rule, batch_size=10, max_run_duration=TEN_MIN,
-                  archive=ArchiveTarget(shop.ARCHIVE, shop.POLICY, "run-2"))
+    again = purge_rows(engine, shop.CUTOFF, rule=rule, batch_size=10, max_run_duration=TEN_MIN,
+                       archive=ArchiveTarget(shop.ARCHIVE, shop.POLICY, "run-2"))
     assert again.deleted_total == 3
     assert shop.ids_of(engine, shop.TABLE) == [ids[1]]
 
@@ -284,14 +285,14 @@ def test_a_restored_row_a_hold_covers_is_not_counted_prunable_and_stays_at_the_n
 
 def test_an_expired_partition_holding_a_held_row_is_not_detached_and_its_rows_go_by_batches(
         db_url):
-    from favorites_maintenance.retention.database import create_engine
-    from favorites_maintenance.retention.partition_phase import Action
-    from favorites_maintenance.retention.partitioned import drop_expired_partitions
-    from favorites_maintenance.retention.schema import (
+    from favorites_maintenance.local.guest_favorites import (
         create_partitioned_dev_schema,
         drop_dev_schema,
         month_starts,
     )
+    from favorites_maintenance.retention.database import create_engine
+    from favorites_maintenance.retention.partition_phase import Action
+    from favorites_maintenance.retention.partitioned import drop_expired_partitions
     from favorites_maintenance_tests.conftest import Rows
 
     engine = create_engine(db_url)
@@ -312,7 +313,7 @@ def test_an_expired_partition_holding_a_held_row_is_not_detached_and_its_rows_go
         assert kept.checks[-1] == ("holds a row an active hold of favorites.retention_holds "
                                    "covers")
         assert "favorites.favorites_20240101" not in result.detached and result.rows_removed == 0
-        report = purge(engine, cutoff, rule=rule, batch_size=6, max_run_duration=TEN_MIN)
+        report = purge_rows(engine, cutoff, rule=rule, batch_size=6, max_run_duration=TEN_MIN)
         assert report.deleted_total == 19 and rows.ids() == {ids[4]}
 
         # Released, the partition goes whole at the next run; a hold placed once it is

@@ -15,16 +15,17 @@ import time
 import pytest
 import sqlalchemy as sa
 
-from favorites_maintenance.retention import ScanMode, StopReason, measure_backlog, purge
+from favorites_maintenance.local.guest_favorites import GUEST_FAVORITES, dev_favorites
+from favorites_maintenance.retention import ScanMode, StopReason, measure_backlog
 from favorites_maintenance.retention.database import create_engine
 from favorites_maintenance.retention.scan import PAGE_ORDER_MIN_PAGES
-from favorites_maintenance.retention.schema import dev_favorites
 from favorites_maintenance_tests.core.test_purge import (
     CUTOFF,
     OLD,
     held_by_a_user,
     partition_by_updated_at,
 )
+from favorites_maintenance_tests.helpers.purging import purge_rows
 from favorites_maintenance_tests.reliability.conftest import Roles
 
 UTC = dt.timezone.utc
@@ -38,7 +39,7 @@ batch_loop = importlib.import_module("favorites_maintenance.retention.batch_loop
 def run(engine, **kwargs):
     kwargs.setdefault("batch_size", 1000)
     kwargs.setdefault("max_run_duration", TEN_MIN)
-    return purge(engine, CUTOFF, **kwargs)
+    return purge_rows(engine, CUTOFF, **kwargs)
 
 
 def fill(engine, rows: int, *, old_guest_every: int, old_account_every: int = 0,
@@ -88,7 +89,7 @@ def test_page_order_deletes_exactly_the_prunable_rows_and_no_account_row(engine,
     assert report.scan_mode == "page_order"
     assert report.deleted_total == 122 and report.stop_reason is StopReason.EXHAUSTED
     assert rows.ids() == keep
-    assert measure_backlog(engine, CUTOFF).remaining == 0
+    assert measure_backlog(engine, GUEST_FAVORITES, CUTOFF).remaining == 0
 
 
 def large_from(monkeypatch, rows: int) -> None:
@@ -115,7 +116,8 @@ def test_a_backlog_spread_over_the_table_goes_in_page_order_a_days_worth_by_keys
     assert spread.scan_mode == "page_order"
     assert spread.scan_reason.startswith("page order: about ")
     assert small.deleted_total + spread.deleted_total == 130_000 // 3
-    assert rows.accounts() == accounts and measure_backlog(engine, CUTOFF).remaining == 0
+    assert rows.accounts() == accounts
+    assert measure_backlog(engine, GUEST_FAVORITES, CUTOFF).remaining == 0
 
     # A day's worth of newly expired rows on the same table: a few rows over many pages.
     day = set(rows.add_many(40, updated_at=OLD))
@@ -210,7 +212,7 @@ def test_page_order_skips_rows_other_sessions_hold_and_leaves_them_as_backlog(en
         report = run(engine, batch_size=10, scan=PAGE, lock_timeout=dt.timedelta(seconds=1))
         assert report.scan_mode == "page_order"
         assert report.deleted_total == 58 and report.skipped_rows == 0
-        assert measure_backlog(engine, CUTOFF).remaining == 2
+        assert measure_backlog(engine, GUEST_FAVORITES, CUTOFF).remaining == 2
     assert rows.ids() == held
 
 

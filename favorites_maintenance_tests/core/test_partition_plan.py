@@ -11,15 +11,15 @@ import sqlalchemy as sa
 from favorites_maintenance.retention.database import create_engine
 from favorites_maintenance.retention.errors import TableShapeError
 from favorites_maintenance.retention.partition_plan import prunable_partitions
-from favorites_maintenance.retention.purge import purge
-from favorites_maintenance.retention.rule import GUEST_FAVORITES
-from favorites_maintenance.retention.schema import (
+from favorites_maintenance.local.guest_favorites import GUEST_FAVORITES
+from favorites_maintenance.local.guest_favorites import (
     create_partitioned_dev_schema,
     dev_favorites,
     drop_dev_schema,
     month_starts,
 )
 from favorites_maintenance_tests.helpers.partitioned import erasure_log
+from favorites_maintenance_tests.helpers.purging import purge_rows
 
 UTC = dt.UTC
 CUTOFF = dt.datetime(2024, 3, 15, tzinfo=UTC)
@@ -68,8 +68,8 @@ def test_each_partition_purged_on_its_own_keeps_the_rows_of_the_others(monthly):
     [february] = [p for p in prunable_partitions(monthly, GUEST_FAVORITES, CUTOFF)
                   if p.name == "favorites_20240201"]
 
-    report = purge(monthly, CUTOFF, batch_size=2, max_run_duration=dt.timedelta(minutes=1),
-                   rule=GUEST_FAVORITES.within(february.ages))
+    report = purge_rows(monthly, CUTOFF, batch_size=2, max_run_duration=dt.timedelta(minutes=1),
+                        rule=GUEST_FAVORITES.within(february.ages))
 
     assert report.deleted_total == len(guests_feb)
     with monthly.connect() as conn:
@@ -110,8 +110,8 @@ def test_the_default_partition_is_purged_through_the_table_its_deletes_seen_by_i
     assert scanned(monthly, rule.delete_prunable(CUTOFF)) == {"favorites_default"}
     assert scanned(monthly, GUEST_FAVORITES.within(found["favorites_20240201"].ages)
                    .delete_prunable(CUTOFF)) == {"favorites_20240201"}
-    report = purge(monthly, CUTOFF, batch_size=2, max_run_duration=dt.timedelta(minutes=1),
-                   rule=rule)
+    report = purge_rows(monthly, CUTOFF, batch_size=2, max_run_duration=dt.timedelta(minutes=1),
+                        rule=rule)
 
     assert report.deleted_total == len(before)
     with monthly.connect() as conn:

@@ -12,8 +12,8 @@ from favorites_maintenance.retention.errors import TableShapeError
 from favorites_maintenance.retention.partition_phase import Action
 from favorites_maintenance.retention.partitioned import drop_expired_partitions
 from favorites_maintenance.retention.table_partitions import leaf_partitions
-from favorites_maintenance.retention.rule import GUEST_FAVORITES
-from favorites_maintenance.retention.schema import (
+from favorites_maintenance.local.guest_favorites import (
+    GUEST_FAVORITES,
     create_partitioned_dev_schema,
     drop_dev_schema,
     month_starts,

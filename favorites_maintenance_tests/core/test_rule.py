@@ -8,25 +8,29 @@ from zoneinfo import ZoneInfo
 import pytest
 from sqlalchemy.dialects import postgresql
 
+from favorites_maintenance.local.guest_favorites import (
+    GUEST_FAVORITES,
+    create_partitioned_dev_schema,
+    drop_dev_schema,
+)
 from favorites_maintenance.retention.archive import ArchiveTarget
 from favorites_maintenance.retention.backlog import measure_backlog
 from favorites_maintenance.retention.errors import RetentionError
+from favorites_maintenance.retention.health import HealthLimits, HealthMonitor
+from favorites_maintenance.retention.least_privilege import apply_partition_functions
 from favorites_maintenance.retention.partition_plan import prunable_partitions
 from favorites_maintenance.retention.partitioned import drop_expired_partitions
 from favorites_maintenance.retention.purge import purge
-from favorites_maintenance.retention.rule import (
-    RetentionRule,
-    compute_cutoff,
-    delete_prunable,
-    prunable,
-)
+from favorites_maintenance.retention.rule import RetentionRule, compute_cutoff
 from favorites_maintenance.retention.scan import ScanMode
-from favorites_maintenance.retention.schema import create_partitioned_dev_schema, drop_dev_schema
+from favorites_maintenance.retention.table_check import check_table
 from favorites_maintenance_tests.conftest import Rows
 from favorites_maintenance_tests.helpers import archive as shop
+from favorites_maintenance_tests.helpers.purging import purge_rows
 
 UTC = dt.timezone.utc
 MINUTE = dt.timedelta(minutes=1)
+DAY = dt.timedelta(days=1)
 
 
 def sql(clause) -> str:
@@ -34,15 +38,14 @@ def sql(clause) -> str:
 
 
 def test_the_predicate_writes_user_id_is_null_literally_and_binds_only_the_cutoff():
-    text = sql(prunable(dt.datetime(2025, 1, 1, tzinfo=UTC)))
+    text = sql(GUEST_FAVORITES.prunable(dt.datetime(2025, 1, 1, tzinfo=UTC)))
     assert "favorites.favorites.user_id IS NULL" in text
     assert "favorites.favorites.updated_at < %(cutoff)s" in text
 
 
 def test_every_delete_carries_the_guard_even_when_narrowed():
-    from favorites_maintenance.retention.rule import favorites
-
-    stmt = delete_prunable(dt.datetime(2025, 1, 1, tzinfo=UTC), favorites.c.id == 5)
+    stmt = GUEST_FAVORITES.delete_prunable(dt.datetime(2025, 1, 1, tzinfo=UTC),
+                                           GUEST_FAVORITES.key == 5)
     text = sql(stmt)
     assert text.startswith("DELETE FROM favorites.favorites WHERE")
     assert "user_id IS NULL" in text and "updated_at <" in text and "id = " in text
@@ -82,7 +85,7 @@ def test_days_are_24_hour_periods_across_a_leap_day():
     lambda: compute_cutoff(dt.datetime(2026, 1, 1), 365),
     lambda: compute_cutoff(dt.datetime(2026, 1, 1, tzinfo=UTC), 365, dt.datetime(2026, 1, 1)),
     lambda: compute_cutoff(dt.datetime(2026, 1, 1, tzinfo=UTC), 0),
-    lambda: prunable(dt.datetime(2026, 1, 1)),
+    lambda: GUEST_FAVORITES.prunable(dt.datetime(2026, 1, 1)),
 ])
 def test_naive_datetimes_and_non_positive_days_are_refused(call):
     # A ValueError, as argument checks are, and one of the core's errors.
@@ -138,19 +141,19 @@ def test_the_row_at_the_cutoff_is_deleted_with_cutoff_inclusive_and_kept_without
     rule = guest_rule(inclusive)
     placed = boundary_rows(rows)
     prunable = placed["older"] | (placed["at"] if inclusive else set())
-    backlog = measure_backlog(engine, CUTOFF, rule)
+    backlog = measure_backlog(engine, rule, CUTOFF)
     assert (backlog.remaining, backlog.oldest_age) == (len(prunable), CUTOFF - 3 * MICRO)
 
     # Batches of two: the first locks first, the ones after it are optimistic (two
     # statements); batches of one name their row first (the next-key statement).
-    report = purge(engine, CUTOFF, batch_size=batch_size, max_run_duration=MINUTE,
-                   rule=rule, scan=scan)
+    report = purge_rows(engine, CUTOFF, batch_size=batch_size, max_run_duration=MINUTE,
+                        rule=rule, scan=scan)
 
     assert report.scan_mode == str(scan)
     assert report.deleted_total == len(prunable)
     assert rows.ids() == placed["newer"] | placed["account"] | (
         set() if inclusive else placed["at"])
-    assert measure_backlog(engine, CUTOFF, rule).remaining == 0
+    assert measure_backlog(engine, rule, CUTOFF).remaining == 0
 
 
 @pytest.mark.parametrize("inclusive", [True, False], ids=["inclusive", "strict"])
@@ -177,8 +180,8 @@ def test_partitions_ending_at_the_cutoff_go_whole_and_the_row_at_it_goes_only_wh
     # the partition's range.
     for partition in prunable_partitions(engine, rule, CUTOFF):
         assert partition.name == at
-        purge(engine, CUTOFF, batch_size=10, max_run_duration=MINUTE,
-              rule=rule.within(partition.ages))
+        purge_rows(engine, CUTOFF, batch_size=10, max_run_duration=MINUTE,
+                   rule=rule.within(partition.ages))
     assert rows.ids() == ({newer} if inclusive else {at_cutoff, newer})
 
 
@@ -194,9 +197,33 @@ def test_the_archive_receives_the_row_at_the_cutoff_only_from_an_inclusive_rule(
     newer = set(shop.add_items(engine, 1, updated_at=shop.CUTOFF + MICRO))
     moved = older | (at if inclusive else set())
 
-    report = purge(engine, shop.CUTOFF, batch_size=2, max_run_duration=MINUTE, rule=rule,
-                   archive=ArchiveTarget(shop.ARCHIVE, shop.POLICY, "run-1"))
+    report = purge_rows(engine, shop.CUTOFF, batch_size=2, max_run_duration=MINUTE, rule=rule,
+                        archive=ArchiveTarget(shop.ARCHIVE, shop.POLICY, "run-1"))
 
     assert report.deleted_total == len(moved)
     assert set(shop.ids_of(engine, shop.ARCHIVE)) == moved
     assert set(shop.ids_of(engine, shop.TABLE)) == newer | (set() if inclusive else at)
+
+
+def _check_table(engine):
+    with engine.connect() as conn:
+        return check_table(conn)
+
+
+#: Each entry point of the core, called as if its rule were forgotten.
+_WITHOUT_RULE = {
+    "purge": lambda engine: purge(engine, CUTOFF, batch_size=10, max_run_duration=MINUTE),
+    "measure_backlog": lambda engine: measure_backlog(engine, CUTOFF),
+    "check_table": _check_table,
+    "HealthMonitor": lambda engine: HealthMonitor(HealthLimits()),
+    "apply_partition_functions": lambda engine: apply_partition_functions(engine, "cleanup"),
+}
+
+
+@pytest.mark.parametrize("entry", _WITHOUT_RULE)
+def test_a_core_entry_point_without_its_rule_is_a_type_error_never_a_run_on_one_table(
+        engine, rows, entry):
+    old_guest = rows.add(updated_at=CUTOFF - 30 * DAY)
+    with pytest.raises(TypeError):
+        _WITHOUT_RULE[entry](engine)
+    assert rows.ids() == {old_guest}

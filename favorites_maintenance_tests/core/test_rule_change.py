@@ -8,8 +8,9 @@ import datetime as dt
 import pytest
 import sqlalchemy as sa
 
+from favorites_maintenance.local.guest_favorites import GUEST_FAVORITES
 from favorites_maintenance.retention.holds import create_hold_table, place_hold
-from favorites_maintenance.retention.rule import GUEST_FAVORITES, RetentionRule
+from favorites_maintenance.retention.rule import RetentionRule
 from favorites_maintenance.retention.rule_change import count_prunable, count_rule_change
 from favorites_maintenance_tests.core.test_holds import HOLDS, holds_of
 

@@ -12,8 +12,9 @@ import pytest
 import sqlalchemy as sa
 
 from favorites_maintenance.local.processes import Daemon
-from favorites_maintenance.retention import StandbyError, purge
+from favorites_maintenance.retention import StandbyError
 from favorites_maintenance.retention.database import create_engine
+from favorites_maintenance_tests.helpers.purging import purge_rows
 
 UTC = dt.timezone.utc
 
@@ -48,8 +49,8 @@ def test_a_hot_standby_is_refused_before_any_batch(standby_url, rows):
         with engine.connect() as conn:
             assert conn.execute(sa.text("SELECT pg_is_in_recovery()")).scalar_one()
         with pytest.raises(StandbyError, match="hot standby"):
-            purge(engine, dt.datetime(2024, 1, 1, tzinfo=UTC), batch_size=5,
-                  max_run_duration=dt.timedelta(minutes=1))
+            purge_rows(engine, dt.datetime(2024, 1, 1, tzinfo=UTC), batch_size=5,
+                       max_run_duration=dt.timedelta(minutes=1))
     finally:
         engine.dispose()
     assert rows.count() == 10

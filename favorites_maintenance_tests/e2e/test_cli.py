@@ -163,7 +163,7 @@ def test_dev_reseed_drops_what_the_table_held_and_seeds_it_again(engine, rows):
     import datetime as dt
 
     from favorites_maintenance.local.dev import prepare_dev_table
-    from favorites_maintenance.retention.schema import dev_favorites
+    from favorites_maintenance.local.guest_favorites import dev_favorites
 
     marked = dt.datetime(2020, 1, 1, tzinfo=dt.timezone.utc)
     kept = rows.add_many(7, updated_at=marked, step=dt.timedelta(0))

@@ -23,10 +23,10 @@ import dagster as dg
 import pytest
 import sqlalchemy as sa
 
+from favorites_maintenance.local.guest_favorites import create_dev_schema
 from favorites_maintenance.pipeline.heartbeat import HEARTBEAT_TAG
 from favorites_maintenance.retention.database import create_engine
 from favorites_maintenance.retention.defaults import DATABASE_URL_VAR
-from favorites_maintenance.retention.schema import create_dev_schema
 from favorites_maintenance_tests.conftest import Rows, slow_batches
 from favorites_maintenance_tests.helpers.daemon import (
     code_location,

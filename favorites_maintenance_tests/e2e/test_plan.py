@@ -14,14 +14,14 @@ from pathlib import Path
 import pytest
 import sqlalchemy as sa
 
-from favorites_maintenance.retention.database import create_engine
-from favorites_maintenance.retention.defaults import DATABASE_URL_VAR
-from favorites_maintenance.retention.schema import (
+from favorites_maintenance.local.guest_favorites import (
     create_dev_schema,
     create_partitioned_dev_schema,
     drop_dev_schema,
     month_starts,
 )
+from favorites_maintenance.retention.database import create_engine
+from favorites_maintenance.retention.defaults import DATABASE_URL_VAR
 from favorites_maintenance_tests.conftest import Rows
 from favorites_maintenance_tests.helpers.host_project import HOST_POLICY, host_project
 

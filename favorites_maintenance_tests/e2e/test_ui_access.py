@@ -19,10 +19,10 @@ import pytest
 import sqlalchemy as sa
 
 from favorites_maintenance.config.parsers import ALERT_WEBHOOK_URL_VAR
+from favorites_maintenance.local.guest_favorites import create_dev_schema
 from favorites_maintenance.pipeline.partitions import daily_partitions
 from favorites_maintenance.retention.database import create_engine
 from favorites_maintenance.retention.defaults import DATABASE_URL_VAR
-from favorites_maintenance.retention.schema import create_dev_schema
 from favorites_maintenance_tests.conftest import Rows
 from favorites_maintenance_tests.helpers.dev_stack import (
     ASSET_PATH, LOCATION, REPOSITORY, ROOT, DagsterService, wait_for)

@@ -17,6 +17,7 @@ import pytest
 import sqlalchemy as sa
 
 from favorites_maintenance.config.policy import DATABASE_TAG, database_resource_key
+from favorites_maintenance.local.guest_favorites import create_dev_schema
 from favorites_maintenance.local.second_database import (
     EU_POLICY,
     EU_URL_VAR,
@@ -25,7 +26,6 @@ from favorites_maintenance.local.second_database import (
 from favorites_maintenance.pipeline.partitions import daily_partitions
 from favorites_maintenance.retention.database import create_engine
 from favorites_maintenance.retention.defaults import DATABASE_URL_VAR
-from favorites_maintenance.retention.schema import create_dev_schema
 from favorites_maintenance_tests.conftest import Rows
 from favorites_maintenance_tests.e2e.test_ui_access import (
     CAPTURED,

@@ -15,8 +15,8 @@ import sqlalchemy as sa
 from favorites_maintenance.config.policy import Policy
 from favorites_maintenance.config.policy_settings import SETTINGS, parse_policy_settings
 from favorites_maintenance.retention.defaults import DATABASE_URL_VAR
-from favorites_maintenance.retention.rule import GUEST_FAVORITES
-from favorites_maintenance.retention.schema import (
+from favorites_maintenance.local.guest_favorites import GUEST_FAVORITES
+from favorites_maintenance.local.guest_favorites import (
     create_partitioned_dev_schema,
     dev_favorites,
     drop_dev_schema,

@@ -18,8 +18,8 @@ import dagster as dg
 import pytest
 import sqlalchemy as sa
 
+from favorites_maintenance.local.guest_favorites import dev_favorites as t
 from favorites_maintenance.pipeline.partitions import daily_partitions
-from favorites_maintenance.retention.schema import dev_favorites as t
 from favorites_maintenance_tests.helpers.jobs import ASSET_KEY, JOB, load_code_location
 
 UTC = dt.timezone.utc

@@ -18,10 +18,10 @@ from click.testing import CliRunner
 from favorites_maintenance.components.load_errors import PolicyLoadError
 from favorites_maintenance.config.parsers import SettingsError
 from favorites_maintenance.config.policy import DATABASE_TAG
+from favorites_maintenance.local.guest_favorites import create_dev_schema
 from favorites_maintenance.pipeline.resources import AlertSink
 from favorites_maintenance.retention.database import create_engine
 from favorites_maintenance.retention.defaults import DATABASE_URL_VAR
-from favorites_maintenance.retention.schema import create_dev_schema
 from favorites_maintenance_tests.conftest import Rows
 from favorites_maintenance_tests.helpers.jobs import (
     guest_settings_env,

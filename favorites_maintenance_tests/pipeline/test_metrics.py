@@ -18,9 +18,9 @@ import yaml
 from favorites_maintenance.components.policy_tree import load_policies
 from favorites_maintenance.config.parsers import METRICS_PUSHGATEWAY_URL_VAR
 from favorites_maintenance.config.policy import Policy, PolicyError
+from favorites_maintenance.local.guest_favorites import GUEST_FAVORITES
 from favorites_maintenance.local.processes import free_port
 from favorites_maintenance.pipeline.metrics import GAUGES
-from favorites_maintenance.retention.rule import GUEST_FAVORITES
 from favorites_maintenance_tests.helpers.jobs import run_job
 from favorites_maintenance_tests.helpers.pushgateway import Pushgateway, require_pushgateway
 from favorites_maintenance_tests.helpers.system_packages import require_program

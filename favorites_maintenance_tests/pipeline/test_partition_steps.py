@@ -16,8 +16,8 @@ import sqlalchemy as sa
 
 from favorites_maintenance.config.policy import Policy, PolicyError
 from favorites_maintenance.config.policy_settings import parse_policy_settings
+from favorites_maintenance.local.guest_favorites import GUEST_FAVORITES
 from favorites_maintenance.retention.defaults import DATABASE_URL_VAR
-from favorites_maintenance.retention.rule import GUEST_FAVORITES
 from favorites_maintenance_tests.helpers.daemon import step_processes
 from favorites_maintenance_tests.helpers.jobs import failure_text, materialization
 from favorites_maintenance_tests.helpers.partitioned import (

@@ -19,9 +19,14 @@ import pytest
 from dagster._utils.schedules import is_valid_cron_string
 
 from favorites_maintenance.components.policy_tree import PolicyLoadError, load_policies
+from favorites_maintenance.components.retention_policy import RetentionPolicy
 from favorites_maintenance.config.deployment import load_deployment_settings
 from favorites_maintenance.config.parsers import SettingsError, validate_cron
-from favorites_maintenance.config.policy_settings import PolicySettings, markdown_table
+from favorites_maintenance.config.policy_settings import (
+    PolicySettings,
+    markdown_table,
+    parse_policy_settings,
+)
 from favorites_maintenance_tests.helpers.jobs import GUEST_VARIABLES
 
 PASSWORD = "s3cr3t-pa55"
@@ -337,6 +342,26 @@ def test_the_readme_table_of_policy_settings_is_the_declared_one():
                       re.S)
     assert found, "README.md has no table between <!-- policy-settings --> markers"
     assert found[1].strip() == markdown_table()
+
+
+def test_the_purge_takes_each_of_its_settings_from_the_policys():
+    settings = parse_policy_settings(
+        {"batch_size": "300", "batch_size_max": "900", "max_run_duration": "PT7M",
+         "target_batch_duration": "PT0.5S", "sleep_ratio": "1.5",
+         "max_replication_lag_bytes": "4096", "max_wal_bytes_per_second": "8192",
+         "max_pause": "PT45S"}, {})
+    options = settings.purge_options(previous_row_s=0.002)
+    assert (options.batch_size, options.batch_size_max, options.max_run_duration,
+            options.target_batch_duration, options.sleep_ratio, options.previous_row_s) == (
+        300, 900, dt.timedelta(minutes=7), dt.timedelta(seconds=0.5), 1.5, 0.002)
+    assert (options.health.max_replication_lag_bytes, options.health.max_wal_bytes_per_second,
+            options.health.max_pause) == (4096, 8192, dt.timedelta(seconds=45))
+
+
+def test_every_field_of_the_policy_files_schema_says_what_it_means():
+    schema = RetentionPolicy.get_model_cls().model_json_schema()["properties"]
+    assert {"metrics_prefix", "archive_table", "null_columns"} <= set(schema)
+    assert [name for name, field in schema.items() if not field.get("description")] == []
 
 
 @pytest.mark.parametrize("written, comparison", [

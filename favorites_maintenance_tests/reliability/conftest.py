@@ -11,8 +11,8 @@ import time
 import pytest
 import sqlalchemy as sa
 
+from favorites_maintenance.local.guest_favorites import dev_favorites
 from favorites_maintenance.retention.database import APPLICATION_NAME
-from favorites_maintenance.retention.schema import dev_favorites
 from favorites_maintenance_tests.helpers import jobs
 from favorites_maintenance_tests.helpers.jobs import error_text, materialization, step_failure
 

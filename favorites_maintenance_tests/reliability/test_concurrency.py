@@ -8,9 +8,10 @@ import time
 
 import sqlalchemy as sa
 
-from favorites_maintenance.retention import measure_backlog, purge
+from favorites_maintenance.local.guest_favorites import GUEST_FAVORITES, dev_favorites
+from favorites_maintenance.retention import measure_backlog
 from favorites_maintenance.retention.database import create_engine
-from favorites_maintenance.retention.schema import dev_favorites
+from favorites_maintenance_tests.helpers.purging import purge_rows
 from favorites_maintenance_tests.reliability.conftest import (
     CUTOFF,
     FRESH,
@@ -75,7 +76,7 @@ def test_writes_during_a_batch_survive_with_their_values_and_nobody_deadlocks(
     touch = lambda i, n: sa.update(dev_favorites).where(f.id == i).values(  # noqa: E731
         note=n, updated_at=sa.func.now())
     with slow_delete(engine, seconds=1.5):
-        purger, report = in_thread(purge, engine, CUTOFF, batch_size=100,
+        purger, report = in_thread(purge_rows, engine, CUTOFF, batch_size=100,
                                    max_run_duration=MINUTE)
         sleeping_backend(engine)
         # Rows of batch 1 (held by the purge, or not yet reached by it) and of batch 2.
@@ -127,8 +128,8 @@ def test_a_row_locked_by_a_user_claim_is_skipped_not_waited_on_and_keeps_the_cla
         user.execute(sa.update(dev_favorites).where(f.id == ids[120]).values(user_id=77))
         user.execute(sa.update(dev_favorites).where(f.id == ids[121]).values(note="abandoned"))
         t0 = time.monotonic()
-        report = purge(engine, CUTOFF, batch_size=100, max_run_duration=MINUTE,
-                       lock_timeout=dt.timedelta(seconds=10))
+        report = purge_rows(engine, CUTOFF, batch_size=100, max_run_duration=MINUTE,
+                            lock_timeout=dt.timedelta(seconds=10))
         took = time.monotonic() - t0
         user.commit()
     finally:
@@ -139,8 +140,8 @@ def test_a_row_locked_by_a_user_claim_is_skipped_not_waited_on_and_keeps_the_cla
     assert set(state) == {ids[120], ids[121]}
     assert state[ids[120]][0] == 77
     # The other row stays prunable: the next run takes it, the backlog showed it meanwhile.
-    assert measure_backlog(engine, CUTOFF).remaining == 1
-    assert purge(engine, CUTOFF, batch_size=100, max_run_duration=MINUTE).deleted_total == 1
+    assert measure_backlog(engine, GUEST_FAVORITES, CUTOFF).remaining == 1
+    assert purge_rows(engine, CUTOFF, batch_size=100, max_run_duration=MINUTE).deleted_total == 1
 
 
 def test_four_purges_at_once_delete_each_row_exactly_once_under_user_writes(db_url, engine,
@@ -158,8 +159,8 @@ def test_four_purges_at_once_delete_each_row_exactly_once_under_user_writes(db_u
             start.wait()
             with eng.connect() as conn:
                 backends.append(conn.exec_driver_sql("SELECT pg_backend_pid()").scalar())
-            reports.append(purge(eng, CUTOFF, batch_size=250, max_run_duration=MINUTE,
-                                 on_batch=lambda b: time.sleep(0.003)))
+            reports.append(purge_rows(eng, CUTOFF, batch_size=250, max_run_duration=MINUTE,
+                                      on_batch=lambda b: time.sleep(0.003)))
         except BaseException as exc:  # noqa: BLE001
             errors.append(exc)
         finally:
@@ -176,7 +177,7 @@ def test_four_purges_at_once_delete_each_row_exactly_once_under_user_writes(db_u
     assert len(reports) == 4 and all(r.deleted_total > 0 for r in reports), \
         [r.deleted_total for r in reports]
     # Rows a user held when a purge passed are left for the next run, which takes them.
-    last = purge(engine, CUTOFF, batch_size=250, max_run_duration=MINUTE)
+    last = purge_rows(engine, CUTOFF, batch_size=250, max_run_duration=MINUTE)
 
     log = deletions(engine)
     deleted_ids = [i for i, _ in log]

@@ -13,8 +13,9 @@ import dagster as dg
 import pytest
 import sqlalchemy as sa
 
-from favorites_maintenance.retention import BatchError, purge
-from favorites_maintenance.retention.schema import dev_favorites
+from favorites_maintenance.local.guest_favorites import dev_favorites
+from favorites_maintenance.retention import BatchError
+from favorites_maintenance_tests.helpers.purging import purge_rows
 from favorites_maintenance_tests.reliability.conftest import (
     CUTOFF,
     FRESH,
@@ -48,7 +49,7 @@ def test_a_killed_backend_rolls_back_its_batch_only_and_the_next_purge_finishes(
     with slow_delete(engine):
         killer, killed = in_thread(kill_when_sleeping, engine)
         with pytest.raises(BatchError) as raised:
-            purge(engine, CUTOFF, batch_size=BATCH, max_run_duration=dt.timedelta(minutes=5))
+            purge_rows(engine, CUTOFF, batch_size=BATCH, max_run_duration=dt.timedelta(minutes=5))
         killer.join(10)
     assert isinstance(killed[0], int)
 
@@ -60,7 +61,7 @@ def test_a_killed_backend_rolls_back_its_batch_only_and_the_next_purge_finishes(
     assert err.kind == "connection_lost"
 
     # Same engine, nothing reset by hand: the dead connection is replaced.
-    again = purge(engine, CUTOFF, batch_size=BATCH, max_run_duration=dt.timedelta(minutes=5))
+    again = purge_rows(engine, CUTOFF, batch_size=BATCH, max_run_duration=dt.timedelta(minutes=5))
     assert again.deleted_total == N - 300
     assert err.report.deleted_total + again.deleted_total == N
     assert rows.ids() == set(keep)

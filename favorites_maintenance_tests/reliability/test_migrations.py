@@ -16,9 +16,9 @@ import dagster as dg
 import pytest
 import sqlalchemy as sa
 
-from favorites_maintenance.retention import purge
+from favorites_maintenance.local.guest_favorites import RECOMMENDED_INDEX_NAME
 from favorites_maintenance.retention.database import create_engine
-from favorites_maintenance.retention.schema import RECOMMENDED_INDEX_NAME
+from favorites_maintenance_tests.helpers.purging import purge_rows
 from favorites_maintenance_tests.reliability.conftest import (
     CUTOFF,
     OLD,
@@ -61,7 +61,7 @@ def test_a_migration_between_two_batches_does_not_fail_the_run(db_url, engine, r
             migrated.append(batch.deleted_total)
 
     try:
-        report = purge(job_engine, CUTOFF, batch_size=100, max_run_duration=dt.timedelta(
+        report = purge_rows(job_engine, CUTOFF, batch_size=100, max_run_duration=dt.timedelta(
             minutes=5), on_batch=migrate_after_batch_3)
     finally:
         job_engine.dispose()
@@ -91,8 +91,9 @@ def test_a_schema_changed_after_every_batch_still_lets_the_run_finish(db_url, en
     try:
         # Each new connection prepares afresh, so a change between batches never repeats the
         # error for the same batch: the run still completes.
-        report = purge(job_engine, CUTOFF, batch_size=100,
-                       max_run_duration=dt.timedelta(minutes=5), on_batch=migrate_again_and_again)
+        report = purge_rows(job_engine, CUTOFF, batch_size=100,
+                            max_run_duration=dt.timedelta(minutes=5),
+                            on_batch=migrate_again_and_again)
     finally:
         job_engine.dispose()
     assert report.deleted_total == 300

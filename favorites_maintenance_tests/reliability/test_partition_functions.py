@@ -13,6 +13,7 @@ import dagster as dg
 import pytest
 import sqlalchemy as sa
 
+from favorites_maintenance.local.guest_favorites import month_starts
 from favorites_maintenance.retention.database import create_engine
 from favorites_maintenance.retention.defaults import DATABASE_URL_VAR
 from favorites_maintenance.retention.least_privilege import (
@@ -20,7 +21,6 @@ from favorites_maintenance.retention.least_privilege import (
     partition_functions_sql,
 )
 from favorites_maintenance.retention.rule import RetentionRule, RuleError
-from favorites_maintenance.retention.schema import month_starts
 from favorites_maintenance_tests.helpers.jobs import (
     failure_text,
     guest_settings_env,

@@ -10,8 +10,8 @@ import dagster as dg
 import pytest
 import sqlalchemy as sa
 
+from favorites_maintenance.local.guest_favorites import drop_dev_schema
 from favorites_maintenance.retention.defaults import DATABASE_URL_VAR
-from favorites_maintenance.retention.schema import drop_dev_schema
 from favorites_maintenance_tests.helpers.jobs import (
     failure_text,
     guest_settings_env,

@@ -22,8 +22,8 @@ from favorites_maintenance.retention.least_privilege import (
     apply_partition_functions,
     partition_functions_sql,
 )
-from favorites_maintenance.retention.rule import GUEST_FAVORITES
-from favorites_maintenance.retention.schema import (
+from favorites_maintenance.local.guest_favorites import GUEST_FAVORITES
+from favorites_maintenance.local.guest_favorites import (
     create_partitioned_dev_schema,
     drop_dev_schema,
     month_starts,
@@ -391,7 +391,7 @@ def cleanup_role_with_functions(table, roles, monkeypatch) -> sa.URL:
     """The job runs as the least-privilege role (its URL returned), the owner's partition
     functions installed."""
     url = roles.create("cleanup", least_privilege=True)
-    apply_partition_functions(table, url.username)
+    apply_partition_functions(table, url.username, GUEST_FAVORITES)
     monkeypatch.setenv(DATABASE_URL_VAR, url.render_as_string(hide_password=False))
     return url
 
@@ -457,7 +457,7 @@ def test_the_owners_function_refuses_a_partition_holding_an_account_row(table, r
     rows.add_many(3, updated_at=month(2))
     rows.add(updated_at=month(2, 15), user_id=1)
     url = roles.create("cleanup", least_privilege=True)
-    apply_partition_functions(table, url.username)
+    apply_partition_functions(table, url.username, GUEST_FAVORITES)
     role_engine = create_engine(url)
     try:
         with pytest.raises(sa.exc.DBAPIError, match="kept: favorites.favorites_20250201 holds "

@@ -19,12 +19,12 @@ import dagster as dg
 import pytest
 import sqlalchemy as sa
 
-from favorites_maintenance.retention.database import create_engine
-from favorites_maintenance.retention.defaults import DATABASE_URL_VAR
-from favorites_maintenance.retention.schema import (
+from favorites_maintenance.local.guest_favorites import (
     create_partitioned_dev_schema,
     drop_dev_schema,
 )
+from favorites_maintenance.retention.database import create_engine
+from favorites_maintenance.retention.defaults import DATABASE_URL_VAR
 from favorites_maintenance_tests.conftest import Rows
 from favorites_maintenance_tests.helpers.debian_postgres import (
     DebianServer,

@@ -15,9 +15,10 @@ import dagster as dg
 import pytest
 import sqlalchemy as sa
 
-from favorites_maintenance.retention import SkippedRowsError, purge
+from favorites_maintenance.local.guest_favorites import dev_favorites
+from favorites_maintenance.retention import SkippedRowsError
 from favorites_maintenance.retention.batch_loop import BLOCKED_AFTER
-from favorites_maintenance.retention.schema import dev_favorites
+from favorites_maintenance_tests.helpers.purging import purge_rows
 from favorites_maintenance_tests.reliability.conftest import (
     CUTOFF,
     OLD,
@@ -147,7 +148,7 @@ def test_each_kind_of_row_level_error_is_isolated_and_named(engine, rows, blocke
         cause = ("restrict_violation (SQLSTATE 23001) from constraint "
                  "favorites.share_views_share_fk on favorites.share_views")
 
-    report = purge(engine, CUTOFF, batch_size=16, max_run_duration=TEN_MIN)
+    report = purge_rows(engine, CUTOFF, batch_size=16, max_run_duration=TEN_MIN)
 
     assert rows.ids() == poison
     assert (report.deleted_total, report.skipped_rows) == (38, 2)
@@ -185,7 +186,7 @@ def test_the_cost_of_finding_a_blocked_table_is_bounded(engine, rows):
     refuse_all_deletes(engine)
 
     with pytest.raises(SkippedRowsError) as raised:
-        purge(engine, CUTOFF, batch_size=1000, max_run_duration=TEN_MIN)
+        purge_rows(engine, CUTOFF, batch_size=1000, max_run_duration=TEN_MIN)
 
     report = raised.value.report
     assert (report.deleted_total, report.skipped_rows) == (0, BLOCKED_AFTER)
@@ -201,7 +202,7 @@ def test_the_cap_on_skipped_rows_stops_a_run_that_would_skip_too_many(engine, ro
         reference(engine, favorite_id)
 
     with pytest.raises(SkippedRowsError) as raised:
-        purge(engine, CUTOFF, batch_size=8, max_run_duration=TEN_MIN, max_skipped_rows=5)
+        purge_rows(engine, CUTOFF, batch_size=8, max_run_duration=TEN_MIN, max_skipped_rows=5)
 
     assert raised.value.report.skipped_rows == 6
     assert "more than 5 prunable rows could not be deleted" in str(raised.value)
@@ -213,7 +214,7 @@ def test_an_account_row_is_never_deleted_while_batches_are_split(engine, rows):
     accounts = set(rows.add_many(20, updated_at=OLD, user_id=9))
     reference(engine, sorted(guests)[4])
 
-    report = purge(engine, CUTOFF, batch_size=8, max_run_duration=TEN_MIN)
+    report = purge_rows(engine, CUTOFF, batch_size=8, max_run_duration=TEN_MIN)
 
     assert report.deleted_total == 19
     assert rows.ids() == accounts | {sorted(guests)[4]}
@@ -251,7 +252,7 @@ def test_a_referenced_row_at_an_instant_python_cannot_hold_is_skipped_once(engin
     reference(engine, 1000000)
     ordinary = rows.add_many(20, updated_at=OLD)
 
-    report = purge(engine, CUTOFF, batch_size=5, max_run_duration=TEN_MIN)
+    report = purge_rows(engine, CUTOFF, batch_size=5, max_run_duration=TEN_MIN)
 
     assert (report.deleted_total, report.skipped_rows) == (len(ordinary), 1)
     assert rows.ids() == {1000000}
@@ -323,10 +324,10 @@ def test_a_row_exactly_at_an_inclusive_cutoff_that_cannot_be_read_is_located_and
             f"USING ((1.0 / (id - {poison})) IS NOT NULL)")
     job = create_engine(url)
     try:
-        report = purge(job, CUTOFF, batch_size=8, max_run_duration=TEN_MIN, rule=rule)
+        report = purge_rows(job, CUTOFF, batch_size=8, max_run_duration=TEN_MIN, rule=rule)
         assert (report.deleted_total, report.skipped_rows) == (len(older), 1)
         assert rows.ids() == {poison, newer}
         # Counted around the row it cannot read.
-        assert measure_backlog(job, CUTOFF, rule).remaining == 1
+        assert measure_backlog(job, rule, CUTOFF).remaining == 1
     finally:
         job.dispose()

@@ -26,9 +26,9 @@ import yaml
 from favorites_maintenance.components.policy_tree import load_policies
 from favorites_maintenance.config.policy import DATABASE_TAG
 from favorites_maintenance.local.embedded import EmbeddedPostgres
+from favorites_maintenance.local.guest_favorites import create_dev_schema
 from favorites_maintenance.retention.database import create_engine
 from favorites_maintenance.retention.defaults import DATABASE_URL_VAR
-from favorites_maintenance.retention.schema import create_dev_schema
 from favorites_maintenance_tests.conftest import Rows
 from favorites_maintenance_tests.helpers.dev_stack import ROOT
 from favorites_maintenance_tests.helpers.jobs import guest_settings_env, run_report

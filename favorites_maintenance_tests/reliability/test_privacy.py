@@ -16,9 +16,10 @@ import dagster as dg
 import pytest
 import sqlalchemy as sa
 
-from favorites_maintenance.retention import SkippedRowsError, purge
+from favorites_maintenance.local.guest_favorites import dev_favorites
+from favorites_maintenance.retention import SkippedRowsError
 from favorites_maintenance.retention.database import create_engine
-from favorites_maintenance.retention.schema import dev_favorites
+from favorites_maintenance_tests.helpers.purging import purge_rows
 from favorites_maintenance_tests.reliability.conftest import (
     CUTOFF,
     FRESH,
@@ -158,7 +159,7 @@ def test_core_errors_never_carry_the_row_the_database_quoted(engine, collected):
     # Every row fails: the batch is split down to single rows, each skipped by its key, until
     # the table is taken for blocked.
     with pytest.raises(SkippedRowsError) as raised:
-        purge(engine, CUTOFF, batch_size=10, max_run_duration=dt.timedelta(minutes=1))
+        purge_rows(engine, CUTOFF, batch_size=10, max_run_duration=dt.timedelta(minutes=1))
     err = raised.value
     assert "raise_exception (SQLSTATE P0001)" in str(err)
     assert err.__cause__ is None and err.__suppress_context__
@@ -172,7 +173,7 @@ def test_a_bad_password_or_host_never_echoes_the_password(db_url, collected):
         engine = create_engine(url)
         try:
             with pytest.raises(Exception) as raised:
-                purge(engine, CUTOFF, batch_size=10, max_run_duration=dt.timedelta(minutes=1))
+                purge_rows(engine, CUTOFF, batch_size=10, max_run_duration=dt.timedelta(minutes=1))
             collected.texts += [str(raised.value), repr(raised.value), repr(engine),
                                 str(engine.url)]
         finally:

@@ -18,11 +18,12 @@ import pytest
 import sqlalchemy as sa
 
 from favorites_maintenance.local.embedded import EmbeddedPostgres
+from favorites_maintenance.local.guest_favorites import create_dev_schema
 from favorites_maintenance.local.processes import Daemon, free_port
-from favorites_maintenance.retention import HealthLimits, StopReason, purge
+from favorites_maintenance.retention import HealthLimits, StopReason
 from favorites_maintenance.retention.database import create_engine
-from favorites_maintenance.retention.schema import create_dev_schema
 from favorites_maintenance_tests.conftest import Rows
+from favorites_maintenance_tests.helpers.purging import purge_rows
 from favorites_maintenance_tests.reliability.conftest import (
     CUTOFF,
     FRESH,
@@ -214,8 +215,8 @@ def test_a_replication_slot_no_one_consumes_pauses_the_purge_until_it_is_dropped
         conn.commit()
     try:
         write_wal(engine)
-        report = purge(engine, CUTOFF, batch_size=100, max_run_duration=dt.timedelta(minutes=1),
-                       health=limits)
+        report = purge_rows(engine, CUTOFF, batch_size=100,
+                            max_run_duration=dt.timedelta(minutes=1), health=limits)
         assert report.stop_reason is StopReason.DB_UNHEALTHY and rows.count() == 500
         assert report.throttled_by.startswith("replication_lag ")
         assert report.throttled_by.endswith("(slot 'favorites_idle')")
@@ -224,6 +225,6 @@ def test_a_replication_slot_no_one_consumes_pauses_the_purge_until_it_is_dropped
             conn.execute(sa.text("SELECT pg_drop_replication_slot('favorites_idle')"))
             conn.commit()
     wait_for_lag(engine, above=False)
-    report = purge(engine, CUTOFF, batch_size=100, max_run_duration=dt.timedelta(minutes=1),
-                   health=limits)
+    report = purge_rows(engine, CUTOFF, batch_size=100, max_run_duration=dt.timedelta(minutes=1),
+                        health=limits)
     assert report.stop_reason is StopReason.EXHAUSTED and rows.count() == 0

@@ -16,10 +16,11 @@ import pytest
 import sqlalchemy as sa
 
 from favorites_maintenance.local.embedded import EmbeddedPostgres
-from favorites_maintenance.retention import ConnectError, purge
+from favorites_maintenance.local.guest_favorites import create_dev_schema
+from favorites_maintenance.retention import ConnectError
 from favorites_maintenance.retention.database import create_engine
-from favorites_maintenance.retention.schema import create_dev_schema
 from favorites_maintenance_tests.conftest import Rows
+from favorites_maintenance_tests.helpers.purging import purge_rows
 from favorites_maintenance_tests.reliability.conftest import (
     CUTOFF,
     FRESH,
@@ -64,13 +65,13 @@ def favorites(server, request):
 def test_a_pooled_engine_survives_a_restart_thanks_to_pre_ping(server, favorites):
     url, engine, rows = favorites
     rows.add_many(300, updated_at=OLD)
-    assert purge(engine, CUTOFF, batch_size=100, max_run_duration=MINUTE).deleted_total == 300
+    assert purge_rows(engine, CUTOFF, batch_size=100, max_run_duration=MINUTE).deleted_total == 300
     rows.add_many(200, updated_at=OLD)
     assert engine.pool.checkedin() >= 1  # a pooled connection that the restart will kill
 
     restart(server)
 
-    assert purge(engine, CUTOFF, batch_size=100, max_run_duration=MINUTE).deleted_total == 200
+    assert purge_rows(engine, CUTOFF, batch_size=100, max_run_duration=MINUTE).deleted_total == 200
 
 
 def test_without_pre_ping_the_stale_connection_is_what_fails(server, favorites):
@@ -81,7 +82,7 @@ def test_without_pre_ping_the_stale_connection_is_what_fails(server, favorites):
             conn.exec_driver_sql("SELECT 1")
         restart(server)
         with pytest.raises(ConnectError) as raised:
-            purge(bare, CUTOFF, batch_size=100, max_run_duration=MINUTE)
+            purge_rows(bare, CUTOFF, batch_size=100, max_run_duration=MINUTE)
         assert raised.value.kind == "connection_lost"
     finally:
         bare.dispose()

@@ -15,8 +15,9 @@ import time
 import pytest
 import sqlalchemy as sa
 
-from favorites_maintenance.retention import measure_backlog, purge
-from favorites_maintenance.retention.schema import dev_favorites
+from favorites_maintenance.local.guest_favorites import GUEST_FAVORITES, dev_favorites
+from favorites_maintenance.retention import measure_backlog
+from favorites_maintenance_tests.helpers.purging import purge_rows
 from favorites_maintenance_tests.reliability.conftest import CUTOFF
 from favorites_maintenance_tests.reliability.workload import UserSessions
 
@@ -83,15 +84,17 @@ def test_soak_concurrent_user_writes_during_a_purge(db_url, engine):
             time.sleep(behind)
 
     with UserSessions(db_url, targets, writers=WRITERS, hold_s=0.005) as users:
-        report = purge(engine, CUTOFF, batch_size=BATCH, max_run_duration=dt.timedelta(minutes=10),
-                       on_batch=pace, lock_timeout=dt.timedelta(seconds=5))
+        report = purge_rows(engine, CUTOFF, batch_size=BATCH,
+                            max_run_duration=dt.timedelta(minutes=10), on_batch=pace,
+                            lock_timeout=dt.timedelta(seconds=5))
         purge_s = time.monotonic() - started
         while time.monotonic() - started < MIN_SOAK_S:
             time.sleep(0.2)
         writes = users.stop()
     soak_s = time.monotonic() - started
-    skipped = measure_backlog(engine, CUTOFF).remaining  # rows users held when it passed
-    final = purge(engine, CUTOFF, batch_size=BATCH, max_run_duration=dt.timedelta(minutes=5))
+    # Rows users held when it passed.
+    skipped = measure_backlog(engine, GUEST_FAVORITES, CUTOFF).remaining
+    final = purge_rows(engine, CUTOFF, batch_size=BATCH, max_run_duration=dt.timedelta(minutes=5))
 
     print(f"\nsoak: {soak_s:.1f} s of user writes; purge of {PRUNABLE:,} prunable rows took "
           f"{purge_s:.1f} s in {report.batches} batches of {BATCH} "

@@ -19,8 +19,8 @@ from click.testing import CliRunner
 from favorites_maintenance.cli import main
 from favorites_maintenance.retention.defaults import DATABASE_URL_VAR
 from favorites_maintenance.retention.errors import TableShapeError
-from favorites_maintenance.retention.rule import GUEST_FAVORITES
-from favorites_maintenance.retention.schema import (
+from favorites_maintenance.local.guest_favorites import GUEST_FAVORITES
+from favorites_maintenance.local.guest_favorites import (
     RECOMMENDED_INDEX_NAME,
     RECOMMENDED_INDEX_SQL,
     create_partitioned_dev_schema,

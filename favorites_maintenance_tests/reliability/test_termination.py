@@ -11,8 +11,9 @@ import threading
 
 import sqlalchemy as sa
 
-from favorites_maintenance.retention import StopReason, purge
-from favorites_maintenance.retention.schema import dev_favorites
+from favorites_maintenance.local.guest_favorites import dev_favorites
+from favorites_maintenance.retention import StopReason
+from favorites_maintenance_tests.helpers.purging import purge_rows
 from favorites_maintenance_tests.reliability.conftest import (
     CUTOFF,
     OLD,
@@ -37,7 +38,7 @@ def test_a_stop_requested_during_a_batch_lets_it_commit_and_starts_no_other(engi
         return stop.is_set()
 
     with slow_delete(engine, seconds=1):
-        purger, out = in_thread(purge, engine, CUTOFF, batch_size=100, max_run_duration=MINUTE,
+        purger, out = in_thread(purge_rows, engine, CUTOFF, batch_size=100, max_run_duration=MINUTE,
                                 should_stop=should_stop, on_batch=batches.append)
         sleeping_backend(engine)
         stop.set()  # e.g. the UI's Terminate, captured by the op and polled here
@@ -55,8 +56,8 @@ def test_a_stop_requested_during_a_batch_lets_it_commit_and_starts_no_other(engi
 
 def test_a_stop_requested_before_the_first_batch_deletes_nothing(engine, rows):
     rows.add_many(50, updated_at=OLD)
-    report = purge(engine, CUTOFF, batch_size=10, max_run_duration=MINUTE,
-                   should_stop=lambda: True)
+    report = purge_rows(engine, CUTOFF, batch_size=10, max_run_duration=MINUTE,
+                        should_stop=lambda: True)
     assert report.stop_reason is StopReason.STOP_REQUESTED
     assert (report.deleted_total, report.batches) == (0, 0)
     assert rows.count() == 50
@@ -65,8 +66,8 @@ def test_a_stop_requested_before_the_first_batch_deletes_nothing(engine, rows):
 def test_no_session_is_left_behind_after_a_stop(engine, rows):
     rows.add_many(300, updated_at=OLD)
     calls = []
-    purge(engine, CUTOFF, batch_size=100, max_run_duration=MINUTE,
-          should_stop=lambda: calls.append(1) or len(calls) > 2)
+    purge_rows(engine, CUTOFF, batch_size=100, max_run_duration=MINUTE,
+               should_stop=lambda: calls.append(1) or len(calls) > 2)
     with engine.connect() as conn:
         open_xacts = conn.execute(sa.text(
             "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() "

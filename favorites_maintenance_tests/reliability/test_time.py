@@ -21,10 +21,10 @@ from click.testing import CliRunner
 from dagster._core.test_utils import freeze_time
 
 from favorites_maintenance.cli import main
+from favorites_maintenance.local.guest_favorites import create_dev_schema
 from favorites_maintenance.retention.database import create_engine
 from favorites_maintenance.retention.errors import InvalidArgumentError
 from favorites_maintenance.retention.rule import compute_cutoff
-from favorites_maintenance.retention.schema import create_dev_schema
 from favorites_maintenance.testing import prunable_keys, prunable_rows
 from favorites_maintenance.retention.defaults import DATABASE_URL_VAR
 from favorites_maintenance_tests.conftest import Rows

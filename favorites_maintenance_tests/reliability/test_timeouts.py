@@ -17,9 +17,10 @@ import dagster as dg
 import pytest
 import sqlalchemy as sa
 
-from favorites_maintenance.retention import TableCheckError, purge
+from favorites_maintenance.local.guest_favorites import dev_favorites
+from favorites_maintenance.retention import TableCheckError
 from favorites_maintenance.retention.database import create_engine
-from favorites_maintenance.retention.schema import dev_favorites
+from favorites_maintenance_tests.helpers.purging import purge_rows
 from favorites_maintenance_tests.reliability.conftest import (
     CUTOFF,
     OLD,
@@ -51,7 +52,7 @@ def test_a_short_statement_timeout_of_the_role_is_in_force(engine, rows, roles):
     as_role = create_engine(url)
     try:
         with slow_delete(engine, seconds=3):
-            report = purge(as_role, CUTOFF, batch_size=100, max_run_duration=MINUTE)
+            report = purge_rows(as_role, CUTOFF, batch_size=100, max_run_duration=MINUTE)
     finally:
         as_role.dispose()
     # The role's 200 ms cancelled every batch holding the row (not the job's own 30 s, which
@@ -79,8 +80,8 @@ def test_a_short_lock_timeout_of_the_role_is_kept(engine, rows, roles):
         # The first statement to need the table's lock is the check of its shape, bounded like
         # the batches.
         with pytest.raises(TableCheckError) as raised:
-            purge(as_role, CUTOFF, batch_size=100, max_run_duration=MINUTE,
-                  lock_timeout=dt.timedelta(seconds=10))
+            purge_rows(as_role, CUTOFF, batch_size=100, max_run_duration=MINUTE,
+                       lock_timeout=dt.timedelta(seconds=10))
         elapsed = time.monotonic() - t0
     finally:
         migration.rollback()
@@ -95,8 +96,8 @@ def test_the_jobs_own_statement_timeout_applies_when_the_role_has_none(engine, r
     rows.add_many(50, updated_at=OLD)
     mark_slow(engine, 10)
     with slow_delete(engine, seconds=3):
-        report = purge(engine, CUTOFF, batch_size=100, max_run_duration=MINUTE,
-                       statement_timeout=dt.timedelta(milliseconds=300))
+        report = purge_rows(engine, CUTOFF, batch_size=100, max_run_duration=MINUTE,
+                            statement_timeout=dt.timedelta(milliseconds=300))
     assert (report.deleted_total, report.skipped_rows) == (49, 1)
     assert report.skipped_causes[0].startswith("statement_timeout (SQLSTATE 57014)")
     assert rows.ids() == {slow_row_id(engine)}

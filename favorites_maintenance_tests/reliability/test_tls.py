@@ -25,8 +25,8 @@ from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import NameOID
 
+from favorites_maintenance.local.guest_favorites import create_dev_schema
 from favorites_maintenance.retention.database import create_engine
-from favorites_maintenance.retention.schema import create_dev_schema
 from favorites_maintenance.retention.defaults import DATABASE_URL_VAR
 from favorites_maintenance_tests.conftest import Rows
 from favorites_maintenance_tests.helpers.debian_postgres import (

@@ -16,10 +16,11 @@ import dagster as dg
 import pytest
 import sqlalchemy as sa
 
-from favorites_maintenance.retention import BatchError, purge
+from favorites_maintenance.local.guest_favorites import dev_favorites
+from favorites_maintenance.retention import BatchError
 from favorites_maintenance.retention.database import create_engine
 from favorites_maintenance.retention.least_privilege import apply_row_level_security
-from favorites_maintenance.retention.schema import dev_favorites
+from favorites_maintenance_tests.helpers.purging import purge_rows
 from favorites_maintenance_tests.reliability.conftest import (
     CUTOFF,
     OLD,
@@ -173,7 +174,7 @@ def test_a_few_swallowed_rows_at_the_head_of_the_table_never_fail_the_run(
     kept = set(ids[:protected])
     swallow_deletes(engine, f"OLD.id <= {max(kept)}")
 
-    report = purge(engine, CUTOFF, batch_size=batch_size, max_run_duration=dt.timedelta(
+    report = purge_rows(engine, CUTOFF, batch_size=batch_size, max_run_duration=dt.timedelta(
         minutes=5))
 
     assert (report.deleted_total, report.skipped_rows) == (200 - protected, protected)
@@ -194,7 +195,7 @@ def test_rows_deleted_by_another_session_during_the_check_are_no_failure(db_url,
             held.commit()
 
     try:
-        report = purge(job_engine, CUTOFF, batch_size=10, max_run_duration=dt.timedelta(
+        report = purge_rows(job_engine, CUTOFF, batch_size=10, max_run_duration=dt.timedelta(
             minutes=5))
     finally:
         other.close()
@@ -209,7 +210,7 @@ def test_a_delete_rule_fails_the_batch_naming_what_the_server_refused(engine, ro
         conn.exec_driver_sql(
             "CREATE RULE keep AS ON DELETE TO favorites.favorites DO INSTEAD NOTHING")
     with pytest.raises(BatchError) as raised:
-        purge(engine, CUTOFF, batch_size=7, max_run_duration=dt.timedelta(minutes=5))
+        purge_rows(engine, CUTOFF, batch_size=7, max_run_duration=dt.timedelta(minutes=5))
     assert "feature_not_supported" in str(raised.value)
     assert 'cannot perform DELETE RETURNING on relation "favorites"' in str(raised.value)
     assert rows.count() == 20

@@ -16,8 +16,8 @@ from dataclasses import dataclass, field
 
 import sqlalchemy as sa
 
+from favorites_maintenance.local.guest_favorites import dev_favorites
 from favorites_maintenance.retention.database import create_engine
-from favorites_maintenance.retention.schema import dev_favorites
 
 UTC = dt.timezone.utc
 f = dev_favorites.c

@@ -1,7 +1,9 @@
-"""The dev/test DDL of ``favorites.favorites`` and the recommended partial index.
+"""The guest-favorites table of the demo, the benchmark and the tests: its rule, its DDL and
+the recommended partial index.
 
 The production table belongs to the favorites service: the job never creates or alters it. This
-module builds a table of the same shape for the demo, the benchmark and the tests.
+module builds a table of the same shape; the job itself takes its rule from a policy file
+(``defs/guest_favorites/defs.yaml``).
 """
 
 from __future__ import annotations
@@ -12,7 +14,15 @@ import itertools
 import sqlalchemy as sa
 from sqlalchemy.dialects.postgresql import TIMESTAMP, UUID
 
-from favorites_maintenance.retention.rule import GUEST_FAVORITES, SCHEMA, TABLE
+from favorites_maintenance.retention.rule import RetentionRule
+
+SCHEMA = "favorites"
+TABLE = "favorites"
+
+#: The guest-favorites rule: ``user_id IS NULL AND updated_at < :cutoff`` on
+#: ``favorites.favorites``, keyed by ``id`` (what ``defs/guest_favorites/defs.yaml`` declares).
+GUEST_FAVORITES = RetentionRule.define(f"{SCHEMA}.{TABLE}", key_column="id",
+                                       age_column="updated_at", null_columns=["user_id"])
 
 #: The index the job's batch query is written for: its predicate matches the rule's literal
 #: ``user_id IS NULL``, and ``(updated_at, id)`` is the keyset order of the batches.
