@@ -22,6 +22,7 @@ from favorites_maintenance.retention.schema import (
     drop_dev_schema,
     month_starts,
 )
+from favorites_maintenance_tests.helpers.clock import YESTERDAY as PARTITION
 
 UTC = dt.UTC
 POLICY = "monthly_favorites"
@@ -29,8 +30,6 @@ JOB = f"{POLICY}_cleanup_job"
 ASSET_KEY = dg.AssetKey(["favorites", f"{POLICY}_cleanup"])
 NODE = "favorites__monthly_favorites_cleanup"
 BATCH = 20
-#: Yesterday: the day the schedule would run now.
-PARTITION = (dt.datetime.now(UTC) - dt.timedelta(days=1)).date().isoformat()
 
 
 def partitioned_attributes(**settings) -> dict:

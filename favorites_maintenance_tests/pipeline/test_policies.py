@@ -31,12 +31,12 @@ from favorites_maintenance.pipeline.sensors import (
     TICK_FAILURE_SENSOR,
 )
 from favorites_maintenance.retention.defaults import DATABASE_URL_VAR
+from favorites_maintenance_tests.helpers.clock import PARTITION
 from favorites_maintenance_tests.helpers.jobs import failure_text, guest_settings_env, run_report
 from favorites_maintenance_tests.helpers.resource_keys import ALERTS_KEY
 from favorites_maintenance_tests.helpers.sensors import react_to_failures
 
 UTC = dt.timezone.utc
-PARTITION = "2026-06-15"
 #: End of PARTITION: the anchor of both policies' cutoffs.
 ANCHOR = dt.datetime(2026, 6, 16, tzinfo=UTC)
 DEFS = Path(favorites_maintenance.defs.__file__).parent

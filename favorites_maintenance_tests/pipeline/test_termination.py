@@ -24,6 +24,7 @@ from favorites_maintenance.pipeline.resources import AlertSink
 from favorites_maintenance.pipeline.sensors import build_stale_sensor
 from favorites_maintenance.retention.defaults import DATABASE_URL_VAR
 from favorites_maintenance_tests.conftest import slow_batches
+from favorites_maintenance_tests.helpers.clock import YESTERDAY as PARTITION
 from favorites_maintenance_tests.helpers.daemon import (
     code_location,
     dequeue_pass,
@@ -39,7 +40,6 @@ from favorites_maintenance_tests.helpers.resource_keys import ALERTS_KEY
 UTC = dt.timezone.utc
 ROWS = 200_000
 BATCH = 50
-PARTITION = (dt.datetime.now(UTC) - dt.timedelta(days=1)).date().isoformat()
 
 
 def cleanup_job():
