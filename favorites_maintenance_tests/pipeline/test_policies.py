@@ -259,6 +259,7 @@ def test_dry_run_counts_with_the_cutoff_of_now_and_of_the_next_scheduled_run(
     assert rows.count() == 20
 
 
+@pytest.mark.serial
 def test_dry_run_all_counts_every_valid_policy_and_names_the_broken_and_unreadable(
         rows, db_url, monkeypatch):
     from click.testing import CliRunner

@@ -37,6 +37,9 @@ from favorites_maintenance_tests.helpers.daemon import (
 from favorites_maintenance_tests.helpers.jobs import JOB, POLICY, guest_settings_env
 from favorites_maintenance_tests.helpers.resource_keys import ALERTS_KEY
 
+# The stop guarantees are checked one at a time (docs/testing.md).
+pytestmark = pytest.mark.xdist_group("stop")
+
 UTC = dt.timezone.utc
 ROWS = 200_000
 BATCH = 50

@@ -40,6 +40,9 @@ from favorites_maintenance_tests.helpers.policies import (
 )
 from favorites_maintenance_tests.pipeline.test_sensors import Webhook
 
+# The module's servers are started once, on one worker.
+pytestmark = pytest.mark.xdist_group("test_policy_databases")
+
 UTC = dt.timezone.utc
 SECOND_VAR = "FAVORITES_SECOND_DATABASE_URL"
 
