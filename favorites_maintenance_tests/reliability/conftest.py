@@ -13,22 +13,22 @@ import sqlalchemy as sa
 
 from favorites_maintenance.retention.database import APPLICATION_NAME
 from favorites_maintenance.retention.schema import dev_favorites
-from favorites_maintenance_tests.helpers import jobs
 from favorites_maintenance_tests.helpers.clock import CUTOFF, FRESH, OLD, PARTITION
-from favorites_maintenance_tests.helpers.jobs import error_text, materialization, step_failure
+from favorites_maintenance_tests.helpers.jobs import (
+    error_text,
+    materialization,
+    run_job,
+    step_failure,
+)
 
 # Re-exported: the reliability tests import them from here.
-__all__ = ["error_text", "materialization", "step_failure"]
+__all__ = ["CUTOFF", "FRESH", "OLD", "PARTITION", "error_text", "materialization", "run_job",
+           "step_failure"]
 
 UTC = dt.timezone.utc
 #: Private values the job must never print (an anonymous id, a note).
 SENTINEL_ANON = "5e171ae1-dead-4bee-8000-5e171ae15e17"
 SENTINEL_NOTE = "SENTINEL-NOTE-do-not-log-7c1a"
-
-
-def run_job(db_url, instance, *, partition: str = PARTITION, **kwargs):
-    """:func:`favorites_maintenance_tests.helpers.jobs.run_job` on :data:`PARTITION` by default."""
-    return jobs.run_job(db_url, instance, partition=partition, **kwargs)
 
 
 def everything_dagster_recorded(instance, run_id: str) -> str:
