@@ -9,7 +9,6 @@ from __future__ import annotations
 import datetime as dt
 import importlib
 import re
-import threading
 import time
 
 import pytest
@@ -26,6 +25,7 @@ from favorites_maintenance_tests.core.test_purge import (
     partition_by_updated_at,
 )
 from favorites_maintenance_tests.helpers.purging import purge_rows
+from favorites_maintenance_tests.helpers.sessions import run_concurrently
 from favorites_maintenance_tests.reliability.conftest import Roles
 
 UTC = dt.timezone.utc
@@ -260,27 +260,15 @@ def test_two_purges_at_once_in_page_order_delete_each_row_once(db_url, rows):
     prunable = set(rows.add_many(3000, updated_at=OLD))
     accounts = set(rows.add_many(300, updated_at=OLD, user_id=3))
     fresh = set(rows.add_many(200, updated_at=FRESH))
-    reports, errors = [], []
-    start = threading.Barrier(2)
 
-    def worker():
+    def worker(_):
         engine = create_engine(db_url)
         try:
-            start.wait()
-            reports.append(run(engine, batch_size=100, scan=PAGE,
-                               on_batch=lambda b: time.sleep(0.002)))
-        except Exception as exc:  # noqa: BLE001 - reported below
-            errors.append(exc)
+            return run(engine, batch_size=100, scan=PAGE, on_batch=lambda b: time.sleep(0.002))
         finally:
             engine.dispose()
 
-    threads = [threading.Thread(target=worker) for _ in range(2)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
-
-    assert errors == []
+    reports = run_concurrently(2, worker)
     assert [r.scan_mode for r in reports] == ["page_order", "page_order"]
     left = rows.ids() - accounts - fresh
     assert left <= prunable

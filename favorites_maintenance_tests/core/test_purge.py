@@ -19,6 +19,7 @@ from favorites_maintenance.retention import (
 )
 from favorites_maintenance.retention.database import create_engine
 from favorites_maintenance_tests.helpers.purging import purge_rows
+from favorites_maintenance_tests.helpers.sessions import run_concurrently
 
 UTC = dt.timezone.utc
 CUTOFF = dt.datetime(2025, 6, 1, 12, 0, 0, tzinfo=UTC)
@@ -108,27 +109,16 @@ def test_two_workers_at_once_delete_every_row_exactly_once(db_url, rows):
     prunable_ids = set(rows.add_many(6000, updated_at=OLD))
     accounts = set(rows.add_many(500, updated_at=OLD, user_id=3))
     fresh = set(rows.add_many(200, updated_at=CUTOFF + dt.timedelta(days=1)))
-    reports, errors = [], []
-    start = threading.Barrier(2)
 
-    def worker():
+    def worker(_):
         engine = create_engine(db_url)
         try:
-            start.wait()
             # A short pause per batch makes the two runs overlap for real.
-            reports.append(run(engine, batch_size=100, on_batch=lambda b: time.sleep(0.002)))
-        except Exception as exc:  # pragma: no cover - reported below
-            errors.append(exc)
+            return run(engine, batch_size=100, on_batch=lambda b: time.sleep(0.002))
         finally:
             engine.dispose()
 
-    threads = [threading.Thread(target=worker) for _ in range(2)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
-
-    assert errors == []
+    reports = run_concurrently(2, worker)
     assert sum(r.deleted_total for r in reports) == len(prunable_ids)
     assert all(r.deleted_total > 0 for r in reports), [r.deleted_total for r in reports]
     assert rows.ids() == accounts | fresh

@@ -260,6 +260,7 @@ def test_a_demo_killed_while_seeding_leaves_a_server_the_next_demo_attaches_to_a
             EmbeddedPostgres(pgdata).start().stop()
 
 
+@pytest.mark.serial
 def test_demo_and_dry_run_of_a_valid_policy_go_on_beside_a_broken_one(checkout, db_url, rows):
     """A misspelled field in a second policy: demo and dry-run of guest_favorites say so in one
     line and run; dry-run of the broken one fails with that line; the code location itself
@@ -292,6 +293,7 @@ def test_demo_and_dry_run_of_a_valid_policy_go_on_beside_a_broken_one(checkout, 
 
 
 
+@pytest.mark.serial
 def test_dry_run_all_lists_a_broken_policy_with_its_error_and_fails(checkout, db_url, rows):
     """A script running ``dry-run --all --json`` sees the broken policy in the document, with
     the one line every tool shows for it, and a non-zero exit; the valid policy is still
@@ -369,6 +371,7 @@ def test_dagster_dev_without_a_storage_url_uses_the_embedded_server_and_others_r
             "database") in deployed.stderr
 
 
+@pytest.mark.serial
 def test_demo_of_another_policy_shows_its_protected_rows_before_and_after(checkout):
     """demo --policy on a table of its own (created in the embedded database beforehand, as the
     README says): the rows its guard protects are counted before and after the run."""
@@ -418,6 +421,7 @@ attributes:
 """
 
 
+@pytest.mark.serial
 def test_partition_functions_prints_the_sql_of_the_policys_table_for_psql(checkout, engine):
     """The command's output, run as the owner, installs the two functions named after the
     policy's table, SECURITY DEFINER, executable by --role only; a policy without

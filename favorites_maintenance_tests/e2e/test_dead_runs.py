@@ -39,7 +39,8 @@ from favorites_maintenance_tests.helpers.daemon import (
 from favorites_maintenance_tests.helpers.dev_stack import ROOT, DagsterService, wait_for
 from favorites_maintenance_tests.helpers.jobs import JOB, guest_variable
 
-pytestmark = pytest.mark.e2e
+# One Dagster webserver and daemon at a time, each module's stack started once.
+pytestmark = [pytest.mark.e2e, pytest.mark.xdist_group("dagster_stack")]
 
 UTC = dt.timezone.utc
 NOW = dt.datetime.now(UTC)

@@ -24,7 +24,8 @@ from favorites_maintenance_tests.helpers.dev_stack import (
     ASSET_PATH, LOCATION, REPOSITORY, ROOT, DevStack, chromium, chromium_binary, visible_text,
     wait_for)
 
-pytestmark = pytest.mark.e2e
+# One Dagster webserver and daemon at a time, each module's stack started once.
+pytestmark = [pytest.mark.e2e, pytest.mark.xdist_group("dagster_stack")]
 
 UTC = dt.timezone.utc
 #: The guest-favorites policy's schedule (a public name).

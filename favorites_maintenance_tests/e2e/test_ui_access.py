@@ -30,7 +30,8 @@ from favorites_maintenance_tests.helpers.jobs import guest_variable
 from favorites_maintenance_tests.helpers.resource_keys import ALERTS_KEY, DATABASE_KEY, LIMITS_KEY
 from favorites_maintenance_tests.pipeline.test_sensors import Webhook
 
-pytestmark = pytest.mark.e2e
+# One Dagster webserver and daemon at a time, each module's stack started once.
+pytestmark = [pytest.mark.e2e, pytest.mark.xdist_group("dagster_stack")]
 
 UTC = dt.timezone.utc
 JOB = "guest_favorites_cleanup_job"

@@ -41,7 +41,8 @@ from favorites_maintenance_tests.e2e.test_ui_access import (
 from favorites_maintenance_tests.helpers.dev_stack import ROOT, DagsterService, wait_for
 from favorites_maintenance_tests.helpers.resource_keys import DATABASE_KEY
 
-pytestmark = pytest.mark.e2e
+# One Dagster webserver and daemon at a time, each module's stack started once.
+pytestmark = [pytest.mark.e2e, pytest.mark.xdist_group("dagster_stack")]
 
 UTC = dt.timezone.utc
 PASSWORDS = {DATABASE_URL_VAR: "pw-FIRST-3a71e0", EU_URL_VAR: "pw-EU-c28f5d"}

@@ -13,12 +13,8 @@ from collections.abc import Iterable
 import dagster as dg
 import sqlalchemy as sa
 
+
 UTC = dt.timezone.utc
-PARTITION = "2026-06-15"
-#: The cutoff of PARTITION under the policy's 365 days.
-CUTOFF = dt.datetime(2026, 6, 16, tzinfo=UTC) - dt.timedelta(days=365)
-OLD = CUTOFF - dt.timedelta(days=30)
-FRESH = CUTOFF + dt.timedelta(days=30)
 POLICY = "shop_items"
 TABLE = "shop.items"
 ARCHIVE = "shop.items_archive"

@@ -25,6 +25,7 @@ import favorites_maintenance.defs
 from favorites_maintenance.components.policy_tree import code_location
 from favorites_maintenance.pipeline.run_report import RunReport
 from favorites_maintenance.retention.defaults import DATABASE_URL_VAR
+from favorites_maintenance_tests.helpers.clock import PARTITION
 
 #: The guest-favorites policy's public names (a contract: dashboards and alerts use them).
 POLICY = "guest_favorites"
@@ -101,10 +102,12 @@ def run_partition(defs: dg.Definitions, instance: dg.DagsterInstance, partition:
                                                         instance=instance, **kwargs)
 
 
-def run_job(db_url, instance: dg.DagsterInstance, *, partition: str, monkeypatch=None,
+def run_job(db_url, instance: dg.DagsterInstance, *, partition: str = PARTITION,
+            monkeypatch=None,
             retries: int | None = 0, **settings) -> dg.ExecuteInProcessResult:
-    """One real run of ``guest_favorites_cleanup_job`` against ``db_url`` (a URL or its text;
-    a failure is returned, not raised), the code location loaded for ``settings``.
+    """One real run of ``guest_favorites_cleanup_job`` for ``partition`` (default
+    :data:`~favorites_maintenance_tests.helpers.clock.PARTITION`) against ``db_url`` (a URL or
+    its text; a failure is returned, not raised), the code location loaded for ``settings``.
 
     ``retries`` sets the purge op's retries on transient errors (without delay); 0 by default,
     so that a transient failure fails the run here; ``None`` keeps the job's own defaults.

@@ -29,8 +29,6 @@ JOB = f"{POLICY}_cleanup_job"
 ASSET_KEY = dg.AssetKey(["favorites", f"{POLICY}_cleanup"])
 NODE = "favorites__monthly_favorites_cleanup"
 BATCH = 20
-#: Yesterday: the day the schedule would run now.
-PARTITION = (dt.datetime.now(UTC) - dt.timedelta(days=1)).date().isoformat()
 
 
 def partitioned_attributes(**settings) -> dict:

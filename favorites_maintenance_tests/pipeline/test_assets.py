@@ -11,6 +11,7 @@ import pytest
 import sqlalchemy as sa
 
 from favorites_maintenance_tests.conftest import slow_batches
+from favorites_maintenance_tests.helpers.clock import CUTOFF, PARTITION
 from favorites_maintenance_tests.helpers.jobs import (
     ASSET_KEY,
     JOB,
@@ -22,9 +23,6 @@ from favorites_maintenance_tests.helpers.jobs import (
 )
 
 UTC = dt.timezone.utc
-PARTITION = "2026-06-15"
-# The cutoff: min(now, end of 2026-06-15) - 365 days.
-CUTOFF = dt.datetime(2026, 6, 16, tzinfo=UTC) - dt.timedelta(days=365)
 SENTINEL_NOTE = "SENTINEL-NOTE-6f1c"
 SENTINEL_ANON = "5e171ae1-0000-4000-8000-5e171ae15e17"
 MICRO = dt.timedelta(microseconds=1)

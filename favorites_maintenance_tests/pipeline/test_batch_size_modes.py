@@ -25,8 +25,8 @@ from favorites_maintenance.config.policy import run_limits_key
 from favorites_maintenance.config.policy_settings import parse_policy_settings
 from favorites_maintenance.pipeline.run_report import RunReport
 from favorites_maintenance_tests.conftest import slow_batches
+from favorites_maintenance_tests.helpers.clock import OLD, PARTITION
 from favorites_maintenance_tests.helpers.jobs import (
-    failure_text,
     load_code_location,
     purge_retries,
     run_partition,
@@ -35,9 +35,6 @@ from favorites_maintenance_tests.helpers.jobs import (
 from favorites_maintenance_tests.helpers.resource_keys import LIMITS_KEY
 
 UTC = dt.timezone.utc
-PARTITION = "2026-06-15"
-CUTOFF = dt.datetime(2026, 6, 16, tzinfo=UTC) - dt.timedelta(days=365)
-OLD = CUTOFF - dt.timedelta(days=30)
 #: Adaptation on, and no batch of this test near the target.
 TARGET = dt.timedelta(seconds=10)
 BATCH_SIZE_MAX_VAR = "FAVORITES_GUEST_RETENTION_BATCH_SIZE_MAX"

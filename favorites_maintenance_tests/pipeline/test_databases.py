@@ -23,6 +23,7 @@ from favorites_maintenance.pipeline.resources import AlertSink
 from favorites_maintenance.retention.database import create_engine
 from favorites_maintenance.retention.defaults import DATABASE_URL_VAR
 from favorites_maintenance_tests.conftest import Rows
+from favorites_maintenance_tests.helpers.clock import FRESH, OLD, PARTITION
 from favorites_maintenance_tests.helpers.jobs import (
     guest_settings_env,
     purge_retries,
@@ -37,10 +38,6 @@ from favorites_maintenance_tests.helpers.sensors import react_to_failures
 from favorites_maintenance_tests.pipeline.test_sensors import Webhook
 
 UTC = dt.timezone.utc
-PARTITION = "2026-06-15"
-CUTOFF = dt.datetime(2026, 6, 16, tzinfo=UTC) - dt.timedelta(days=365)
-OLD = CUTOFF - dt.timedelta(days=30)
-FRESH = CUTOFF + dt.timedelta(days=30)
 SECOND_VAR = "FAVORITES_SECOND_DATABASE_URL"
 SECOND_KEY = "favorites_maintenance_favorites_second_database_url"
 #: A password the URLs carry (the test server trusts its socket, so it is never checked).

@@ -157,6 +157,7 @@ def test_dagster_refuses_the_workspace_on_a_bad_setting(tmp_path):
     assert "Stack Trace" not in out and "Traceback" not in out, out
 
 
+@pytest.mark.serial
 @pytest.mark.parametrize("broken", ["misspelled", "placeholders"])
 def test_a_broken_policy_is_the_location_s_load_error_in_one_line_without_a_stack(
         monkeypatch, broken):

@@ -65,6 +65,7 @@ def test_dg_list_defs_shows_each_policy_under_its_names(tmp_path):
     assert "favorites/guest_favorites_cleanup" in {a["asset_key"] for a in listed["assets"]}
 
 
+@pytest.mark.serial
 def test_dg_scaffold_writes_every_field_and_dg_check_defs_names_what_to_fill_in_one_line(
         tmp_path):
     """A newcomer's path: scaffold a policy, check it; the check fails with one line naming the

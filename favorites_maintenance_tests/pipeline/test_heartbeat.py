@@ -16,10 +16,10 @@ from favorites_maintenance.pipeline.heartbeat import (
     build_dead_run_sensor,
 )
 from favorites_maintenance_tests.conftest import slow_batches
+from favorites_maintenance_tests.helpers.clock import PARTITION
 from favorites_maintenance_tests.helpers.jobs import load_code_location, run_partition
 
 UTC = dt.timezone.utc
-PARTITION = "2026-06-15"
 OLD = dt.datetime(2026, 6, 16, tzinfo=UTC) - dt.timedelta(days=400)
 
 

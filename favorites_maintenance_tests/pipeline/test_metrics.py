@@ -21,13 +21,12 @@ from favorites_maintenance.config.policy import Policy, PolicyError
 from favorites_maintenance.local.guest_favorites import GUEST_FAVORITES
 from favorites_maintenance.local.processes import free_port
 from favorites_maintenance.pipeline.metrics import GAUGES
+from favorites_maintenance_tests.helpers.clock import CUTOFF, PARTITION
 from favorites_maintenance_tests.helpers.jobs import run_job
 from favorites_maintenance_tests.helpers.pushgateway import Pushgateway, require_pushgateway
 from favorites_maintenance_tests.helpers.system_packages import require_program
 
 UTC = dt.timezone.utc
-PARTITION = "2026-06-15"
-CUTOFF = dt.datetime(2026, 6, 16, tzinfo=UTC) - dt.timedelta(days=365)
 OLD = CUTOFF - dt.timedelta(days=40)
 JOB = "guest_favorites_cleanup"
 PREFIX = "favorites_guest_cleanup"

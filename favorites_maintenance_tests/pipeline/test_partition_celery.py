@@ -19,9 +19,10 @@ import sqlalchemy as sa
 
 from favorites_maintenance.instance_storage import STORAGE_URL_VAR
 from favorites_maintenance_tests.helpers.celery import RedisServer, celery_workers, require_redis
+# The day the schedule would run now, as the partitioned table's rows are laid out around it.
+from favorites_maintenance_tests.helpers.clock import YESTERDAY as PARTITION
 from favorites_maintenance_tests.helpers.partitioned import (
     NODE,
-    PARTITION,
     monthly_table,
     partitioned_job,
     partitions_of,

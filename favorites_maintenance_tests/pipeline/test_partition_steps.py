@@ -20,12 +20,13 @@ from favorites_maintenance.local.guest_favorites import GUEST_FAVORITES
 from favorites_maintenance.retention.defaults import DATABASE_URL_VAR
 from favorites_maintenance_tests.helpers.daemon import step_processes
 from favorites_maintenance_tests.helpers.jobs import failure_text, materialization
+# The day the schedule would run now, as the partitioned table's rows are laid out around it.
+from favorites_maintenance_tests.helpers.clock import YESTERDAY as PARTITION
 from favorites_maintenance_tests.helpers.partitioned import (
     ASSET_KEY,
     BATCH,
     JOB,
     NODE,
-    PARTITION,
     POLICY,
     add_rows,
     erasure_log,
@@ -38,6 +39,7 @@ from favorites_maintenance_tests.helpers.partitioned import (
     snapshot,
     spread,
 )
+from favorites_maintenance_tests.helpers.sessions import kill_when
 
 UTC = dt.UTC
 
@@ -288,44 +290,78 @@ def test_a_policy_file_declares_the_partitioned_shape_and_loads_without_a_databa
         dg.in_process_executor)
 
 
+#: The advisory lock the test holds while the run's third DELETE waits for it.
+GATE = 3406
+
+
+@pytest.mark.xdist_group("stop")
 def test_terminating_a_run_of_the_partition_steps_ends_it_canceled(monthly):
     import signal
     import threading
-    import time
 
     engine, _ = monthly
     before = spread(engine)
-    # Each DELETE takes 0.2 s: the steps are mid-purge when the run is stopped.
+    # The first two DELETEs go through; every later one waits for the advisory lock the test
+    # holds: the steps are mid-purge when the run is stopped, however slowly the machine runs.
     with engine.begin() as conn:
+        conn.execute(sa.text("CREATE SEQUENCE favorites.deletes"))
         conn.execute(sa.text(
-            "CREATE FUNCTION favorites.slow_batch() RETURNS trigger LANGUAGE plpgsql AS "
-            "$$ BEGIN PERFORM pg_sleep(0.2); RETURN NULL; END $$"))
-        conn.execute(sa.text("CREATE TRIGGER slow_batch BEFORE DELETE ON favorites.favorites "
-                             "FOR EACH STATEMENT EXECUTE FUNCTION favorites.slow_batch()"))
-
-    def prunable_left() -> int:
-        return len(snapshot(engine)["prunable"])
+            "CREATE FUNCTION favorites.gate() RETURNS trigger LANGUAGE plpgsql AS $$ "
+            "BEGIN IF nextval('favorites.deletes') > 2 THEN "
+            f"PERFORM pg_advisory_xact_lock_shared({GATE}); END IF; RETURN NULL; END $$"))
+        conn.execute(sa.text("CREATE TRIGGER gate BEFORE DELETE ON favorites.favorites "
+                             "FOR EACH STATEMENT EXECUTE FUNCTION favorites.gate()"))
+    gate = engine.connect()
+    gate.execute(sa.text(f"SELECT pg_advisory_lock({GATE})"))
+    gate.commit()
+    waiting_delete = sa.text(
+        "SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND NOT granted "
+        "AND objid = :gate AND database = (SELECT oid FROM pg_database "
+        "WHERE datname = current_database())")
+    finished, problems = threading.Event(), []
 
     with dg.instance_for_test() as instance:
-        def terminate_after_two_batches() -> None:
-            deadline = time.monotonic() + 120
-            while time.monotonic() < deadline:
-                if prunable_left() <= len(before["prunable"]) - 2 * BATCH:
-                    [run] = instance.get_runs(limit=1)
-                    instance.report_run_canceling(run)
-                    os.kill(os.getpid(), signal.SIGINT)
-                    return
-                time.sleep(0.01)
+        def wait_for(what: str, done) -> bool:
+            # A generous bound, only so that a broken run fails the test instead of hanging.
+            for _ in range(60_000):
+                if done():
+                    return True
+                if finished.wait(0.01):
+                    break
+            problems.append(f"the run ended or timed out before {what}")
+            return False
 
-        thread = threading.Thread(target=terminate_after_two_batches, daemon=True)
+        def stop_at_the_gate() -> None:
+            try:
+                if not wait_for("a third DELETE waited at the gate", lambda: gate.execute(
+                        waiting_delete, {"gate": GATE}).scalar_one() > 0):
+                    return
+                [run] = instance.get_runs(limit=1)
+                instance.report_run_canceling(run)
+                os.kill(os.getpid(), signal.SIGINT)
+                # Once the executor has passed the interrupt on, it starts no further step.
+                wait_for("the executor forwarded the interrupt", lambda: any(
+                    "steps_interrupted" in r.dagster_event.engine_event_data.metadata
+                    for r in instance.all_logs(run.run_id,
+                                               of_type=dg.DagsterEventType.ENGINE_EVENT)))
+            finally:
+                gate.execute(sa.text(f"SELECT pg_advisory_unlock({GATE})"))
+                gate.commit()
+
+        thread = threading.Thread(target=stop_at_the_gate, daemon=True)
         thread.start()
-        with dg.execute_job(dg.reconstructable(partitioned_job), instance=instance,
-                            tags={"dagster/partition": PARTITION}) as result:
-            run_id = result.run_id
-        thread.join(10)
+        try:
+            with dg.execute_job(dg.reconstructable(partitioned_job), instance=instance,
+                                tags={"dagster/partition": PARTITION}) as result:
+                run_id = result.run_id
+        finally:
+            finished.set()
+            thread.join()
+            gate.close()
         status = instance.get_run_by_id(run_id).status
         events = [r.dagster_event for r in instance.all_logs(run_id) if r.dagster_event]
 
+    assert not problems
     assert status == dg.DagsterRunStatus.CANCELED
     assert not [e for e in events if e.event_type_value == "ASSET_MATERIALIZATION"]
     assert f"{NODE}.collect_partitions" not in step_keys(events, "STEP_SUCCESS")
@@ -346,9 +382,6 @@ def test_terminating_a_run_of_the_partition_steps_ends_it_canceled(monthly):
 
 
 def test_a_partition_step_whose_backend_is_killed_is_retried_and_counted_once(monthly):
-    import threading
-    import time
-
     engine, _ = monthly
     before = spread(engine)
     failing = min(partitions_of(engine, before["prunable"]))
@@ -361,28 +394,10 @@ def test_a_partition_step_whose_backend_is_killed_is_retried_and_counted_once(mo
             "END IF; RETURN OLD; END $$"))
         conn.execute(sa.text(f"CREATE TRIGGER sleep_once BEFORE DELETE ON {failing} "
                              "FOR EACH ROW EXECUTE FUNCTION favorites.sleep_once()"))
-    killed = []
-
-    def kill_the_sleeper() -> None:
-        deadline = time.monotonic() + 60
-        with engine.connect() as watcher:
-            while not killed and time.monotonic() < deadline:
-                pid = watcher.execute(sa.text(
-                    "SELECT pid FROM pg_stat_activity WHERE wait_event = 'PgSleep' "
-                    "AND pid <> pg_backend_pid()")).scalar()
-                if pid is not None:
-                    watcher.execute(sa.text("SELECT pg_terminate_backend(:p)"), {"p": pid})
-                    killed.append(pid)
-                watcher.rollback()
-                time.sleep(0.02)
-
-    thread = threading.Thread(target=kill_the_sleeper, daemon=True)
-    thread.start()
-    with dg.instance_for_test() as instance:
+    with kill_when(engine) as killed, dg.instance_for_test() as instance:
         result = partitioned_defs().resolve_job_def(JOB).execute_in_process(
             partition_key=PARTITION, instance=instance, run_config=retries(2),
             raise_on_error=False)
-    thread.join(10)
     assert killed and result.success
     key = failing.removeprefix("favorites.")
     assert step_keys(result.all_events, "STEP_UP_FOR_RETRY") == [

@@ -29,6 +29,7 @@ from favorites_maintenance.pipeline.resources import AlertSink
 from favorites_maintenance.pipeline.stale_sensor import STALE_SENSOR
 from favorites_maintenance.pipeline.tick_failure_sensor import TICK_FAILURE_SENSOR
 from favorites_maintenance.retention.defaults import DATABASE_URL_VAR
+from favorites_maintenance_tests.helpers.clock import PARTITION
 from favorites_maintenance_tests.helpers.jobs import (
     failure_text,
     guest_settings_env,
@@ -40,7 +41,6 @@ from favorites_maintenance_tests.helpers.resource_keys import ALERTS_KEY
 from favorites_maintenance_tests.helpers.sensors import react_to_failures
 
 UTC = dt.timezone.utc
-PARTITION = "2026-06-15"
 #: End of PARTITION: the anchor of both policies' cutoffs.
 ANCHOR = dt.datetime(2026, 6, 16, tzinfo=UTC)
 DEFS = Path(favorites_maintenance.defs.__file__).parent
@@ -323,6 +323,7 @@ def test_dry_run_counts_with_the_cutoff_of_now_and_of_the_next_scheduled_run(
     assert rows.count() == 20
 
 
+@pytest.mark.serial
 def test_dry_run_all_counts_every_valid_policy_and_names_the_broken_and_unreadable(
         rows, db_url, monkeypatch):
     from click.testing import CliRunner

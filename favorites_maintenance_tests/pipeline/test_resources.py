@@ -9,6 +9,7 @@ import dagster as dg
 import pytest
 
 from favorites_maintenance.retention.defaults import DATABASE_URL_VAR
+from favorites_maintenance_tests.helpers.clock import CUTOFF, PARTITION
 from favorites_maintenance_tests.helpers.jobs import JOB, load_code_location, run_report
 from favorites_maintenance_tests.helpers.resource_keys import (
     ALERTS_KEY,
@@ -23,8 +24,6 @@ BATCH_SIZE_VAR = "FAVORITES_GUEST_RETENTION_BATCH_SIZE"
 MAX_RUN_DURATION_VAR = "FAVORITES_GUEST_RETENTION_MAX_RUN_DURATION"
 
 UTC = dt.timezone.utc
-PARTITION = "2026-06-15"
-CUTOFF = dt.datetime(2026, 6, 16, tzinfo=UTC) - dt.timedelta(days=365)
 
 
 @pytest.fixture

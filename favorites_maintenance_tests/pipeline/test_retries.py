@@ -13,6 +13,7 @@ import dagster as dg
 import pytest
 import sqlalchemy as sa
 
+from favorites_maintenance_tests.helpers.clock import YESTERDAY as PARTITION
 from favorites_maintenance_tests.helpers.daemon import (
     code_location,
     dequeue_pass,
@@ -24,7 +25,6 @@ from favorites_maintenance_tests.helpers.daemon import (
 from favorites_maintenance_tests.helpers.jobs import ASSET_KEY, JOB, load_code_location
 
 UTC = dt.timezone.utc
-PARTITION = (dt.datetime.now(UTC) - dt.timedelta(days=1)).date().isoformat()
 OLD = dt.datetime.now(UTC) - dt.timedelta(days=400)
 
 

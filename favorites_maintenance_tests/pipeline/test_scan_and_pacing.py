@@ -9,12 +9,10 @@ import dagster as dg
 import sqlalchemy as sa
 
 from favorites_maintenance_tests.core.test_page_order import fill
+from favorites_maintenance_tests.helpers.clock import OLD, PARTITION
 from favorites_maintenance_tests.helpers.jobs import materialization, run_job
 
 UTC = dt.timezone.utc
-PARTITION = "2026-06-15"
-CUTOFF = dt.datetime(2026, 6, 16, tzinfo=UTC) - dt.timedelta(days=365)
-OLD = CUTOFF - dt.timedelta(days=30)
 
 
 def per_transaction(engine) -> list[int]:

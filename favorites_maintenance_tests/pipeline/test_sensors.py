@@ -72,6 +72,16 @@ def webhook():
 
 
 @pytest.fixture
+def failing_ticks(monkeypatch, webhook):
+    """The guest-favorites schedule ticking every minute and alerting to ``webhook``, with no
+    database variable: every tick fails before any run exists."""
+    monkeypatch.delenv(DATABASE_URL_VAR, raising=False)
+    monkeypatch.setenv("FAVORITES_GUEST_RETENTION_CRON", "* * * * *")
+    monkeypatch.setenv("FAVORITES_GUEST_RETENTION_PARTITIONS_START", "2026-01-01")
+    monkeypatch.setenv("FAVORITES_ALERT_WEBHOOK_URL", webhook.url)
+
+
+@pytest.fixture
 def defs(db_url, monkeypatch):
     return load_code_location(db_url, monkeypatch)
 
@@ -296,16 +306,12 @@ def test_without_a_cursor_and_no_success_ever_the_clock_starts_at_the_first_tick
 
 
 def test_a_failed_schedule_tick_alerts_once_then_resolves(dagster_storage_url, db_url, webhook,
-                                                          monkeypatch):
+                                                          monkeypatch, failing_ticks):
     """The code location served without FAVORITES_DATABASE_URL: the scheduler's tick fails
     before any run exists. The tick-failure sensor, in the same daemon pass, alerts once; the
     location served again with the variable set, the next tick succeeds and it resolves."""
     from favorites_maintenance_tests.helpers.daemon import code_location, pg_instance, scheduler_and_sensors
 
-    monkeypatch.delenv(DATABASE_URL_VAR, raising=False)
-    monkeypatch.setenv("FAVORITES_GUEST_RETENTION_CRON", "* * * * *")
-    monkeypatch.setenv("FAVORITES_GUEST_RETENTION_PARTITIONS_START", "2026-01-01")
-    monkeypatch.setenv("FAVORITES_ALERT_WEBHOOK_URL", webhook.url)
     start = dt.datetime(2026, 10, 5, 3, 0, 30, tzinfo=UTC)
     minute = dt.timedelta(minutes=1)
     with pg_instance(dagster_storage_url) as instance:
@@ -375,7 +381,8 @@ def set_cursor(sensor: str, value: str) -> None:
 
 
 def test_cursors_set_by_hand_leave_the_failure_alerts_working(dagster_storage_url, db_url,
-                                                              engine, webhook, monkeypatch):
+                                                              engine, webhook, monkeypatch,
+                                                              failing_ticks):
     """The run-failure and tick-failure sensors given cursors they did not write, by
     ``dagster sensor cursor --set``: their ticks succeed, write their own cursors and send the
     alerts a fresh deployment would owe (the failed tick; the next failed run)."""
@@ -387,10 +394,6 @@ def test_cursors_set_by_hand_leave_the_failure_alerts_working(dagster_storage_ur
 
     tick_sensor = TICK_FAILURE_SENSOR
     run_sensor = FAILURE_SENSOR
-    monkeypatch.delenv(DATABASE_URL_VAR, raising=False)
-    monkeypatch.setenv("FAVORITES_GUEST_RETENTION_CRON", "* * * * *")
-    monkeypatch.setenv("FAVORITES_GUEST_RETENTION_PARTITIONS_START", "2026-01-01")
-    monkeypatch.setenv("FAVORITES_ALERT_WEBHOOK_URL", webhook.url)
     start = dt.datetime(2026, 10, 5, 3, 0, 30, tzinfo=UTC)
     minute = dt.timedelta(minutes=1)
     with pg_instance(dagster_storage_url, run_in_process=True) as instance:
@@ -529,7 +532,7 @@ def test_lookups_past_the_tick_s_budget_wait_for_the_next_tick(two_policies, web
 
 
 def test_the_tick_failure_sensor_alerts_each_failing_schedule_by_name(
-        dagster_storage_url, webhook, monkeypatch):
+        dagster_storage_url, webhook, failing_ticks):
     """Two policies whose schedule ticks fail (no database variable): the one tick-failure
     sensor, in the daemon's pass, alerts once for each schedule, naming it, then holds."""
     from favorites_maintenance_tests.helpers.daemon import (
@@ -538,10 +541,6 @@ def test_the_tick_failure_sensor_alerts_each_failing_schedule_by_name(
         scheduler_and_sensors,
     )
 
-    monkeypatch.delenv(DATABASE_URL_VAR, raising=False)
-    monkeypatch.setenv("FAVORITES_GUEST_RETENTION_CRON", "* * * * *")
-    monkeypatch.setenv("FAVORITES_GUEST_RETENTION_PARTITIONS_START", "2026-01-01")
-    monkeypatch.setenv("FAVORITES_ALERT_WEBHOOK_URL", webhook.url)
     start = dt.datetime(2026, 10, 5, 3, 0, 30, tzinfo=UTC)
     minute = dt.timedelta(minutes=1)
     with policy_sandbox(favorites_policy(SECOND, cron="* * * * *")) as sandbox, \

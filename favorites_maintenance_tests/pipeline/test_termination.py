@@ -24,6 +24,7 @@ from favorites_maintenance.pipeline.resources import AlertSink
 from favorites_maintenance.pipeline.stale_sensor import build_stale_sensor
 from favorites_maintenance.retention.defaults import DATABASE_URL_VAR
 from favorites_maintenance_tests.conftest import slow_batches
+from favorites_maintenance_tests.helpers.clock import YESTERDAY as PARTITION
 from favorites_maintenance_tests.helpers.daemon import (
     code_location,
     dequeue_pass,
@@ -36,10 +37,12 @@ from favorites_maintenance_tests.helpers.daemon import (
 from favorites_maintenance_tests.helpers.jobs import JOB, POLICY, guest_settings_env
 from favorites_maintenance_tests.helpers.resource_keys import ALERTS_KEY
 
+# The stop guarantees are checked one at a time (docs/testing.md).
+pytestmark = pytest.mark.xdist_group("stop")
+
 UTC = dt.timezone.utc
 ROWS = 200_000
 BATCH = 50
-PARTITION = (dt.datetime.now(UTC) - dt.timedelta(days=1)).date().isoformat()
 
 
 def cleanup_job():

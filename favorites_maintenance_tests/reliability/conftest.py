@@ -13,26 +13,23 @@ import sqlalchemy as sa
 
 from favorites_maintenance.local.guest_favorites import dev_favorites
 from favorites_maintenance.retention.database import APPLICATION_NAME
-from favorites_maintenance_tests.helpers import jobs
-from favorites_maintenance_tests.helpers.jobs import error_text, materialization, step_failure
+from favorites_maintenance.local.guest_favorites import dev_favorites
+from favorites_maintenance_tests.helpers.clock import CUTOFF, FRESH, OLD, PARTITION
+from favorites_maintenance_tests.helpers.jobs import (
+    error_text,
+    materialization,
+    run_job,
+    step_failure,
+)
 
 # Re-exported: the reliability tests import them from here.
-__all__ = ["error_text", "materialization", "step_failure"]
+__all__ = ["CUTOFF", "FRESH", "OLD", "PARTITION", "error_text", "materialization", "run_job",
+           "step_failure"]
 
 UTC = dt.timezone.utc
-PARTITION = "2026-06-15"
-#: The cutoff of PARTITION with the default 365 days: min(now, end of the day) - 365 days.
-CUTOFF = dt.datetime(2026, 6, 16, tzinfo=UTC) - dt.timedelta(days=365)
-OLD = CUTOFF - dt.timedelta(days=30)
-FRESH = CUTOFF + dt.timedelta(days=30)
 #: Private values the job must never print (an anonymous id, a note).
 SENTINEL_ANON = "5e171ae1-dead-4bee-8000-5e171ae15e17"
 SENTINEL_NOTE = "SENTINEL-NOTE-do-not-log-7c1a"
-
-
-def run_job(db_url, instance, *, partition: str = PARTITION, **kwargs):
-    """:func:`favorites_maintenance_tests.helpers.jobs.run_job` on :data:`PARTITION` by default."""
-    return jobs.run_job(db_url, instance, partition=partition, **kwargs)
 
 
 def everything_dagster_recorded(instance, run_id: str) -> str:

@@ -13,7 +13,6 @@ import time
 
 import dagster as dg
 import pytest
-import sqlalchemy as sa
 
 from favorites_maintenance.retention.defaults import DATABASE_URL_VAR
 from favorites_maintenance_tests.helpers import archive as shop
@@ -25,7 +24,7 @@ from favorites_maintenance_tests.helpers.jobs import (
     run_partition,
 )
 from favorites_maintenance_tests.helpers.policies import policy_sandbox
-from favorites_maintenance_tests.reliability.conftest import in_thread, sleeping_backend
+from favorites_maintenance_tests.helpers.sessions import kill_when
 
 BATCH = 10
 
@@ -80,16 +79,10 @@ def test_a_backend_killed_mid_batch_leaves_each_row_in_one_place(env, engine):
     slow_row_trigger(engine, 30)
     defs = shop_defs(BATCH)
 
-    def kill():
-        pid = sleeping_backend(engine)
-        with engine.connect() as conn:
-            return conn.execute(sa.text("SELECT pg_terminate_backend(:p)"), {"p": pid}).scalar()
-
     with dg.instance_for_test() as instance:
-        killer, killed = in_thread(kill)
-        first = run_shop(defs, instance)
-        killer.join(30)
-        assert killed == [True]
+        with kill_when(engine) as killed:
+            first = run_shop(defs, instance)
+        assert killed
         assert not first.success
         assert "batch 4 failed and was rolled back" in failure_text(first)
         # Batches 1-3 moved; batch 4 rolled back whole, the rows it had deleted included.
@@ -175,11 +168,6 @@ def test_a_backend_killed_mid_restore_batch_leaves_each_row_in_one_place(env, en
             "CREATE TRIGGER slow_insert BEFORE INSERT ON shop.items FOR EACH ROW "
             "EXECUTE FUNCTION shop.slow_insert()")
 
-    def kill():
-        pid = sleeping_backend(engine)
-        with engine.connect() as conn:
-            return conn.execute(sa.text("SELECT pg_terminate_backend(:p)"), {"p": pid}).scalar()
-
     def restore(run_id):
         return defs.resolve_job_def(shop.RESTORE_JOB).execute_in_process(
             run_config={"ops": {shop.RESTORE_OP: {"config": {
@@ -189,10 +177,9 @@ def test_a_backend_killed_mid_restore_batch_leaves_each_row_in_one_place(env, en
     with dg.instance_for_test() as instance:
         purged = run_shop(defs, instance)
         assert purged.success, failure_text(purged)
-        killer, killed = in_thread(kill)
-        first = restore(purged.run_id)
-        killer.join(30)
-        assert killed == [True]
+        with kill_when(engine) as killed:
+            first = restore(purged.run_id)
+        assert killed
         assert not first.success
         assert "failed and was rolled back, its rows left in the archive" in failure_text(first)
         in_table, in_archive = assert_each_row_in_one_place(engine, original)

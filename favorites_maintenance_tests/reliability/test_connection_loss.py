@@ -16,15 +16,14 @@ import sqlalchemy as sa
 from favorites_maintenance.local.guest_favorites import dev_favorites
 from favorites_maintenance.retention import BatchError
 from favorites_maintenance_tests.helpers.purging import purge_rows
+from favorites_maintenance_tests.helpers.sessions import kill_when
 from favorites_maintenance_tests.reliability.conftest import (
     CUTOFF,
     FRESH,
     OLD,
-    in_thread,
     mark_slow,
     materialization,
     run_job,
-    sleeping_backend,
     slow_delete,
     step_failure,
 )
@@ -34,24 +33,16 @@ N = 1000
 SLOW_AT = 350  # the 351st oldest row: inside batch 4
 
 
-def kill_when_sleeping(engine) -> int:
-    pid = sleeping_backend(engine)
-    with engine.connect() as conn:
-        assert conn.execute(sa.text("SELECT pg_terminate_backend(:p)"), {"p": pid}).scalar()
-    return pid
-
-
 def test_a_killed_backend_rolls_back_its_batch_only_and_the_next_purge_finishes(engine, rows):
     rows.add_many(N, updated_at=OLD)
     keep = rows.add_many(50, updated_at=FRESH) + rows.add_many(50, updated_at=OLD, user_id=4)
     mark_slow(engine, SLOW_AT)
 
     with slow_delete(engine):
-        killer, killed = in_thread(kill_when_sleeping, engine)
-        with pytest.raises(BatchError) as raised:
-            purge_rows(engine, CUTOFF, batch_size=BATCH, max_run_duration=dt.timedelta(minutes=5))
-        killer.join(10)
-    assert isinstance(killed[0], int)
+        with kill_when(engine) as killed:
+            with pytest.raises(BatchError) as raised:
+                purge_rows(engine, CUTOFF, batch_size=BATCH, max_run_duration=dt.timedelta(minutes=5))
+    assert killed
 
     err = raised.value
     assert err.batch_no == 4
@@ -74,10 +65,9 @@ def test_a_run_whose_backend_is_killed_fails_and_the_next_run_finishes(db_url, e
 
     with dg.instance_for_test() as instance:
         with slow_delete(engine):
-            killer, killed = in_thread(kill_when_sleeping, engine)
-            first = run_job(db_url, instance, batch_size=BATCH)
-            killer.join(10)
-        assert isinstance(killed[0], int)
+            with kill_when(engine) as killed:
+                first = run_job(db_url, instance, batch_size=BATCH)
+        assert killed
         assert not first.success
         assert materialization(first) is None  # never reported as a successful (no-)op
         step, error = step_failure(first)
@@ -104,10 +94,9 @@ def test_a_killed_batch_is_retried_and_the_run_reports_everything_it_deleted(
 
     with dg.instance_for_test() as instance:
         with slow_delete(engine, once=True):
-            killer, killed = in_thread(kill_when_sleeping, engine)
-            result = run_job(db_url, instance, batch_size=BATCH, retries=2)
-            killer.join(10)
-        assert isinstance(killed[0], int)
+            with kill_when(engine) as killed:
+                result = run_job(db_url, instance, batch_size=BATCH, retries=2)
+        assert killed
         assert result.success  # a lost connection is transient: the op retried
         retries = [e for e in result.all_events if e.event_type_value == "STEP_UP_FOR_RETRY"]
         meta = materialization(result)
@@ -143,10 +132,9 @@ def test_a_page_order_batch_whose_backend_is_killed_is_retried_and_counted_once(
     sleep_in_delete_number(engine, "favorites.favorites", 3)
 
     with dg.instance_for_test() as instance:
-        killer, killed = in_thread(kill_when_sleeping, engine)
-        result = run_job(db_url, instance, batch_size=2000, retries=2)
-        killer.join(10)
-        assert isinstance(killed[0], int)
+        with kill_when(engine) as killed:
+            result = run_job(db_url, instance, batch_size=2000, retries=2)
+        assert killed
         assert result.success
         retries = [e for e in result.all_events if e.event_type_value == "STEP_UP_FOR_RETRY"]
         meta = materialization(result)

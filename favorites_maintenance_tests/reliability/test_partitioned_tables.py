@@ -45,6 +45,7 @@ from favorites_maintenance_tests.helpers.policies import (
     favorites_policy,
     policy_sandbox,
 )
+from favorites_maintenance_tests.helpers.sessions import kill_when, run_concurrently
 from favorites_maintenance_tests.reliability.conftest import CUTOFF, PARTITION
 
 UTC = dt.UTC
@@ -286,32 +287,17 @@ def test_a_detach_whose_backend_is_killed_is_finished_by_the_next_run(db_url, en
     guest_settings_env(monkeypatch)
     jan = rows.add_many(8, updated_at=month(1))
     account = rows.add(updated_at=month(1, 20) + dt.timedelta(days=30), user_id=5)
-    killed: list[int] = []
     # A reader whose snapshot predates the detach: DETACH ... CONCURRENTLY waits for it after
     # its first transaction committed, and is killed there.
     holder = create_engine(db_url).connect()
     holder.execute(sa.text("BEGIN ISOLATION LEVEL REPEATABLE READ"))
     holder.execute(sa.text("SELECT count(*) FROM favorites.favorites")).scalar_one()
-
-    def kill_the_detach() -> None:
-        with engine.connect() as watcher:
-            deadline = time.monotonic() + 60
-            while not killed and time.monotonic() < deadline:
-                pid = watcher.execute(sa.text(
-                    "SELECT pid FROM pg_stat_activity WHERE wait_event_type = 'Lock' "
-                    "AND query LIKE 'ALTER TABLE%DETACH%CONCURRENTLY'")).scalar()
-                if pid is not None:
-                    watcher.execute(sa.text("SELECT pg_terminate_backend(:p)"), {"p": pid})
-                    killed.append(pid)
-                watcher.rollback()
-                time.sleep(0.02)
-
-    thread = threading.Thread(target=kill_the_detach, daemon=True)
-    thread.start()
     try:
         with dg.instance_for_test() as instance:
-            first = run(instance)
-            thread.join(10)
+            with kill_when(engine, "SELECT pid FROM pg_stat_activity "
+                           "WHERE wait_event_type = 'Lock' AND datname = current_database() "
+                           "AND query LIKE 'ALTER TABLE%DETACH%CONCURRENTLY'") as killed:
+                first = run(instance)
             assert first.success, failure_text(first)
             assert killed
             with engine.connect() as conn:
@@ -657,26 +643,16 @@ def test_two_drop_phases_at_once_detach_each_partition_once_and_count_its_rows_o
     accounts = [rows.add(updated_at=dt.datetime(2023, 1 + m, 20, tzinfo=UTC), user_id=m + 1)
                 for m in (2, 7)]
     fresh = rows.add_many(4, updated_at=dt.datetime(2026, 3, 1, tzinfo=UTC))
-    results, engines = {}, [create_engine(db_url) for _ in range(2)]
-    start = threading.Barrier(2)
-
-    def one(n: int) -> None:
-        start.wait()
-        results[n] = partitioned.drop_expired_partitions(engines[n], GUEST_FAVORITES, CUTOFF)
-
-    threads = [threading.Thread(target=one, args=(n,), daemon=True) for n in (0, 1)]
+    engines = [create_engine(db_url) for _ in range(2)]
     try:
-        for thread in threads:
-            thread.start()
-        for thread in threads:
-            thread.join(300)
+        results = run_concurrently(2, lambda n: partitioned.drop_expired_partitions(
+            engines[n], GUEST_FAVORITES, CUTOFF))
     finally:
         for e in engines:
             e.dispose()
-    assert set(results) == {0, 1}
-    detached = [p for r in results.values() for p in r.detached]
+    detached = [p for r in results for p in r.detached]
     assert len(detached) == len(set(detached)) == 27  # March and August hold an account row
-    assert sum(r.rows_removed for r in results.values()) == 27 * 3
+    assert sum(r.rows_removed for r in results) == 27 * 3
     marks = {m.get("partition"): m["favorites_maintenance"]
              for m in detached_tables(engine).values()}
     # Each table either run detached is marked detached, so that a later run drops it.

@@ -41,6 +41,9 @@ from favorites_maintenance_tests.helpers.partitioned import detached_tables
 from favorites_maintenance_tests.helpers.policies import favorites_policy, policy_sandbox
 from favorites_maintenance_tests.reliability.conftest import PARTITION
 
+# The module's servers are started once, on one worker.
+pytestmark = pytest.mark.xdist_group("test_partman")
+
 UTC = dt.UTC
 POLICY = "monthly_favorites"
 JOB = f"{POLICY}_cleanup_job"

@@ -30,6 +30,7 @@ from favorites_maintenance.local.guest_favorites import create_dev_schema
 from favorites_maintenance.retention.database import create_engine
 from favorites_maintenance.retention.defaults import DATABASE_URL_VAR
 from favorites_maintenance_tests.conftest import Rows
+from favorites_maintenance_tests.helpers.clock import OLD, PARTITION
 from favorites_maintenance_tests.helpers.dev_stack import ROOT
 from favorites_maintenance_tests.helpers.jobs import guest_settings_env, run_report
 from favorites_maintenance_tests.helpers.policies import (
@@ -39,11 +40,10 @@ from favorites_maintenance_tests.helpers.policies import (
 )
 from favorites_maintenance_tests.pipeline.test_sensors import Webhook
 
+# The module's servers are started once, on one worker.
+pytestmark = pytest.mark.xdist_group("test_policy_databases")
+
 UTC = dt.timezone.utc
-PARTITION = "2026-06-15"
-CUTOFF = dt.datetime(2026, 6, 16, tzinfo=UTC) - dt.timedelta(days=365)
-OLD = CUTOFF - dt.timedelta(days=30)
-FRESH = CUTOFF + dt.timedelta(days=30)
 SECOND_VAR = "FAVORITES_SECOND_DATABASE_URL"
 
 

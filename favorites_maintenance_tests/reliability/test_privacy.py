@@ -20,6 +20,7 @@ from favorites_maintenance.local.guest_favorites import dev_favorites
 from favorites_maintenance.retention import SkippedRowsError
 from favorites_maintenance.retention.database import create_engine
 from favorites_maintenance_tests.helpers.purging import purge_rows
+from favorites_maintenance_tests.helpers.sessions import kill_when
 from favorites_maintenance_tests.reliability.conftest import (
     CUTOFF,
     FRESH,
@@ -27,9 +28,7 @@ from favorites_maintenance_tests.reliability.conftest import (
     SENTINEL_ANON,
     SENTINEL_NOTE,
     everything_dagster_recorded,
-    in_thread,
     run_job,
-    sleeping_backend,
     slow_delete,
 )
 
@@ -101,14 +100,8 @@ def test_no_failure_path_logs_a_private_value_or_the_password(
     collected.caplog.clear()
     with dg.instance_for_test() as instance:
         # 1. The backend killed in the middle of a batch.
-        with slow_delete(engine, seconds=30):
-            def kill():
-                pid = sleeping_backend(engine)
-                with engine.connect() as conn:
-                    conn.execute(sa.text("SELECT pg_terminate_backend(:p)"), {"p": pid})
-            killer, _ = in_thread(kill)
+        with slow_delete(engine, seconds=30), kill_when(engine):
             assert not collected.run(role_url, instance, monkeypatch, batch_size=50).success
-            killer.join(10)
 
         # 2. A statement timeout of the role: the batches holding the slow row are cancelled
         # and split, the row is skipped, the run goes on.

@@ -33,6 +33,9 @@ from favorites_maintenance_tests.reliability.conftest import (
     run_job,
 )
 
+# The module's servers are started once, on one worker.
+pytestmark = pytest.mark.xdist_group("test_replica")
+
 SLOT = "favorites_test_standby"
 #: Small, so that a few MB of WAL put the standby past it.
 MAX_LAG = 4 * 2**20

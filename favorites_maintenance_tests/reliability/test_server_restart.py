@@ -29,6 +29,9 @@ from favorites_maintenance_tests.reliability.conftest import (
     run_job,
 )
 
+# The module's servers are started once, on one worker.
+pytestmark = pytest.mark.xdist_group("test_server_restart")
+
 MINUTE = dt.timedelta(minutes=1)
 
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 import datetime as dt
 import threading
 
+import pytest
 import sqlalchemy as sa
 
 from favorites_maintenance.local.guest_favorites import dev_favorites
@@ -23,6 +24,9 @@ from favorites_maintenance_tests.reliability.conftest import (
     sleeping_backend,
     slow_delete,
 )
+
+# The stop guarantees are checked one at a time (docs/testing.md).
+pytestmark = pytest.mark.xdist_group("stop")
 
 MINUTE = dt.timedelta(minutes=1)
 

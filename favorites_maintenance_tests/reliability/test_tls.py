@@ -42,6 +42,9 @@ from favorites_maintenance_tests.reliability.conftest import (
     step_failure,
 )
 
+# The module's servers are started once, on one worker.
+pytestmark = pytest.mark.xdist_group("test_tls")
+
 PASSWORD = "pw-TLS-SENTINEL-4b7e"
 NOW = dt.datetime.now(dt.timezone.utc)
 
