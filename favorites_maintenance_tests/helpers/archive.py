@@ -13,6 +13,8 @@ from collections.abc import Iterable
 import dagster as dg
 import sqlalchemy as sa
 
+# The shop's tests read the days as ``shop.PARTITION``, ``shop.OLD``, ...
+from favorites_maintenance_tests.helpers.clock import CUTOFF, FRESH, OLD, PARTITION  # noqa: F401
 
 UTC = dt.timezone.utc
 POLICY = "shop_items"
