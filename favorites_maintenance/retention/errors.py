@@ -480,7 +480,7 @@ class TableCheckError(PurgeError, DatabaseError):
 
 class SkippedRowsError(PurgeError):
     """Rows the rule matches could not be deleted, and not just a few:
-    :data:`~favorites_maintenance.retention.batch_loop.BLOCKED_AFTER` candidates in a row failed
+    :data:`~favorites_maintenance.retention.run_counts.BLOCKED_AFTER` candidates in a row failed
     with nothing deleted between them (a whole table blocked by a constraint or a trigger), or
     more rows failed than a run may skip. What was deleted before stays deleted.
 

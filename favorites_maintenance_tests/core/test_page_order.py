@@ -33,7 +33,7 @@ TEN_MIN = dt.timedelta(minutes=10)
 FRESH = CUTOFF + dt.timedelta(days=30)
 PAGE = ScanMode.PAGE_ORDER
 guest = dev_favorites.c.user_id.is_(None)
-batch_loop = importlib.import_module("favorites_maintenance.retention.batch_loop")
+loop_preparation = importlib.import_module("favorites_maintenance.retention.loop_preparation")
 
 
 def run(engine, **kwargs):
@@ -184,7 +184,7 @@ def test_keyset_order_when_page_order_would_not_clear_the_backlog_within_the_bud
 def test_a_run_that_falls_behind_in_page_order_goes_on_oldest_first(engine, rows, monkeypatch):
     fill(engine, 130_000, old_guest_every=3)
     oldest = set(rows.add_many(30, updated_at=OLD - dt.timedelta(days=400)))
-    monkeypatch.setattr(batch_loop, "PROJECT_AFTER_S", 0.0)
+    monkeypatch.setattr(loop_preparation, "PROJECT_AFTER_S", 0.0)
     # Each batch sleeps 0.3 s: at 50 rows a batch the pages left would take far longer than
     # the 20 s budget, so after its first batch the run turns to keyset order.
     with engine.begin() as conn:

@@ -17,7 +17,7 @@ import sqlalchemy as sa
 
 from favorites_maintenance.local.guest_favorites import dev_favorites
 from favorites_maintenance.retention import SkippedRowsError
-from favorites_maintenance.retention.batch_loop import BLOCKED_AFTER
+from favorites_maintenance.retention.run_counts import BLOCKED_AFTER
 from favorites_maintenance_tests.helpers.purging import purge_rows
 from favorites_maintenance_tests.reliability.conftest import (
     CUTOFF,

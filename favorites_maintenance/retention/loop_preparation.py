@@ -1,0 +1,220 @@
+"""The purge's loop before its first batch, and the order its batches walk in.
+
+Before the first batch the loop opens its session (:func:`connect`), refuses a standby and a
+session whose triggers do not fire, checks the table's shape (and the archive's), reads the holds
+in the hold column's type and picks the order (:mod:`~favorites_maintenance.retention.scan`).
+During the run it turns from page order to keyset order when the pages left would outlast the
+time budget, and checks the table again inside a batch when its columns changed.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+
+import sqlalchemy as sa
+
+from favorites_maintenance.retention.archive import Archive, prepare_archive
+from favorites_maintenance.retention.database import limit_transaction
+from favorites_maintenance.retention.errors import (
+    ConnectError,
+    TableChangedError,
+    TableCheckError,
+    TableShapeError,
+    describe,
+)
+from favorites_maintenance.retention.holds import typed_holds
+from favorites_maintenance.retention.page_statements import PageStatements
+from favorites_maintenance.retention.report import StopReason
+from favorites_maintenance.retention.scan import (
+    PROJECT_AFTER_S,
+    KeysetScan,
+    PageScan,
+    PageSpan,
+    ScanEstimate,
+    ScanMode,
+    choose_scan,
+    read_scan_estimate,
+)
+from favorites_maintenance.retention.spans import BatchSpans
+from favorites_maintenance.retention.statements import (
+    BatchStatements,
+    assert_primary,
+    assert_triggers_fire,
+    match_by_ctid,
+    table_shape,
+)
+from favorites_maintenance.retention.table_check import check_table
+
+# The purge's log lines keep the purge's logger name, whichever module writes them.
+log = logging.getLogger("favorites_maintenance.retention.purge")
+
+
+class LoopPreparation:
+    """The preparation steps of :class:`~favorites_maintenance.retention.batch_loop.BatchLoop`,
+    which mixes them in: they set the loop's rule (its holds typed), its position
+    (:attr:`scan`), whether its first batch may be optimistic (``proven``), and what the
+    catalogs said, declared here; they call its :meth:`report`.
+    """
+
+    archive: Archive | None = None  # checked against the table before batch 1
+    shape: tuple | None = None  # the table's columns as checked (table_shape)
+    by_ctid = False  # whether the batches match their rows by address (ctid)
+    keyset_index = False  # whether the table has the rule's partial index
+    statements: BatchStatements | None = None
+    spans: BatchSpans | None = None
+    # The backlog counted whole before the first batch (keyset order), else None: the rest
+    # of it is taken in one batch once a batch's rate says it fits.
+    counted: int | None = None
+    # The backlog was counted whole before the first batch and is empty: no batch to hold
+    # back, so no health pause either.
+    nothing_prunable = False
+
+    def _prepare(self) -> None:
+        """Refuse a standby and a session whose triggers do not fire, check the table's shape
+        (and the archive's, creating it when missing), and build the run's statements."""
+        conn, rule, options = self.conn, self.rule, self.options
+        try:
+            assert_primary(conn)
+            assert_triggers_fire(conn)
+            conn.rollback()  # end the autobegun transaction of the checks
+        except sa.exc.DBAPIError as exc:
+            raise connect_error(exc) from None
+        try:
+            with conn.begin():
+                # Reading the catalogs locks the table like a batch does: bounded the same way.
+                limit_transaction(conn, lock_timeout=options.lock_timeout,
+                                  statement_timeout=options.statement_timeout)
+                findings = check_table(conn, rule)
+                hold_warning = None
+                if rule.hold is not None:
+                    # Read once: the batches then compare the holds in the hold column's type.
+                    hold, hold_warning = typed_holds(conn, rule.hold, rule.qualified_name)
+                    rule = self.rule = rule.with_hold(hold)
+                self.shape = table_shape(conn, rule)
+                by_ctid = self.by_ctid = match_by_ctid(conn, rule)
+                if self.archive_target is not None:
+                    self.archive = prepare_archive(conn, rule, self.archive_target)
+                estimate = (read_scan_estimate(conn, rule, self.cutoff, self.sizes.maximum)
+                            if options.scan is not ScanMode.KEYSET else None)
+        except sa.exc.DBAPIError as exc:
+            error = describe(exc)
+            # WARNING, as every line of the core about a failure: whether the run failed (or
+            # a retry follows) is its caller's to say.
+            log.warning("could not check the table before the first batch: %s", error)
+            raise TableCheckError(error, rule.qualified_name) from None
+        for warning in findings.warnings + ((hold_warning,) if hold_warning else ()):
+            log.warning("%s", warning)
+        self.keyset_index = findings.keyset_index
+        self.statements = BatchStatements.build(rule, self.cutoff, by_ctid, self.archive)
+        self.spans = BatchSpans(self.engine, rule)
+        self._choose_scan(estimate)
+
+    def _choose_scan(self, estimate: ScanEstimate | None) -> None:
+        """Start the run in the order :func:`~favorites_maintenance.retention.scan.choose_scan`
+        picks from ``estimate`` (``None``: keyset order was asked for)."""
+        budget = self.options.max_run_duration.total_seconds()
+        if estimate is None:
+            mode, self.counts.scan_reason = ScanMode.KEYSET, "keyset order, as asked"
+        elif self.options.scan is ScanMode.PAGE_ORDER and estimate.refused is None:
+            mode, self.counts.scan_reason = ScanMode.PAGE_ORDER, "page order, as asked"
+        else:
+            mode, self.counts.scan_reason = choose_scan(estimate, budget)
+        if estimate is not None and not estimate.lock_first:
+            # Nothing can refuse this role the lock that would not refuse the DELETE: the
+            # first batch may be optimistic (one write per row), as every later one.
+            self.proven = True
+        self.nothing_prunable = (estimate is not None and estimate.counted_all
+                                 and not estimate.backlog)
+        if estimate is not None and mode is ScanMode.KEYSET and estimate.counted_all:
+            # The whole backlog is counted (a day's rows): once a batch's rate says the rest
+            # fits, one batch takes it (at a known time per row it is within the first size).
+            self.counted = estimate.backlog
+        self._log_first_size()
+        if mode is ScanMode.PAGE_ORDER:
+            density = (estimate.density if estimate.density is not None
+                       else estimate.backlog / max(estimate.blocks, 1))
+            self.scan = PageScan(PageStatements.build(self.rule, self.cutoff, self.archive),
+                                 estimate.blocks,
+                                 PageSpan(density, self.sizes.target_s))
+        else:
+            self.scan = KeysetScan(self.statements)
+        self.counts.scan_modes.append(mode)
+        log.info("%s: %s", self.rule.qualified_name, self.counts.scan_reason)
+
+    def _log_first_size(self) -> None:
+        """Say where the first batch's size comes from, when the size adapts."""
+        if not self.sizes.adaptive:
+            return
+        known = self.options.previous_row_s
+        if known is None:
+            log.info("first batch at most %d rows: no earlier run's time per row is known",
+                     self.size)
+        else:
+            log.info("first batch at most %d rows: the previous run took %.4g ms a row, and a "
+                     "batch aims at %g ms", self.size, known * 1000, self.sizes.target_s * 1000)
+
+    def _project(self) -> None:
+        """In page order, from :data:`~favorites_maintenance.retention.scan.PROJECT_AFTER_S`
+        into the run: go on oldest first if the pages left would not be read within the budget
+        at the pace so far."""
+        scan, now = self.scan, time.monotonic()
+        if not isinstance(scan, PageScan) or now - self.started < PROJECT_AFTER_S:
+            return
+        done, left = scan.pages_done, scan.blocks - scan.pages_done
+        if not done or now + (now - self.started) * left / done <= self.deadline:
+            return
+        reason = (f"then keyset order, oldest first, from batch {self.counts.batch_no + 1}: "
+                  f"{left:,} pages left at {done / (now - self.started):,.0f} pages a second "
+                  f"would outlast the time budget")
+        log.info("%s: %s", self.rule.qualified_name, reason)
+        self.counts.scan_reason += "; " + reason
+        self.scan = KeysetScan(self.statements)
+        self.counts.scan_modes.append(ScanMode.KEYSET)
+
+    def _check_shape(self, conn: sa.Connection) -> None:
+        """Inside the batch transaction: check the table again if its columns changed since
+        it was checked; raise :class:`TableChangedError` (the batch rolls back) when the rule
+        can no longer use it."""
+        shape = table_shape(conn, self.rule)
+        if shape == self.shape:
+            return
+        try:
+            findings = check_table(conn, self.rule)
+        except TableShapeError as exc:
+            message = (f"{self.rule.qualified_name} changed during the run: batch "
+                       f"{self.counts.batch_no} was rolled back and no batch follows "
+                       f"({self.counts.deleted_total} rows deleted before stay deleted): {exc}")
+            log.warning("%s", message)
+            raise TableChangedError(message, exc.column, self.counts.batch_no,
+                                    self.report(StopReason.EXHAUSTED)) from None
+        self.shape = shape
+        log.info("%s changed during the run; checked again at batch %d: the rule can still "
+                 "use it", self.rule.qualified_name, self.counts.batch_no)
+        for warning in findings.warnings:
+            log.warning("%s", warning)
+
+
+def connect(engine: sa.Engine) -> sa.Connection:
+    """A connection from ``engine``; raises :class:`~favorites_maintenance.retention.errors.
+    ConnectError` when none can be opened."""
+    try:
+        return engine.connect()
+    except sa.exc.DBAPIError as exc:
+        raise connect_error(exc) from None
+
+
+def reconnect(engine: sa.Engine, conn: sa.Connection) -> sa.Connection:
+    """Close ``conn`` for good (its server session too) and open another from ``engine``;
+    raises :class:`~favorites_maintenance.retention.errors.ConnectError` as :func:`connect`."""
+    conn.invalidate()  # psycopg's prepared statements die with the server session
+    conn.close()
+    return connect(engine)
+
+
+def connect_error(exc: sa.exc.DBAPIError) -> ConnectError:
+    """The error to raise for ``exc``, met opening or checking a session (logged, without
+    the URL's password or any row's values)."""
+    error = describe(exc)
+    log.warning("no session on the favorites database: %s", error)
+    return ConnectError(error)
