@@ -11,6 +11,7 @@ from pathlib import Path
 
 import dagster as dg
 import pytest
+import yaml
 from dagster._core.definitions.reconstruct import repository_def_from_target_def
 from dagster._core.workspace.autodiscovery import loadable_targets_from_python_module
 from dagster._utils.test.definitions import LazyDefinitions
@@ -157,10 +158,9 @@ def test_dagster_refuses_the_workspace_on_a_bad_setting(tmp_path):
     assert "Stack Trace" not in out and "Traceback" not in out, out
 
 
-@pytest.mark.serial
 @pytest.mark.parametrize("broken", ["misspelled", "placeholders"])
 def test_a_broken_policy_is_the_location_s_load_error_in_one_line_without_a_stack(
-        monkeypatch, broken):
+        monkeypatch, tmp_path, broken):
     """What the UI shows on the code location's page: the webserver's workspace loads the
     location in a code server, as ``dagster dev`` and a deployment do; its load error is the
     policy's one line, with no stack trace and no cause behind it, whether the file does not
@@ -171,25 +171,29 @@ def test_a_broken_policy_is_the_location_s_load_error_in_one_line_without_a_stac
     from favorites_maintenance.components.retention_policy import policy_template
     from favorites_maintenance_tests.helpers.policy_files import (
         MISSPELLED,
-        MISSPELLED_ERROR,
-        defs_folder,
+        misspelled_error,
+        policy_project,
     )
 
     for name in list(os.environ):
         if name.startswith("FAVORITES_"):
             monkeypatch.delenv(name)
-    monkeypatch.chdir(ROOT)
-    target = WorkspaceFileTarget([str(ROOT / "workspace.yaml")])
     if broken == "misspelled":
-        text, message = MISSPELLED, MISSPELLED_ERROR
+        text, message = MISSPELLED, misspelled_error("src/my_platform/defs")
     else:
         text = policy_template("guest_carts")
         [line] = [n for n, written in enumerate(text.splitlines(), 1)
                   if written.startswith("  table:")]
-        message = (f"favorites_maintenance/defs/guest_carts/defs.yaml:{line}: policy "
+        message = (f"src/my_platform/defs/guest_carts/defs.yaml:{line}: policy "
                    "guest_carts, table, key_column, age_column, null_columns: still the "
                    "placeholders the scaffold wrote; name the table to prune and its columns")
-    with defs_folder("guest_carts", text), dg.instance_for_test() as instance, \
+    root = policy_project(tmp_path, {"guest_carts": text})
+    (root / "workspace.yaml").write_text(yaml.safe_dump({"load_from": [{"python_module": {
+        "module_name": "my_platform.definitions", "working_directory": str(root / "src"),
+        "location_name": "favorites_maintenance"}}]}))
+    monkeypatch.chdir(root)
+    target = WorkspaceFileTarget([str(root / "workspace.yaml")])
+    with dg.instance_for_test() as instance, \
             WorkspaceProcessContext(instance, target) as workspace:
         [entry] = workspace.create_request_context().get_code_location_entries().values()
     error = entry.load_error
