@@ -12,9 +12,9 @@ from pathlib import Path
 import dagster as dg
 import pytest
 import yaml
-from dagster._core.definitions.reconstruct import repository_def_from_target_def
-from dagster._core.workspace.autodiscovery import loadable_targets_from_python_module
-from dagster._utils.test.definitions import LazyDefinitions
+from favorites_maintenance_tests.helpers.dagster_internals import repository_def_from_target_def
+from favorites_maintenance_tests.helpers.dagster_internals import loadable_targets_from_python_module
+from favorites_maintenance_tests.helpers.dagster_internals import LazyDefinitions
 
 from favorites_maintenance.retention.defaults import DATABASE_URL_VAR
 from favorites_maintenance_tests.helpers.jobs import (
@@ -108,9 +108,9 @@ def test_every_run_of_the_policy_executes_in_its_run_worker_and_a_backfill_is_on
 _IMPORT_EVERY_MODULE = """
 import importlib, json, pkgutil
 import dagster as dg
-from dagster._core.definitions.unresolved_asset_job_definition import (
-    UnresolvedAssetJobDefinition)
 import favorites_maintenance as package
+
+UnresolvedAssetJobDefinition = type(dg.define_asset_job("probe"))  # what define_asset_job makes
 
 KINDS = (dg.AssetsDefinition, dg.AssetChecksDefinition, dg.JobDefinition,
          UnresolvedAssetJobDefinition, dg.GraphDefinition, dg.OpDefinition,
@@ -165,8 +165,8 @@ def test_a_broken_policy_is_the_location_s_load_error_in_one_line_without_a_stac
     location in a code server, as ``dagster dev`` and a deployment do; its load error is the
     policy's one line, with no stack trace and no cause behind it, whether the file does not
     fit the component's schema or the policy's own checks refuse it."""
-    from dagster._core.workspace.context import WorkspaceProcessContext
-    from dagster._core.workspace.load_target import WorkspaceFileTarget
+    from favorites_maintenance_tests.helpers.dagster_internals import WorkspaceProcessContext
+    from favorites_maintenance_tests.helpers.dagster_internals import WorkspaceFileTarget
 
     from favorites_maintenance.components.retention_policy import policy_template
     from favorites_maintenance_tests.helpers.policy_files import (
