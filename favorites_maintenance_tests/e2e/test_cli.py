@@ -269,11 +269,12 @@ def test_demo_and_dry_run_of_a_valid_policy_go_on_beside_a_broken_one(checkout, 
 
     from favorites_maintenance_tests.helpers.policy_files import (
         MISSPELLED,
-        MISSPELLED_ERROR,
         defs_folder,
+        misspelled_error,
     )
 
-    warning = f"warning: {MISSPELLED_ERROR} (not loaded; the code location does not load until"
+    error_line = misspelled_error()  # demo reads the package's own defs folder
+    warning = f"warning: {error_line} (not loaded; the code location does not load until"
     rows.add_many(4, updated_at=dt.datetime.now(dt.timezone.utc) - dt.timedelta(days=400))
     url = {"FAVORITES_DATABASE_URL": db_url.render_as_string(hide_password=False)}
     with defs_folder("guest_carts", MISSPELLED):
@@ -289,43 +290,43 @@ def test_demo_and_dry_run_of_a_valid_policy_go_on_beside_a_broken_one(checkout, 
 
         broken = cli("dry-run", "--policy", "guest_carts", cwd=checkout, env_extra=url)
         assert broken.returncode == 2
-        assert broken.stderr == f"error: {MISSPELLED_ERROR}\n"
+        assert broken.stderr == f"error: {error_line}\n"
 
 
 
-@pytest.mark.serial
-def test_dry_run_all_lists_a_broken_policy_with_its_error_and_fails(checkout, db_url, rows):
-    """A script running ``dry-run --all --json`` sees the broken policy in the document, with
-    the one line every tool shows for it, and a non-zero exit; the valid policy is still
-    counted, and ``dry-run --policy`` of it still succeeds."""
+def test_dry_run_all_lists_a_broken_policy_with_its_error_and_fails(tmp_path, db_url, rows):
+    """A script running ``dry-run --all --json`` in its project sees the broken policy in the
+    document, with the one line every tool shows for it, and a non-zero exit; the valid policy
+    is still counted, and ``dry-run --policy`` of it still succeeds."""
     import datetime as dt
     import json
 
     from favorites_maintenance_tests.helpers.policy_files import (
         MISSPELLED,
-        MISSPELLED_ERROR,
-        defs_folder,
+        misspelled_error,
+        policy_project,
     )
 
     rows.add_many(4, updated_at=dt.datetime.now(dt.timezone.utc) - dt.timedelta(days=400))
-    url = {"FAVORITES_DATABASE_URL": db_url.render_as_string(hide_password=False)}
-    with defs_folder("guest_carts", MISSPELLED):
-        every = cli("dry-run", "--all", "--json", cwd=checkout, env_extra=url)
-        text = cli("dry-run", "--all", cwd=checkout, env_extra=url)
-        one = cli("dry-run", "--policy", "guest_favorites", "--json", cwd=checkout,
-                  env_extra=url)
+    root = policy_project(tmp_path, {"guest_carts": MISSPELLED})
+    url = {"FAVORITES_DATABASE_URL": db_url.render_as_string(hide_password=False),
+           "PYTHONPATH": str(root / "src")}
+    every = cli("dry-run", "--all", "--json", cwd=root, env_extra=url)
+    text = cli("dry-run", "--all", cwd=root, env_extra=url)
+    one = cli("dry-run", "--policy", "guest_favorites", "--json", cwd=root, env_extra=url)
+    error_line = misspelled_error("src/my_platform/defs")
 
     assert every.returncode == 2, every.stderr
     document = json.loads(every.stdout)
     reports = {r["policy"]: r for r in document["policies"]}
-    assert reports["guest_carts"] == {"policy": "guest_carts", "error": MISSPELLED_ERROR}
+    assert reports["guest_carts"] == {"policy": "guest_carts", "error": error_line}
     assert reports["guest_favorites"]["now"]["prunable"] == 4
     assert "error" not in reports["guest_favorites"] and document["deleted"] == 0
-    assert f"error: {MISSPELLED_ERROR} (not loaded;" in every.stderr
+    assert f"error: {error_line} (not loaded;" in every.stderr
     assert "Traceback" not in every.stderr
 
     assert text.returncode == 2
-    assert f"policy     guest_carts (not loaded)\nerror      {MISSPELLED_ERROR}\n" in text.stdout
+    assert f"policy     guest_carts (not loaded)\nerror      {error_line}\n" in text.stdout
     assert "prunable   4 rows" in text.stdout
 
     assert one.returncode == 0, one.stderr
@@ -421,23 +422,23 @@ attributes:
 """
 
 
-@pytest.mark.serial
-def test_partition_functions_prints_the_sql_of_the_policys_table_for_psql(checkout, engine):
+def test_partition_functions_prints_the_sql_of_the_policys_table_for_psql(tmp_path, engine):
     """The command's output, run as the owner, installs the two functions named after the
     policy's table, SECURITY DEFINER, executable by --role only; a policy without
     drop_expired_partitions and an unknown policy are refused naming them."""
     import sqlalchemy as sa
 
-    from favorites_maintenance_tests.helpers.policy_files import defs_folder
+    from favorites_maintenance_tests.helpers.policy_files import policy_project
 
     role = f"{engine.url.database}_lists_cleanup"
-    with defs_folder("shared_lists", SHARED_LISTS):
-        proc = cli("partition-functions", "--policy", "shared_lists", "--role", role,
-                   cwd=checkout)
-        guest = cli("partition-functions", "--policy", "guest_favorites", "--role", role,
-                    cwd=checkout)
-        unknown = cli("partition-functions", "--policy", "shared_list", "--role", role,
-                      cwd=checkout)
+    root = policy_project(tmp_path, {"shared_lists": SHARED_LISTS})
+    src = {"PYTHONPATH": str(root / "src")}
+    proc = cli("partition-functions", "--policy", "shared_lists", "--role", role, cwd=root,
+               env_extra=src)
+    guest = cli("partition-functions", "--policy", "guest_favorites", "--role", role, cwd=root,
+                env_extra=src)
+    unknown = cli("partition-functions", "--policy", "shared_list", "--role", role, cwd=root,
+                  env_extra=src)
     assert proc.returncode == 0, proc.stderr
     assert proc.stderr == ""
     assert 'CREATE OR REPLACE FUNCTION "lists"."shared_lists_detach_partition"(' in proc.stdout

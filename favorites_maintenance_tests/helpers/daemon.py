@@ -5,7 +5,7 @@ pass over the code location, served by a real code server process (started with 
 environment, as ``dagster-daemon`` starts it), at an instant the test chooses. A run the queue
 launches runs in a run worker process the code server starts, as in a deployment; a test
 launches and terminates it through the webserver's GraphQL API, as the UI does. These entry
-points are Dagster's own test helpers, not a stable API.
+points are Dagster's own test helpers, not a stable API (``helpers/dagster_internals.py``).
 """
 
 from __future__ import annotations
@@ -16,11 +16,16 @@ import logging
 import time
 
 import dagster as dg
-from dagster._core.test_utils import create_test_daemon_workspace_context, freeze_time
-from dagster._core.workspace.load_target import ModuleTarget
-from dagster._daemon.backfill import execute_backfill_iteration
-from dagster._daemon.sensor import execute_sensor_iteration
-from dagster._scheduler.scheduler import launch_scheduled_runs
+
+from favorites_maintenance_tests.helpers.dagster_internals import (
+    ModuleTarget,
+    QueuedRunCoordinatorDaemon,
+    create_test_daemon_workspace_context,
+    execute_backfill_iteration,
+    execute_sensor_iteration,
+    freeze_time,
+    launch_scheduled_runs,
+)
 
 LOCATION = "favorites_maintenance"
 REPOSITORY = "__repository__"
@@ -47,12 +52,12 @@ def pg_instance(storage_url: str, *, run_in_process: bool = False,
     adds instance settings (e.g. the ``concurrency`` block of ``dagster.yaml``)."""
     overrides = {**(overrides or {}), "storage": {"postgres": {"postgres_url": storage_url}}}
     if run_in_process:
-        overrides["run_coordinator"] = {"module": "dagster._core.run_coordinator",
+        overrides["run_coordinator"] = {"module": "dagster.core.run_coordinator",
                                         "class": "DefaultRunCoordinator"}
-        overrides["run_launcher"] = {"module": "dagster._core.launcher.sync_in_memory_run_launcher",
+        overrides["run_launcher"] = {"module": "dagster.core.launcher.sync_in_memory_run_launcher",
                                      "class": "SyncInMemoryRunLauncher"}
     else:
-        overrides["run_coordinator"] = {"module": "dagster._core.run_coordinator",
+        overrides["run_coordinator"] = {"module": "dagster.core.run_coordinator",
                                         "class": "QueuedRunCoordinator"}
     with dg.instance_for_test(overrides=overrides) as instance:
         yield instance
@@ -79,10 +84,6 @@ def scheduler_and_sensors(workspace, at: dt.datetime) -> None:
 def dequeue_pass(workspace) -> None:
     """One pass of the run queue's daemon: it launches the queued runs the instance's limits
     (pools, ``tag_concurrency_limits``) admit now."""
-    from dagster._daemon.run_coordinator.queued_run_coordinator_daemon import (
-        QueuedRunCoordinatorDaemon,
-    )
-
     with QueuedRunCoordinatorDaemon(interval_seconds=1) as daemon:
         list(daemon.run_iteration(workspace))
 

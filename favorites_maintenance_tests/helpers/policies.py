@@ -22,7 +22,7 @@ from pathlib import Path
 
 import dagster as dg
 import yaml
-from dagster._core.workspace.load_target import ModuleTarget
+from favorites_maintenance_tests.helpers.dagster_internals import ModuleTarget
 from dagster.components.testing import DefsFolderSandbox, create_defs_folder_sandbox
 
 import favorites_maintenance.defs

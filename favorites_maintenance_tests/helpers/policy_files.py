@@ -1,5 +1,8 @@
-"""A policy file in the real ``favorites_maintenance/defs/`` folder for the length of a test, as
-a newcomer adds one: what the code location, ``dg`` and the command line read."""
+"""Policy files as a newcomer adds them, in a Dagster project of the test's own (a host project
+in its temporary folder, beside the real guest-favorites policy): what ``dg`` and the command
+line read, with ``-m`` or from the project's folder. Only ``demo`` reads the package's own
+``favorites_maintenance/defs/`` alone; :func:`defs_folder` writes there for its tests, which
+run in the serial pass."""
 
 from __future__ import annotations
 
@@ -9,6 +12,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import favorites_maintenance.defs
+from favorites_maintenance_tests.helpers.host_project import host_project
 
 DEFS = Path(favorites_maintenance.defs.__file__).parent
 
@@ -23,16 +27,38 @@ attributes:
   null_columns: [customer_ref]
   retention_dayz: 30
 """
-#: The one line every tool shows for :data:`MISSPELLED` written as ``defs/guest_carts``.
-MISSPELLED_ERROR = ("favorites_maintenance/defs/guest_carts/defs.yaml:8: policy guest_carts, "
-                    "retention_dayz: not a field of a retention policy (did you mean "
-                    "retention_days?)")
+
+
+def misspelled_error(folder: str = "favorites_maintenance/defs") -> str:
+    """The one line every tool shows for :data:`MISSPELLED` written as ``<folder>/guest_carts``
+    (``folder`` relative to its project's root)."""
+    return (f"{folder}/guest_carts/defs.yaml:8: policy guest_carts, retention_dayz: not a field "
+            "of a retention policy (did you mean retention_days?)")
+
+
+def policy_project(root: Path, policies: dict[str, str | None] | None = None,
+                   module: str = "my_platform") -> Path:
+    """A host project ``root`` (package ``module``, under ``src/``) whose ``defs/`` holds the
+    real guest-favorites policy and a folder per entry of ``policies`` (folder name: the
+    ``defs.yaml`` text, or ``None`` for an empty folder); returns ``root``.
+
+    A test loading it in its own process names a ``module`` of its own: Python imports a
+    package name once per process."""
+    host_project(root, module)
+    defs = root / "src" / module / "defs"
+    for name, text in {"guest_favorites": (DEFS / "guest_favorites" / "defs.yaml").read_text(),
+                       **(policies or {})}.items():
+        (defs / name).mkdir()
+        if text is not None:
+            (defs / name / "defs.yaml").write_text(text)
+    return root
 
 
 @contextlib.contextmanager
 def defs_folder(name: str, text: str | None = None) -> Iterator[Path]:
     """``favorites_maintenance/defs/<name>/`` (with ``defs.yaml`` holding ``text``, when given)
-    for the length of the ``with`` block; removed after, whatever happened."""
+    for the length of the ``with`` block; removed after, whatever happened. Every code location
+    of the package reads it meanwhile: only for tests marked ``serial``."""
     folder = DEFS / name
     assert not folder.exists(), f"{folder} exists already: remove it"
     try:

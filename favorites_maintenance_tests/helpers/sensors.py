@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import dagster as dg
-from dagster._core.definitions.run_status_sensor_definition import RunStatusSensorCursor
+from favorites_maintenance_tests.helpers.dagster_internals import RunStatusSensorCursor
 
 from favorites_maintenance.pipeline.resources import AlertSink
 from favorites_maintenance_tests.helpers.resource_keys import ALERTS_KEY

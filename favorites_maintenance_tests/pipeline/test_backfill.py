@@ -128,7 +128,6 @@ def test_a_backfill_is_one_run_that_materializes_every_day_with_its_checks_once(
     which purges to the last day's cutoff, materializes each day once with one result per
     check, and puts its figures on the last day only. A run of one of those days stays
     possible afterwards."""
-    from dagster._core.execution.backfill import BulkActionStatus
     from dagster_graphql.test.utils import execute_dagster_graphql
 
     from favorites_maintenance_tests.helpers.daemon import (
@@ -159,9 +158,9 @@ def test_a_backfill_is_one_run_that_materializes_every_day_with_its_checks_once(
         run = wait_until_finished(instance, run.run_id)
         for _ in range(5):
             backfill_pass(workspace)
-            if instance.get_backfill(backfill_id).status != BulkActionStatus.REQUESTED:
+            if instance.get_backfill(backfill_id).status.value != "REQUESTED":
                 break
-        assert instance.get_backfill(backfill_id).status == BulkActionStatus.COMPLETED_SUCCESS
+        assert instance.get_backfill(backfill_id).status.value == "COMPLETED_SUCCESS"
         assert len(instance.get_runs(dg.RunsFilter(tags={"dagster/backfill": backfill_id}))) == 1
         # On the code location's executor (the policy's own job keeps in-process; a backfill
         # of the asset runs Dagster's asset job): in processes of the run's, never the test's.

@@ -11,9 +11,10 @@ from pathlib import Path
 
 import dagster as dg
 import pytest
-from dagster._core.definitions.reconstruct import repository_def_from_target_def
-from dagster._core.workspace.autodiscovery import loadable_targets_from_python_module
-from dagster._utils.test.definitions import LazyDefinitions
+import yaml
+from favorites_maintenance_tests.helpers.dagster_internals import repository_def_from_target_def
+from favorites_maintenance_tests.helpers.dagster_internals import loadable_targets_from_python_module
+from favorites_maintenance_tests.helpers.dagster_internals import LazyDefinitions
 
 from favorites_maintenance.retention.defaults import DATABASE_URL_VAR
 from favorites_maintenance_tests.helpers.jobs import (
@@ -107,9 +108,9 @@ def test_every_run_of_the_policy_executes_in_its_run_worker_and_a_backfill_is_on
 _IMPORT_EVERY_MODULE = """
 import importlib, json, pkgutil
 import dagster as dg
-from dagster._core.definitions.unresolved_asset_job_definition import (
-    UnresolvedAssetJobDefinition)
 import favorites_maintenance as package
+
+UnresolvedAssetJobDefinition = type(dg.define_asset_job("probe"))  # what define_asset_job makes
 
 KINDS = (dg.AssetsDefinition, dg.AssetChecksDefinition, dg.JobDefinition,
          UnresolvedAssetJobDefinition, dg.GraphDefinition, dg.OpDefinition,
@@ -157,39 +158,42 @@ def test_dagster_refuses_the_workspace_on_a_bad_setting(tmp_path):
     assert "Stack Trace" not in out and "Traceback" not in out, out
 
 
-@pytest.mark.serial
 @pytest.mark.parametrize("broken", ["misspelled", "placeholders"])
 def test_a_broken_policy_is_the_location_s_load_error_in_one_line_without_a_stack(
-        monkeypatch, broken):
+        monkeypatch, tmp_path, broken):
     """What the UI shows on the code location's page: the webserver's workspace loads the
     location in a code server, as ``dagster dev`` and a deployment do; its load error is the
     policy's one line, with no stack trace and no cause behind it, whether the file does not
     fit the component's schema or the policy's own checks refuse it."""
-    from dagster._core.workspace.context import WorkspaceProcessContext
-    from dagster._core.workspace.load_target import WorkspaceFileTarget
+    from favorites_maintenance_tests.helpers.dagster_internals import WorkspaceProcessContext
+    from favorites_maintenance_tests.helpers.dagster_internals import WorkspaceFileTarget
 
     from favorites_maintenance.components.retention_policy import policy_template
     from favorites_maintenance_tests.helpers.policy_files import (
         MISSPELLED,
-        MISSPELLED_ERROR,
-        defs_folder,
+        misspelled_error,
+        policy_project,
     )
 
     for name in list(os.environ):
         if name.startswith("FAVORITES_"):
             monkeypatch.delenv(name)
-    monkeypatch.chdir(ROOT)
-    target = WorkspaceFileTarget([str(ROOT / "workspace.yaml")])
     if broken == "misspelled":
-        text, message = MISSPELLED, MISSPELLED_ERROR
+        text, message = MISSPELLED, misspelled_error("src/my_platform/defs")
     else:
         text = policy_template("guest_carts")
         [line] = [n for n, written in enumerate(text.splitlines(), 1)
                   if written.startswith("  table:")]
-        message = (f"favorites_maintenance/defs/guest_carts/defs.yaml:{line}: policy "
+        message = (f"src/my_platform/defs/guest_carts/defs.yaml:{line}: policy "
                    "guest_carts, table, key_column, age_column, null_columns: still the "
                    "placeholders the scaffold wrote; name the table to prune and its columns")
-    with defs_folder("guest_carts", text), dg.instance_for_test() as instance, \
+    root = policy_project(tmp_path, {"guest_carts": text})
+    (root / "workspace.yaml").write_text(yaml.safe_dump({"load_from": [{"python_module": {
+        "module_name": "my_platform.definitions", "working_directory": str(root / "src"),
+        "location_name": "favorites_maintenance"}}]}))
+    monkeypatch.chdir(root)
+    target = WorkspaceFileTarget([str(root / "workspace.yaml")])
+    with dg.instance_for_test() as instance, \
             WorkspaceProcessContext(instance, target) as workspace:
         [entry] = workspace.create_request_context().get_code_location_entries().values()
     error = entry.load_error

@@ -65,40 +65,45 @@ def test_dg_list_defs_shows_each_policy_under_its_names(tmp_path):
     assert "favorites/guest_favorites_cleanup" in {a["asset_key"] for a in listed["assets"]}
 
 
-@pytest.mark.serial
 def test_dg_scaffold_writes_every_field_and_dg_check_defs_names_what_to_fill_in_one_line(
-        tmp_path):
+        tmp_path, monkeypatch):
     """A newcomer's path: scaffold a policy, check it; the check fails with one line naming the
     file, the line and the fields still to fill in, never a stack trace."""
     import yaml
 
+    from favorites_maintenance.components.policy_tree import project_tree
     from favorites_maintenance.config.policy_settings import SETTINGS
-    from favorites_maintenance_tests.helpers.policy_files import defs_folder
+    from favorites_maintenance_tests.helpers.host_project import run_dg
+    from favorites_maintenance_tests.helpers.policy_files import policy_project
 
-    with defs_folder("guest_orders") as folder:
-        made = dg(tmp_path, "scaffold", "defs", "favorites_maintenance.RetentionPolicy",
+    module = f"scaffolded_{tmp_path.name}"  # loaded in this process at the end: its own name
+    root = policy_project(tmp_path / "platform", module=module)
+    folder = root / "src" / module / "defs" / "guest_orders"
+    made = run_dg(root, "scaffold", "defs", "favorites_maintenance.RetentionPolicy",
                   "guest_orders")
-        assert made.returncode == 0, made.stdout + made.stderr
-        text = (folder / "defs.yaml").read_text()
-        written = yaml.safe_load(text)["attributes"]
-        assert written["name"] == "guest_orders"
-        assert {"table", "key_column", "age_column", "null_columns"} <= set(written)
-        for setting in SETTINGS:  # every optional setting is there, set or commented out
-            assert f"{setting}:" in text, setting
+    assert made.returncode == 0, made.stdout + made.stderr
+    text = (folder / "defs.yaml").read_text()
+    written = yaml.safe_load(text)["attributes"]
+    assert written["name"] == "guest_orders"
+    assert {"table", "key_column", "age_column", "null_columns"} <= set(written)
+    for setting in SETTINGS:  # every optional setting is there, set or commented out
+        assert f"{setting}:" in text, setting
 
-        checked = dg(tmp_path, "check", "defs")
-        out = checked.stdout + checked.stderr
-        assert checked.returncode != 0, out
-        [line] = [n for n, t in enumerate(text.splitlines(), 1) if t.startswith("  table:")]
-        assert (f"PolicyLoadError: favorites_maintenance/defs/guest_orders/defs.yaml:{line}: "
-                "policy guest_orders, table, key_column, age_column, null_columns: still the "
-                "placeholders the scaffold wrote") in out, out
-        assert "Traceback" not in out and "Stack Trace" not in out, out
-        assert "Field required" not in out
+    checked = run_dg(root, "check", "defs")
+    out = checked.stdout + checked.stderr
+    assert checked.returncode != 0, out
+    [line] = [n for n, t in enumerate(text.splitlines(), 1) if t.startswith("  table:")]
+    assert (f"PolicyLoadError: src/{module}/defs/guest_orders/defs.yaml:{line}: "
+            "policy guest_orders, table, key_column, age_column, null_columns: still the "
+            "placeholders the scaffold wrote") in out, out
+    assert "Traceback" not in out and "Stack Trace" not in out, out
+    assert "Field required" not in out
 
-        # Filled in, the policy loads beside guest_favorites.
-        (folder / "defs.yaml").write_text(text.replace('"<schema>.<table>"', "shop.guest_orders")
-                                          .replace('"<key column>"', "id")
-                                          .replace('"<timestamptz column>"', "touched_at")
-                                          .replace('["<guard column>"]', "[customer_id]"))
-        assert {p.name for p in load_policies()} >= {"guest_orders", "guest_favorites"}
+    # Filled in, the policy loads beside guest_favorites.
+    (folder / "defs.yaml").write_text(text.replace('"<schema>.<table>"', "shop.guest_orders")
+                                      .replace('"<key column>"', "id")
+                                      .replace('"<timestamptz column>"', "touched_at")
+                                      .replace('["<guard column>"]', "[customer_id]"))
+    monkeypatch.syspath_prepend(str(root / "src"))
+    assert {p.name for p in load_policies(project_tree(f"{module}.definitions"))} == {
+        "guest_orders", "guest_favorites"}

@@ -197,8 +197,8 @@ def test_a_host_s_unfilled_policy_is_its_location_s_load_error_in_one_line_witho
     """A scaffolded policy left with its placeholders, in a host project: what the UI's code
     location page shows (the location loaded in a code server, as ``dg dev`` and a deployment
     load it) is the policy's one line, no stack trace, no cause behind it."""
-    from dagster._core.workspace.context import WorkspaceProcessContext
-    from dagster._core.workspace.load_target import ModuleTarget
+    from favorites_maintenance_tests.helpers.dagster_internals import WorkspaceProcessContext
+    from favorites_maintenance_tests.helpers.dagster_internals import ModuleTarget
 
     from favorites_maintenance.components.retention_policy import policy_template
 

@@ -323,16 +323,15 @@ def test_dry_run_counts_with_the_cutoff_of_now_and_of_the_next_scheduled_run(
     assert rows.count() == 20
 
 
-@pytest.mark.serial
 def test_dry_run_all_counts_every_valid_policy_and_names_the_broken_and_unreadable(
-        rows, db_url, monkeypatch):
+        rows, db_url, monkeypatch, tmp_path):
     from click.testing import CliRunner
 
     from favorites_maintenance.cli import main
     from favorites_maintenance_tests.helpers.policy_files import (
         MISSPELLED,
-        MISSPELLED_ERROR,
-        defs_folder,
+        misspelled_error,
+        policy_project,
     )
 
     guest_settings_env(monkeypatch)
@@ -340,15 +339,20 @@ def test_dry_run_all_counts_every_valid_policy_and_names_the_broken_and_unreadab
     rows.add_many(3, updated_at=dt.datetime.now(UTC) - dt.timedelta(days=400))
     orders = MISSPELLED.replace("guest_carts", "guest_orders").replace("carts.", "shop.") \
         .replace("retention_dayz", "retention_days")
-    with defs_folder("guest_carts", MISSPELLED), defs_folder("guest_orders", orders):
-        result = CliRunner().invoke(main, ["dry-run", "--all", "--json"])
+    module = f"dry_run_{tmp_path.name}"  # imported in this process: a name of its own
+    root = policy_project(tmp_path, {"guest_carts": MISSPELLED, "guest_orders": orders},
+                          module=module)
+    monkeypatch.syspath_prepend(str(root / "src"))
+    result = CliRunner().invoke(main, ["dry-run", "--all", "--json", "-m",
+                                       f"{module}.definitions"])
+    error_line = misspelled_error(f"src/{module}/defs")
     assert result.exit_code == 2, result.output  # shop.guest_orders does not exist
-    assert f"error: {MISSPELLED_ERROR} (not loaded;" in result.stderr
+    assert f"error: {error_line} (not loaded;" in result.stderr
     assert "error: policy guest_orders: " in result.stderr
     reports = {r["policy"]: r for r in json.loads(result.stdout)["policies"]}
     assert set(reports) == {"guest_carts", "guest_favorites", "guest_orders"}
     assert reports["guest_favorites"]["now"]["prunable"] == 3
-    assert reports["guest_carts"]["error"] == MISSPELLED_ERROR
+    assert reports["guest_carts"]["error"] == error_line
     assert "shop.guest_orders" in reports["guest_orders"]["error"]
     assert json.loads(result.stdout)["deleted"] == 0
 

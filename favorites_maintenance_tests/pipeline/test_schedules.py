@@ -11,7 +11,7 @@ from zoneinfo import ZoneInfo
 
 import dagster as dg
 import pytest
-from dagster._utils.schedules import cron_string_iterator
+from favorites_maintenance_tests.helpers.dagster_internals import cron_string_iterator
 
 from favorites_maintenance.config.policy_settings import DEFAULT_CRON
 from favorites_maintenance.components.policy_tree import code_location

@@ -15,9 +15,9 @@ import dagster as dg
 import pytest
 import sqlalchemy as sa
 from click.testing import CliRunner
-from dagster._cli.sensor import sensor_cursor_command
-from dagster._core.scheduler.instigation import TickStatus
-from dagster._core.test_utils import freeze_time
+from favorites_maintenance_tests.helpers.dagster_internals import sensor_cursor_command
+from favorites_maintenance.pipeline.dagster_internals import TickStatus
+from favorites_maintenance_tests.helpers.dagster_internals import freeze_time
 
 import favorites_maintenance
 from favorites_maintenance.components.policy_tree import load_policies

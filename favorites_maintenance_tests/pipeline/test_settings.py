@@ -16,7 +16,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from dagster._utils.schedules import is_valid_cron_string
+from favorites_maintenance_tests.helpers.dagster_internals import is_valid_cron_string
 
 from favorites_maintenance.components.policy_tree import PolicyLoadError, load_policies
 from favorites_maintenance.components.retention_policy import RetentionPolicy

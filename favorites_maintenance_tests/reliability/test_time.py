@@ -18,7 +18,7 @@ import dagster as dg
 import pytest
 import sqlalchemy as sa
 from click.testing import CliRunner
-from dagster._core.test_utils import freeze_time
+from favorites_maintenance_tests.helpers.dagster_internals import freeze_time
 
 from favorites_maintenance.cli import main
 from favorites_maintenance.local.guest_favorites import create_dev_schema
