@@ -187,6 +187,8 @@ class _Progress:
     batches: int = 0
     failed: int = 0
     causes: dict = field(default_factory=dict)
+    #: The batch in progress, 1-based (a batch retried after a unique violation keeps it).
+    batch_no: int = 0
 
 
 def _selected(t: sa.Table, policy: str, selection: Selection) -> list[sa.ColumnElement[bool]]:
@@ -353,55 +355,13 @@ def restore(engine: sa.Engine, rule: RetentionRule, target_table: str, policy: s
                             allow_prunable)
             if pretend:
                 return report
-            progress, stopped = _Progress(), False
-            statement = restore_statement(archive, rule, selection)
-            with conn.begin():
-                page, last = _bounds(conn, archive, selection)
-                per_page = _rows_per_page(conn, archive)
-            pages = max(1, int(batch_size / per_page))
-            batch_no = again = 0
-            while page <= last:
-                if should_stop():
-                    stopped = True
-                    break
-                batch_no += 0 if again else 1
-                end = page + pages
-                try:
-                    row = _run_batch(conn, statement, f"({page},0)", f"({end},0)", lock_timeout,
-                                     statement_timeout)
-                except sa.exc.DBAPIError as exc:
-                    error = describe(exc)
-                    if error.kind is ErrorKind.UNIQUE_VIOLATION and again < _UNIQUE_RETRIES:
-                        again += 1  # a key came back since the check: the batch sees it now
-                        continue
-                    again = 0
-                    if error.row_level and pages > 1:
-                        pages = max(1, pages // 2)  # the same place, half the pages
-                        continue
-                    if error.row_level:
-                        # One page: its rows one at a time, a row that cannot go back left.
-                        error = _one_by_one(conn, statement, archive, selection, page, progress,
-                                            lock_timeout, statement_timeout)
-                        if error is None:
-                            page = end
-                            continue
-                    partial = _report(report, progress, started, False)
-                    log.warning("restore batch %d failed and was rolled back: %s", batch_no, error)
-                    raise RestoreBatchError(batch_no, partial, error) from None
-                again = 0
-                progress.restored += row.restored
-                progress.batches += 1 if row.restored else 0
-                if row.selected:
-                    log.debug("restore batch %d moved %d of %d rows back", batch_no, row.restored,
-                              row.selected)
-                page = end
-                # The next range sized toward batch_size rows, growing at most twofold.
-                pages = max(1, min(pages * 2, int(pages * batch_size / row.selected))
-                            if row.selected else pages * 2)
+            progress = _Progress()
+            stopped = _move_back(conn, archive, rule, selection, report, progress, started,
+                                 batch_size, should_stop, lock_timeout, statement_timeout)
             final = _report(report, progress, started, stopped)
     except _Swallowed as swallowed:
         # That batch rolled back; the batches before it stay restored.
-        raise _swallowed_error(engine, rule, target_table, batch_no, swallowed,
+        raise _swallowed_error(engine, rule, target_table, progress.batch_no, swallowed,
                                _report(report, progress, started, False)) from None
     except sa.exc.DBAPIError as exc:
         # Outside a batch (the checks, the counts, the archive's page bounds): nothing of it
@@ -415,6 +375,65 @@ def restore(engine: sa.Engine, rule: RetentionRule, target_table: str, policy: s
              "the archive", policy, selection, final.restored_rows, rule.qualified_name,
              final.batches, final.left_in_archive)
     return final
+
+
+def _move_back(conn: sa.Connection, archive: sa.Table, rule: RetentionRule,
+               selection: Selection, report: RestoreReport, progress: _Progress, started: float,
+               batch_size: int, should_stop: Callable[[], bool], lock_timeout: dt.timedelta,
+               statement_timeout: dt.timedelta) -> bool:
+    """The batches of :func:`restore`: ranges of the archive's pages, each moved back in one
+    transaction, sized toward ``batch_size`` rows; ``progress`` counts what they moved.
+    Returns whether ``should_stop`` ended them.
+
+    Raises:
+        RestoreBatchError: as :func:`restore` says.
+        _Swallowed: the table's insert returned fewer rows than the batch took out.
+    """
+    statement = restore_statement(archive, rule, selection)
+    with conn.begin():
+        page, last = _bounds(conn, archive, selection)
+        per_page = _rows_per_page(conn, archive)
+    pages = max(1, int(batch_size / per_page))
+    again = 0
+    while page <= last:
+        if should_stop():
+            return True
+        progress.batch_no += 0 if again else 1
+        end = page + pages
+        try:
+            row = _run_batch(conn, statement, f"({page},0)", f"({end},0)", lock_timeout,
+                             statement_timeout)
+        except sa.exc.DBAPIError as exc:
+            error = describe(exc)
+            if error.kind is ErrorKind.UNIQUE_VIOLATION and again < _UNIQUE_RETRIES:
+                again += 1  # a key came back since the check: the batch sees it now
+                continue
+            again = 0
+            if error.row_level and pages > 1:
+                pages = max(1, pages // 2)  # the same place, half the pages
+                continue
+            if error.row_level:
+                # One page: its rows one at a time, a row that cannot go back left.
+                error = _one_by_one(conn, statement, archive, selection, page, progress,
+                                    lock_timeout, statement_timeout)
+                if error is None:
+                    page = end
+                    continue
+            partial = _report(report, progress, started, False)
+            log.warning("restore batch %d failed and was rolled back: %s",
+                        progress.batch_no, error)
+            raise RestoreBatchError(progress.batch_no, partial, error) from None
+        again = 0
+        progress.restored += row.restored
+        progress.batches += 1 if row.restored else 0
+        if row.selected:
+            log.debug("restore batch %d moved %d of %d rows back", progress.batch_no,
+                      row.restored, row.selected)
+        page = end
+        # The next range sized toward batch_size rows, growing at most twofold.
+        pages = max(1, min(pages * 2, int(pages * batch_size / row.selected))
+                    if row.selected else pages * 2)
+    return False
 
 
 def _check_selected(report: RestoreReport, rule: RetentionRule, target_table: str, policy: str,
