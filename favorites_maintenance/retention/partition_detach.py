@@ -177,27 +177,7 @@ def detach_as_owner(phase: DropPhase, partition: TablePartition, checks: list[st
             (*checks, f"{form}; then not marked ({error}): not dropped")))
         return
     if kept_row:
-        # The row must stay in the table the application reads: attach it again.
-        attach = (f"ALTER TABLE {phase.quoted_parent} ATTACH PARTITION {name} "
-                  f"{bound_sql(partition)}")
-        error = phase.with_lock_retries("ATTACH PARTITION", partition,
-                                       lambda: phase.alter(attach))
-        if error is None:
-            log.warning("partition %s was detached from %s, but a row the rule keeps "
-                        "reached it after the check: attached again",
-                        partition.qualified_name, phase.parent)
-            phase.decisions.append(PartitionDecision(
-                partition.qualified_name, Action.KEPT,
-                (*checks, f"{form}; then a row the rule keeps was found: attached again")))
-            return
-        log.warning("partition %s was detached from %s, but a row the rule keeps reached "
-                    "it after the check, and attaching it again failed (%s): it is not "
-                    "dropped. Attach it again: ALTER TABLE %s ATTACH PARTITION %s %s",
-                    partition.qualified_name, phase.parent, error,
-                    phase.parent, partition.qualified_name, bound_sql(partition))
-        phase.decisions.append(PartitionDecision(
-            partition.qualified_name, Action.KEPT_DETACHED,
-            (*checks, f"{form}; then a row the rule keeps was found: not dropped")))
+        _attach_again(phase, partition, checks, form)
         return
     phase.decisions.append(PartitionDecision(
         partition.qualified_name, Action.DETACHED,
@@ -239,3 +219,30 @@ def detach_by_function(phase: DropPhase, partition: TablePartition, checks: list
     phase.decisions.append(PartitionDecision(
         partition.qualified_name, Action.DETACHED, (*checks, done), rows,
         detached_as=detached_as))
+
+
+def _attach_again(phase: DropPhase, partition: TablePartition, checks: list[str],
+                  form: str) -> None:
+    """Attach ``partition``, just detached by ``form``, again: a row the rule keeps reached it
+    after the check, and must stay in the table the application reads. Records the decision;
+    a failed attach leaves it detached and never dropped, and says how to attach it."""
+    attach = (f"ALTER TABLE {phase.quoted_parent} ATTACH PARTITION {partition.quoted_name} "
+              f"{bound_sql(partition)}")
+    error = phase.with_lock_retries("ATTACH PARTITION", partition,
+                                   lambda: phase.alter(attach))
+    if error is None:
+        log.warning("partition %s was detached from %s, but a row the rule keeps "
+                    "reached it after the check: attached again",
+                    partition.qualified_name, phase.parent)
+        phase.decisions.append(PartitionDecision(
+            partition.qualified_name, Action.KEPT,
+            (*checks, f"{form}; then a row the rule keeps was found: attached again")))
+        return
+    log.warning("partition %s was detached from %s, but a row the rule keeps reached "
+                "it after the check, and attaching it again failed (%s): it is not "
+                "dropped. Attach it again: ALTER TABLE %s ATTACH PARTITION %s %s",
+                partition.qualified_name, phase.parent, error,
+                phase.parent, partition.qualified_name, bound_sql(partition))
+    phase.decisions.append(PartitionDecision(
+        partition.qualified_name, Action.KEPT_DETACHED,
+        (*checks, f"{form}; then a row the rule keeps was found: not dropped")))
