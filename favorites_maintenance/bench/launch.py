@@ -240,17 +240,7 @@ def run_launch_bench(server, count: int, databases: int, instance_yaml: Path,
         for number, db in enumerate(names, start=1):
             env[database_variable(number)] = srv.url(db).render_as_string(hide_password=False)
         echo(f"launch: {count:,} policies on {databases} databases in {root} ...")
-        engines = [sa.create_engine(srv.url(db)) for db in names]
-        try:
-            for number in range(1, count + 1):
-                folder = defs / f"policy_{number:05d}"
-                folder.mkdir()
-                (folder / "defs.yaml").write_text(launch_policy_yaml(number, databases, tick))
-                create_policy_table(engines[(number - 1) % databases],
-                                    f"bench.policy_{number:05d}", now)
-        finally:
-            for engine in engines:
-                engine.dispose()
+        _write_policies(srv, names, defs, count, tick, now)
         pools = subprocess.run([sys.executable, "-c", _SET_POOLS, str(root)], env=env, cwd=root,
                                capture_output=True, text=True, check=False)
         if pools.returncode != 0:
@@ -292,16 +282,39 @@ def run_launch_bench(server, count: int, databases: int, instance_yaml: Path,
     report["serving_after_s"] = round(serving, 1)
     report["machine"] = {"cpus": os.cpu_count(), "loadavg_before": load_before,
                          "loadavg_after": os.getloadavg()}
-    per_database = report["max_concurrent_per_database"]
-    echo(f"  {report['runs']} runs; the tick drained in {report['drain_s']:.1f} s (the first "
-         f"run launched {report['first_launch_s']:.1f} s after it, the last "
-         f"{report['longest_wait_s']:.1f} s after it); most runs at once per database "
-         f"{max(per_database.values(), default=0)} ({per_database}), of all "
-         f"{report['max_concurrent']}; rows left {report['rows_left']} "
-         f"(kept by the rule: {report['rows_kept']})")
+    echo(_summary(report))
     if out is not None:
         write_json(report, out)
     return report
+
+
+def _write_policies(srv: BenchServer, names: list[str], defs: Path, count: int,
+                    tick: dt.datetime, now: dt.datetime) -> None:
+    """Write ``count`` policy files under ``defs``, all firing at ``tick``, and create each
+    policy's table on its database (database ``n`` of ``names`` takes policies ``n``,
+    ``n + len(names)``, ...), its rows laid out around ``now``."""
+    engines = [sa.create_engine(srv.url(db)) for db in names]
+    try:
+        for number in range(1, count + 1):
+            folder = defs / f"policy_{number:05d}"
+            folder.mkdir()
+            (folder / "defs.yaml").write_text(launch_policy_yaml(number, len(names), tick))
+            create_policy_table(engines[(number - 1) % len(names)],
+                                f"bench.policy_{number:05d}", now)
+    finally:
+        for engine in engines:
+            engine.dispose()
+
+
+def _summary(report: dict) -> str:
+    """The console line of a launch report (:func:`launch_report`)."""
+    per_database = report["max_concurrent_per_database"]
+    return (f"  {report['runs']} runs; the tick drained in {report['drain_s']:.1f} s (the "
+            f"first run launched {report['first_launch_s']:.1f} s after it, the last "
+            f"{report['longest_wait_s']:.1f} s after it); most runs at once per database "
+            f"{max(per_database.values(), default=0)} ({per_database}), of all "
+            f"{report['max_concurrent']}; rows left {report['rows_left']} "
+            f"(kept by the rule: {report['rows_kept']})")
 
 
 def launch_report(runs: list[dict], count: int, databases: int,
