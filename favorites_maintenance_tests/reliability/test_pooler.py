@@ -23,7 +23,8 @@ from click.testing import CliRunner
 from favorites_maintenance.cli import main
 from favorites_maintenance.retention.defaults import DATABASE_URL_VAR
 from favorites_maintenance_tests.helpers.pgbouncer import PgBouncer, require_pgbouncer
-from favorites_maintenance_tests.helpers.jobs import ASSET_KEY, failure_text, load_code_location
+from favorites_maintenance_tests.helpers.jobs import (
+    ASSET_KEY, TEST_PARTITIONS_START, failure_text, guest_variable, load_code_location)
 from favorites_maintenance_tests.reliability.conftest import (
     OLD, PARTITION, materialization, run_job)
 
@@ -84,7 +85,8 @@ class BusyClients:
     def stop(self, timeout: float = 10.0) -> None:
         self.stop_event.set()
         for thread in self.threads:
-            thread.join(timeout)
+            if thread.is_alive():  # a test that failed before start() left them unstarted
+                thread.join(timeout)
 
     def _loop(self, i: int) -> None:
         deadline = time.monotonic() + BUSY_LIMIT_S
@@ -129,8 +131,11 @@ def deleting_backends(engine) -> set[int]:
 
 
 def dry_run(url: sa.URL) -> str:
-    result = CliRunner().invoke(main, ["dry-run", "--partition", PARTITION],
-                                env={DATABASE_URL_VAR: url.render_as_string(hide_password=False)})
+    """``dry-run`` of :data:`PARTITION` through the pooler, a day of the policy whatever ran
+    before (the variable of its first day set as the job's runs set it)."""
+    result = CliRunner().invoke(main, ["dry-run", "--partition", PARTITION], env={
+        DATABASE_URL_VAR: url.render_as_string(hide_password=False),
+        guest_variable("partitions_start"): TEST_PARTITIONS_START.isoformat()})
     assert result.exit_code == 0, (result.output, result.exception)
     return result.output
 
