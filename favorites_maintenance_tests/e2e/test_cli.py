@@ -426,6 +426,70 @@ attributes:
 """
 
 
+SHOP_CARTS = """\
+type: favorites_maintenance.RetentionPolicy
+attributes:
+  name: shop_carts
+  table: shop.carts
+  key_column: cart_id
+  age_column: touched_at
+  null_columns: [customer_ref]
+  hold_table: shop.cart_holds
+  hold_column: session_ref
+  archive_table: shop.carts_archive
+"""
+
+
+def test_grants_prints_the_roles_sql_for_the_policys_own_table_for_psql(tmp_path, engine):
+    """grants renders the role for the policy's table and columns (not the guest-favorites
+    table): its output, run as the owner, creates the role with SELECT on the key, guard, age
+    and hold columns, the hold table and the archive (the table's columns read from the
+    policy's database) and the row-level security policies, and nothing on favorites."""
+    import sqlalchemy as sa
+
+    from favorites_maintenance_tests.helpers.policy_files import policy_project
+
+    role = f"{engine.url.database}_carts_cleanup"
+    with engine.begin() as conn:
+        conn.exec_driver_sql(
+            "CREATE SCHEMA shop; CREATE TABLE shop.carts (cart_id bigint PRIMARY KEY, "
+            "customer_ref text, session_ref text, address text, touched_at timestamptz NOT NULL)")
+    root = policy_project(tmp_path, {"shop_carts": SHOP_CARTS})
+    env = {"PYTHONPATH": str(root / "src"),
+           "FAVORITES_DATABASE_URL": engine.url.render_as_string(hide_password=False)}
+    proc = cli("grants", "--policy", "shop_carts", "--role", role, "--row-level-security",
+               cwd=root, env_extra=env)
+    assert proc.returncode == 0, proc.stderr
+    assert "favorites.favorites" not in proc.stdout and '"favorites"' not in proc.stdout
+    try:
+        with engine.begin() as conn:
+            conn.connection.cursor().execute(proc.stdout)
+        with engine.connect() as conn:
+            granted = set(conn.execute(sa.text(
+                "SELECT privilege_type, table_name || '.' || column_name "
+                "FROM information_schema.column_privileges WHERE grantee = :r UNION "
+                "SELECT privilege_type, table_name FROM information_schema.table_privileges "
+                "WHERE grantee = :r"), {"r": role}))
+            policies = conn.execute(sa.text(
+                "SELECT policyname, cmd, qual FROM pg_policies WHERE tablename = 'carts' "
+                "ORDER BY 1")).all()
+    finally:
+        with engine.begin() as conn:
+            conn.exec_driver_sql(f'DROP OWNED BY "{role}"; DROP ROLE IF EXISTS "{role}"')
+    on_carts = {(p, c) for p, c in granted if c.startswith("carts.") or c == "carts"}
+    # The archive's grants add SELECT on every column and INSERT (for a restore).
+    assert on_carts == {(p, f"carts.{c}") for p in ("SELECT", "INSERT") for c in (
+        "cart_id", "customer_ref", "session_ref", "address", "touched_at")} | {
+        ("UPDATE", "carts.touched_at"), ("DELETE", "carts"), ("SELECT", "carts"),
+        ("INSERT", "carts")}
+    assert {("SELECT", "cart_holds.held_value"), ("SELECT", "carts_archive"),
+            ("DELETE", "carts_archive")} <= granted
+    assert [(p, c) for p, c, _ in policies] == [
+        ("carts_cleanup_delete", "DELETE"), ("carts_cleanup_lock", "UPDATE"),
+        ("carts_cleanup_select", "SELECT")]
+    assert all(q == "(customer_ref IS NULL)" for _, _, q in policies)
+
+
 def test_partition_functions_prints_the_sql_of_the_policys_table_for_psql(tmp_path, engine):
     """The command's output, run as the owner, installs the two functions named after the
     policy's table, SECURITY DEFINER, executable by --role only; a policy without
