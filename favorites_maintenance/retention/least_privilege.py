@@ -28,6 +28,7 @@ from favorites_maintenance.retention.archive import (
 )
 from favorites_maintenance.retention.errors import InvalidArgumentError
 from favorites_maintenance.retention.holds import create_hold_table_sql
+from favorites_maintenance.retention.partition_checks import bypass_query
 from favorites_maintenance.retention.partition_phase import DETACH_FUNCTION, DROP_FUNCTION
 from favorites_maintenance.retention.rule import RetentionRule, RuleError
 
@@ -275,6 +276,8 @@ def partition_functions_sql(rule: RetentionRule, role: str) -> str:
         "age_literal": _literal(rule.age.name),
         "kept_condition": _literal(kept),
         "guard_names": _literal(guard_names),
+        # What the function checks again under its lock: the job's own check, as text.
+        "bypass_query": bypass_query("part", "parent").lstrip("\n"),
     }
     text = _render(PARTITIONS_RESOURCE, role, fields)
     # A name holding "$fn$" would end the functions' bodies early: quote them with a tag the
