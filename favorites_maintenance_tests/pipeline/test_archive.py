@@ -21,7 +21,7 @@ from favorites_maintenance_tests.helpers.jobs import (
     materialization,
     run_partition,
 )
-from favorites_maintenance_tests.helpers.policies import policy_sandbox
+from favorites_maintenance_tests.helpers.policies import location
 
 ARCHIVE_CHECK = "archive_within_retention"
 
@@ -37,8 +37,7 @@ def env(db_url, engine, monkeypatch):
 
 
 def shop_defs(**attributes) -> dg.Definitions:
-    with policy_sandbox(shop.policy(**attributes)) as sandbox:
-        return sandbox.code_location()
+    return location(shop.policy(**attributes))
 
 
 def run_shop(instance, **attributes) -> dg.ExecuteInProcessResult:

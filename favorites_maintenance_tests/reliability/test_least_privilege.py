@@ -31,7 +31,7 @@ from favorites_maintenance_tests.helpers.jobs import (
     run_partition,
 )
 from favorites_maintenance.retention.rule import RetentionRule
-from favorites_maintenance_tests.helpers.policies import favorites_policy, policy_sandbox
+from favorites_maintenance_tests.helpers.policies import favorites_policy, location
 from favorites_maintenance_tests.helpers.purging import purge_rows
 from favorites_maintenance_tests.reliability.conftest import (
     FRESH,
@@ -134,11 +134,11 @@ def test_the_sql_takes_the_role_name_as_a_quoted_identifier():
 def _archived_favorites(url, monkeypatch) -> dg.Definitions:
     """A code location whose policy ``archived_favorites`` purges the dev table into
     ``favorites.favorites_archive``, on ``url``."""
-    monkeypatch.setenv(DATABASE_URL_VAR, url.render_as_string(hide_password=False))
     guest_settings_env(monkeypatch)
-    with policy_sandbox(favorites_policy("archived_favorites", batch_size=100,
-                                         archive_table="favorites.favorites_archive")) as box:
-        return box.code_location()
+    return location(favorites_policy("archived_favorites", batch_size=100,
+                                     archive_table="favorites.favorites_archive"),
+                    env={DATABASE_URL_VAR: url.render_as_string(hide_password=False)},
+                    monkeypatch=monkeypatch)
 
 
 def test_a_policy_with_an_archive_runs_under_the_role_and_its_archive_grants(
@@ -199,11 +199,11 @@ def test_a_policy_with_holds_runs_under_the_role_and_its_hold_grants(
     held = rows.add(updated_at=OLD)
     keep = set(rows.add_many(20, updated_at=FRESH)) | {held}
     place_hold(engine, holds, str(held), reason="dispute", placed_by="support")
-    monkeypatch.setenv(DATABASE_URL_VAR, url.render_as_string(hide_password=False))
     guest_settings_env(monkeypatch)
-    with policy_sandbox(favorites_policy("held_favorites", batch_size=100,
-                                         hold_table="favorites.retention_holds")) as box:
-        defs = box.code_location()
+    defs = location(favorites_policy("held_favorites", batch_size=100,
+                                     hold_table="favorites.retention_holds"),
+                    env={DATABASE_URL_VAR: url.render_as_string(hide_password=False)},
+                    monkeypatch=monkeypatch)
     with dg.instance_for_test() as instance:
         result = run_partition(defs, instance, PARTITION, job="held_favorites_cleanup_job")
         assert result.success, failure_text(result)

@@ -27,7 +27,7 @@ from favorites_maintenance_tests.helpers.jobs import (
     materialization,
     run_partition,
 )
-from favorites_maintenance_tests.helpers.policies import policy_sandbox
+from favorites_maintenance_tests.helpers.policies import location
 from favorites_maintenance_tests.reliability.conftest import CUTOFF, PARTITION
 from favorites_maintenance_tests.helpers.partitioned import backdate_detach, detached_from
 
@@ -105,8 +105,7 @@ def defs() -> dg.Definitions:
               "age_column": "touched_at", "null_columns": ["owner_id", "team_id"],
               "retention_days": 365, "batch_size": 7, "target_batch_duration": "PT0S",
               "partitions_start": "2026-01-01", "drop_expired_partitions": True}
-    with policy_sandbox(policy) as sandbox:
-        return sandbox.code_location()
+    return location(policy)
 
 
 def test_the_role_detaches_and_drops_another_tables_partitions_through_its_functions(
