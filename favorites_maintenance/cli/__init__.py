@@ -28,6 +28,7 @@ from __future__ import annotations
 import click
 
 from favorites_maintenance.cli.bench import bench
+from favorites_maintenance.cli.grants import grants
 from favorites_maintenance.cli.holds import hold
 from favorites_maintenance.cli.local import demo, dev
 from favorites_maintenance.cli.plan import plan
@@ -41,5 +42,6 @@ def main() -> None:
     PostgreSQL); the first policy prunes stale guest favorites."""
 
 
-for _command in (demo, dry_run, plan, partition_functions, restore, dev, bench, hold):
+for _command in (demo, dry_run, plan, partition_functions, grants, restore, dev, bench,
+                 hold):
     main.add_command(_command)

@@ -73,19 +73,16 @@ def location_tree():
 
 
 def load_policy(name: str, *, local: bool = False):
-    """The policy ``name`` of ``favorites_maintenance/defs/`` (its settings validated), loaded
-    alone: each broken policy file beside it is named on one line, and the command goes on. Exit
-    with the policy's own error when it is the broken one, or naming the valid ones when there is
-    no such policy. ``local``: also the policy of the second embedded database of ``demo`` and
-    ``dev``."""
+    """The policy ``name`` of the code location the command reads (:func:`location_tree`:
+    ``-m``, else the working folder's project, else ``favorites_maintenance/defs/``), its
+    settings validated, loaded alone: each broken policy file beside it is named on one line,
+    and the command goes on. Exit with the policy's own error when it is the broken one, or
+    naming the valid ones when there is no such policy. ``local``: also the policy of the second
+    embedded database of ``demo`` and ``dev``."""
     from favorites_maintenance.components.load_errors import PolicyLoadError
-    from favorites_maintenance.components.policy_tree import (
-        component_tree,
-        load_policies,
-        policy_files,
-    )
+    from favorites_maintenance.components.policy_tree import load_policies, policy_files
 
-    tree = component_tree() if local else location_tree()
+    tree = location_tree()
     files = policy_files(tree)
     policies = {p.name: p for f in files for p in f.policies}
     if local:

@@ -12,6 +12,8 @@ from favorites_maintenance.cli.common import (
     echo,
     fail,
     load_policy,
+    location_option,
+    location_tree,
     policy_option,
     warn_broken,
 )
@@ -25,6 +27,7 @@ from favorites_maintenance.config.parsers import WEBSERVER_BASE_URL_VAR
 @click.option("--pretend", is_flag=True,
               help="Seed, then only report how many rows the rule matches; delete nothing.")
 @policy_option
+@location_option
 def demo(rows: int, pretend: bool, policy_name: str) -> None:
     """Seed the embedded PostgreSQL and run the cleanup job once through Dagster.
 
@@ -39,6 +42,8 @@ def demo(rows: int, pretend: bool, policy_name: str) -> None:
     With --policy, the policy's job runs instead, on the policy's own embedded database:
     eu_guest_favorites runs on the second one, favorites_eu, seeded the same way;
     any other policy's table must already exist in the embedded "favorites" database.
+    With -m, the policies are those of that code location (a project of your own) instead of
+    this package's; the server and the instance are still the checkout's.
     """
     from favorites_maintenance.local.demo import DemoError, run_demo
 
@@ -46,7 +51,8 @@ def demo(rows: int, pretend: bool, policy_name: str) -> None:
     policy = load_policy(policy_name, local=True)
     env = _start_local_environment("demo")
     try:
-        run_demo(env, rows=rows, pretend=pretend, policy=policy, echo=echo)
+        run_demo(env, rows=rows, pretend=pretend, policy=policy, echo=echo,
+                 tree=location_tree())
     except DemoError as exc:
         fail(str(exc))
     finally:

@@ -139,7 +139,7 @@ def setting(default: Any, parse: Callable[[str], Any], yaml_type: Any, descripti
     return field(default=default, metadata=metadata)
 
 
-class BatchSizeMode(str, enum.Enum):
+class BatchSizeMode(enum.StrEnum):
     """How a run sizes its batches (the run's ``batchSizeMode`` metadata).
 
     - ``fixed``: no batch has more than ``batch_size`` rows; the size may shrink below it (a
@@ -154,9 +154,6 @@ class BatchSizeMode(str, enum.Enum):
     FIXED = "fixed"
     CAPPED = "capped"
     ADAPTIVE = "adaptive"
-
-    def __str__(self) -> str:
-        return self.value
 
 
 _DURATION_FORMS = "ISO 8601 (PT10M) or HH:MM:SS"

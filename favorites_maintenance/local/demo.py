@@ -70,9 +70,11 @@ def _seed(engine: sa.Engine, policy: Policy, rows: int, echo: Callable[[str], No
 
 
 def run_demo(env: LocalEnvironment, *, rows: int, pretend: bool, policy: Policy,
-             echo: Callable[[str], None]) -> None:
+             echo: Callable[[str], None], tree: dg.ComponentTree | None = None) -> None:
     """Seed (guest favorites only), count, run the policy's job once through Dagster on
-    ``env``'s instance and print what it did with ``echo``.
+    ``env``'s instance and print what it did with ``echo``. ``tree``: the component tree
+    declaring ``policy`` (default: ``favorites_maintenance/defs/``); the second database's
+    policy is found either way.
 
     Raises:
         DemoError: the policy has no complete day yet (nothing seeded), the table is not
@@ -122,7 +124,7 @@ def run_demo(env: LocalEnvironment, *, rows: int, pretend: bool, policy: Policy,
         echo(f"running {policy.job_name} for partition {partition} "
               f"(Dagster instance: {env.dagster_home}) ...")
         # The policy alone: a broken policy file beside it does not stop the demo.
-        job = local_code_location(only=policy.name).resolve_job_def(policy.job_name)
+        job = local_code_location(tree, only=policy.name).resolve_job_def(policy.job_name)
         with dg.DagsterInstance.get() as instance:
             result = job.execute_in_process(
                 partition_key=partition, instance=instance, raise_on_error=False,

@@ -60,12 +60,14 @@ def local_policies():
     return [*load_policies(), *load_policies(second_tree())]
 
 
-def local_code_location(only: str | None = None) -> dg.Definitions:
-    """The deployed code location plus the policy of the second database (``only``: policy
+def local_code_location(tree: dg.ComponentTree | None = None,
+                        only: str | None = None) -> dg.Definitions:
+    """The policies of ``tree`` (default: the deployed code location's,
+    ``favorites_maintenance/defs/``) plus the policy of the second database (``only``: policy
     ``only`` alone, see :func:`~favorites_maintenance.components.policy_tree.code_location`)."""
     from favorites_maintenance.components.policy_tree import code_location
 
-    return code_location(None, second_tree(), only=only)
+    return code_location(tree, second_tree(), only=only)
 
 
 @dg.definitions

@@ -30,7 +30,7 @@ if TYPE_CHECKING:
     from favorites_maintenance.retention.report import PurgeReport
 
 
-class ErrorKind(str, enum.Enum):
+class ErrorKind(enum.StrEnum):
     """What went wrong with a database statement, as an operator can act on it: PostgreSQL's
     condition names where they are clear (``statement_timeout``, ``connection_lost``, ...);
     ``database_error`` when the SQLSTATE is not one of the known ones.
@@ -74,12 +74,6 @@ class ErrorKind(str, enum.Enum):
     TRIGGERED_DATA_CHANGE_VIOLATION = "triggered_data_change_violation"
     GENERATED_ALWAYS = "generated_always"
     DATABASE_ERROR = "database_error"
-
-    def __str__(self) -> str:
-        return self.value
-
-    def __format__(self, spec: str) -> str:
-        return format(self.value, spec)
 
 
 #: SQLSTATE (or class prefix) -> kind. The server writes these messages from fixed templates

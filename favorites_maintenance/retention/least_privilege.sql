@@ -1,24 +1,26 @@
--- The role the guest favorites cleanup runs as, holding only what the job needs.
+-- The role the cleanup of {{table}} runs as, holding only what the job needs.
 --
--- Run once per database, as the owner of favorites.favorites (or a superuser), e.g.
---     psql -v role=favorites_cleanup -f least_privilege.sql "$OWNER_URL"
+-- This file is a template: print it for a policy, and run it once per database as the owner of
+-- the table (or a superuser):
+--     favorites-maintenance grants --policy NAME --role favorites_cleanup | psql -f - "$OWNER_URL"
 -- then give the role a password the way your platform manages secrets (psql: \password).
 -- favorites_maintenance.retention.least_privilege.apply_least_privilege() runs the same text.
 --
--- What the job does, and the privilege each statement needs:
---   SELECT id, updated_at ... WHERE user_id IS NULL AND updated_at < $cutoff
---       ORDER BY updated_at, id FOR UPDATE SKIP LOCKED   -> SELECT on the three columns it reads
+-- What the job does, and the privilege each statement needs (key {{key}}, age {{age}},
+-- guard: {{guard_text}}):
+--   SELECT <key>, <age> ... WHERE <guard> AND <age> < $cutoff
+--       ORDER BY <age>, <key> FOR UPDATE SKIP LOCKED     -> SELECT on the columns it reads
 --   DELETE ... WHERE <same guard> AND ctid = <batch ctid>
---       AND id = <batch id>                                 -> DELETE on the table, and SELECT
+--       AND <key> = <batch key>                             -> DELETE on the table, and SELECT
 --                                                              on ctid (a row address, no data)
---   SELECT count(*), min(updated_at) ... (the backlog)     -> SELECT on the three columns
+--   SELECT count(*), min(<age>) ... (the backlog)          -> SELECT on the same columns
 --   pg_is_in_recovery(), set_config(...)                   -> nothing
 -- and one more, which PostgreSQL imposes: a row-locking clause (FOR UPDATE, FOR SHARE, ...)
 -- requires UPDATE privilege on at least one column of the table, even when the rows are then
--- only deleted. Without it every batch fails with "permission denied for table favorites", and
+-- only deleted. Without it every batch fails with "permission denied for table ...", and
 -- without the lock clause the job could no longer skip rows a user transaction holds (it would
 -- wait on them) nor run side by side with another purge. The grant below is therefore UPDATE on
--- updated_at only: the column the rule reads anyway, the least harmful to hold (no ownership,
+-- the age column only: the column the rule reads anyway, the least harmful to hold (no ownership,
 -- no key). The job never writes it: the least-privilege test runs the whole job under this role
 -- with a trigger that refuses any UPDATE by it.
 --
@@ -33,14 +35,14 @@
 -- grant has to carry INHERIT itself; it needs a superuser (or ADMIN OPTION on pg_monitor):
 -- GRANT pg_monitor TO :"role" WITH INHERIT TRUE;
 --
--- Not granted: any other column (anonymous_id and note are private and never read), INSERT,
--- TRUNCATE, REFERENCES, TRIGGER, CREATE on the schema, and anything on any other table.
+-- Not granted: any other column (a private one is never read), INSERT, TRUNCATE, REFERENCES,
+-- TRIGGER, CREATE on the schema, and anything on any other table.
 
 CREATE ROLE :"role" LOGIN NOSUPERUSER NOCREATEDB NOCREATEROLE NOINHERIT NOREPLICATION NOBYPASSRLS;
 
-REVOKE ALL ON TABLE favorites.favorites FROM :"role";
-GRANT USAGE ON SCHEMA favorites TO :"role";
-GRANT SELECT (id, user_id, updated_at, ctid) ON TABLE favorites.favorites TO :"role";
-GRANT DELETE ON TABLE favorites.favorites TO :"role";
+REVOKE ALL ON TABLE {{table_sql}} FROM :"role";
+GRANT USAGE ON SCHEMA {{schema_sql}} TO :"role";
+GRANT SELECT ({{read_columns_sql}}, ctid) ON TABLE {{table_sql}} TO :"role";
+GRANT DELETE ON TABLE {{table_sql}} TO :"role";
 -- Only for FOR UPDATE SKIP LOCKED (see above); never used to write.
-GRANT UPDATE (updated_at) ON TABLE favorites.favorites TO :"role";
+GRANT UPDATE ({{age_sql}}) ON TABLE {{table_sql}} TO :"role";

@@ -1,23 +1,22 @@
 -- Optional: what the cleanup role needs, on top of least_privilege.sql, for a policy with a
--- hold_table: here the guest-favorites table with the hold table favorites.retention_holds
--- and holds on the key, id (write your hold table's name; docs/holds.md).
+-- hold_table: here {{table}} with the hold table {{hold_table}} and holds on
+-- {{hold_column}} (docs/holds.md).
 --
--- Run once per database, as the owner of the schema (or a superuser), after
--- least_privilege.sql:
---     psql -v role=favorites_cleanup -f least_privilege_holds.sql "$OWNER_URL"
+-- This file is a template: print it for a policy, and run it once per database as the owner of
+-- the schema (or a superuser), after least_privilege.sql:
+--     favorites-maintenance grants --policy NAME --role favorites_cleanup | psql -f - "$OWNER_URL"
 -- favorites_maintenance.retention.least_privilege.apply_hold_privileges() runs the same text.
 --
 -- What the job does with holds, and the privilege each statement needs:
---   every batch, count and probe: ... AND id NOT IN (SELECT held_value FROM <holds>
+--   every batch, count and probe: ... AND <hold column> NOT IN (SELECT held_value FROM <holds>
 --       WHERE policy = ... AND released_at IS NULL)     -> SELECT (policy, held_value,
 --                                                          released_at) on the hold table
 --   the held_rows check: count(*), min(placed_at) of the active holds   -> SELECT (placed_at)
---       and the active holds no row has: NOT EXISTS (SELECT 1 FROM favorites.favorites
---       WHERE id = CAST(held_value AS bigint))          -> SELECT (id), granted already
---   the hold column of the policy's table: id here, granted by least_privilege.sql. A policy
---   whose hold_column is another column needs SELECT on that column too, e.g.
---       GRANT SELECT (anonymous_id) ON TABLE favorites.favorites TO :"role";
---   (the column's values are then readable by the role: grant it only when holds need it).
+--       and the active holds no row has: NOT EXISTS (SELECT 1 FROM <table>
+--       WHERE <hold column> = CAST(held_value AS ...))  -> SELECT on the hold column
+--   the hold column of the policy's table: least_privilege.sql grants the key, the guard and
+--   the age columns; a hold column that is none of them is granted at the end of this file
+--   (its values are then readable by the role: the policy's holds need it).
 --   the check of the hold table's columns                  -> nothing (the catalogs)
 -- Not granted: INSERT, UPDATE, DELETE on the hold table. The job never writes a hold; whoever
 -- places and releases holds (hold place, hold release, or the application) uses a role of its
@@ -26,18 +25,7 @@
 -- The hold table itself: created below by the owner, with the DDL hold init runs (and
 -- hold init --print-sql prints), so that the job's role needs no CREATE on the schema.
 
-CREATE TABLE IF NOT EXISTS favorites.retention_holds (
-	hold_id BIGINT GENERATED ALWAYS AS IDENTITY, 
-	policy TEXT NOT NULL, 
-	held_value TEXT NOT NULL, 
-	placed_by TEXT NOT NULL, 
-	reason TEXT NOT NULL, 
-	placed_at TIMESTAMP WITH TIME ZONE DEFAULT now() NOT NULL, 
-	released_at TIMESTAMP WITH TIME ZONE, 
-	released_by TEXT, 
-	PRIMARY KEY (hold_id), 
-	CONSTRAINT retention_holds_reason_given CHECK (reason <> '')
-);
-CREATE INDEX IF NOT EXISTS retention_holds_active_idx ON favorites.retention_holds (policy, held_value) WHERE released_at IS NULL;
-REVOKE ALL ON TABLE favorites.retention_holds FROM PUBLIC;
-GRANT SELECT (policy, held_value, placed_at, released_at) ON TABLE favorites.retention_holds TO :"role";
+{{create_hold_table}}
+REVOKE ALL ON TABLE {{hold_table_sql}} FROM PUBLIC;
+GRANT SELECT (policy, held_value, placed_at, released_at) ON TABLE {{hold_table_sql}} TO :"role";
+{{hold_column_grant}}

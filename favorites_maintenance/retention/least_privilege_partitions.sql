@@ -75,24 +75,7 @@ BEGIN
     EXECUTE format('LOCK TABLE ONLY %s IN ACCESS EXCLUSIVE MODE', parent);
     EXECUTE format('LOCK TABLE ONLY %s IN ACCESS EXCLUSIVE MODE', part);
     SELECT b INTO blocker FROM (
-        SELECT format('DELETE trigger %I on %s', t.tgname, t.tgrelid::regclass) AS b
-          FROM pg_trigger t
-         WHERE t.tgrelid IN (part, parent) AND NOT t.tgisinternal AND t.tgtype & 8 <> 0
-        UNION ALL
-        SELECT format('row-level security on %s', c.oid::regclass)
-          FROM pg_class c WHERE c.oid IN (part, parent) AND c.relrowsecurity
-        UNION ALL
-        SELECT format('publication %I', p.pubname)
-          FROM pg_publication p
-         WHERE p.pubdelete AND EXISTS (
-               SELECT 1 FROM pg_publication_tables pt
-                WHERE pt.pubname = p.pubname
-                  AND to_regclass(format('%I.%I', pt.schemaname, pt.tablename)) IN (part, parent))
-        UNION ALL
-        SELECT format('foreign key %I of %s', k.conname, k.conrelid::regclass)
-          FROM pg_constraint k
-         WHERE k.contype = 'f' AND k.conparentid = 0 AND k.confrelid IN (part, parent)
-    ) AS blockers LIMIT 1;
+{{bypass_query}}    ) AS blockers LIMIT 1;
     IF blocker IS NOT NULL THEN
         RAISE EXCEPTION USING ERRCODE = '55000',
             MESSAGE = format('kept: a DROP would bypass %s', blocker);

@@ -12,29 +12,35 @@ from favorites_maintenance.retention.rule import RetentionRule
 from favorites_maintenance.retention.table_partitions import TablePartition
 
 #: What a DETACH and DROP would bypass, for partition ``:p`` of ``:parent``: one phrase each.
-_BYPASSED = sa.text("""
-    SELECT format('DELETE trigger %I on %s', t.tgname, t.tgrelid::regclass)
+def bypass_query(part: str, parent: str) -> str:
+    """The query listing what a ``DETACH`` and ``DROP`` of partition ``part`` of ``parent``
+    would bypass, one phrase a row (column ``b``): a DELETE trigger on either, row-level
+    security on either, a publication that publishes deletes of either, a foreign key
+    referencing either. ``part`` and ``parent`` are SQL expressions of type ``regclass``. The
+    job's check before a detach and the owner's detach function
+    (``least_privilege_partitions.sql``, which checks again under its lock) run this text."""
+    return f"""
+    SELECT format('DELETE trigger %I on %s', t.tgname, t.tgrelid::regclass) AS b
       FROM pg_trigger t
-     WHERE t.tgrelid IN (CAST(:p AS regclass), CAST(:parent AS regclass))
-       AND NOT t.tgisinternal AND t.tgtype & 8 <> 0
+     WHERE t.tgrelid IN ({part}, {parent}) AND NOT t.tgisinternal AND t.tgtype & 8 <> 0
     UNION ALL
     SELECT format('row-level security on %s', c.oid::regclass)
-      FROM pg_class c
-     WHERE c.oid IN (CAST(:p AS regclass), CAST(:parent AS regclass)) AND c.relrowsecurity
+      FROM pg_class c WHERE c.oid IN ({part}, {parent}) AND c.relrowsecurity
     UNION ALL
     SELECT format('publication %I', p.pubname)
       FROM pg_publication p
      WHERE p.pubdelete AND EXISTS (
            SELECT 1 FROM pg_publication_tables pt
             WHERE pt.pubname = p.pubname
-              AND to_regclass(format('%I.%I', pt.schemaname, pt.tablename))
-                  IN (CAST(:p AS regclass), CAST(:parent AS regclass)))
+              AND to_regclass(format('%I.%I', pt.schemaname, pt.tablename)) IN ({part}, {parent}))
     UNION ALL
     SELECT format('foreign key %I of %s', k.conname, k.conrelid::regclass)
       FROM pg_constraint k
-     WHERE k.contype = 'f' AND k.conparentid = 0
-       AND k.confrelid IN (CAST(:p AS regclass), CAST(:parent AS regclass))
-""")
+     WHERE k.contype = 'f' AND k.conparentid = 0 AND k.confrelid IN ({part}, {parent})
+"""
+
+
+_BYPASSED = sa.text(bypass_query("CAST(:p AS regclass)", "CAST(:parent AS regclass)"))
 
 
 def bypassed_by_drop(conn: sa.Connection, partition: TablePartition,

@@ -41,7 +41,7 @@ DETACH_ARGS = "(regclass, timestamptz, integer)"
 DROP_ARGS = "(regclass, interval, integer)"
 
 
-class Action(str, enum.Enum):
+class Action(enum.StrEnum):
     """What the drop phase did with one partition or detached table."""
 
     DETACHED = "detached"
@@ -52,9 +52,6 @@ class Action(str, enum.Enum):
     """Left attached: its prunable rows are deleted in batches as any other row."""
     KEPT_DETACHED = "kept_detached"
     """A detached table left in place (its retention not over, or a check failed)."""
-
-    def __str__(self) -> str:
-        return self.value
 
 
 @dataclass(frozen=True)

@@ -53,16 +53,13 @@ from favorites_maintenance.retention.rule import RetentionRule
 from favorites_maintenance.retention.statements import BatchStatements, count_of
 
 
-class ScanMode(str, enum.Enum):
+class ScanMode(enum.StrEnum):
     """The order a run walks its backlog in (metadata ``scanMode``)."""
 
     KEYSET = "keyset"
     """Oldest first, over the rule's partial index."""
     PAGE_ORDER = "page_order"
     """Ranges of heap pages, in the order the rows lie on disk."""
-
-    def __str__(self) -> str:
-        return self.value
 
 
 #: Prunable rows per heap page (sampled) from which page order is taken, for a large backlog

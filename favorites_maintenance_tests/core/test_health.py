@@ -12,7 +12,7 @@ import time
 import pytest
 import sqlalchemy as sa
 
-from favorites_maintenance.local.guest_favorites import dev_favorites
+from favorites_maintenance.local.guest_favorites import GUEST_FAVORITES, dev_favorites
 from favorites_maintenance.retention import HealthLimits, StopReason
 from favorites_maintenance.retention.database import create_engine
 from favorites_maintenance.retention.least_privilege import least_privilege_sql
@@ -223,7 +223,7 @@ def test_the_grant_least_privilege_sql_names_lets_the_role_see_a_vacuum(
         engine, rows, roles, slow_vacuum):
     url = roles.create("cleanup", least_privilege=True)
     [grant] = [line.removeprefix("-- ") for line in
-               least_privilege_sql(url.username).splitlines()
+               least_privilege_sql(GUEST_FAVORITES, url.username).splitlines()
                if line.startswith("-- GRANT pg_monitor")]
     with engine.begin() as conn:
         conn.exec_driver_sql(grant)

@@ -260,38 +260,40 @@ def test_a_demo_killed_while_seeding_leaves_a_server_the_next_demo_attaches_to_a
             EmbeddedPostgres(pgdata).start().stop()
 
 
-@pytest.mark.serial
 def test_demo_and_dry_run_of_a_valid_policy_go_on_beside_a_broken_one(checkout, db_url, rows):
-    """A misspelled field in a second policy: demo and dry-run of guest_favorites say so in one
-    line and run; dry-run of the broken one fails with that line; the code location itself
-    still refuses to load (its own test: pipeline/test_definitions.py)."""
+    """A misspelled field in a second policy of a project: demo and dry-run of guest_favorites
+    (``-m`` naming the project's code location) say so in one line and run; dry-run of the
+    broken one fails with that line; the code location itself still refuses to load (its own
+    test: pipeline/test_definitions.py)."""
     import datetime as dt
 
     from favorites_maintenance_tests.helpers.policy_files import (
         MISSPELLED,
-        defs_folder,
         misspelled_error,
+        policy_project,
     )
 
-    error_line = misspelled_error()  # demo reads the package's own defs folder
+    project = policy_project(checkout / "project", {"guest_carts": MISSPELLED},
+                             module="broken_platform")
+    location = ("-m", "broken_platform.definitions")
+    error_line = misspelled_error("src/broken_platform/defs")
     warning = f"warning: {error_line} (not loaded; the code location does not load until"
     rows.add_many(4, updated_at=dt.datetime.now(dt.timezone.utc) - dt.timedelta(days=400))
-    url = {"FAVORITES_DATABASE_URL": db_url.render_as_string(hide_password=False)}
-    with defs_folder("guest_carts", MISSPELLED):
-        demo = cli("demo", "--rows", "2000", cwd=checkout)
-        assert demo.returncode == 0, demo.stderr[-3000:]
-        assert demo.stderr.count(warning) == 1, demo.stderr[-3000:]
-        assert re.search(r"run \S+ succeeded", demo.stdout), demo.stdout[-3000:]
+    src = {"PYTHONPATH": str(project / "src")}
+    url = {"FAVORITES_DATABASE_URL": db_url.render_as_string(hide_password=False), **src}
+    demo = cli("demo", "--rows", "2000", *location, cwd=checkout, env_extra=src)
+    assert demo.returncode == 0, demo.stderr[-3000:]
+    assert demo.stderr.count(warning) == 1, demo.stderr[-3000:]
+    assert re.search(r"run \S+ succeeded", demo.stdout), demo.stdout[-3000:]
 
-        dry = cli("dry-run", "--policy", "guest_favorites", cwd=checkout, env_extra=url)
-        assert dry.returncode == 0, dry.stderr
-        assert dry.stderr.count(warning) == 1 and "Traceback" not in dry.stderr
-        assert "prunable   4 rows" in dry.stdout
+    dry = cli("dry-run", "--policy", "guest_favorites", *location, cwd=checkout, env_extra=url)
+    assert dry.returncode == 0, dry.stderr
+    assert dry.stderr.count(warning) == 1 and "Traceback" not in dry.stderr
+    assert "prunable   4 rows" in dry.stdout
 
-        broken = cli("dry-run", "--policy", "guest_carts", cwd=checkout, env_extra=url)
-        assert broken.returncode == 2
-        assert broken.stderr == f"error: {error_line}\n"
-
+    broken = cli("dry-run", "--policy", "guest_carts", *location, cwd=checkout, env_extra=url)
+    assert broken.returncode == 2
+    assert broken.stderr == f"error: {error_line}\n"
 
 
 def test_dry_run_all_lists_a_broken_policy_with_its_error_and_fails(tmp_path, db_url, rows):
@@ -372,21 +374,23 @@ def test_dagster_dev_without_a_storage_url_uses_the_embedded_server_and_others_r
             "database") in deployed.stderr
 
 
-@pytest.mark.serial
 def test_demo_of_another_policy_shows_its_protected_rows_before_and_after(checkout):
     """demo --policy on a table of its own (created in the embedded database beforehand, as the
-    README says): the rows its guard protects are counted before and after the run."""
+    README says), declared in a project's code location named with ``-m``: the rows its guard
+    protects are counted before and after the run."""
     import sqlalchemy as sa
 
     from favorites_maintenance.local.embedded import (
         FAVORITES_DATABASE,
         EmbeddedPostgres,
     )
-    from favorites_maintenance_tests.helpers.policy_files import defs_folder
+    from favorites_maintenance_tests.helpers.policy_files import policy_project
 
     carts = ("type: favorites_maintenance.RetentionPolicy\nattributes:\n  name: guest_carts\n"
              "  table: carts.guest_carts\n  key_column: cart_uuid\n  age_column: touched_at\n"
              "  null_columns: [customer_ref]\n  retention_days: 30\n")
+    project = policy_project(checkout / "project", {"guest_carts": carts},
+                             module="carts_platform")
     server = EmbeddedPostgres(checkout / ".favorites-maintenance" / "pgdata").start()
     try:
         engine = sa.create_engine(server.ensure_database(FAVORITES_DATABASE))
@@ -399,8 +403,8 @@ def test_demo_of_another_policy_shows_its_protected_rows_before_and_after(checko
         engine.dispose()
     finally:
         server.stop()
-    with defs_folder("guest_carts", carts):
-        proc = cli("demo", "--policy", "guest_carts", cwd=checkout)
+    proc = cli("demo", "--policy", "guest_carts", "-m", "carts_platform.definitions",
+               cwd=checkout, env_extra={"PYTHONPATH": str(project / "src")})
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert "carts.guest_carts: 13 rows with customer_ref IS NULL, 7 protected by the guard" \
         in proc.stdout
@@ -420,6 +424,70 @@ attributes:
   retention_days: 365
   drop_expired_partitions: true
 """
+
+
+SHOP_CARTS = """\
+type: favorites_maintenance.RetentionPolicy
+attributes:
+  name: shop_carts
+  table: shop.carts
+  key_column: cart_id
+  age_column: touched_at
+  null_columns: [customer_ref]
+  hold_table: shop.cart_holds
+  hold_column: session_ref
+  archive_table: shop.carts_archive
+"""
+
+
+def test_grants_prints_the_roles_sql_for_the_policys_own_table_for_psql(tmp_path, engine):
+    """grants renders the role for the policy's table and columns (not the guest-favorites
+    table): its output, run as the owner, creates the role with SELECT on the key, guard, age
+    and hold columns, the hold table and the archive (the table's columns read from the
+    policy's database) and the row-level security policies, and nothing on favorites."""
+    import sqlalchemy as sa
+
+    from favorites_maintenance_tests.helpers.policy_files import policy_project
+
+    role = f"{engine.url.database}_carts_cleanup"
+    with engine.begin() as conn:
+        conn.exec_driver_sql(
+            "CREATE SCHEMA shop; CREATE TABLE shop.carts (cart_id bigint PRIMARY KEY, "
+            "customer_ref text, session_ref text, address text, touched_at timestamptz NOT NULL)")
+    root = policy_project(tmp_path, {"shop_carts": SHOP_CARTS})
+    env = {"PYTHONPATH": str(root / "src"),
+           "FAVORITES_DATABASE_URL": engine.url.render_as_string(hide_password=False)}
+    proc = cli("grants", "--policy", "shop_carts", "--role", role, "--row-level-security",
+               cwd=root, env_extra=env)
+    assert proc.returncode == 0, proc.stderr
+    assert "favorites.favorites" not in proc.stdout and '"favorites"' not in proc.stdout
+    try:
+        with engine.begin() as conn:
+            conn.connection.cursor().execute(proc.stdout)
+        with engine.connect() as conn:
+            granted = set(conn.execute(sa.text(
+                "SELECT privilege_type, table_name || '.' || column_name "
+                "FROM information_schema.column_privileges WHERE grantee = :r UNION "
+                "SELECT privilege_type, table_name FROM information_schema.table_privileges "
+                "WHERE grantee = :r"), {"r": role}))
+            policies = conn.execute(sa.text(
+                "SELECT policyname, cmd, qual FROM pg_policies WHERE tablename = 'carts' "
+                "ORDER BY 1")).all()
+    finally:
+        with engine.begin() as conn:
+            conn.exec_driver_sql(f'DROP OWNED BY "{role}"; DROP ROLE IF EXISTS "{role}"')
+    on_carts = {(p, c) for p, c in granted if c.startswith("carts.") or c == "carts"}
+    # The archive's grants add SELECT on every column and INSERT (for a restore).
+    assert on_carts == {(p, f"carts.{c}") for p in ("SELECT", "INSERT") for c in (
+        "cart_id", "customer_ref", "session_ref", "address", "touched_at")} | {
+        ("UPDATE", "carts.touched_at"), ("DELETE", "carts"), ("SELECT", "carts"),
+        ("INSERT", "carts")}
+    assert {("SELECT", "cart_holds.held_value"), ("SELECT", "carts_archive"),
+            ("DELETE", "carts_archive")} <= granted
+    assert [(p, c) for p, c, _ in policies] == [
+        ("carts_cleanup_delete", "DELETE"), ("carts_cleanup_lock", "UPDATE"),
+        ("carts_cleanup_select", "SELECT")]
+    assert all(q == "(customer_ref IS NULL)" for _, _, q in policies)
 
 
 def test_partition_functions_prints_the_sql_of_the_policys_table_for_psql(tmp_path, engine):

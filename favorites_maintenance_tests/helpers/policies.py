@@ -4,7 +4,8 @@ by :func:`~favorites_maintenance.components.policy_tree.code_location` in this p
 (:meth:`PolicySandbox.code_location`) or served by a code server process through Dagster's
 stock loader (:meth:`PolicySandbox.location_target`, the way ``dagster-daemon`` and the
 webserver serve ``workspace.yaml``); :func:`policy_folder` is such a folder that other
-processes find too.
+processes find too. :func:`location` is the short way in: the code location of such a folder,
+its variables set first.
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import dagster as dg
+import pytest
 import yaml
 from favorites_maintenance_tests.helpers.dagster_internals import ModuleTarget
 from dagster.components.testing import DefsFolderSandbox, create_defs_folder_sandbox
@@ -69,13 +71,18 @@ class PolicySandbox:
     def defs_folder(self) -> Path:
         return self.sandbox.defs_folder_path
 
-    def write_policy(self, attributes: dict) -> None:
-        """Add ``<name>/defs.yaml``, a ``favorites_maintenance.RetentionPolicy`` of
-        ``attributes``."""
-        folder = self.defs_folder / attributes["name"]
+    def write_policy(self, attributes: dict | str) -> None:
+        """Add ``<name>/defs.yaml``: a ``favorites_maintenance.RetentionPolicy`` of
+        ``attributes``, or, given a string, that text as it stands (its folder named after the
+        ``name`` it gives)."""
+        if isinstance(attributes, str):
+            text, name = attributes, yaml.safe_load(attributes)["attributes"]["name"]
+        else:
+            text = yaml.safe_dump({"type": _POLICY_TYPE, "attributes": attributes})
+            name = attributes["name"]
+        folder = self.defs_folder / name
         folder.mkdir()
-        (folder / "defs.yaml").write_text(yaml.safe_dump(
-            {"type": _POLICY_TYPE, "attributes": attributes}))
+        (folder / "defs.yaml").write_text(text)
 
     @contextlib.contextmanager
     def tree(self) -> Iterator[dg.ComponentTree]:
@@ -100,9 +107,9 @@ class PolicySandbox:
 
 
 @contextlib.contextmanager
-def policy_sandbox(*policies: dict) -> Iterator[PolicySandbox]:
+def policy_sandbox(*policies: dict | str) -> Iterator[PolicySandbox]:
     """A :class:`PolicySandbox` holding the real guest-favorites policy and ``policies``
-    (attributes of each)."""
+    (attributes of each, or a ``defs.yaml`` text: :meth:`PolicySandbox.write_policy`)."""
     with create_defs_folder_sandbox() as made:
         defs_folder = made.defs_folder_path
         (defs_folder.parent / "__init__.py").touch()
@@ -113,6 +120,28 @@ def policy_sandbox(*policies: dict) -> Iterator[PolicySandbox]:
         for attributes in policies:
             sandbox.write_policy(attributes)
         yield sandbox
+
+
+def location(*policies: dict | str, env: dict[str, str | None] | None = None,
+             monkeypatch: pytest.MonkeyPatch | None = None) -> dg.Definitions:
+    """The code location of a temporary project holding the real guest-favorites policy and
+    ``policies`` (attributes of each, or a ``defs.yaml`` text), built now in this process as
+    Dagster's loader builds it, after each variable of ``env`` is set (``None``: unset) with
+    ``monkeypatch``, for the rest of the test: a run reads them when it runs.
+
+    Raises:
+        What :func:`~favorites_maintenance.components.policy_tree.code_location` raises for
+        a policy or a variable it refuses.
+    """
+    if env:
+        assert monkeypatch is not None, "env is set for the test: pass its monkeypatch"
+        for name, value in env.items():
+            if value is None:
+                monkeypatch.delenv(name, raising=False)
+            else:
+                monkeypatch.setenv(name, value)
+    with policy_sandbox(*policies) as sandbox:
+        return sandbox.code_location()
 
 
 def policy_folder(*policies: dict) -> dg.ComponentTree:

@@ -1,14 +1,10 @@
 """Policy files as a newcomer adds them, in a Dagster project of the test's own (a host project
 in its temporary folder, beside the real guest-favorites policy): what ``dg`` and the command
-line read, with ``-m`` or from the project's folder. Only ``demo`` reads the package's own
-``favorites_maintenance/defs/`` alone; :func:`defs_folder` writes there for its tests, which
-run in the serial pass."""
+line read, with ``-m`` or from the project's folder. No test writes into the package's own
+``favorites_maintenance/defs/``: every other test's code location reads it."""
 
 from __future__ import annotations
 
-import contextlib
-import shutil
-from collections.abc import Iterator
 from pathlib import Path
 
 import favorites_maintenance.defs
@@ -29,7 +25,7 @@ attributes:
 """
 
 
-def misspelled_error(folder: str = "favorites_maintenance/defs") -> str:
+def misspelled_error(folder: str) -> str:
     """The one line every tool shows for :data:`MISSPELLED` written as ``<folder>/guest_carts``
     (``folder`` relative to its project's root)."""
     return (f"{folder}/guest_carts/defs.yaml:8: policy guest_carts, retention_dayz: not a field "
@@ -52,19 +48,3 @@ def policy_project(root: Path, policies: dict[str, str | None] | None = None,
         if text is not None:
             (defs / name / "defs.yaml").write_text(text)
     return root
-
-
-@contextlib.contextmanager
-def defs_folder(name: str, text: str | None = None) -> Iterator[Path]:
-    """``favorites_maintenance/defs/<name>/`` (with ``defs.yaml`` holding ``text``, when given)
-    for the length of the ``with`` block; removed after, whatever happened. Every code location
-    of the package reads it meanwhile: only for tests marked ``serial``."""
-    folder = DEFS / name
-    assert not folder.exists(), f"{folder} exists already: remove it"
-    try:
-        if text is not None:
-            folder.mkdir()
-            (folder / "defs.yaml").write_text(text)
-        yield folder
-    finally:
-        shutil.rmtree(folder, ignore_errors=True)

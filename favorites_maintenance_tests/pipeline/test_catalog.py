@@ -15,7 +15,11 @@ from favorites_maintenance.cli import main
 from favorites_maintenance.components.load_errors import PolicyLoadError
 from favorites_maintenance.config.parsers import SettingsError
 from favorites_maintenance.retention.defaults import DATABASE_URL_VAR
-from favorites_maintenance_tests.helpers.policies import favorites_policy, policy_sandbox
+from favorites_maintenance_tests.helpers.policies import (
+    favorites_policy,
+    location,
+    policy_sandbox,
+)
 
 BILLING = favorites_policy(
     "billing_sessions", owners=["team:data-platform", "someone@example.com"],
@@ -29,10 +33,9 @@ def _spec(defs: dg.Definitions, *path: str) -> dg.AssetSpec:
 
 
 def test_a_policy_s_asset_carries_the_owners_kinds_tags_and_group_of_its_yaml(monkeypatch):
-    monkeypatch.setenv("BILLING_DATABASE_URL", "postgresql+psycopg://u@localhost:1/billing")
     carts = favorites_policy("guest_carts", database_url_env="CARTS_DATABASE_URL")
-    with policy_sandbox(BILLING, carts) as sandbox:
-        defs = sandbox.code_location()
+    defs = location(BILLING, carts, monkeypatch=monkeypatch, env={
+        "BILLING_DATABASE_URL": "postgresql+psycopg://u@localhost:1/billing"})
     billing = _spec(defs, "favorites", "billing_sessions_cleanup")
     assert billing.owners == ["team:data-platform", "someone@example.com"]
     assert billing.kinds == {"postgres", "billing"}
@@ -61,9 +64,8 @@ def test_a_policy_s_asset_carries_the_owners_kinds_tags_and_group_of_its_yaml(mo
 ])
 def test_a_catalog_value_dagster_would_refuse_stops_the_load_naming_the_field(field, value,
                                                                               said):
-    with policy_sandbox(favorites_policy("bad_owner", **{field: value})) as sandbox:
-        with pytest.raises((PolicyLoadError, SettingsError)) as refused:
-            sandbox.code_location()
+    with pytest.raises((PolicyLoadError, SettingsError)) as refused:
+        location(favorites_policy("bad_owner", **{field: value}))
     assert said in str(refused.value)
 
 

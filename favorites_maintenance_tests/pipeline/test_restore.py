@@ -24,7 +24,7 @@ from favorites_maintenance_tests.helpers.jobs import (
     materialization,
     run_partition,
 )
-from favorites_maintenance_tests.helpers.policies import policy_sandbox
+from favorites_maintenance_tests.helpers.policies import location, policy_sandbox
 
 UTC = dt.timezone.utc
 NOW = dt.datetime.now(UTC)
@@ -48,9 +48,8 @@ def env(db_url, engine, monkeypatch):
 def defs_with_retention(monkeypatch, days: int, **attributes) -> dg.Definitions:
     """The code location with ``shop_items``'s retention deployed at ``days`` (and
     ``attributes`` on top of the policy's)."""
-    monkeypatch.setenv(shop.RETENTION_VAR, str(days))
-    with policy_sandbox(shop.policy(**attributes)) as sandbox:
-        return sandbox.code_location()
+    return location(shop.policy(**attributes), env={shop.RETENTION_VAR: str(days)},
+                    monkeypatch=monkeypatch)
 
 
 def purge(defs, instance) -> dg.ExecuteInProcessResult:

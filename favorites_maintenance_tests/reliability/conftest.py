@@ -13,7 +13,6 @@ import sqlalchemy as sa
 
 from favorites_maintenance.local.guest_favorites import dev_favorites
 from favorites_maintenance.retention.database import APPLICATION_NAME
-from favorites_maintenance.local.guest_favorites import dev_favorites
 from favorites_maintenance_tests.helpers.clock import CUTOFF, FRESH, OLD, PARTITION
 from favorites_maintenance_tests.helpers.jobs import (
     error_text,
@@ -170,16 +169,18 @@ class Roles:
         return f"{self.db_url.database}_{suffix}"
 
     def create(self, suffix: str, *statements: str, password: str | None = None,
-               least_privilege: bool = False) -> sa.URL:
-        """Create role ``<db>_<suffix>``: by the shipped SQL when ``least_privilege``, else
-        ``CREATE ROLE ... LOGIN`` plus ``statements`` (``{role}`` is the quoted name). Returns
-        the URL to connect as it (trust authentication: the password is carried, not checked)."""
+               least_privilege: bool = False, rule=None) -> sa.URL:
+        """Create role ``<db>_<suffix>``: by the shipped SQL rendered for ``rule`` (default:
+        the dev table's guest-favorites rule) when ``least_privilege``, else ``CREATE ROLE ...
+        LOGIN`` plus ``statements`` (``{role}`` is the quoted name). Returns the URL to connect
+        as it (trust authentication: the password is carried, not checked)."""
+        from favorites_maintenance.local.guest_favorites import GUEST_FAVORITES
         from favorites_maintenance.retention.least_privilege import apply_least_privilege
 
         role = self.name(suffix)
         self.created.append(role)
         if least_privilege:
-            apply_least_privilege(self.engine, role, password=password)
+            apply_least_privilege(self.engine, role, rule or GUEST_FAVORITES, password=password)
         else:
             with self.engine.begin() as conn:
                 conn.exec_driver_sql(f'CREATE ROLE "{role}" LOGIN')

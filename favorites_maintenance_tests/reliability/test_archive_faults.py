@@ -23,7 +23,7 @@ from favorites_maintenance_tests.helpers.jobs import (
     purge_retries,
     run_partition,
 )
-from favorites_maintenance_tests.helpers.policies import policy_sandbox
+from favorites_maintenance_tests.helpers.policies import location
 from favorites_maintenance_tests.helpers.sessions import kill_when
 
 BATCH = 10
@@ -39,8 +39,7 @@ def env(db_url, engine, monkeypatch):
 
 
 def shop_defs(batch_size: int) -> dg.Definitions:
-    with policy_sandbox(shop.policy(batch_size=batch_size)) as sandbox:
-        return sandbox.code_location()
+    return location(shop.policy(batch_size=batch_size))
 
 
 def run_shop(defs, instance) -> dg.ExecuteInProcessResult:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import datetime as dt
+
 import dagster as dg
 import pytest
 import sqlalchemy as sa
@@ -12,12 +14,15 @@ from favorites_maintenance.retention.archive import (
     table_columns,
 )
 from favorites_maintenance.retention.defaults import DATABASE_URL_VAR
+from favorites_maintenance.retention.database import create_engine
 from favorites_maintenance.retention.holds import HoldTable, create_hold_table_sql, place_hold
+from favorites_maintenance.local.guest_favorites import GUEST_FAVORITES
 from favorites_maintenance.retention.least_privilege import (
-    ARCHIVE_RESOURCE,
-    HOLDS_RESOURCE,
     apply_archive_privileges,
     apply_hold_privileges,
+    apply_row_level_security,
+    archive_privileges_sql,
+    hold_privileges_sql,
     least_privilege_sql,
 )
 from favorites_maintenance_tests.helpers.jobs import (
@@ -25,7 +30,9 @@ from favorites_maintenance_tests.helpers.jobs import (
     guest_settings_env,
     run_partition,
 )
-from favorites_maintenance_tests.helpers.policies import favorites_policy, policy_sandbox
+from favorites_maintenance.retention.rule import RetentionRule
+from favorites_maintenance_tests.helpers.policies import favorites_policy, location
+from favorites_maintenance_tests.helpers.purging import purge_rows
 from favorites_maintenance_tests.reliability.conftest import (
     FRESH,
     OLD,
@@ -119,7 +126,7 @@ def test_the_whole_job_runs_under_the_least_privilege_role_and_never_updates(
 
 
 def test_the_sql_takes_the_role_name_as_a_quoted_identifier():
-    text = least_privilege_sql('odd"name')
+    text = least_privilege_sql(GUEST_FAVORITES, 'odd"name')
     assert 'CREATE ROLE "odd""name" LOGIN' in text
     assert ':"role"' not in text
 
@@ -127,17 +134,17 @@ def test_the_sql_takes_the_role_name_as_a_quoted_identifier():
 def _archived_favorites(url, monkeypatch) -> dg.Definitions:
     """A code location whose policy ``archived_favorites`` purges the dev table into
     ``favorites.favorites_archive``, on ``url``."""
-    monkeypatch.setenv(DATABASE_URL_VAR, url.render_as_string(hide_password=False))
     guest_settings_env(monkeypatch)
-    with policy_sandbox(favorites_policy("archived_favorites", batch_size=100,
-                                         archive_table="favorites.favorites_archive")) as box:
-        return box.code_location()
+    return location(favorites_policy("archived_favorites", batch_size=100,
+                                     archive_table="favorites.favorites_archive"),
+                    env={DATABASE_URL_VAR: url.render_as_string(hide_password=False)},
+                    monkeypatch=monkeypatch)
 
 
 def test_a_policy_with_an_archive_runs_under_the_role_and_its_archive_grants(
         engine, rows, roles, monkeypatch):
     url = roles.create("cleanup", least_privilege=True)
-    apply_archive_privileges(engine, url.username)
+    apply_archive_privileges(engine, url.username, GUEST_FAVORITES, "favorites.favorites_archive")
     refuse_updates_by(engine, url.username)
     prunable = set(rows.add_many(250, updated_at=OLD))
     keep = set(rows.add_many(20, updated_at=FRESH)) | set(
@@ -160,7 +167,7 @@ def test_a_policy_with_an_archive_runs_under_the_role_and_its_archive_grants(
         columns = table_columns(conn, "favorites.favorites")
     expected = create_archive_sql(ArchiveTarget("favorites.favorites_archive", "p", "r"),
                                   columns, engine.dialect)
-    shipped = least_privilege_sql("r", ARCHIVE_RESOURCE)
+    shipped = archive_privileges_sql(GUEST_FAVORITES, "r", "favorites.favorites_archive", columns)
     assert " ".join(expected.split()) in " ".join(shipped.split())
 
 
@@ -185,18 +192,18 @@ def test_a_policy_with_holds_runs_under_the_role_and_its_hold_grants(
     """The role reads the hold table (SELECT on the columns the hold test and the held_rows
     check read) and writes nothing there: the holds are placed by others."""
     url = roles.create("cleanup", least_privilege=True)
-    apply_hold_privileges(engine, url.username)
+    holds = HoldTable.define("favorites.retention_holds", "id", "held_favorites")
+    apply_hold_privileges(engine, url.username, GUEST_FAVORITES.with_hold(holds))
     refuse_updates_by(engine, url.username)
     prunable = set(rows.add_many(250, updated_at=OLD))
     held = rows.add(updated_at=OLD)
     keep = set(rows.add_many(20, updated_at=FRESH)) | {held}
-    holds = HoldTable.define("favorites.retention_holds", "id", "held_favorites")
     place_hold(engine, holds, str(held), reason="dispute", placed_by="support")
-    monkeypatch.setenv(DATABASE_URL_VAR, url.render_as_string(hide_password=False))
     guest_settings_env(monkeypatch)
-    with policy_sandbox(favorites_policy("held_favorites", batch_size=100,
-                                         hold_table="favorites.retention_holds")) as box:
-        defs = box.code_location()
+    defs = location(favorites_policy("held_favorites", batch_size=100,
+                                     hold_table="favorites.retention_holds"),
+                    env={DATABASE_URL_VAR: url.render_as_string(hide_password=False)},
+                    monkeypatch=monkeypatch)
     with dg.instance_for_test() as instance:
         result = run_partition(defs, instance, PARTITION, job="held_favorites_cleanup_job")
         assert result.success, failure_text(result)
@@ -219,6 +226,56 @@ def test_a_policy_with_holds_runs_under_the_role_and_its_hold_grants(
                                                   "released_at")}
     assert whole is None  # no INSERT, UPDATE or DELETE: the job never writes a hold
     # The owner's hold table is the one hold init creates.
-    shipped = " ".join(least_privilege_sql("r", HOLDS_RESOURCE).split())
+    shipped = " ".join(hold_privileges_sql(GUEST_FAVORITES.with_hold(holds), "r").split())
     for statement in create_hold_table_sql("favorites.retention_holds"):
         assert " ".join(statement.split()) in shipped
+
+
+#: A second table's rule: another schema, a uuid key, two guard columns and another age column.
+CARTS = RetentionRule.define("shop.carts", key_column="cart_uuid", age_column="touched_at",
+                             null_columns=["customer_ref", "team_id"])
+
+
+def test_the_grants_of_another_rule_cover_its_table_and_columns_only(engine, roles):
+    """The grants are rendered from the rule, not written for favorites.favorites: on a second
+    table with row-level security enabled, the role holds SELECT on that rule's key, guard and
+    age columns only, and the purge run as it deletes exactly the rows the rule prunes."""
+    with engine.begin() as conn:
+        conn.exec_driver_sql(
+            "CREATE SCHEMA shop; CREATE TABLE shop.carts (cart_uuid uuid PRIMARY KEY DEFAULT "
+            "gen_random_uuid(), customer_ref text, team_id bigint, address text, "
+            "touched_at timestamptz NOT NULL); ALTER TABLE shop.carts ENABLE ROW LEVEL SECURITY;"
+            "INSERT INTO shop.carts (customer_ref, team_id, address, touched_at) SELECT "
+            "CASE WHEN mod(i, 4) = 1 THEN 'c' || i END, CASE WHEN mod(i, 4) = 2 THEN i END, 'street', "
+            "now() - CASE WHEN mod(i, 4) = 3 THEN interval '1 day' ELSE interval '400 days' END "
+            "FROM generate_series(1, 40) i")
+    url = roles.create("carts", least_privilege=True, rule=CARTS)
+    apply_row_level_security(engine, url.username, CARTS)
+    with engine.connect() as conn:
+        granted = set(conn.execute(sa.text(
+            "SELECT privilege_type, table_schema || '.' || table_name || '.' || column_name "
+            "FROM information_schema.column_privileges WHERE grantee = :r "
+            "UNION SELECT privilege_type, table_schema || '.' || table_name "
+            "FROM information_schema.table_privileges WHERE grantee = :r"),
+            {"r": url.username}))
+    assert granted == {("SELECT", "shop.carts.cart_uuid"), ("SELECT", "shop.carts.customer_ref"),
+                       ("SELECT", "shop.carts.team_id"), ("SELECT", "shop.carts.touched_at"),
+                       ("UPDATE", "shop.carts.touched_at"), ("DELETE", "shop.carts")}
+
+    as_role = create_engine(url)
+    try:
+        cutoff = dt.datetime.now(dt.timezone.utc) - dt.timedelta(days=365)
+        report = purge_rows(as_role, cutoff, rule=CARTS, batch_size=3,
+                            max_run_duration=dt.timedelta(minutes=10))
+        with pytest.raises(sa.exc.ProgrammingError, match="permission denied"):
+            with as_role.connect() as conn:
+                conn.exec_driver_sql("SELECT address FROM shop.carts")
+    finally:
+        as_role.dispose()
+    assert report.deleted_total == 10  # i % 4 = 0: no guard column set, 400 days old
+    with engine.connect() as conn:
+        left = conn.exec_driver_sql(
+            "SELECT count(*) FILTER (WHERE customer_ref IS NOT NULL), count(*) FILTER "
+            "(WHERE team_id IS NOT NULL), count(*) FILTER (WHERE touched_at > now() - "
+            "interval '2 days') FROM shop.carts").one()
+    assert tuple(left) == (10, 10, 10)

@@ -27,7 +27,7 @@ from favorites_maintenance_tests.helpers.jobs import (
     materialization,
     run_partition,
 )
-from favorites_maintenance_tests.helpers.policies import policy_sandbox
+from favorites_maintenance_tests.helpers.policies import location
 from favorites_maintenance_tests.reliability.conftest import CUTOFF, PARTITION
 from favorites_maintenance_tests.helpers.partitioned import backdate_detach, detached_from
 
@@ -105,8 +105,7 @@ def defs() -> dg.Definitions:
               "age_column": "touched_at", "null_columns": ["owner_id", "team_id"],
               "retention_days": 365, "batch_size": 7, "target_batch_duration": "PT0S",
               "partitions_start": "2026-01-01", "drop_expired_partitions": True}
-    with policy_sandbox(policy) as sandbox:
-        return sandbox.code_location()
+    return location(policy)
 
 
 def test_the_role_detaches_and_drops_another_tables_partitions_through_its_functions(
@@ -176,6 +175,36 @@ def test_the_rendered_function_refuses_a_partition_with_the_second_guard_set(lis
         role_engine.dispose()
     assert FEB in attached(lists) and JAN not in attached(lists)
     assert remaining(lists) == {(None, None, 2): 3, (None, 1, 2): 1}
+
+
+def test_the_function_and_the_job_refuse_the_same_bypass_in_the_same_words(lists, roles):
+    """Called directly by the role, the function keeps a partition whose DROP would bypass a
+    DELETE trigger, naming it as the job's own check does (one query, run by both)."""
+    from favorites_maintenance.retention.partition_checks import bypassed_by_drop
+    from favorites_maintenance.retention.table_partitions import leaf_partitions
+
+    add(lists, 3, month(2))
+    with lists.begin() as conn:
+        conn.exec_driver_sql(
+            "CREATE FUNCTION lists.noop() RETURNS trigger LANGUAGE plpgsql AS "
+            "$$ BEGIN RETURN OLD; END $$; CREATE TRIGGER log_delete BEFORE DELETE ON "
+            f"{FEB} FOR EACH ROW EXECUTE FUNCTION lists.noop()")
+    url = roles.create("lists_cleanup", "GRANT USAGE ON SCHEMA lists TO {role}")
+    apply_partition_functions(lists, url.username, RULE)
+    with lists.connect() as conn:
+        [feb] = [p for p in leaf_partitions(conn, "lists", "shared_lists")
+                 if p.qualified_name == FEB]
+        said = bypassed_by_drop(conn, feb, '"lists"."shared_lists"')
+    assert said == [f"DELETE trigger log_delete on {FEB}"]
+    role_engine = create_engine(url)
+    try:
+        with pytest.raises(sa.exc.DBAPIError, match=f"kept: a DROP would bypass {said[0]}"), \
+                role_engine.begin() as conn:
+            conn.execute(sa.text("SELECT lists.shared_lists_detach_partition("
+                                 "CAST(:p AS regclass), :c, 1000)"), {"p": FEB, "c": CUTOFF})
+    finally:
+        role_engine.dispose()
+    assert FEB in attached(lists)
 
 
 def test_a_rule_with_no_guard_gets_functions_that_keep_no_row(lists, roles):

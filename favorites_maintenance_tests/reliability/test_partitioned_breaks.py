@@ -19,7 +19,7 @@ from favorites_maintenance_tests.helpers.jobs import (
 )
 from favorites_maintenance_tests.helpers.policies import (
     favorites_policy,
-    policy_sandbox,
+    location,
 )
 from favorites_maintenance_tests.reliability.conftest import PARTITION
 
@@ -48,9 +48,7 @@ def shaped_table(engine, db_url, monkeypatch, *ddl: str) -> None:
 
 def run(instance, **attributes) -> dg.ExecuteInProcessResult:
     policy = favorites_policy(POLICY, batch_size=7, **attributes)
-    with policy_sandbox(policy) as sandbox:
-        defs = sandbox.code_location()
-    return run_partition(defs, instance, PARTITION, job=JOB, raise_on_error=False)
+    return run_partition(location(policy), instance, PARTITION, job=JOB, raise_on_error=False)
 
 
 def count(engine) -> int:

@@ -43,7 +43,7 @@ from favorites_maintenance_tests.helpers.partitioned import (
 )
 from favorites_maintenance_tests.helpers.policies import (
     favorites_policy,
-    policy_sandbox,
+    location,
 )
 from favorites_maintenance_tests.helpers.sessions import kill_when, run_concurrently
 from favorites_maintenance_tests.reliability.conftest import CUTOFF, PARTITION
@@ -72,8 +72,7 @@ def table(db_url, engine, monkeypatch):
 
 def defs(**attributes) -> dg.Definitions:
     policy = favorites_policy(POLICY, drop_expired_partitions=True, batch_size=7, **attributes)
-    with policy_sandbox(policy) as sandbox:
-        return sandbox.code_location()
+    return location(policy)
 
 
 def run(instance, **attributes) -> dg.ExecuteInProcessResult:

@@ -38,7 +38,7 @@ from favorites_maintenance_tests.helpers.jobs import (
     run_partition,
 )
 from favorites_maintenance_tests.helpers.partitioned import detached_tables
-from favorites_maintenance_tests.helpers.policies import favorites_policy, policy_sandbox
+from favorites_maintenance_tests.helpers.policies import favorites_policy, location
 from favorites_maintenance_tests.reliability.conftest import PARTITION
 
 # The module's servers are started once, on one worker.
@@ -93,9 +93,7 @@ def table(partman_server, monkeypatch):
 
 def run(instance: dg.DagsterInstance) -> dg.ExecuteInProcessResult:
     policy = favorites_policy(POLICY, drop_expired_partitions=True, batch_size=7)
-    with policy_sandbox(policy) as sandbox:
-        defs = sandbox.code_location()
-    return run_partition(defs, instance, PARTITION, job=JOB, raise_on_error=False)
+    return run_partition(location(policy), instance, PARTITION, job=JOB, raise_on_error=False)
 
 
 def log_lines(instance, result) -> str:

@@ -15,7 +15,7 @@ import dagster as dg
 import pytest
 import sqlalchemy as sa
 
-from favorites_maintenance.local.guest_favorites import dev_favorites
+from favorites_maintenance.local.guest_favorites import GUEST_FAVORITES, dev_favorites
 from favorites_maintenance.retention import SkippedRowsError
 from favorites_maintenance.retention.run_counts import BLOCKED_AFTER
 from favorites_maintenance_tests.helpers.purging import purge_rows
@@ -269,7 +269,7 @@ def test_a_row_a_row_level_security_policy_raises_for_is_located_and_skipped(
     accounts = set(rows.add_many(5, updated_at=OLD, user_id=3))
     poison = nth_oldest(engine, 23)
     url = roles.create("cleanup", least_privilege=True)
-    apply_row_level_security(engine, url.username)
+    apply_row_level_security(engine, url.username, GUEST_FAVORITES)
     with engine.begin() as conn:
         conn.exec_driver_sql("ALTER TABLE favorites.favorites ENABLE ROW LEVEL SECURITY")
         conn.exec_driver_sql(
@@ -316,7 +316,7 @@ def test_a_row_exactly_at_an_inclusive_cutoff_that_cannot_be_read_is_located_and
     poison = rows.add(updated_at=CUTOFF)
     newer = rows.add(updated_at=CUTOFF + dt.timedelta(microseconds=1))
     url = roles.create("cleanup", least_privilege=True)
-    apply_row_level_security(engine, url.username)
+    apply_row_level_security(engine, url.username, GUEST_FAVORITES)
     with engine.begin() as conn:
         conn.exec_driver_sql("ALTER TABLE favorites.favorites ENABLE ROW LEVEL SECURITY")
         conn.exec_driver_sql(

@@ -186,7 +186,7 @@ def test_an_archive_and_a_restore_never_log_an_archived_value(
 
     from favorites_maintenance.retention.defaults import DATABASE_URL_VAR
     from favorites_maintenance_tests.helpers.jobs import guest_settings_env, run_partition
-    from favorites_maintenance_tests.helpers.policies import favorites_policy, policy_sandbox
+    from favorites_maintenance_tests.helpers.policies import favorites_policy, location
 
     spans = InMemorySpanExporter()
     provider = trace.get_tracer_provider()
@@ -199,9 +199,8 @@ def test_an_archive_and_a_restore_never_log_an_archived_value(
     monkeypatch.setenv(DATABASE_URL_VAR, db_url.set(password=PASSWORD)
                        .render_as_string(hide_password=False))
     guest_settings_env(monkeypatch)
-    with policy_sandbox(favorites_policy("archived", batch_size=25,
-                                         archive_table="favorites.favorites_archive")) as box:
-        defs = box.code_location()
+    defs = location(favorites_policy("archived", batch_size=25,
+                                     archive_table="favorites.favorites_archive"))
     restore_job = defs.resolve_job_def("restore_archived_job")
     collected.caplog.clear()
 

@@ -16,7 +16,7 @@ import dagster as dg
 import pytest
 import sqlalchemy as sa
 
-from favorites_maintenance.local.guest_favorites import dev_favorites
+from favorites_maintenance.local.guest_favorites import GUEST_FAVORITES, dev_favorites
 from favorites_maintenance.retention import BatchError
 from favorites_maintenance.retention.database import create_engine
 from favorites_maintenance.retention.least_privilege import apply_row_level_security
@@ -68,7 +68,7 @@ def test_row_level_security_without_an_update_policy_fails_the_run(
     assert rows.count() == 55
 
     # The shipped policies admit the role to guest rows: the next run deletes them all.
-    apply_row_level_security(engine, url.username)
+    apply_row_level_security(engine, url.username, GUEST_FAVORITES)
     with dg.instance_for_test() as instance:
         result = run_job(url, instance, monkeypatch=monkeypatch)
     assert result.success
