@@ -65,15 +65,18 @@ class HoldCopy:
 
 
 def _trigger_enabled(hold_table: sa.Table) -> sa.ColumnElement[bool]:
-    """Whether the counter's trigger is on ``hold_table`` and fires (not disabled)."""
+    """Whether the counter's trigger is on ``hold_table`` and fires for every writer
+    (``ENABLE ALWAYS``, as :func:`~favorites_maintenance.retention.holds.
+    create_hold_table_sql` leaves it)."""
     qualified = f"{hold_table.schema}.{hold_table.name}"
     t = sa.table("pg_trigger", sa.column("tgrelid"), sa.column("tgname"),
                  sa.column("tgenabled"), schema="pg_catalog")
-    # 'O' fires in the origin role (the default), 'A' always; 'D' disabled, 'R' replica only.
+    # 'A' fires always; 'O' (the default) not in a session_replication_role = replica
+    # session, whose writes would leave the counter as it was.
     return sa.select(sa.literal(1)).select_from(t).where(
         t.c.tgrelid == sa.func.to_regclass(sa.literal(qualified, sa.Text)),
         t.c.tgname == sa.literal(trigger_name(hold_table), sa.Text),
-        t.c.tgenabled.in_(["O", "A"])).exists()
+        t.c.tgenabled == "A").exists()
 
 
 def _read_copy(conn: sa.Connection, holds: HoldTable) -> tuple[str, int, int]:

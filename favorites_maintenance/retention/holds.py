@@ -43,7 +43,7 @@ from __future__ import annotations
 import dataclasses
 import datetime as dt
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import Any
 
 import sqlalchemy as sa
 from sqlalchemy.dialects.postgresql import TIMESTAMP
@@ -51,9 +51,6 @@ from sqlalchemy.dialects.postgresql import TIMESTAMP
 from favorites_maintenance.retention.catalog_type import CatalogType
 from favorites_maintenance.retention.errors import InvalidArgumentError
 from favorites_maintenance.retention.identifiers import split_table_name
-
-if TYPE_CHECKING:
-    from favorites_maintenance.retention.hold_copy import HoldCopy
 
 #: The hold table's columns, by role.
 HOLD_ID, POLICY, HELD_VALUE = "hold_id", "policy", "held_value"
@@ -124,7 +121,7 @@ class HoldTable:
     column: str
     policy: str
     column_type: str | None = None
-    copy: HoldCopy | None = None
+    copy: Any = None  # a HoldCopy (hold_copy.py, which builds on this module)
 
     @classmethod
     def define(cls, table: str, column: str, policy: str) -> "HoldTable":
@@ -251,6 +248,9 @@ def create_hold_table_sql(table: str) -> list[str]:
         # One statement trigger: every write raises it, in the writer's transaction.
         f"CREATE OR REPLACE TRIGGER {q.quote(trigger_name(t))} AFTER INSERT OR UPDATE OR "
         f"DELETE OR TRUNCATE ON {holds} FOR EACH STATEMENT EXECUTE FUNCTION {function}()",
+        # Also in a session with session_replication_role = replica, and when a hold arrives
+        # by logical replication: no write of a hold leaves the counter as it was.
+        f"ALTER TABLE {holds} ENABLE ALWAYS TRIGGER {q.quote(trigger_name(t))}",
     ]
     return statements
 

@@ -52,6 +52,7 @@ CREATE TABLE IF NOT EXISTS favorites.retention_holds_changes (
 INSERT INTO favorites.retention_holds_changes (one, changes) VALUES (true, 0) ON CONFLICT DO NOTHING;
 CREATE OR REPLACE FUNCTION favorites.retention_holds_changed() RETURNS trigger LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$ BEGIN UPDATE favorites.retention_holds_changes SET changes = changes + 1; RETURN NULL; END $$;
 CREATE OR REPLACE TRIGGER retention_holds_changed AFTER INSERT OR UPDATE OR DELETE OR TRUNCATE ON favorites.retention_holds FOR EACH STATEMENT EXECUTE FUNCTION favorites.retention_holds_changed();
+ALTER TABLE favorites.retention_holds ENABLE ALWAYS TRIGGER retention_holds_changed;
 REVOKE ALL ON TABLE favorites.retention_holds FROM PUBLIC;
 GRANT SELECT (policy, held_value, placed_at, released_at) ON TABLE favorites.retention_holds TO :"role";
 REVOKE ALL ON TABLE favorites.retention_holds_changes FROM PUBLIC;

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import datetime as dt
 
+import pytest
 import sqlalchemy as sa
 
 from favorites_maintenance.local.guest_favorites import GUEST_FAVORITES
@@ -19,15 +20,16 @@ from favorites_maintenance.retention.holds import (
     release_hold,
     typed_holds,
 )
-from favorites_maintenance_tests.core.test_holds import (  # noqa: F401 (fixture)
-    HOLDS,
-    drop_change_counter,
-    holds,
-    run,
-)
+from favorites_maintenance_tests.core.test_holds import HOLDS, drop_change_counter, holds_of, run
 from favorites_maintenance_tests.core.test_purge import OLD
 
 COUNTER = f"{HOLDS}_changes"
+
+
+@pytest.fixture
+def holds(engine):
+    create_hold_table(engine, HOLDS)
+    return holds_of()
 
 
 def changes(engine) -> int:
@@ -74,6 +76,11 @@ def test_every_write_of_the_hold_table_moves_its_counter_in_the_writer_s_transac
     with engine.begin() as conn:
         conn.execute(sa.text(f"TRUNCATE {HOLDS}"))
     assert changes(engine) == before + 5
+    with engine.begin() as conn:  # a session that fires no ordinary trigger
+        conn.execute(sa.text("SET LOCAL session_replication_role = replica"))
+        conn.execute(sa.text(f"INSERT INTO {HOLDS} (policy, held_value, placed_by, reason) "
+                             "VALUES ('p', '4', 'a', 'r')"))
+    assert changes(engine) == before + 6
 
 
 def test_hold_init_adds_the_counter_to_a_hold_table_made_before_it(engine, rows):
