@@ -50,7 +50,8 @@ class HoldCopy:
 
     def refresh(self, conn: sa.Connection, holds: HoldTable) -> None:
         """Read the counter (one row) and, when it moved, the holds again with it, in one
-        statement. When the counter's trigger is no longer enabled on the hold table (a
+        statement; the transaction's statements are then planned with the copy's values
+        (``plan_cache_mode = force_custom_plan``). When the counter's trigger is no longer enabled on the hold table (a
         write may then leave the counter as it was), the holds are read again every time.
 
         Raises:
@@ -58,8 +59,11 @@ class HoldCopy:
                 written since that is not a value of the hold column's type.
         """
         c = changes_of(holds.table)
-        changes, armed = conn.execute(sa.select(c.c[CHANGES], _trigger_enabled(holds.table))
-                                      .select_from(c)).one()
+        # For the rest of the transaction: a plan kept for a prepared statement (a URL's
+        # prepare_threshold) would see the copy as a parameter, which is not hashed.
+        custom = sa.func.set_config("plan_cache_mode", "force_custom_plan", True)
+        changes, armed, _ = conn.execute(sa.select(
+            c.c[CHANGES], _trigger_enabled(holds.table), custom).select_from(c)).one()
         if changes != self.changes or not armed:
             self.values, self.changes, self.count = _read_copy(conn, holds)
 
