@@ -21,6 +21,7 @@ retention.errors.ErrorKind`):
 
 from __future__ import annotations
 
+import dataclasses
 import datetime as dt
 import logging
 from dataclasses import dataclass
@@ -127,6 +128,10 @@ class BatchFailures:
         if hold.column_type is not None:
             return False
         self.rule = self.rule.with_hold(hold)
+        if self.archive is not None:
+            # The archive's statements carry the rule's hold test too.
+            self.archive = dataclasses.replace(
+                self.archive, source_rule=self.archive.source_rule.with_hold(hold))
         self.statements = BatchStatements.build(self.rule, self.cutoff, self.by_ctid,
                                                 self.archive)
         if isinstance(self.scan, PageScan):

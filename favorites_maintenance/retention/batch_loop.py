@@ -354,6 +354,11 @@ class BatchLoop(LoopPreparation, BatchFailures):
                               incremental_sort=False if self.keyset_index else None,
                               nested_loop_joins_only=True, serial=True,
                               tid_scans_only=self.scan.tid_scans_only, seqscan=False)
+            hold = self.rule.hold
+            if hold is not None and hold.copy is not None and hold.column_type is not None:
+                # Before the batch's statements, which bind the copy: a hold committed before
+                # this read keeps its rows in this batch.
+                hold.copy.refresh(conn, hold)
             if limit == 1:
                 self.row_key = conn.execute(*self.scan.next_key()).first()
             row = self.scan.execute(conn, statement, params)

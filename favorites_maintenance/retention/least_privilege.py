@@ -27,7 +27,7 @@ from favorites_maintenance.retention.archive import (
     table_columns,
 )
 from favorites_maintenance.retention.errors import InvalidArgumentError
-from favorites_maintenance.retention.holds import create_hold_table_sql
+from favorites_maintenance.retention.holds import changes_of, create_hold_table_sql
 from favorites_maintenance.retention.partition_checks import bypass_query
 from favorites_maintenance.retention.partition_phase import DETACH_FUNCTION, DROP_FUNCTION
 from favorites_maintenance.retention.rule import RetentionRule, RuleError
@@ -120,7 +120,8 @@ def row_level_security_sql(rule: RetentionRule, role: str) -> str:
 def hold_privileges_sql(rule: RetentionRule, role: str) -> str:
     """``least_privilege_holds.sql`` rendered for ``rule`` and its hold table: the hold table
     created if missing (the DDL ``hold init`` runs), SELECT on its ``policy``, ``held_value``,
-    ``placed_at`` and ``released_at``, and SELECT on the hold column when
+    ``placed_at`` and ``released_at``, SELECT on its change counter
+    (:func:`~favorites_maintenance.retention.holds.changes_of`), and SELECT on the hold column when
     :func:`least_privilege_sql` does not grant it already; nothing that writes a hold.
 
     Raises:
@@ -136,6 +137,8 @@ def hold_privileges_sql(rule: RetentionRule, role: str) -> str:
     fields.update(
         hold_table=rule.hold.qualified_name, hold_column=column,
         hold_table_sql=_identifier(schema) + "." + _identifier(name),
+        hold_changes_sql=_identifier(schema) + "." + _identifier(
+            changes_of(sa.Table(name, sa.MetaData(schema=schema))).name),
         create_hold_table=";\n".join(create_hold_table_sql(rule.hold.qualified_name)) + ";",
         hold_column_grant="" if column in granted else (
             f"GRANT SELECT ({_identifier(column)}) ON TABLE {fields['table_sql']} "

@@ -23,6 +23,7 @@ from favorites_maintenance.retention.errors import (
     TableShapeError,
     describe,
 )
+from favorites_maintenance.retention.hold_copy import copy_holds
 from favorites_maintenance.retention.holds import typed_holds
 from favorites_maintenance.retention.page_statements import PageStatements
 from favorites_maintenance.retention.report import StopReason
@@ -90,7 +91,9 @@ class LoopPreparation:
                 if rule.hold is not None:
                     # Read once: the batches then compare the holds in the hold column's type.
                     hold, hold_warning = typed_holds(conn, rule.hold, rule.qualified_name)
-                    rule = self.rule = rule.with_hold(hold)
+                    # With the hold table's change counter: one copy of the holds for the
+                    # batches, read again only when a hold was written.
+                    rule = self.rule = rule.with_hold(copy_holds(conn, hold))
                 self.shape = table_shape(conn, rule)
                 by_ctid = self.by_ctid = match_by_ctid(conn, rule)
                 if self.archive_target is not None:
