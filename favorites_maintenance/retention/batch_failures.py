@@ -127,8 +127,7 @@ class BatchFailures:
         if hold.column_type is not None:
             return False
         self.rule = self.rule.with_hold(hold)
-        self.statements = BatchStatements.build(self.rule, self.cutoff, self.by_ctid,
-                                                self.archive)
+        self.statements = BatchStatements(self.rule, self.cutoff, self.by_ctid, self.archive)
         if isinstance(self.scan, PageScan):
             self.scan.statements = PageStatements.build(self.rule, self.cutoff, self.archive)
         elif self.scan is not None:
