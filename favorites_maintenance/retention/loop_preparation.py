@@ -131,6 +131,8 @@ class LoopPreparation:
             # The whole backlog is counted (a day's rows): once a batch's rate says the rest
             # fits, one batch takes it (at a known time per row it is within the first size).
             self.counted = estimate.backlog
+        if mode is ScanMode.KEYSET:
+            self._widen()
         if mode is ScanMode.PAGE_ORDER:
             density = (estimate.density if estimate.density is not None
                        else estimate.backlog / max(estimate.blocks, 1))
@@ -143,6 +145,11 @@ class LoopPreparation:
         # One line: in a run of Dagster each line is a write to its storage.
         log.info("%s: %s%s", self.rule.qualified_name, self.counts.scan_reason,
                  self._first_size_text())
+
+    def _widen(self) -> None:
+        """In keyset order, let the batches grow to the keyset order's largest size."""
+        if self.options.keyset_batch_size_max is not None:
+            self.sizes.widen(self.options.keyset_batch_size_max)
 
     def _first_size_text(self) -> str:
         """Where the first batch's size comes from, when the size adapts (else empty), to
@@ -172,6 +179,7 @@ class LoopPreparation:
                   f"would outlast the time budget")
         log.info("%s: %s", self.rule.qualified_name, reason)
         self.counts.scan_reason += "; " + reason
+        self._widen()
         self.scan = KeysetScan(self.statements)
         self.counts.scan_modes.append(ScanMode.KEYSET)
 
