@@ -25,6 +25,7 @@ from favorites_maintenance.bench.timing import run_strategy
 from favorites_maintenance.bench.workload import count_rows, seed_template
 from favorites_maintenance.config.policy_settings import (
     DEFAULT_BATCH_SIZE_MAX,
+    DEFAULT_KEYSET_BATCH_SIZE_MAX,
     DEFAULT_TARGET_BATCH_DURATION,
 )
 
@@ -52,6 +53,7 @@ def prepare_daily(srv: BenchServer, cfg: BenchConfig, db: str, cutoff: dt.dateti
     with engine_on(srv.url(db)) as engine:
         cleared = purge(engine, GUEST_FAVORITES, cutoff, PurgeOptions(
             batch_size=cfg.batch_size, batch_size_max=DEFAULT_BATCH_SIZE_MAX,
+            keyset_batch_size_max=DEFAULT_KEYSET_BATCH_SIZE_MAX,
             target_batch_duration=DEFAULT_TARGET_BATCH_DURATION,
             max_run_duration=cfg.max_run_duration))
         with engine.begin() as conn:  # what the time budget may have left

@@ -21,7 +21,7 @@ import sqlalchemy as sa
 from sqlalchemy.engine import URL
 
 from favorites_maintenance.bench.server import drop_database
-from favorites_maintenance.config.policy_settings import DEFAULT_BATCH_SIZE_MAX
+from favorites_maintenance.config.policy_settings import DEFAULT_BATCH_SIZE, DEFAULT_BATCH_SIZE_MAX
 from favorites_maintenance.pipeline.partitions import daily_partitions_from
 from favorites_maintenance.retention.defaults import DATABASE_URL_VAR
 
@@ -57,8 +57,10 @@ def run_job(url: URL, cutoff: dt.datetime, batch_size: int, max_run_s: float,
             after it with ``_dagster`` appended, on the same server, dropped afterwards.
         cutoff: the bench's cutoff; it must fall a whole number of days before the end of
             :data:`PARTITION`.
-        batch_size: rows of the first batch (``FAVORITES_GUEST_RETENTION_BATCH_SIZE``); the
-            size adapts up to the default max as A's does (``..._BATCH_SIZE_MAX`` set to it).
+        batch_size: rows of the first batch; the size adapts as A's does: at the default
+            (1,000) neither ``FAVORITES_GUEST_RETENTION_BATCH_SIZE`` nor ``..._BATCH_SIZE_MAX``
+            is set (mode ``adaptive``, as the job at its defaults), else both are (``capped``
+            at the default max).
         max_run_s: the purge's time budget, in seconds.
         previous_row_s: the time per row of the run before, seconds, recorded as the
             ``msPerRow`` of an earlier materialization of the asset, where the job reads it;
@@ -92,11 +94,14 @@ def run_job(url: URL, cutoff: dt.datetime, batch_size: int, max_run_s: float,
             # Step processes log their start through the instance's default console logger.
             "python_logs:\n  python_log_level: WARNING\n"
             "telemetry:\n  enabled: false\n")
+        for name in (BATCH_SIZE_VAR, BATCH_SIZE_MAX_VAR):
+            os.environ.pop(name, None)
+        if batch_size != DEFAULT_BATCH_SIZE:
+            # An explicit batch size alone would bound every batch: J adapts as A does.
+            os.environ.update({BATCH_SIZE_VAR: str(batch_size), BATCH_SIZE_MAX_VAR: str(
+                max(batch_size, DEFAULT_BATCH_SIZE_MAX))})
         os.environ.update({
             DATABASE_URL_VAR: url.render_as_string(hide_password=False),
-            BATCH_SIZE_VAR: str(batch_size),
-            # An explicit batch size alone would bound every batch: J adapts as A does.
-            BATCH_SIZE_MAX_VAR: str(max(batch_size, DEFAULT_BATCH_SIZE_MAX)),
             RETENTION_DAYS_VAR: str(int(days)),
             PARTITIONS_START_VAR: PARTITION,
             MAX_RUN_DURATION_VAR: f"PT{max_run_s:g}S",

@@ -15,6 +15,7 @@ import sqlalchemy as sa
 from favorites_maintenance.bench.server import engine_on
 from favorites_maintenance.config.policy_settings import (
     DEFAULT_BATCH_SIZE_MAX,
+    DEFAULT_KEYSET_BATCH_SIZE_MAX,
     DEFAULT_TARGET_BATCH_DURATION,
 )
 from favorites_maintenance.local.guest_favorites import GUEST_FAVORITES
@@ -30,9 +31,11 @@ STRATEGIES = ("A", "A_paced", "B", "C", "D", "A2", "A4", "J")
 #: index whatever its estimates (after a backlog is cleared it still expects a year of guest
 #: rows, and B then reads the whole table for a day's worth). ``A_held``: A for a policy with
 #: a hold table holding :data:`HELD_KEYS` active holds on prunable rows (what the hold test
-#: costs; those rows stay).
+#: costs; those rows stay). ``A_capped``: A with ``batch_size_max`` set to the default max
+#: (mode ``capped``): no batch above 10,000 rows in either order, as keyset order's were
+#: before they could grow further.
 EXTRA_STRATEGIES = ("A_durable", "A_fixed", "A_lock_first", "A_archive", "A_keyset", "A_page",
-                    "B_index", "A_held")
+                    "B_index", "A_held", "A_capped")
 #: The hold table of ``A_held``, its policy name, and how many prunable rows it holds.
 HOLD_TABLE = "favorites.bench_holds"
 HOLD_POLICY = "bench"
@@ -44,7 +47,7 @@ DAILY_STRATEGIES = ("A", "B", "B_index", "C", "J")
 #: Workers of each strategy (A2 and A4 run A in that many processes at once).
 WORKERS = {"A": 1, "A_paced": 1, "B": 1, "C": 1, "D": 1, "A2": 2, "A4": 4, "A_durable": 1,
            "A_fixed": 1, "A_lock_first": 1, "A_archive": 1, "A_keyset": 1, "A_page": 1,
-           "B_index": 1, "J": 1, "A_held": 1}
+           "B_index": 1, "J": 1, "A_held": 1, "A_capped": 1}
 
 _GUARD = "user_id IS NULL AND updated_at < %(cutoff)s"
 C_DELETE = ("DELETE FROM favorites.favorites WHERE ctid IN (SELECT favorites.ctid FROM "
@@ -89,7 +92,9 @@ def _purge_a(strategy: str, engine: sa.Engine, url: str, cutoff: dt.datetime, ba
     # does with ..._BATCH_SIZE and ..._SLEEP_RATIO set.
     largest = batch_size if strategy in ("A_fixed", "A_paced") else DEFAULT_BATCH_SIZE_MAX
     adaptive = {"batch_size_max": largest, "target_batch_duration": DEFAULT_TARGET_BATCH_DURATION,
-                "health": HealthLimits()}
+                "health": HealthLimits(),
+                "keyset_batch_size_max": (None if strategy in ("A_fixed", "A_paced", "A_capped")
+                                          else DEFAULT_KEYSET_BATCH_SIZE_MAX)}
     rule = (GUEST_FAVORITES.with_hold(HoldTable.define(HOLD_TABLE, "id", HOLD_POLICY))
             if strategy == "A_held" else GUEST_FAVORITES)
     settings = PurgeOptions(
@@ -191,7 +196,7 @@ def _job_j(strategy, engine, url, cutoff, batch_size, max_run_s, batches,
 _WORKER: dict[str, Callable[..., _Outcome]] = {
     "A": _purge_a, "A_paced": _purge_a, "A_durable": _purge_a, "A_fixed": _purge_a,
     "A_lock_first": _purge_a, "A_archive": _purge_a, "A_keyset": _purge_a, "A_page": _purge_a,
-    "A_held": _purge_a,
+    "A_held": _purge_a, "A_capped": _purge_a,
     "B": _one_delete_b, "B_index": _one_delete_b, "C": _ctid_loop_c, "D": _skip_locked_d,
     "J": _job_j,
 }

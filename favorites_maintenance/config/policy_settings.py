@@ -69,8 +69,9 @@ DEFAULT_CRON = "0 3 * * *"
 DEFAULT_MAX_RUN_DURATION = dt.timedelta(minutes=10)
 DEFAULT_STALE_AFTER = dt.timedelta(hours=48)
 #: The largest batch the adaptive batch size may reach when neither batch_size nor
-#: batch_size_max is set (never below the first batch's size).
-DEFAULT_BATCH_SIZE_MAX = 10_000
+#: batch_size_max is set (never below the first batch's size), and the same in keyset order,
+#: whose 10,000-row batches take milliseconds: there the target bounds a batch.
+DEFAULT_BATCH_SIZE_MAX, DEFAULT_KEYSET_BATCH_SIZE_MAX = 10_000, MAX_BATCH_SIZE
 #: Wall time one batch transaction aims at; 0 turns adaptation off (every batch the first size).
 DEFAULT_TARGET_BATCH_DURATION = dt.timedelta(milliseconds=200)
 #: How long an archived row stays in a policy's archive (the undo window), days.
@@ -148,7 +149,7 @@ class BatchSizeMode(enum.StrEnum):
       (then every batch has ``batch_size`` rows).
     - ``capped``: ``batch_size_max`` set: the size adapts between ``batch_size`` and it.
     - ``adaptive``: neither set: the size adapts from the default first size toward the
-      default max (1,000 to 10,000 rows).
+      default max (1,000 to 10,000 rows; in keyset order to 100,000).
     """
 
     FIXED = "fixed"
@@ -199,8 +200,6 @@ def _hold_table(raw: str) -> str:
 
 def _hold_column(raw: str) -> str:
     """A lower-case SQL identifier."""
-    import re
-
     if not re.fullmatch(r"[a-z_][a-z0-9_$]{0,62}", raw.strip()) or raw.strip() == "ctid":
         raise ValueError(f"{raw!r} is not a lower-case SQL identifier (letters, digits, _; at "
                          "most 63 characters)")
@@ -357,7 +356,7 @@ class PolicySettings:
     batch_size_max: int = setting(
         None, int_between(1, MAX_BATCH_SIZE), int,
         "set, the batch size adapts between batch_size and it (unset: batch_size when that is "
-        "set, else 10,000)",
+        "set, else 10,000, in keyset order 100,000: there the target bounds a batch)",
         f"batch_size to {MAX_BATCH_SIZE:,}")
     target_batch_duration: dt.timedelta = setting(
         DEFAULT_TARGET_BATCH_DURATION, duration_up_to(MAX_TARGET_BATCH_DURATION), _DURATION_YAML,
@@ -476,9 +475,11 @@ class PolicySettings:
         PurgeOptions`, its health thresholds a :class:`~favorites_maintenance.retention.health.
         HealthLimits`): each field named like a setting takes the setting's value, the others
         keep their defaults. ``previous_row_s`` is the previous run's time per row, seconds
-        (``None``: not known)."""
+        (``None``: not known); mode ``adaptive`` lets keyset order's batches grow further."""
+        adaptive = self.batch_size_mode is BatchSizeMode.ADAPTIVE
         return PurgeOptions(**self._same_names(PurgeOptions), previous_row_s=previous_row_s,
-                            health=HealthLimits(**self._same_names(HealthLimits)))
+                            keyset_batch_size_max=DEFAULT_KEYSET_BATCH_SIZE_MAX if adaptive
+                            else None, health=HealthLimits(**self._same_names(HealthLimits)))
 
     def _same_names(self, options: type) -> dict[str, Any]:
         """Setting name -> value, for the settings ``options`` (a dataclass) has a field of."""

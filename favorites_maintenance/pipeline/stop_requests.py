@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import contextlib
 import logging
-import math
 import threading
 import time
 
@@ -39,8 +38,10 @@ class StopRequests:
       ``capture_interrupts``;
     - the run's ``RUN_CANCELING`` event, pushed by a SQLite event log storage's watch as its
       file changes (``dagster dev`` without this repository's ``dagster.yaml``, tests);
-    - the run's status, read at most every :data:`STATUS_EVERY_S` seconds, for a launcher that
-      marks a run CANCELING without interrupting it, or a watch that cannot start.
+    - the run's status, read every :data:`STATUS_EVERY_S` seconds from the step's start (so
+      a purge of a day's rows, done within that second, opens no connection to the storage
+      before it ends), for a launcher that marks a run CANCELING without interrupting it, or a
+      watch that cannot start.
 
     A status that cannot be read (Dagster's storage down) counts as "no stop requested" until
     the next read; the captured interrupt still stops the purge.
@@ -49,7 +50,9 @@ class StopRequests:
     def __init__(self, context: dg.OpExecutionContext):
         self._context = context
         self._canceling = threading.Event()
-        self._last_read = -math.inf
+        # The first read is one interval in, as every later one; a request before it is
+        # still seen by the interrupt, the pushed event, or the read after the last batch.
+        self._last_read = time.monotonic()
         self._read_failed = False
         self._watching = False
 

@@ -132,8 +132,7 @@ class BatchFailures:
             # The archive's statements carry the rule's hold test too.
             self.archive = dataclasses.replace(
                 self.archive, source_rule=self.archive.source_rule.with_hold(hold))
-        self.statements = BatchStatements.build(self.rule, self.cutoff, self.by_ctid,
-                                                self.archive)
+        self.statements = BatchStatements(self.rule, self.cutoff, self.by_ctid, self.archive)
         if isinstance(self.scan, PageScan):
             self.scan.statements = PageStatements.build(self.rule, self.cutoff, self.archive)
         elif self.scan is not None:

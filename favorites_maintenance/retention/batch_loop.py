@@ -151,6 +151,10 @@ class PurgeOptions:
             batch's rows before deleting them.
         batch_size_max: the largest size the adaptive batch size may reach, rows; ``None``:
             ``batch_size``.
+        keyset_batch_size_max: the largest size in keyset order, rows, when above
+            ``batch_size_max`` (which then bounds page order only); ``None``:
+            ``batch_size_max``. The first batch stays within ``batch_size_max`` and the size
+            grows from there.
         target_batch_duration: wall time each batch transaction aims at; after every full
             batch the next size moves toward it (:class:`~favorites_maintenance.retention.
             batch_size.BatchSizeController`). Zero: every batch has ``batch_size`` rows.
@@ -174,6 +178,7 @@ class PurgeOptions:
     max_skipped_rows: int = DEFAULT_MAX_SKIPPED_ROWS
     optimistic: bool = True
     batch_size_max: int | None = None
+    keyset_batch_size_max: int | None = None
     target_batch_duration: dt.timedelta = dt.timedelta(0)
     health: HealthLimits | None = None
     scan: ScanMode | None = None

@@ -167,6 +167,14 @@ class BatchSizeController:
             self.size = rows + 1
         return self.size
 
+    def widen(self, maximum: int) -> int:
+        """Let the size grow up to ``maximum`` rows from now on (never lowers the largest
+        size): a run in keyset order, whose batches stay far under the target at the page
+        order's largest size. The next batch's size does not change; growth takes it there.
+        Returns the largest size."""
+        self.maximum = max(self.maximum, maximum)
+        return self.maximum
+
     def lock_waiters(self, count: int) -> int:
         """Take the number of sessions found waiting on a lock the purge held during the last
         batch; any halves the next size. Returns the next batch's size."""

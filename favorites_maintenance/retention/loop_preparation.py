@@ -40,9 +40,8 @@ from favorites_maintenance.retention.scan import (
 from favorites_maintenance.retention.spans import BatchSpans
 from favorites_maintenance.retention.statements import (
     BatchStatements,
-    assert_primary,
-    assert_triggers_fire,
-    match_by_ctid,
+    check_session,
+    table_facts,
     table_shape,
 )
 from favorites_maintenance.retention.table_check import check_table
@@ -73,16 +72,17 @@ class LoopPreparation:
 
     def _prepare(self) -> None:
         """Refuse a standby and a session whose triggers do not fire, check the table's shape
-        (and the archive's, creating it when missing), and build the run's statements."""
+        (and the archive's, creating it when missing), and build the run's statements: one
+        transaction, each catalog read a statement of its own only where it could not share
+        one (a run of a day's rows spends more here than in its batch)."""
         conn, rule, options = self.conn, self.rule, self.options
+        tx = conn.begin()
         try:
-            assert_primary(conn)
-            assert_triggers_fire(conn)
-            conn.rollback()  # end the autobegun transaction of the checks
+            check_session(conn)
         except sa.exc.DBAPIError as exc:
-            raise connect_error(exc) from None
+            raise connect_error(exc) from None  # closing the connection ends the transaction
         try:
-            with conn.begin():
+            with tx:
                 # Reading the catalogs locks the table like a batch does: bounded the same way.
                 limit_transaction(conn, lock_timeout=options.lock_timeout,
                                   statement_timeout=options.statement_timeout)
@@ -94,11 +94,12 @@ class LoopPreparation:
                     # With the hold table's change counter: one copy of the holds for the
                     # batches, read again only when a hold was written.
                     rule = self.rule = rule.with_hold(copy_holds(conn, hold))
-                self.shape = table_shape(conn, rule)
-                by_ctid = self.by_ctid = match_by_ctid(conn, rule)
+                facts = table_facts(conn, rule)
+                self.shape, self.by_ctid = facts.shape, facts.by_ctid
                 if self.archive_target is not None:
                     self.archive = prepare_archive(conn, rule, self.archive_target)
-                estimate = (read_scan_estimate(conn, rule, self.cutoff, self.sizes.maximum)
+                estimate = (read_scan_estimate(conn, rule, self.cutoff, self.sizes.maximum,
+                                               facts)
                             if options.scan is not ScanMode.KEYSET else None)
         except sa.exc.DBAPIError as exc:
             error = describe(exc)
@@ -109,7 +110,7 @@ class LoopPreparation:
         for warning in findings.warnings + ((hold_warning,) if hold_warning else ()):
             log.warning("%s", warning)
         self.keyset_index = findings.keyset_index
-        self.statements = BatchStatements.build(rule, self.cutoff, by_ctid, self.archive)
+        self.statements = BatchStatements(rule, self.cutoff, self.by_ctid, self.archive)
         self.spans = BatchSpans(self.engine, rule)
         self._choose_scan(estimate)
 
@@ -133,7 +134,8 @@ class LoopPreparation:
             # The whole backlog is counted (a day's rows): once a batch's rate says the rest
             # fits, one batch takes it (at a known time per row it is within the first size).
             self.counted = estimate.backlog
-        self._log_first_size()
+        if mode is ScanMode.KEYSET:
+            self._widen()
         if mode is ScanMode.PAGE_ORDER:
             density = (estimate.density if estimate.density is not None
                        else estimate.backlog / max(estimate.blocks, 1))
@@ -143,19 +145,27 @@ class LoopPreparation:
         else:
             self.scan = KeysetScan(self.statements)
         self.counts.scan_modes.append(mode)
-        log.info("%s: %s", self.rule.qualified_name, self.counts.scan_reason)
+        # One line: in a run of Dagster each line is a write to its storage.
+        log.info("%s: %s%s", self.rule.qualified_name, self.counts.scan_reason,
+                 self._first_size_text())
 
-    def _log_first_size(self) -> None:
-        """Say where the first batch's size comes from, when the size adapts."""
+    def _widen(self) -> None:
+        """In keyset order, let the batches grow to the keyset order's largest size."""
+        if self.options.keyset_batch_size_max is not None:
+            self.sizes.widen(self.options.keyset_batch_size_max)
+
+    def _first_size_text(self) -> str:
+        """Where the first batch's size comes from, when the size adapts (else empty), to
+        follow the order in the run's log line."""
         if not self.sizes.adaptive:
-            return
+            return ""
         known = self.options.previous_row_s
         if known is None:
-            log.info("first batch at most %d rows: no earlier run's time per row is known",
-                     self.size)
-        else:
-            log.info("first batch at most %d rows: the previous run took %.4g ms a row, and a "
-                     "batch aims at %g ms", self.size, known * 1000, self.sizes.target_s * 1000)
+            return (f"; first batch at most {self.size} rows: no earlier run's time per row is "
+                    f"known")
+        return (f"; first batch at most {self.size} rows: the previous run took "
+                f"{known * 1000:.4g} ms a row, and a batch aims at "
+                f"{self.sizes.target_s * 1000:g} ms")
 
     def _project(self) -> None:
         """In page order, from :data:`~favorites_maintenance.retention.scan.PROJECT_AFTER_S`
@@ -172,6 +182,7 @@ class LoopPreparation:
                   f"would outlast the time budget")
         log.info("%s: %s", self.rule.qualified_name, reason)
         self.counts.scan_reason += "; " + reason
+        self._widen()
         self.scan = KeysetScan(self.statements)
         self.counts.scan_modes.append(ScanMode.KEYSET)
 

@@ -50,7 +50,7 @@ from sqlalchemy.sql.util import ClauseAdapter
 
 from favorites_maintenance.retention.page_statements import PageStatements
 from favorites_maintenance.retention.rule import RetentionRule
-from favorites_maintenance.retention.statements import BatchStatements, count_of
+from favorites_maintenance.retention.statements import BatchStatements, TableFacts, count_of
 
 
 class ScanMode(enum.StrEnum):
@@ -176,37 +176,28 @@ def choose_scan(estimate: ScanEstimate, budget_s: float) -> tuple[ScanMode, str]
         f"{needed:,.1f} s of the run's {budget_s:g} s")
 
 
-#: One row for the table of ``:t``: pages, what rules page order out, and whether the role may
-#: lock rows of it (``FOR UPDATE`` needs UPDATE on at least one column).
-_TABLE_FACTS = sa.text(
-    "SELECT pg_relation_size(c.oid) / current_setting('block_size')::int, "
-    "       c.relkind = 'p', has_column_privilege(c.oid, 'ctid', 'SELECT'), "
-    "       c.relrowsecurity, current_setting('server_version_num')::int, "
-    "       has_any_column_privilege(c.oid, 'UPDATE') "
-    "  FROM pg_class c WHERE c.oid = to_regclass(:t)")
-
-
 def read_scan_estimate(conn: sa.Connection, rule: RetentionRule, cutoff: dt.datetime,
-                       count_up_to: int) -> ScanEstimate:
-    """Read :class:`ScanEstimate` in the open transaction of ``conn``: the table's facts from
-    the catalogs; the backlog counted through the rule's index up to ``count_up_to`` rows (the
-    run's largest batch: a millisecond or so); and, when page order is allowed and the backlog
-    is larger, the density of prunable rows in :data:`SAMPLE_PAGES` of the table's pages
+                       count_up_to: int, facts: TableFacts) -> ScanEstimate:
+    """Read :class:`ScanEstimate` in the open transaction of ``conn``, from the table's
+    ``facts`` (:func:`~favorites_maintenance.retention.statements.table_facts`): the backlog
+    counted through the rule's index up to ``count_up_to`` rows (the run's largest batch in
+    page order: a millisecond or so); and, when page order is allowed and the backlog is
+    larger, the density of prunable rows in :data:`SAMPLE_PAGES` of the table's pages
     (``TABLESAMPLE SYSTEM``: a few milliseconds). The planner's estimate is not used: after a
     backlog is cleared the table's statistics still expect a year's backlog.
 
     Raises:
         sqlalchemy.exc.DBAPIError: as the statements do (the caller describes it).
     """
-    facts = conn.execute(_TABLE_FACTS, {"t": rule.qualified_name}).first()
-    if facts is None:
+    if facts.shape is None:
         return ScanEstimate(blocks=0, backlog=0, cap=0, refused="no such table")
-    blocks, partitioned, ctid_readable, row_security, version, may_lock = facts
-    lock_first = bool(row_security) or not may_lock
-    refused = ("the table is partitioned (row addresses repeat across partitions)" if partitioned
-               else "the role may not read ctid" if not ctid_readable
+    blocks, row_security = facts.blocks, facts.row_security
+    lock_first = row_security or not facts.may_lock
+    refused = ("the table is partitioned (row addresses repeat across partitions)"
+               if facts.partitioned
+               else "the role may not read ctid" if not facts.ctid_readable
                else "the table has row-level security" if row_security
-               else "PostgreSQL before 14 has no TID range scan" if version < 140000
+               else "PostgreSQL before 14 has no TID range scan" if facts.version < 140000
                else None)
     if row_security:
         # Rows this role may not read can make a read of them raise: the batches meet them
@@ -256,7 +247,7 @@ class KeysetScan:
         """Run the batch in the open transaction: the locking statement, or the optimistic
         pair (the bound, then the DELETE when there is a candidate). Returns ``selected``,
         ``deleted``, ``last_age``, ``last_key``."""
-        if statement is self.statements.first or statement is self.statements.following:
+        if self.statements.locks(statement):
             return conn.execute(statement, params).one()
         keyset = self.after is not None
         bound = conn.execute(self.statements.bound(keyset=keyset), params).one()

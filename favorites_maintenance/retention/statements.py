@@ -1,7 +1,7 @@
 """Every SQL statement the purge runs, built from the :class:`~favorites_maintenance.retention.
 rule.RetentionRule` with SQLAlchemy Core. Nothing here executes a statement except the
 one-row reads of the session and the catalogs (:func:`assert_primary`,
-:func:`assert_triggers_fire`, :func:`match_by_ctid`, :func:`table_shape`).
+:func:`assert_triggers_fire`, :func:`check_session`, :func:`table_shape`, :func:`table_facts`).
 
 A batch that *locks first* is one statement, shown here for the guest-favorites rule (another
 rule names its own table, key, age and guard columns)::
@@ -250,63 +250,63 @@ def counted(delete: sa.Delete, archive: Archive | None) -> sa.Delete | sa.Insert
     return archive.insert_moved(delete)
 
 
-@dataclass(frozen=True)
 class BatchStatements:
-    """The batch and next-key statements of one run, built once before its first batch.
+    """The batch and next-key statements of one run, each built the first time the run asks
+    for it: a run of one optimistic batch (a day's rows) builds two of the eight, and building
+    a statement costs more than running it on a small backlog.
 
-    Attributes:
-        first, following: the locking batch statement before and after the first keyset
-            position.
-        bound_first, bound_following, delete_first, delete_following: the two statements of
-            an optimistic batch (:func:`keyset_bound_statement`, then
-            :func:`keyset_delete_statement`), before and after a position.
-        next_first, next_following: the next-key statement, before and after a position.
+    The variants, each before and after the first keyset position: the locking batch
+    statement (:func:`batch_statement`), the two statements of an optimistic batch
+    (:func:`keyset_bound_statement`, then :func:`keyset_delete_statement`), and the next-key
+    statement (:func:`next_key_statement`).
+
+    Args:
+        rule, cutoff: the rule and the cutoff (a timezone-aware UTC instant) of the run.
+        by_ctid: see :attr:`TableFacts.by_ctid`.
+        archive: where the batches move their rows (``None``: they are deleted); the
+            statements then read the archive's ``source_rule``.
     """
 
-    first: sa.Select
-    following: sa.Select
-    bound_first: sa.Select
-    bound_following: sa.Select
-    delete_first: sa.Delete | sa.Insert
-    delete_following: sa.Delete | sa.Insert
-    next_first: sa.Select
-    next_following: sa.Select
+    def __init__(self, rule: RetentionRule, cutoff: dt.datetime, by_ctid: bool,
+                 archive: Archive | None = None):
+        self.rule = archive.source_rule if archive is not None else rule
+        self.cutoff, self.by_ctid, self.archive = cutoff, by_ctid, archive
+        self._built: dict[tuple[str, bool], sa.Executable] = {}
 
-    @classmethod
-    def build(cls, rule: RetentionRule, cutoff: dt.datetime, by_ctid: bool,
-              archive: Archive | None = None) -> BatchStatements:
-        """Build every variant for ``rule`` and ``cutoff`` (a timezone-aware UTC instant);
-        ``by_ctid``: see :func:`match_by_ctid`; ``archive``: where the batches move their rows
-        (``None``: they are deleted)."""
-        if archive is not None:
-            rule = archive.source_rule
-        moved = {"by_ctid": by_ctid, "archive": archive}
-        return cls(
-            first=batch_statement(rule, cutoff, keyset=False, **moved),
-            following=batch_statement(rule, cutoff, keyset=True, **moved),
-            bound_first=keyset_bound_statement(rule, cutoff, keyset=False),
-            bound_following=keyset_bound_statement(rule, cutoff, keyset=True),
-            delete_first=keyset_delete_statement(rule, cutoff, keyset=False, archive=archive),
-            delete_following=keyset_delete_statement(rule, cutoff, keyset=True,
-                                                     archive=archive),
-            next_first=next_key_statement(rule, cutoff, keyset=False),
-            next_following=next_key_statement(rule, cutoff, keyset=True),
-        )
+    def _get(self, kind: str, keyset: bool) -> sa.Executable:
+        key = (kind, keyset)
+        if key not in self._built:
+            rule, cutoff, archive = self.rule, self.cutoff, self.archive
+            if kind == "locking":
+                built = batch_statement(rule, cutoff, keyset=keyset, by_ctid=self.by_ctid,
+                                        archive=archive)
+            elif kind == "bound":
+                built = keyset_bound_statement(rule, cutoff, keyset=keyset)
+            elif kind == "delete":
+                built = keyset_delete_statement(rule, cutoff, keyset=keyset, archive=archive)
+            else:
+                built = next_key_statement(rule, cutoff, keyset=keyset)
+            self._built[key] = built
+        return self._built[key]
 
-    def batch(self, *, keyset: bool, fast: bool) -> sa.Select | sa.Delete:
+    def batch(self, *, keyset: bool, fast: bool) -> sa.Select | sa.Delete | sa.Insert:
         """The batch statement after a keyset position or not: the locking one, or (``fast``)
         the DELETE of the optimistic pair, which runs after :meth:`bound`."""
-        if fast:
-            return self.delete_following if keyset else self.delete_first
-        return self.following if keyset else self.first
+        return self._get("delete" if fast else "locking", keyset)
+
+    def locks(self, statement: sa.Executable) -> bool:
+        """Whether ``statement`` is one of the locking batch statements (one statement a
+        batch), not the DELETE of an optimistic pair."""
+        return any(statement is built for (kind, _), built in self._built.items()
+                   if kind == "locking")
 
     def bound(self, *, keyset: bool) -> sa.Select:
         """The first statement of an optimistic batch after a keyset position or not."""
-        return self.bound_following if keyset else self.bound_first
+        return self._get("bound", keyset)
 
     def next_key(self, *, keyset: bool) -> sa.Select:
         """The next-key statement after a keyset position or not."""
-        return self.next_following if keyset else self.next_first
+        return self._get("next_key", keyset)
 
 
 def candidate_keys(rule: RetentionRule, cutoff: dt.datetime, sample: int) -> sa.Select:
@@ -326,11 +326,6 @@ REPEATABLE_READ = "SET TRANSACTION ISOLATION LEVEL REPEATABLE READ"
 
 #: One row, one column: whether the session is on a hot standby.
 IS_IN_RECOVERY = sa.text("SELECT pg_is_in_recovery()")
-
-#: One row, one column (``:table`` is ``schema.table``), or no row for a missing table.
-_MATCH_BY_CTID = sa.text(
-    "SELECT relkind <> 'p' AND has_column_privilege(oid, 'ctid', 'SELECT') "
-    "FROM pg_class WHERE oid = to_regclass(:table)")
 
 #: Row-level security of ``:t`` (``schema.table``): enabled, forced, number of policies.
 ROW_SECURITY = sa.text(
@@ -370,9 +365,12 @@ DELETE_RULES = sa.text(
 def assert_primary(conn: sa.Connection) -> None:
     """Raise :class:`StandbyError` if ``conn`` is on a hot standby (``pg_is_in_recovery()``)."""
     if conn.execute(IS_IN_RECOVERY).scalar_one():
-        raise StandbyError("the database connection reached a hot standby "
-                           "(pg_is_in_recovery() is true); point the database's URL at the "
-                           "primary")
+        raise _standby_error()
+
+
+def _standby_error() -> StandbyError:
+    return StandbyError("the database connection reached a hot standby "
+                        "(pg_is_in_recovery() is true); point the database's URL at the primary")
 
 
 #: One row: the session's ``session_replication_role``, where it comes from, the database and
@@ -398,7 +396,26 @@ def assert_triggers_fire(conn: sa.Connection) -> None:
     ``replica`` (set on the database, the role or the URL): triggers and foreign keys would not
     fire, so the purge would delete rows that others still reference and skip their cascades.
     """
-    setting, source, database, role = conn.execute(_REPLICATION_ROLE).one()
+    _refuse_replica_role(*conn.execute(_REPLICATION_ROLE).one())
+
+
+#: One row: :data:`IS_IN_RECOVERY` and :data:`_REPLICATION_ROLE` together.
+_SESSION = sa.text(
+    "SELECT pg_is_in_recovery(), setting, source, current_database(), current_user "
+    "FROM pg_settings WHERE name = 'session_replication_role'")
+
+
+def check_session(conn: sa.Connection) -> None:
+    """:func:`assert_primary` and :func:`assert_triggers_fire` in one statement: raise
+    :class:`StandbyError` on a hot standby, else :class:`ReplicationRoleError` when triggers
+    would not fire."""
+    in_recovery, *role = conn.execute(_SESSION).one()
+    if in_recovery:
+        raise _standby_error()
+    _refuse_replica_role(*role)
+
+
+def _refuse_replica_role(setting: str, source: str, database: str, role: str) -> None:
     if setting != "replica":
         return
     fix = _REPLICATION_ROLE_FIX.get(source, "reset it where it is set").format(db=database,
@@ -410,29 +427,85 @@ def assert_triggers_fire(conn: sa.Connection) -> None:
         f"deleted. Fix, as a superuser: {fix}", source)
 
 
-#: The catalog entries a table check reads, in one row (none for a missing table): the
+#: The catalog entries a table check reads, as the select list of a row of ``pg_class c``: the
 #: relation's kind, each rule column's name, type, modifier and NOT NULL, the validated CHECK
 #: constraints. A migration that changes any of them changes the row.
+_SHAPE_COLUMNS = (
+    "c.relkind, "
+    "ARRAY(SELECT format('%s %s %s %s', a.attname, a.atttypid, a.atttypmod, a.attnotnull) "
+    "        FROM pg_attribute a WHERE a.attrelid = c.oid AND a.attnum > 0 "
+    "         AND NOT a.attisdropped AND a.attname = ANY(CAST(:columns AS text[])) "
+    "       ORDER BY a.attname), "
+    "ARRAY(SELECT oid FROM pg_constraint WHERE conrelid = c.oid AND contype = 'c' "
+    "         AND convalidated ORDER BY oid)")
+
+#: The shape of ``:t`` (``schema.table``) in one row, none for a missing table.
 _TABLE_SHAPE = sa.text(
-    "SELECT c.relkind, "
-    "       ARRAY(SELECT format('%s %s %s %s', a.attname, a.atttypid, a.atttypmod, a.attnotnull) "
-    "               FROM pg_attribute a WHERE a.attrelid = c.oid AND a.attnum > 0 "
-    "                AND NOT a.attisdropped AND a.attname = ANY(CAST(:columns AS text[])) "
-    "              ORDER BY a.attname), "
-    "       ARRAY(SELECT oid FROM pg_constraint WHERE conrelid = c.oid AND contype = 'c' "
-    "                AND convalidated ORDER BY oid) "
+    f"SELECT {_SHAPE_COLUMNS} FROM pg_class c WHERE c.oid = to_regclass(:t)")
+
+#: The shape and the facts of ``:t`` in one row (none for a missing table): its heap pages,
+#: whether it is partitioned, whether the role may read ``ctid``, row-level security, the
+#: server's version, and whether the role may lock rows of it (``FOR UPDATE`` needs UPDATE on
+#: at least one column).
+_TABLE_FACTS = sa.text(
+    f"SELECT {_SHAPE_COLUMNS}, "
+    "       pg_relation_size(c.oid) / current_setting('block_size')::int, "
+    "       c.relkind = 'p', has_column_privilege(c.oid, 'ctid', 'SELECT'), "
+    "       c.relrowsecurity, current_setting('server_version_num')::int, "
+    "       has_any_column_privilege(c.oid, 'UPDATE') "
     "  FROM pg_class c WHERE c.oid = to_regclass(:t)")
+
+
+def _shape_params(rule: RetentionRule) -> dict:
+    return {"t": rule.qualified_name,
+            "columns": [rule.key.name, rule.age.name, *(c.name for c in rule.guards)]}
 
 
 def table_shape(conn: sa.Connection, rule: RetentionRule) -> tuple | None:
     """What the table check of ``rule`` depends on, as comparable values (``None`` for a
     missing table): one catalog read, cheap enough for every batch."""
-    columns = [rule.key.name, rule.age.name, *(c.name for c in rule.guards)]
-    row = conn.execute(_TABLE_SHAPE, {"t": rule.qualified_name, "columns": columns}).first()
+    row = conn.execute(_TABLE_SHAPE, _shape_params(rule)).first()
     return None if row is None else (row[0], tuple(row[1]), tuple(row[2]))
 
 
-def match_by_ctid(conn: sa.Connection, rule: RetentionRule) -> bool:
-    """Whether the DELETE may reach the batch's rows by ``ctid``: not on a partitioned table
-    (addresses repeat across partitions), nor for a role that may not read the column."""
-    return conn.execute(_MATCH_BY_CTID, {"table": rule.qualified_name}).scalar() or False
+@dataclass(frozen=True)
+class TableFacts:
+    """What a run reads of its table before the first batch, in one catalog statement
+    (:func:`table_facts`).
+
+    Attributes:
+        shape: :func:`table_shape`'s value (``None``: no such table).
+        blocks: heap pages (0 for a partitioned table, whose rows are in its partitions).
+        partitioned: a partitioned table (row addresses repeat across its partitions).
+        ctid_readable: the role may read the ``ctid`` column.
+        row_security: the table has row-level security enabled.
+        version: the server's ``server_version_num`` (140000 for 14.0).
+        may_lock: the role holds UPDATE on at least one column (``FOR UPDATE`` needs it).
+    """
+
+    shape: tuple | None
+    blocks: int = 0
+    partitioned: bool = False
+    ctid_readable: bool = False
+    row_security: bool = False
+    version: int = 0
+    may_lock: bool = False
+
+    @property
+    def by_ctid(self) -> bool:
+        """Whether the DELETE may reach the batch's rows by ``ctid``: not on a partitioned
+        table (addresses repeat across partitions), nor for a role that may not read the
+        column."""
+        return self.shape is not None and not self.partitioned and self.ctid_readable
+
+
+def table_facts(conn: sa.Connection, rule: RetentionRule) -> TableFacts:
+    """Read :class:`TableFacts` of ``rule``'s table in the open transaction of ``conn`` (its
+    page count takes the table's ACCESS SHARE lock, as a batch does)."""
+    row = conn.execute(_TABLE_FACTS, _shape_params(rule)).first()
+    if row is None:
+        return TableFacts(shape=None)
+    kind, columns, checks, blocks, partitioned, ctid, row_security, version, may_lock = row
+    return TableFacts(shape=(kind, tuple(columns), tuple(checks)), blocks=blocks,
+                      partitioned=partitioned, ctid_readable=ctid, row_security=row_security,
+                      version=version, may_lock=may_lock)

@@ -31,8 +31,9 @@ guest-favorites rule's columns name the roles (another rule names its own):
   warning to drop it and create it again.
 
 The catalogs are readable by every role, so the check needs no privilege the job lacks. It is
-one catalog statement (:data:`_TABLE`) and, for the publications, two more: a few milliseconds
-of the daily run, which a reflection of the table through SQLAlchemy's inspector took tens of.
+one catalog statement (:data:`_TABLE`) and, when the database has a publication that publishes
+deletes, two more: a few milliseconds of the daily run, which a reflection of the table through
+SQLAlchemy's inspector took tens of.
 """
 
 from __future__ import annotations
@@ -109,7 +110,7 @@ def check_table(conn: sa.Connection, rule: RetentionRule) -> TableFindings:
     if found is None:
         raise TableShapeError(f"table {table} does not exist (or this role cannot see it): "
                               f"point the job at the database holding {table}")
-    kind, columns, indexes, keys, check_definitions = found
+    kind, columns, indexes, keys, check_definitions, publishes_deletes = found
     if kind in ("v", "m"):
         raise TableShapeError(f"{table} is a view: the job deletes from the table itself; "
                               f"point it at the database whose {table} is a table")
@@ -156,8 +157,9 @@ def check_table(conn: sa.Connection, rule: RetentionRule) -> TableFindings:
                if broken else "Fix: make it the primary key, or ")
             + f"CREATE UNIQUE INDEX CONCURRENTLY ON {table} ({key_column})",
             column=key_column)
-    _refuse_filtered_publication(conn, rule)
-    _refuse_unpublishable(conn, rule, indexes)
+    if publishes_deletes:
+        _refuse_filtered_publication(conn, rule)
+        _refuse_unpublishable(conn, rule, indexes)
 
     guard = sorted(_normalised(f"{c.name} IS NULL") for c in rule.guards)
 
@@ -229,7 +231,8 @@ def _is_unique(constraint_keys, rule: RetentionRule, valid_indexes: list[dict]) 
 #: under a domain without its modifier, the domain's name and whether the domain is NOT
 #: NULL); its indexes but the primary key's (name, key columns, NULL for an expression,
 #: unique, valid, the predicate); the columns of its primary key and unique constraints; its
-#: validated CHECK constraints (name, definition as PostgreSQL prints it).
+#: validated CHECK constraints (name, definition as PostgreSQL prints it); whether the database
+#: has a publication that publishes deletes (without one, no publication can refuse them).
 _TABLE = sa.text("""
     SELECT c.relkind,
            (SELECT json_agg(json_build_object(
@@ -259,7 +262,8 @@ _TABLE = sa.text("""
            (SELECT json_agg(json_build_array(con.conname, pg_get_constraintdef(con.oid))
                             ORDER BY con.conname)
               FROM pg_constraint con
-             WHERE con.conrelid = c.oid AND con.contype = 'c' AND con.convalidated)
+             WHERE con.conrelid = c.oid AND con.contype = 'c' AND con.convalidated),
+           EXISTS (SELECT 1 FROM pg_publication WHERE pubdelete)
       FROM pg_class c WHERE c.oid = to_regclass(:t)""")
 
 

@@ -7,6 +7,7 @@ import datetime as dt
 import pytest
 
 from favorites_maintenance.retention.batch_size import FLOOR, BatchSizeController
+from favorites_maintenance.retention.scan import ScanMode
 from favorites_maintenance_tests.helpers.purging import purge_rows
 
 UTC = dt.timezone.utc
@@ -140,6 +141,38 @@ def test_a_purge_grows_its_batches_and_reports_the_largest(engine, rows):
     # 100 + 200 + 400 + 400 + 400 = 1500: the last batch is full, one more finds nothing.
     assert sizes == [100, 200, 400, 400, 400, 400]
     assert (report.batch_size_first, report.batch_size_max) == (100, 400)
+
+
+def test_in_keyset_order_batches_grow_past_the_max_up_to_the_keyset_max(engine, rows):
+    old = dt.datetime(2020, 1, 1, tzinfo=UTC)
+    rows.add_many(3100, updated_at=old)
+    keep = set(rows.add_many(20, updated_at=old, user_id=3))
+    sizes = []
+    report = purge_rows(engine, dt.datetime(2024, 1, 1, tzinfo=UTC), batch_size=100,
+                        batch_size_max=400, keyset_batch_size_max=1600,
+                        target_batch_duration=dt.timedelta(seconds=5),
+                        max_run_duration=dt.timedelta(minutes=1),
+                        on_batch=lambda b: sizes.append(b.batch_size))
+    assert report.scan_mode == "keyset"
+    assert report.deleted_total == 3100 and rows.ids() == keep
+    # 100 + 200 + 400 + 800 + 1600 = 3100: past batch_size_max, the first batch within it.
+    assert sizes == [100, 200, 400, 800, 1600, 1600]
+    assert (report.batch_size_first, report.batch_size_max) == (100, 1600)
+
+
+def test_in_page_order_the_keyset_max_does_not_apply(engine, rows):
+    old = dt.datetime(2020, 1, 1, tzinfo=UTC)
+    rows.add_many(3100, updated_at=old)
+    keep = set(rows.add_many(20, updated_at=old, user_id=3))
+    sizes = []
+    report = purge_rows(engine, dt.datetime(2024, 1, 1, tzinfo=UTC), batch_size=100,
+                        batch_size_max=400, keyset_batch_size_max=1600,
+                        target_batch_duration=dt.timedelta(seconds=5),
+                        max_run_duration=dt.timedelta(minutes=1), scan=ScanMode.PAGE_ORDER,
+                        on_batch=lambda b: sizes.append(b.batch_size))
+    assert report.scan_mode == "page_order"
+    assert report.deleted_total == 3100 and rows.ids() == keep
+    assert max(sizes) == report.batch_size_max == 400
 
 
 def test_a_purge_without_a_target_keeps_the_first_size(engine, rows):

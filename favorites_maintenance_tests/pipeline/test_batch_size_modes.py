@@ -110,16 +110,19 @@ def test_batch_size_max_set_adapts_between_the_two(db_url, monkeypatch, rows, tr
 
 def test_neither_set_adapts_from_the_default_first_size(db_url, monkeypatch, rows, transactions):
     # More rows than the largest batch: a smaller backlog, counted first, goes in one batch.
-    rows.add_many(20_000, updated_at=OLD)
+    rows.add_many(40_000, updated_at=OLD)
+    accounts = set(rows.add_many(20, updated_at=OLD, user_id=7))
     with dg.instance_for_test() as instance:
         result = run(db_url, monkeypatch, instance, target_batch_duration=TARGET)
         assert result.success
         report = run_report(result)
-    # Fast batches double from 1,000 rows; the last one takes what is left under the max.
-    assert transactions() == [1000, 2000, 4000, 8000, 5000]
+    # Fast batches double from 1,000 rows; in keyset order past 10,000 (page order's max),
+    # the target bounding them; the last one, of at most 32,000, takes what is left.
+    assert transactions() == [1000, 2000, 4000, 8000, 16_000, 9000]
     assert (report.batch_size_mode, report.batch_size, report.batch_size_max) == (
-        "adaptive", 1000, 10_000)
-    assert rows.count() == 0
+        "adaptive", 1000, 32_000)
+    assert report.scan_mode == "keyset"
+    assert rows.ids() == accounts
 
 
 def test_a_backlog_within_the_largest_batch_goes_in_one_batch_once_rows_are_known_cheap(
