@@ -61,6 +61,7 @@ from favorites_maintenance.pipeline.resources import (
     MetricsPush,
     PolicyDatabase,
     RunLimits,
+    deployed_retention,
     name_database,
 )
 from favorites_maintenance.pipeline.run_log import core_logs_in_run_log
@@ -104,9 +105,13 @@ def build_cleanup_asset(policy: Policy) -> dg.AssetsDefinition:
     ``stale_after`` without a materialization, see :func:`freshness_policy`).
 
     The ops read the policy's database resource (:class:`~favorites_maintenance.pipeline.
-    resources.PolicyDatabase`, key ``policy.database_key``: one per database variable) and
-    its run limits (:class:`~favorites_maintenance.pipeline.resources.RunLimits`, key
-    ``policy.run_limits_key``: what a launch changed of the policy's batch size and time budget). The purge holds the
+    resources.PolicyDatabase`, key ``policy.database_key``: one per database variable, a
+    resource of the code location) and its run limits
+    (:class:`~favorites_maintenance.pipeline.resources.RunLimits`, key ``policy.run_limits_key``:
+    what a launch changed of the policy's batch size and time budget), a resource the asset
+    carries itself (see :func:`~favorites_maintenance.pipeline.resources.policy_resources`):
+    its run config is ``resources.<policy.run_limits_key>.config`` of any run of the asset. The
+    purge holds the
     policy's pool and ``measure_backlog`` its database's: with the pools' run granularity, a
     run holds both from start to end, whatever launched it (the schedule, the asset page, a
     backfill).
@@ -156,6 +161,8 @@ def build_cleanup_asset(policy: Policy) -> dg.AssetsDefinition:
         key=asset_key,
         partitions_def=policy_partitions(policy),
         backfill_policy=dg.BackfillPolicy.single_run(),
+        # Bound here, not at the location: Dagster binds each location resource to each asset.
+        resource_defs={policy.run_limits_key: deployed_retention([policy])},
         # The catalog's filters: the policy's own, or the defaults (its database's group).
         group_name=policy.group,
         kinds=set(policy.settings.kinds),
