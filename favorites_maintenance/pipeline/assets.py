@@ -32,6 +32,7 @@ import dagster as dg
 
 from favorites_maintenance.config.policy import ALERTS_KEY, METRICS_KEY, Policy
 from favorites_maintenance.config.policy_settings import BatchSizeMode, PolicySettings
+from favorites_maintenance.pipeline.op_docs import for_readers
 from favorites_maintenance.pipeline.partition_steps import (
     PartitionPlan,
     PartitionWork,
@@ -61,6 +62,7 @@ from favorites_maintenance.pipeline.resources import (
     MetricsPush,
     PolicyDatabase,
     RunLimits,
+    deployed_retention,
     name_database,
 )
 from favorites_maintenance.pipeline.run_log import core_logs_in_run_log
@@ -104,9 +106,13 @@ def build_cleanup_asset(policy: Policy) -> dg.AssetsDefinition:
     ``stale_after`` without a materialization, see :func:`freshness_policy`).
 
     The ops read the policy's database resource (:class:`~favorites_maintenance.pipeline.
-    resources.PolicyDatabase`, key ``policy.database_key``: one per database variable) and
-    its run limits (:class:`~favorites_maintenance.pipeline.resources.RunLimits`, key
-    ``policy.run_limits_key``: what a launch changed of the policy's batch size and time budget). The purge holds the
+    resources.PolicyDatabase`, key ``policy.database_key``: one per database variable, a
+    resource of the code location) and its run limits
+    (:class:`~favorites_maintenance.pipeline.resources.RunLimits`, key ``policy.run_limits_key``:
+    what a launch changed of the policy's batch size and time budget), a resource the asset
+    carries itself (see :func:`~favorites_maintenance.pipeline.resources.policy_resources`):
+    its run config is ``resources.<policy.run_limits_key>.config`` of any run of the asset. The
+    purge holds the
     policy's pool and ``measure_backlog`` its database's: with the pools' run granularity, a
     run holds both from start to end, whatever launched it (the schedule, the asset page, a
     backfill).
@@ -156,6 +162,8 @@ def build_cleanup_asset(policy: Policy) -> dg.AssetsDefinition:
         key=asset_key,
         partitions_def=policy_partitions(policy),
         backfill_policy=dg.BackfillPolicy.single_run(),
+        # Bound here, not at the location: Dagster binds each location resource to each asset.
+        resource_defs={policy.run_limits_key: deployed_retention([policy])},
         # The catalog's filters: the policy's own, or the defaults (its database's group).
         group_name=policy.group,
         kinds=set(policy.settings.kinds),
@@ -193,6 +201,7 @@ def _cleanup_ops(policy: Policy, asset_key: dg.AssetKey, settings_of, database_o
            required_resource_keys={database_key, policy.run_limits_key, ALERTS_KEY},
            description="The cutoff instant: min(now, end of the partition window) - retention "
                        "days, now by the database server's clock.")
+    @for_readers
     def compute_cutoff(context: dg.OpExecutionContext, config: PurgeConfig) -> dt.datetime:
         """Return the run's cutoff, a timezone-aware UTC datetime (see :func:`run_cutoff`).
         A run that is not of the policy's days fails here, before any read
@@ -221,6 +230,7 @@ def _cleanup_ops(policy: Policy, asset_key: dg.AssetKey, settings_of, database_o
            description=f"Delete prunable rows of {rule.qualified_name} ({rule.predicate_sql}) in "
                        f"SKIP LOCKED batch transactions, on the database of "
                        f"{policy.database_url_env}.")
+    @for_readers
     def purge(context: dg.OpExecutionContext, config: PurgeConfig,
               cutoff: dt.datetime) -> RunReport:
         """Run the batched purge and return its record for ``measure_backlog`` (see
@@ -232,6 +242,7 @@ def _cleanup_ops(policy: Policy, asset_key: dg.AssetKey, settings_of, database_o
     @dg.op(name=f"{policy.name}_measure_backlog", out=dg.Out(dg.Nothing),
            pool=policy.database_pool, required_resource_keys={database_key, METRICS_KEY},
            description="Count what the rule still matches and record the run's metadata.")
+    @for_readers
     def record_backlog(context: dg.AssetExecutionContext, cutoff: dt.datetime,
                        report: RunReport) -> None:
         """Measure the backlog for the run's cutoff, attach the run metadata to the asset
@@ -283,6 +294,7 @@ def _partition_ops(policy: Policy, asset_key: dg.AssetKey, settings_of, database
            out={"partitions": dg.DynamicOut(PartitionWork), "plan": dg.Out(PartitionPlan)},
            description=f"Find the partitions of {rule.qualified_name} that hold prunable rows: "
                        "one purge step each.")
+    @for_readers
     def plan_partitions(context: dg.OpExecutionContext, config: PurgeConfig,
                         cutoff: dt.datetime):
         """Yield the run's plan and one :class:`PartitionWork` per partition with prunable
@@ -319,6 +331,7 @@ def _partition_ops(policy: Policy, asset_key: dg.AssetKey, settings_of, database
            description=f"Delete prunable rows of one partition of {rule.qualified_name} "
                        f"({rule.predicate_sql}) in SKIP LOCKED batch transactions, on the "
                        f"database of {policy.database_url_env}.")
+    @for_readers
     def purge_partition(context: dg.OpExecutionContext, config: PurgeConfig,
                         cutoff: dt.datetime, work: PartitionWork) -> RunReport:
         """Run the batched purge on one partition, through the table with the rule narrowed to
@@ -344,6 +357,7 @@ def _partition_ops(policy: Policy, asset_key: dg.AssetKey, settings_of, database
     @dg.op(name=f"{policy.name}_collect_partitions",
            required_resource_keys={policy.run_limits_key},
            description="Sum the partition steps' records into the run's.")
+    @for_readers
     def collect_partitions(context: dg.OpExecutionContext, cutoff: dt.datetime,
                            plan: PartitionPlan, reports: list[RunReport]) -> RunReport:
         """The run's record: the partition steps' records summed (see

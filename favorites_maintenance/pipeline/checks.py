@@ -62,6 +62,7 @@ from favorites_maintenance.config.policy import Policy
 from favorites_maintenance.pipeline.dagster_internals import (
     AssetCheckEvaluationTargetMaterializationData,
 )
+from favorites_maintenance.pipeline.op_docs import for_readers
 from favorites_maintenance.pipeline.partitions import (
     is_current,
     partition_cutoff,
@@ -113,6 +114,7 @@ def build_asset_checks(policy: Policy) -> list[dg.AssetChecksDefinition]:
         # The policy's own database: the key is its variable's (policy.database_key).
         required_resource_keys={policy.database_key},
     )
+    @for_readers
     def overdue_rows(context: dg.AssetCheckExecutionContext) -> Iterator[CheckOutput]:
         """Count the rows the rule admits older than ``cutoff - 1 day``, where ``cutoff`` is the
         run's own (:func:`~favorites_maintenance.pipeline.partitions.partition_cutoff`),
@@ -150,6 +152,7 @@ def build_asset_checks(policy: Policy) -> list[dg.AssetChecksDefinition]:
                      f"{SPIKE_HISTORY} current-day runs and that median + {SPIKE_MIN_ROWS:,} "
                      "rows."),
     )
+    @for_readers
     def deleted_total_spike(context: dg.AssetCheckExecutionContext) -> Iterator[CheckOutput]:
         """Compare this run's ``deletedTotal`` with the median of earlier current-day runs."""
         results = _references(context, asset_key)
@@ -164,6 +167,7 @@ def build_asset_checks(policy: Policy) -> list[dg.AssetChecksDefinition]:
         description="WARN when the run left prunable rows in place because deleting them "
                     "failed (a foreign key, a trigger) or had no effect.",
     )
+    @for_readers
     def no_rows_skipped(context: dg.AssetCheckExecutionContext) -> Iterator[CheckOutput]:
         """Read this run's ``skippedRows`` and ``skippedCauses``; any skipped row fails (WARN).
 
@@ -198,6 +202,7 @@ def _archive_check(policy: Policy, asset_key: dg.AssetKey) -> dg.AssetChecksDefi
                      "archive's retention ran."),
         required_resource_keys={policy.database_key},
     )
+    @for_readers
     def archive_within_retention(context: dg.AssetCheckExecutionContext
                                  ) -> Iterator[CheckOutput]:
         """Count the policy's archived rows past the archive's retention; any fails (ERROR)."""
@@ -223,6 +228,7 @@ def _held_rows_check(policy: Policy, asset_key: dg.AssetKey) -> dg.AssetChecksDe
                      "has stood (passes: a hold is deliberate; fails when the hold table cannot be read)."),
         required_resource_keys={policy.database_key},
     )
+    @for_readers
     def held_rows(context: dg.AssetCheckExecutionContext) -> Iterator[CheckOutput]:
         """Count the held rows at the run's cutoff and summarize the active holds."""
         database: PolicyDatabase = getattr(context.resources, policy.database_key)

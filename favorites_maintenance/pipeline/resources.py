@@ -3,9 +3,11 @@
 Each policy's definitions carry the resources they use (:func:`policy_resources`), under keys
 of the package's (:data:`~favorites_maintenance.config.policy.RESOURCE_PREFIX`), so a host's
 code location merges them beside resources of its own: the database of a variable, the alert
-sink and the metrics push are one object each, shared by every policy that uses them, and each
-policy has its own run limits. The job deletes rows for good, so what it deletes is decided by
-the deployment alone:
+sink and the metrics push are one object each, shared by every policy that uses them. Each
+policy's run limits (:func:`deployed_retention`) are bound to its own asset instead: Dagster
+binds every resource of a code location to every asset, so a resource per policy at the
+location would make loading it quadratic in the policies. The job deletes rows for good, so
+what it deletes is decided by the deployment alone:
 :func:`shared_database` serves one database per variable the policies name
 (``database_url_env``), as the code location's environment gives it; each policy's rule and
 retention days are its ``defs.yaml``; and a run's config (the launchpad, a re-execution,
@@ -194,9 +196,9 @@ def _launch_value(settings: PolicySettings, key: str) -> float:
 
 
 def deployed_retention(policies: Sequence[Policy]) -> dg.ResourceDefinition:
-    """The run limits resource (``policy.run_limits_key``; :func:`policy_resources` gives each
-    policy its own): the run limits a launch may set for a run of any of ``policies``, and
-    nothing else.
+    """The run limits resource (``policy.run_limits_key``; each policy's cleanup asset carries
+    its own, :func:`~favorites_maintenance.pipeline.assets.build_cleanup_asset`): the run limits
+    a launch may set for a run of any of ``policies``, and nothing else.
 
     Run config ``resources.<key>.config`` may hold the launch keys of the policy settings
     table (``batch_size``, rows, 1 to 100,000; ``max_run_duration_seconds``, seconds, 1 to
@@ -496,10 +498,12 @@ def _one_of(key: tuple, build) -> dg.ResourceDefinition:
 
 
 def policy_resources(policy: Policy) -> dict[str, Any]:
-    """Every resource the definitions of ``policy`` use, by key: its database's
-    (:func:`shared_database`), its run limits (:func:`deployed_retention`), and the alert sink
-    and metrics push (:func:`deployed_alerts`, :func:`deployed_metrics`). The shared ones
-    are the same object for every policy of the process, as ``dg.Definitions.merge`` requires.
+    """The code location's resources the definitions of ``policy`` use, by key: its
+    database's (:func:`shared_database`), the alert sink and the metrics push
+    (:func:`deployed_alerts`, :func:`deployed_metrics`), each the same object for every policy
+    of the process, as ``dg.Definitions.merge`` requires. Its run limits
+    (:func:`deployed_retention`) are not among them: its asset carries them, so that the
+    location's resources stay as many whatever the number of policies.
 
     Raises:
         favorites_maintenance.config.parsers.SettingsError: a malformed deployment variable
@@ -508,7 +512,6 @@ def policy_resources(policy: Policy) -> dict[str, Any]:
     settings = load_deployment_settings()
     return {
         policy.database_key: shared_database(policy.database_url_env),
-        policy.run_limits_key: deployed_retention([policy]),
         ALERTS_KEY: _one_of(("alerts", settings.alert_webhook_url is not None,
                              settings.webserver_base_url), lambda: deployed_alerts(settings)),
         METRICS_KEY: _one_of(("metrics", settings.metrics_pushgateway_url is not None),

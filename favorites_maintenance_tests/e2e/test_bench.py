@@ -165,6 +165,10 @@ def test_the_policies_bench_counts_what_the_definitions_of_its_policies_hold(tmp
         2, len(repo.sensor_defs), len(repo.schedule_defs), len(jobs))
     assert report["sensor_tick_ms"]["sensors"] == len(repo.sensor_defs)
     assert report["idle"]["code_server_cpu_s"] >= 0 and report["idle"]["daemon_cpu_s"] >= 0
+    # CPU time beside the elapsed time: no more than the machine's cores give in that time.
+    cores = os.cpu_count() or 1
+    assert 0 < report["build_cpu_s"] <= cores * report["build_s"] + 0.1
+    assert 0 <= report["resolve_cpu_s"] <= cores * report["resolve_s"] + 0.1
     assert f"{report['sensors']} sensors, {report['schedules']} schedules" in result.output
     assert not out.exists()  # the other scenarios did not run
 

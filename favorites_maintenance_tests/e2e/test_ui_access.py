@@ -94,6 +94,8 @@ query($selector: PipelineSelector!, $repository: RepositorySelector!, $set: Stri
       $partition: String!) {
   runConfigSchemaOrError(selector: $selector) { __typename ... on RunConfigSchema {
     rootDefaultYaml } }
+  pipelineOrError(params: $selector) { __typename ... on Pipeline {
+    modes { resources { name description } } } }
   partitionSetOrError(repositorySelector: $repository, partitionSetName: $set) {
     __typename ... on PartitionSet {
     partition(partitionName: $partition) { runConfigOrError { ... on PartitionRunConfig {
@@ -329,12 +331,16 @@ def test_no_secret_reaches_what_the_webserver_serves(deployment):
             "allTopLevelResourceDetailsOrError"]["results"]
         by_name = {r["name"]: r for r in resources}
         assert DATABASE_URL_VAR in by_name[DATABASE_KEY]["description"]
-        assert "365 days" in by_name[LIMITS_KEY]["description"]
+        # The run limits come with the policy's asset: its job shows them, not the location.
+        assert LIMITS_KEY not in by_name
         assert ALERT_WEBHOOK_URL_VAR in json.dumps(by_name[ALERTS_KEY])  # by reference
         launchpad = d.read(server, LAUNCHPAD, {
             "selector": {**SELECTOR, "pipelineName": JOB}, "repository": SELECTOR, "partition": PARTITION,
             "set": f"{JOB}_partition_set"})
         assert "batch_size: 1000" in launchpad["runConfigSchemaOrError"]["rootDefaultYaml"]
+        job_resources = {r["name"]: r for r in launchpad["pipelineOrError"]["modes"][0][
+            "resources"]}
+        assert "365 days" in job_resources[LIMITS_KEY]["description"]
         assert launchpad["partitionSetOrError"]["__typename"] == "PartitionSet", launchpad
         for run_id in d.run_ids():
             d.read(server, RUN, {"runId": run_id})

@@ -65,12 +65,17 @@ def test_the_stock_definitions_of_a_host_load_its_policies_complete_beside_its_o
     assert sorted(s.name for s in defs.get_repository_def().sensor_defs) == [
         "cleanup_dead_run_sensor", "favorites_maintenance_failure_sensor",
         "favorites_maintenance_stale_sensor", "favorites_maintenance_tick_failure_sensor"]
-    # The package's resources are under its own keys, one database resource for both.
+    # The package's resources are under its own keys, one database resource for both; none
+    # per policy (Dagster binds each of the location's resources to each asset).
     keys = sorted(k for k in defs.resources if k.startswith("favorites_maintenance"))
     assert keys == ["favorites_maintenance_alerts", "favorites_maintenance_favorites_database_url",
-                    "favorites_maintenance_guest_favorites_a_run_limits",
-                    "favorites_maintenance_guest_favorites_b_run_limits",
                     "favorites_maintenance_metrics"]
+    # Each policy's run limits come with its asset, so its job (and the launchpad) has them.
+    policies = ("guest_favorites_a", "guest_favorites_b")
+    for policy, other in zip(policies, reversed(policies)):
+        job_keys = set(defs.resolve_job_def(f"{policy}_cleanup_job").resource_defs)
+        assert f"favorites_maintenance_{policy}_run_limits" in job_keys
+        assert f"favorites_maintenance_{other}_run_limits" not in job_keys
     now = dt.datetime.now(dt.timezone.utc)
     old = rows.add_many(3, updated_at=now - dt.timedelta(days=90))
     account = rows.add(updated_at=now - dt.timedelta(days=90), user_id=7)
