@@ -338,7 +338,7 @@ def test_no_secret_reaches_what_the_webserver_serves(deployment):
         assert launchpad["partitionSetOrError"]["__typename"] == "PartitionSet", launchpad
         for run_id in d.run_ids():
             d.read(server, RUN, {"runId": run_id})
-            events = d.read(server, LOGS, {"runId": run_id})["logsForRun"]["events"]
+            d.read(server, LOGS, {"runId": run_id})["logsForRun"]["events"]
             for key in {e["fileKey"] for e in d.read(server, CAPTURED_KEYS, {"runId": run_id})[
                     "logsForRun"]["events"] if e.get("fileKey")}:
                 d.read(server, CAPTURED, {"logKey": [run_id, "compute_logs", key]})

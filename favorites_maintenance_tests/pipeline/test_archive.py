@@ -325,7 +325,7 @@ def test_when_the_archive_retention_cannot_run_the_failure_says_so_and_its_check
             conn.exec_driver_sql("ALTER TABLE shop.items ADD COLUMN coupon text")
         hold_archive(engine)  # its retention cannot run either
         result = run_shop(instance, archive_retention_days=30)
-        text = _refused_before_any_delete(
+        _refused_before_any_delete(
             engine, result, "archive shop.items_archive has no column 'coupon' (text)",
             "the archive's retention did not run: deleting rows of shop.items_archive past the "
             "archive's retention failed (0 deleted before stay deleted): raise_exception")

@@ -13,7 +13,6 @@ import sqlalchemy as sa
 
 from favorites_maintenance.local.guest_favorites import dev_favorites
 from favorites_maintenance.retention.database import APPLICATION_NAME
-from favorites_maintenance.local.guest_favorites import dev_favorites
 from favorites_maintenance_tests.helpers.clock import CUTOFF, FRESH, OLD, PARTITION
 from favorites_maintenance_tests.helpers.jobs import (
     error_text,
