@@ -17,9 +17,16 @@ import sqlalchemy as sa
 from favorites_maintenance.local.embedded import EmbeddedPostgres
 from favorites_maintenance.local.guest_favorites import create_dev_schema, dev_favorites
 from favorites_maintenance.retention.database import create_engine
+from favorites_maintenance_tests.helpers.migration_scripts import read_migration_scripts_once
 
 UTC = dt.timezone.utc
 _counter = itertools.count()
+
+
+def pytest_configure(config):
+    """Each test process (every xdist worker too) reads Dagster's storage migrations once,
+    not once per Dagster instance it opens (``helpers/migration_scripts.py``)."""
+    read_migration_scripts_once()
 
 
 @pytest.fixture(scope="session")
