@@ -143,24 +143,14 @@ def test_a_purge_grows_its_batches_and_reports_the_largest(engine, rows):
     assert (report.batch_size_first, report.batch_size_max) == (100, 400)
 
 
-def test_in_keyset_order_batches_grow_past_the_max_up_to_the_keyset_max(engine, rows):
-    old = dt.datetime(2020, 1, 1, tzinfo=UTC)
-    rows.add_many(3100, updated_at=old)
-    keep = set(rows.add_many(20, updated_at=old, user_id=3))
-    sizes = []
-    report = purge_rows(engine, dt.datetime(2024, 1, 1, tzinfo=UTC), batch_size=100,
-                        batch_size_max=400, keyset_batch_size_max=1600,
-                        target_batch_duration=dt.timedelta(seconds=5),
-                        max_run_duration=dt.timedelta(minutes=1),
-                        on_batch=lambda b: sizes.append(b.batch_size))
-    assert report.scan_mode == "keyset"
-    assert report.deleted_total == 3100 and rows.ids() == keep
+@pytest.mark.parametrize("scan, largest, sizes_expected", [
     # 100 + 200 + 400 + 800 + 1600 = 3100: past batch_size_max, the first batch within it.
-    assert sizes == [100, 200, 400, 800, 1600, 1600]
-    assert (report.batch_size_first, report.batch_size_max) == (100, 1600)
-
-
-def test_in_page_order_the_keyset_max_does_not_apply(engine, rows):
+    (ScanMode.KEYSET, 1600, [100, 200, 400, 800, 1600, 1600]),
+    # Page order's ranges hold what their pages hold: only the largest is fixed.
+    (ScanMode.PAGE_ORDER, 400, None),
+], ids=["keyset-grows-to-its-max", "page-order-keeps-batch-size-max"])
+def test_only_keyset_order_grows_its_batches_past_the_max_up_to_the_keyset_max(
+        engine, rows, scan, largest, sizes_expected):
     old = dt.datetime(2020, 1, 1, tzinfo=UTC)
     rows.add_many(3100, updated_at=old)
     keep = set(rows.add_many(20, updated_at=old, user_id=3))
@@ -168,11 +158,13 @@ def test_in_page_order_the_keyset_max_does_not_apply(engine, rows):
     report = purge_rows(engine, dt.datetime(2024, 1, 1, tzinfo=UTC), batch_size=100,
                         batch_size_max=400, keyset_batch_size_max=1600,
                         target_batch_duration=dt.timedelta(seconds=5),
-                        max_run_duration=dt.timedelta(minutes=1), scan=ScanMode.PAGE_ORDER,
+                        max_run_duration=dt.timedelta(minutes=1), scan=scan,
                         on_batch=lambda b: sizes.append(b.batch_size))
-    assert report.scan_mode == "page_order"
+    assert report.scan_mode == scan.value
     assert report.deleted_total == 3100 and rows.ids() == keep
-    assert max(sizes) == report.batch_size_max == 400
+    assert max(sizes) == report.batch_size_max == largest
+    assert report.batch_size_first == 100
+    assert sizes_expected is None or sizes == sizes_expected
 
 
 def test_a_purge_without_a_target_keeps_the_first_size(engine, rows):
