@@ -80,7 +80,9 @@ def test_dagster_finds_the_one_code_location_and_it_holds_every_guest_favorites_
         == CHECKS
     assert set(repo.get_top_level_resources()) == {
         "favorites_maintenance_favorites_database_url", "favorites_maintenance_alerts",
-        "favorites_maintenance_metrics", "favorites_maintenance_guest_favorites_run_limits"}
+        "favorites_maintenance_metrics"}
+    # The policy's run limits are its asset's own, so its job carries them.
+    assert "favorites_maintenance_guest_favorites_run_limits" in repo.get_job(JOB).resource_defs
     # The purge runs in the policy's own concurrency pool.
     purge = repo.get_job(JOB).graph.node_named("favorites__guest_favorites_cleanup") \
         .definition.node_named("purge").definition

@@ -55,10 +55,11 @@ def test_dg_list_defs_shows_each_policy_under_its_names(tmp_path):
         STALE_SENSOR, FAILURE_SENSOR, TICK_FAILURE_SENSOR, "cleanup_dead_run_sensor"}
     assert {(s["name"], s["cron_schedule"]) for s in listed["schedules"]} == {
         (p.schedule_name, p.settings.cron) for p in policies}
-    # The resources the policy's definitions carry, under the package's keys.
+    # The location's resources, under the package's keys (a policy's run limits are its
+    # asset's own, not the location's).
     assert sorted(r["name"] for r in listed["resources"]) == [
         "favorites_maintenance_alerts", "favorites_maintenance_favorites_database_url",
-        "favorites_maintenance_guest_favorites_run_limits", "favorites_maintenance_metrics"]
+        "favorites_maintenance_metrics"]
     # The guest-favorites names are a contract.
     assert ("guest_favorites_cleanup_schedule", "0 3 * * *") in {
         (s["name"], s["cron_schedule"]) for s in listed["schedules"]}
