@@ -51,8 +51,9 @@ class HoldCopy:
     def refresh(self, conn: sa.Connection, holds: HoldTable) -> None:
         """Read the counter (one row) and, when it moved, the holds again with it, in one
         statement; the transaction's statements are then planned with the copy's values
-        (``plan_cache_mode = force_custom_plan``). When the counter's trigger is no longer enabled on the hold table (a
-        write may then leave the counter as it was), the holds are read again every time.
+        (``plan_cache_mode = force_custom_plan``). When the counter's trigger is no longer
+        enabled on the hold table (a write may then leave the counter as it was), the holds
+        are read again every time.
 
         Raises:
             sqlalchemy.exc.DBAPIError: the database refused; ``DataError`` for an active hold
@@ -98,8 +99,8 @@ def _read_copy(conn: sa.Connection, holds: HoldTable) -> tuple[str, int, int]:
 def copy_holds(conn: sa.Connection, holds: HoldTable) -> HoldTable:
     """``holds`` (read in the column's type, :func:`~favorites_maintenance.retention.holds.
     typed_holds`) with a :class:`HoldCopy` of its active holds when the hold table has its
-    change counter, readable by the role, and the counter's trigger enabled; else ``holds`` as it is, whose statements read the
-    holds themselves.
+    change counter, readable by the role, and the counter's trigger enabled; else ``holds`` as
+    it is, whose statements read the holds themselves.
 
     Raises:
         sqlalchemy.exc.DBAPIError: the database refused (``DataError``: a hold not of the

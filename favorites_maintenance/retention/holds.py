@@ -113,8 +113,9 @@ class HoldTable:
             that type, once a statement, and compares it with the column as it is. ``None``:
             the column is cast to text on every row and compared with the values as text.
         copy: with :attr:`column_type`, the run's copy of the active holds
-            (:func:`~favorites_maintenance.retention.hold_copy.copy_holds`): :meth:`uncovered` tests the column against it instead of
-            reading the holds. ``None``: every statement reads them.
+            (:func:`~favorites_maintenance.retention.hold_copy.copy_holds`): :meth:`uncovered`
+            tests the column against it instead of reading the holds. ``None``: every
+            statement reads them.
     """
 
     table: sa.Table

@@ -138,7 +138,7 @@ def hold_privileges_sql(rule: RetentionRule, role: str) -> str:
         hold_table=rule.hold.qualified_name, hold_column=column,
         hold_table_sql=_identifier(schema) + "." + _identifier(name),
         hold_changes_sql=_identifier(schema) + "." + _identifier(
-            changes_of(sa.Table(name, sa.MetaData(schema=schema))).name),
+            changes_of(rule.hold.table).name),
         create_hold_table=";\n".join(create_hold_table_sql(rule.hold.qualified_name)) + ";",
         hold_column_grant="" if column in granted else (
             f"GRANT SELECT ({_identifier(column)}) ON TABLE {fields['table_sql']} "
