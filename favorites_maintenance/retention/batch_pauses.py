@@ -119,7 +119,7 @@ class BatchPauses:
         return StopReason.MAX_RUN_DURATION if self.budget.spent() else None
 
     def health_report(self) -> dict:
-        """The health monitor's part of the run's report (the keyword arguments ``health`` of
+        """The health monitor's fields of the run's report (the ``health`` argument of
         :meth:`~favorites_maintenance.retention.run_counts.RunCounts.report`): time paused
         (s), pauses, the reading that paused last, the indicators skipped; empty without a
         monitor."""
