@@ -1,5 +1,5 @@
-"""What the commands share: their output and exit, the ``--policy`` and ``-m`` options, and the
-policies of the code location they read."""
+"""What the commands share: their output and exit, the ``--policy`` and ``-m`` options, the
+policies of the code location they read, and an engine on a policy's own database."""
 
 from __future__ import annotations
 
@@ -7,6 +7,7 @@ import sys
 
 import click
 import sqlalchemy as sa
+from sqlalchemy.engine import URL
 
 from favorites_maintenance.config.deployment import (
     DeploymentSettings,
@@ -148,3 +149,30 @@ def prunable_rows_at(policy, partition: str | None, engine: sa.Engine):
         return prunable_rows(policy, partition=partition, database=engine)
     except ValueError as exc:
         fail(f"--partition {exc}")
+
+
+def policy_engine(policy, *, needed_for: str | None = None,
+                  fail_fast: bool = True) -> tuple[sa.Engine, URL]:
+    """An engine on ``policy``'s own database, from the variable its ``database_url_env``
+    names, and the URL it was built from (for messages, through ``safe_url``); the caller
+    disposes of the engine. Opens no connection.
+
+    Exits naming the variable when it is unset, empty or not a usable URL, with ``needed_for``
+    (what needs the database) in brackets after the reason; with ``fail_fast=False`` raises
+    instead, for a command that reports the error and goes on to the next policy.
+
+    Raises:
+        SettingsError: with ``fail_fast=False``, the variable is unset, empty or not a usable
+            URL (the message names it).
+        ConnectOptionError: an option of the URL's query the driver cannot take.
+    """
+    from favorites_maintenance.config.deployment import require_database_url
+    from favorites_maintenance.retention.database import create_engine
+
+    try:
+        url = require_database_url(policy.database_url_env)
+    except SettingsError as exc:
+        if not fail_fast:
+            raise
+        fail(f"{exc} ({needed_for})" if needed_for else str(exc))
+    return create_engine(url), url

@@ -6,8 +6,7 @@ from __future__ import annotations
 import click
 import sqlalchemy as sa
 
-from favorites_maintenance.cli.common import fail, load_policy, location_option
-from favorites_maintenance.config.parsers import SettingsError
+from favorites_maintenance.cli.common import fail, load_policy, location_option, policy_engine
 
 
 @click.command(short_help="Print the SQL of a policy's least-privilege role, for psql.")
@@ -61,18 +60,13 @@ def grants(policy_name: str, role: str, row_level_security: bool) -> None:
 def _archive_sql(policy, role: str) -> str:
     """The archive's grants and DDL for ``policy``, its table's columns read from its database;
     exits naming the variable when they cannot be read."""
-    from favorites_maintenance.config.deployment import require_database_url
     from favorites_maintenance.config.parsers import safe_url
     from favorites_maintenance.retention.archive import table_columns
-    from favorites_maintenance.retention.database import create_engine
     from favorites_maintenance.retention.errors import ConnectError, describe
     from favorites_maintenance.retention.least_privilege import archive_privileges_sql
 
-    try:
-        url = require_database_url(policy.database_url_env)
-    except SettingsError as exc:
-        fail(f"{exc} (the archive's DDL needs the columns of {policy.rule.qualified_name})")
-    engine = create_engine(url)
+    engine, url = policy_engine(
+        policy, needed_for=f"the archive's DDL needs the columns of {policy.rule.qualified_name}")
     try:
         with engine.connect() as conn:
             columns = table_columns(conn, policy.rule.qualified_name)

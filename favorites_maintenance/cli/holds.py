@@ -8,8 +8,13 @@ import datetime as dt
 import click
 import sqlalchemy as sa
 
-from favorites_maintenance.cli.common import echo, fail, load_policy, location_option
-from favorites_maintenance.config.parsers import SettingsError
+from favorites_maintenance.cli.common import (
+    echo,
+    fail,
+    load_policy,
+    location_option,
+    policy_engine,
+)
 
 UTC = dt.timezone.utc
 
@@ -27,9 +32,6 @@ def hold() -> None:
 
 def _holds_of(policy_name: str):
     """The policy's holds and an engine on its database, or exit naming what is missing."""
-    from favorites_maintenance.config.deployment import require_database_url
-    from favorites_maintenance.retention.database import create_engine
-
     policy = load_policy(policy_name)
     if policy.rule.hold is None:
         variable = policy.labels.get("hold_table")
@@ -38,11 +40,8 @@ def _holds_of(policy_name: str):
                  "column than the key) to its defs.yaml")
         fail(f"--policy {policy.name}: the policy names no hold table; {where}, then run "
               "hold init (docs/holds.md)")
-    try:
-        url = require_database_url(policy.database_url_env)
-    except SettingsError as exc:
-        fail(str(exc))
-    return policy.rule.hold, create_engine(url)
+    engine, _ = policy_engine(policy)
+    return policy.rule.hold, engine
 
 
 def _hold_database_error(holds, exc) -> None:

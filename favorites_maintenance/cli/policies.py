@@ -17,6 +17,7 @@ from favorites_maintenance.cli.common import (
     location_option,
     location_tree,
     policy_option,
+    policy_engine,
     prunable_rows_at,
 )
 from favorites_maintenance.config.parsers import SettingsError
@@ -77,10 +78,9 @@ def _dry_run_counts(policy, partition: str | None, *, fail_fast: bool) -> dict:
     dict (instants in ISO 8601 UTC, counts in rows), counted with the function policy tests use
     (:mod:`favorites_maintenance.testing`); a database error is its ``error`` (with
     ``fail_fast``: the command exits with it)."""
-    from favorites_maintenance.config.deployment import require_database_url
     from favorites_maintenance.config.parsers import safe_url
     from favorites_maintenance.pipeline.schedules import next_scheduled_run
-    from favorites_maintenance.retention.database import create_engine, limit_transaction
+    from favorites_maintenance.retention.database import limit_transaction
     from favorites_maintenance.retention.errors import (
         ConnectError,
         ReplicationRoleError,
@@ -96,12 +96,11 @@ def _dry_run_counts(policy, partition: str | None, *, fail_fast: bool) -> dict:
               "age_column": rule.age.name, "retention_days": policy.settings.retention_days}
     error = None
     try:
-        url = require_database_url(variable)
+        engine, url = policy_engine(policy, fail_fast=fail_fast)
     except SettingsError as exc:
         error = str(exc)
     else:
         report["database"] = safe_url(url)
-        engine = create_engine(url)
         try:
             # "now" is the database server's clock, as for the job.
             prunable = prunable_rows_at(policy, partition, engine)

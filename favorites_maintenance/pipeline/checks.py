@@ -72,7 +72,8 @@ from favorites_maintenance.pipeline.partitions import (
 )
 from favorites_maintenance.pipeline.ranges import is_range_run, run_partitions
 from favorites_maintenance.pipeline.resources import PolicyDatabase, name_database
-from favorites_maintenance.pipeline.run_report import ATTRIBUTED_KEY, RunReport
+from favorites_maintenance.pipeline.run_metadata import ATTRIBUTED_KEY
+from favorites_maintenance.pipeline.run_report import RunReport
 from favorites_maintenance.retention.archive_retention import count_overdue_archive
 from favorites_maintenance.retention.backlog import Backlog, count_held, measure_backlog
 from favorites_maintenance.retention.database import limit_transaction

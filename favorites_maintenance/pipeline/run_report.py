@@ -1,35 +1,29 @@
-"""What one cleanup run did, as one typed record and as Dagster metadata.
+"""What one cleanup run did, as one typed record.
 
 :class:`RunReport` is what the purge op hands to ``measure_backlog``, what the materialization
 (or, after a failure or a stop, an observation) records, and what the checks, the command line
-and the retry accounting read back, all through :meth:`RunReport.as_metadata` and
-:meth:`RunReport.from_metadata`. The metadata keys (``deletedTotal``, ``batches``, ...) are a
-contract: dashboards and alerts read them.
+and the retry accounting read back. Here: its fields, and how the records of a purge, of a
+run's partition steps and of its attempts are made and combined. How it becomes Dagster
+metadata and is read back (:meth:`RunReport.as_metadata`, :meth:`RunReport.from_metadata`; the
+keys are a contract: dashboards and alerts read them):
+:mod:`~favorites_maintenance.pipeline.run_metadata`.
 
-This module imports no Dagster: metadata values are read through their ``value`` attribute
-when they have one.
+This module imports no Dagster.
 """
 
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any
 
-from favorites_maintenance.config.names import BACKLOG_OLDEST_PREFIX
 from favorites_maintenance.config.policy_settings import PolicySettings
+from favorites_maintenance.pipeline.run_metadata import NONE, PARTITION_FIELDS, RunMetadata
 from favorites_maintenance.retention.report import PurgeReport, StopReason
-
-_NONE = "none"
-#: Metadata key of a range run's records: the range, ``first...last``.
-RANGE_KEY = "partitionRange"
-#: Metadata key of a reference: the partition whose record holds the run's figures.
-ATTRIBUTED_KEY = "attributedTo"
 
 
 @dataclass(frozen=True)
-class RunReport:
+class RunReport(RunMetadata):
     """The record of one cleanup run (or of the attempts of its purge so far).
 
     Attributes (metadata key in brackets):
@@ -102,7 +96,7 @@ class RunReport:
     batch_size_mode: str = ""
     stop_reason: str = ""
     skipped_rows: int = 0
-    skipped_causes: str = _NONE
+    skipped_causes: str = NONE
     isolation_batches: int = 0
     batch_size_first: int = 0
     batch_size_max: int = 0
@@ -110,8 +104,8 @@ class RunReport:
     paced_ms: int = 0
     scan_mode: str = ""
     scan_reason: str = ""
-    throttled_by: str = _NONE
-    health_unreadable: str = _NONE
+    throttled_by: str = NONE
+    health_unreadable: str = NONE
     backlog_remaining: int | None = None
     backlog_oldest: str | None = None
     backlog_oldest_key: str = ""
@@ -136,7 +130,7 @@ class RunReport:
             batch_size_mode=settings.batch_size_mode.value,
             stop_reason=report.stop_reason.value,
             skipped_rows=report.skipped_rows,
-            skipped_causes="; ".join(report.skipped_causes) or _NONE,
+            skipped_causes="; ".join(report.skipped_causes) or NONE,
             isolation_batches=report.isolation_batches,
             batch_size_first=report.batch_size_first,
             batch_size_max=report.batch_size_max,
@@ -144,8 +138,8 @@ class RunReport:
             paced_ms=report.paced_ms,
             scan_mode=report.scan_mode,
             scan_reason=report.scan_reason,
-            throttled_by=report.throttled_by or _NONE,
-            health_unreadable="; ".join(report.health_unreadable) or _NONE,
+            throttled_by=report.throttled_by or NONE,
+            health_unreadable="; ".join(report.health_unreadable) or NONE,
             ms_per_row=None if report.row_s is None else round(report.row_s * 1000, 6),
         )
 
@@ -166,9 +160,9 @@ class RunReport:
         rows, zero batches, ``exhausted``.
         """
         def names(values) -> str:
-            found = sorted({part for value in values if value != _NONE
+            found = sorted({part for value in values if value != NONE
                             for part in value.split("; ")})
-            return "; ".join(found) or _NONE
+            return "; ".join(found) or NONE
 
         stops = {r.stop_reason for r in reports}
         stop = next((reason.value for reason in _EARLY_STOPS if reason.value in stops),
@@ -200,7 +194,7 @@ class RunReport:
         if earlier is None:
             return self
         partitions = {name: (getattr(self, name) or 0) + getattr(earlier, name)
-                      for name in _PARTITIONS if getattr(earlier, name) is not None}
+                      for name in PARTITION_FIELDS if getattr(earlier, name) is not None}
         return dataclasses.replace(self, deleted_total=self.deleted_total + earlier.deleted_total,
                                    batches=self.batches + earlier.batches,
                                    ms_per_row=_ms_per_row((self, earlier)), **partitions)
@@ -212,7 +206,7 @@ class RunReport:
         :attr:`~favorites_maintenance.config.names.PolicyNames.backlog_oldest_key`; ``held``:
         rows an active hold keeps, for a policy with holds, else ``None``)."""
         return dataclasses.replace(self, backlog_remaining=remaining,
-                                   backlog_oldest=oldest or _NONE, held_rows=held,
+                                   backlog_oldest=oldest or NONE, held_rows=held,
                                    backlog_oldest_key=oldest_key)
 
     def with_archive(self, deleted_total: int, rows: int) -> "RunReport":
@@ -225,78 +219,6 @@ class RunReport:
         return dataclasses.replace(self, deleted_total=self.deleted_total + rows,
                                    partitions_detached=detached, partitions_dropped=dropped)
 
-    def as_metadata(self) -> dict[str, Any]:
-        """The record as Dagster metadata: numbers stay numbers so the UI can plot them; the
-        backlog keys only once it was measured, the archive's only for a policy with one, the
-        time per row only when the run deleted rows."""
-        metadata = {_KEYS[f.name]: getattr(self, f.name) for f in dataclasses.fields(self)
-                    if f.name not in (*_BACKLOG, *_ARCHIVE, *_PARTITIONS, *_OPTIONAL)}
-        for name in (*_ARCHIVE, *_PARTITIONS, *_OPTIONAL):
-            if getattr(self, name) is not None:
-                metadata[_KEYS[name]] = getattr(self, name)
-        if self.backlog_remaining is not None:
-            metadata["backlogRemaining"] = self.backlog_remaining
-            metadata[self.backlog_oldest_key] = self.backlog_oldest or _NONE
-        return metadata
-
-    def as_reference(self) -> RunReport:
-        """The record of a day a range run covered but whose figures are on another day: every
-        measure of the run's work (rows, batches, time, skipped rows, pauses, batch sizes,
-        archived rows deleted, partitions detached and dropped) at 0, and no time per row; the
-        cutoff, the settings, the stop reason, the backlog and the archive's rows as the run's."""
-        archive = {} if self.archive_deleted_total is None else {"archive_deleted_total": 0}
-        partitions = ({} if self.partitions_detached is None
-                      else {"partitions_detached": 0, "partitions_dropped": 0})
-        return dataclasses.replace(self, **_WORK_AT_ZERO, **archive, **partitions)
-
-    def range_metadata(self, partitions: Sequence[str]) -> dict[str, dict[str, Any]]:
-        """Partition key -> the metadata of its materialization, for a run over ``partitions``
-        (a range, oldest first, at least one).
-
-        The last day holds the run's record; each earlier day a reference
-        (:meth:`as_reference`, plus ``attributedTo``: the last day), so that summing a key over
-        the range's materializations counts the run once. Every record names the range
-        (``partitionRange``: ``first...last``).
-
-        Raises:
-            ValueError: ``partitions`` is empty.
-        """
-        if not partitions:
-            raise ValueError("a range run covers at least one partition")
-        *earlier, last = partitions
-        span = {RANGE_KEY: f"{partitions[0]}...{last}"}
-        reference = {**self.as_reference().as_metadata(), **span, ATTRIBUTED_KEY: last}
-        return {**{p: dict(reference) for p in earlier}, last: {**self.as_metadata(), **span}}
-
-    @staticmethod
-    def is_reference(metadata: Mapping[str, Any]) -> bool:
-        """Whether materialization ``metadata`` is a reference to another day's record (see
-        :meth:`range_metadata`) rather than a run's own figures."""
-        return ATTRIBUTED_KEY in metadata
-
-    @classmethod
-    def from_metadata(cls, metadata: Mapping[str, Any]) -> "RunReport":
-        """Read a record back from metadata written by :meth:`as_metadata` (raw values or
-        Dagster ``MetadataValue`` objects). Keys missing from older records take their
-        defaults.
-
-        Raises:
-            KeyError: ``deletedTotal`` or ``batches`` is missing: not a run's record.
-        """
-        def value(key: str) -> Any:
-            item = metadata[key]
-            return getattr(item, "value", item)
-
-        found = {name: value(key) for name, key in _KEYS.items() if key in metadata}
-        # The one key named after the policy's age column.
-        oldest_key = next((key for key in metadata if key.startswith(BACKLOG_OLDEST_PREFIX)),
-                          None)
-        if oldest_key is not None:
-            found.update(backlog_oldest=value(oldest_key), backlog_oldest_key=oldest_key)
-        if "deleted_total" not in found or "batches" not in found:
-            raise KeyError("deletedTotal and batches")
-        return cls(**found)
-
 
 def _ms_per_row(reports: Sequence[RunReport]) -> float | None:
     """The time per row of ``reports`` together: each one's weighted by the rows it deleted;
@@ -308,56 +230,5 @@ def _ms_per_row(reports: Sequence[RunReport]) -> float | None:
     return round(sum(r.ms_per_row * r.deleted_total for r in timed) / rows, 6)
 
 
-#: Field -> metadata key.
-_KEYS = {
-    "deleted_total": "deletedTotal",
-    "batches": "batches",
-    "duration_ms": "durationMs",
-    "batch_max_ms": "batchMaxMs",
-    "cutoff": "cutoff",
-    "retention_days": "retentionDays",
-    "batch_size": "batchSize",
-    "batch_size_mode": "batchSizeMode",
-    "stop_reason": "stopReason",
-    "skipped_rows": "skippedRows",
-    "skipped_causes": "skippedCauses",
-    "isolation_batches": "isolationBatches",
-    "batch_size_first": "batchSizeFirst",
-    "batch_size_max": "batchSizeMax",
-    "paused_ms": "pausedMs",
-    "paced_ms": "pacedMs",
-    "scan_mode": "scanMode",
-    "scan_reason": "scanReason",
-    "throttled_by": "throttledBy",
-    "health_unreadable": "healthUnreadable",
-    "backlog_remaining": "backlogRemaining",
-    "held_rows": "heldRows",
-    "archive_deleted_total": "archiveDeletedTotal",
-    "archive_rows": "archiveRows",
-    "partitions_detached": "partitionsDetached",
-    "partitions_dropped": "partitionsDropped",
-    "ms_per_row": "msPerRow",
-}
-_BACKLOG = ("backlog_remaining", "backlog_oldest", "backlog_oldest_key")
 #: The stop reasons that leave prunable rows behind, the one a combined record names first.
 _EARLY_STOPS = (StopReason.DB_UNHEALTHY, StopReason.MAX_RUN_DURATION)
-_ARCHIVE = ("archive_deleted_total", "archive_rows")
-_PARTITIONS = ("partitions_detached", "partitions_dropped")
-#: Figures recorded only when known.
-_OPTIONAL = ("ms_per_row", "held_rows")
-#: What a reference (:meth:`RunReport.as_reference`) records of the run's work.
-_WORK_AT_ZERO = {
-    "deleted_total": 0,
-    "batches": 0,
-    "duration_ms": 0,
-    "batch_max_ms": 0.0,
-    "skipped_rows": 0,
-    "skipped_causes": _NONE,
-    "isolation_batches": 0,
-    "batch_size_first": 0,
-    "batch_size_max": 0,
-    "paused_ms": 0,
-    "paced_ms": 0,
-    "throttled_by": _NONE,
-    "ms_per_row": None,
-}

@@ -15,7 +15,8 @@ retention.errors.ErrorKind`):
 - a row-level error or a statement timeout: the batch is split in halves down to one row, and a
   row that still fails is skipped for the run (the counts that end the run:
   :class:`~favorites_maintenance.retention.run_counts.RunCounts`); after a timeout the batches
-  stay smaller (:meth:`~favorites_maintenance.retention.batch_loop.BatchLoop._follow_timeout`);
+  stay smaller (:meth:`~favorites_maintenance.retention.batch_sizing.BatchSizing.
+  cap_after_timeout`);
 - anything else raises :class:`~favorites_maintenance.retention.errors.BatchError`.
 """
 
@@ -60,19 +61,16 @@ _CONFLICT_KINDS = frozenset({ErrorKind.LOCK_NOT_AVAILABLE, ErrorKind.SERIALIZATI
 class BatchFailures:
     """The failure steps of :class:`~favorites_maintenance.retention.batch_loop.BatchLoop`,
     which mixes them in: they read and set the loop's state (its counts, position, connection,
-    statements, the size of the next batch) and call its :meth:`report`,
-    :meth:`_lock_from_now` and :meth:`_full_size`.
+    statements, the size of the next batch: ``sizing``) and call its :meth:`report` and
+    :meth:`_lock_from_now`.
 
     Their own state: runs of the current batch that met a moved row (``moved_retries``) or a
-    stale statement (``stale_retries``); after a statement timeout, the largest batch expected
-    to finish within it (``timeout_cap``, rows), how long the cancelled batch ran
-    (``timeout_s``, seconds) and what a row's delete fires (``delete_work``).
+    stale statement (``stale_retries``), and, after a statement timeout, what a row's delete
+    fires (``delete_work``).
     """
 
     moved_retries = 0
     stale_retries = 0
-    timeout_cap: int | None = None
-    timeout_s = 0.0
     delete_work: str | None = None
 
     def _on_error(self, error: ErrorDescription, limit: int, fast: bool,
@@ -95,7 +93,7 @@ class BatchFailures:
         if error.kind is ErrorKind.DATA_EXCEPTION and self._holds_as_text():
             return
         if error.kind is ErrorKind.STATEMENT_TIMEOUT and self._isolate(error, limit):
-            self._cap_after_timeout(limit, elapsed)
+            self.sizing.cap_after_timeout(limit, elapsed, self.counts.batch_no)
             return
         if error.row_level and self._isolate(error, limit):
             return
@@ -155,7 +153,7 @@ class BatchFailures:
         """A batch of ``limit`` rows failed on a row-level error or a statement timeout: split
         it, or skip its one row; whether the run goes on (not when a one-row batch failed
         before naming its row, and the row could not be located either)."""
-        if self.size < self._full_size():
+        if self.sizing.size < self.sizing.full():
             self.counts.isolation_batches += 1
         if limit > 1:
             self._split(error, limit)
@@ -174,24 +172,11 @@ class BatchFailures:
 
     def _split(self, error: ErrorDescription, limit: int) -> None:
         # The same position, half the rows, own transaction.
-        self.size = max(1, limit // 2)
+        size = self.sizing.split(limit)
         what = ("ran past statement_timeout" if error.kind is ErrorKind.STATEMENT_TIMEOUT
                 else f"failed on a row-level error ({error.cause})")
         log.info("batch %d %s; splitting it into batches of %d rows", self.counts.batch_no,
-                 what, self.size)
-
-    def _cap_after_timeout(self, limit: int, elapsed: float) -> None:
-        """A batch of ``limit`` rows ran ``elapsed`` seconds, past ``statement_timeout``:
-        later batches stay below it (see :meth:`_follow_timeout`)."""
-        if limit == 1:
-            return  # that row's own cost, skipped: no reason to shrink the others
-        if self.timeout_cap is None:
-            log.warning("batch %d ran past statement_timeout (%.1f s) and was rolled back: its "
-                        "rows are taken again in smaller batches, down to one row; a row "
-                        "whose delete alone runs past it is skipped", self.counts.batch_no,
-                        elapsed)
-        self.timeout_cap = min(self.timeout_cap or limit, max(1, limit // 2))
-        self.timeout_s = max(self.timeout_s, elapsed)
+                 what, size)
 
     def _skip_row(self, error: ErrorDescription) -> None:
         """Skip the one row of a failed one-row batch and go on past it."""

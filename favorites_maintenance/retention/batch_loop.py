@@ -12,7 +12,8 @@ plain DELETE up to the last of them, without ``FOR UPDATE SKIP LOCKED``, under a
 holds (it gives up after a few milliseconds) or deletes other than the rows counted (a row
 moved, was claimed, or a trigger or policy swallowed the delete; one made prunable in between,
 which could take the batch past its limit), the batch is rolled back and taken again in the
-locking form, which then serves the next :data:`_LOCKING_AFTER_CONFLICT` batches. Where the
+locking form, which then serves the next :data:`~favorites_maintenance.retention.batch_form.
+LOCKING_AFTER_CONFLICT` batches (:mod:`~favorites_maintenance.retention.batch_form`). Where the
 table has row-level security, or the role holds no UPDATE privilege on it (which ``FOR
 UPDATE`` needs), the first batch locks first, so a role that may delete but not lock what the
 rule matches (row-level security without an UPDATE policy) fails the run at once, not only
@@ -41,8 +42,9 @@ idempotent, so a commit lost to a server crash only returns its rows to the back
 (``favorites-maintenance bench`` measures what it saves).
 
 The batch size adapts to a target time per batch when one is given
-(:mod:`~favorites_maintenance.retention.batch_size`): it grows while batches stay well under
-the target, shrinks at once when one goes over or when another session waited on a lock the
+(:mod:`~favorites_maintenance.retention.batch_size`; the next batch's size as the loop takes
+it: :mod:`~favorites_maintenance.retention.batch_sizing`): it grows while batches stay well
+under the target, shrinks at once when one goes over or when another session waited on a lock the
 batch held. The first batch, which no measurement of this run bounds and which the time budget
 (checked between batches) cannot stop, is sized from the previous run's time per row when the
 caller knows it, else has ``batch_size`` rows. Before batches, at a bounded rate, the
@@ -59,15 +61,17 @@ choice, made per run from a count of the backlog and the table's size, and why:
 Between batches, with ``sleep_ratio`` set, the purge pauses that multiple of the last batch's
 time (pt-archiver's ``--sleep-coef``), with no transaction open, honouring stop requests and the
 time budget: the purge then takes at most ``1 / (1 + sleep_ratio)`` of the time it would hold
-the database.
+the database (what pauses or stops the purge between batches, and its time budget:
+:mod:`~favorites_maintenance.retention.batch_pauses`).
 
 A batch that fails on a row-level error, or that ``statement_timeout`` cancels, is split in
 halves from the same position, each in its own transaction, down to single rows; a single row
 that still fails is skipped for the run (one whose very lookup fails, a row-level security
 policy raising for it, is located without being read: :mod:`~favorites_maintenance.retention.
 unreadable`). After a statement timeout the batches stay at a size that took about
-:data:`TIMEOUT_AIM` of the time the cancelled batch ran, judged again after every batch. Why a run
-that deletes nothing, or far less than it selects, fails:
+:data:`~favorites_maintenance.retention.batch_sizing.TIMEOUT_AIM` of the time the cancelled
+batch ran, judged again after every batch. Why a run that deletes nothing, or far less than it
+selects, fails:
 :mod:`~favorites_maintenance.retention.diagnosis`.
 
 Before each batch commits, one catalog read tells whether the table's columns changed since the
@@ -87,7 +91,10 @@ import sqlalchemy as sa
 
 from favorites_maintenance.retention.archive import ArchiveTarget
 from favorites_maintenance.retention.batch_failures import BatchFailures
+from favorites_maintenance.retention.batch_form import BatchForm
+from favorites_maintenance.retention.batch_pauses import BatchPauses, TimeBudget
 from favorites_maintenance.retention.batch_size import BatchSizeController
+from favorites_maintenance.retention.batch_sizing import BatchSizing
 from favorites_maintenance.retention.database import (
     DEFAULT_LOCK_TIMEOUT,
     DEFAULT_STATEMENT_TIMEOUT,
@@ -95,12 +102,7 @@ from favorites_maintenance.retention.database import (
 )
 from favorites_maintenance.retention.diagnosis import check_zero_progress, no_progress
 from favorites_maintenance.retention.errors import describe
-from favorites_maintenance.retention.health import (
-    HealthLimits,
-    HealthMonitor,
-    LockWatch,
-    Outcome,
-)
+from favorites_maintenance.retention.health import HealthLimits, HealthMonitor
 from favorites_maintenance.retention.loop_preparation import LoopPreparation, connect
 from favorites_maintenance.retention.report import BatchResult, PurgeReport, StopReason
 from favorites_maintenance.retention.rule import RetentionRule
@@ -116,16 +118,6 @@ DEFAULT_MAX_SKIPPED_ROWS = 100
 #: ``lock_timeout`` of an optimistic batch: how long its DELETE may wait for a row someone
 #: else holds before the batch is rolled back and taken again with ``SKIP LOCKED``.
 OPTIMISTIC_LOCK_TIMEOUT = dt.timedelta(milliseconds=5)
-
-#: Batches run in the locking form after an optimistic batch met a held or moved row.
-_LOCKING_AFTER_CONFLICT = 16
-
-#: After a batch ran past ``statement_timeout``, batches aim at this share of the time it ran:
-#: enough margin that the next batch, a little slower, still finishes.
-TIMEOUT_AIM = 0.5
-
-#: How often a pause between batches (``sleep_ratio``) polls the stop request, in seconds.
-PACE_POLL_S = 0.2
 
 
 @dataclass(frozen=True)
@@ -199,10 +191,12 @@ class BatchLoop(LoopPreparation, BatchFailures):
         archive: where the batches move their rows (:mod:`~favorites_maintenance.retention.
             archive`); ``None``: they are deleted.
 
-    The run's state is the object's: the counters of its report (:attr:`counts`), its position
-    (:attr:`scan`, in keyset or page order), the size controller and the size of the next batch
-    (:attr:`size`, smaller while a failed batch is split), the health monitor and the lock watch.
-    The steps before the first batch are :class:`~favorites_maintenance.retention.
+    The run's state: the counters of its report (:attr:`counts`), its position (:attr:`scan`,
+    in keyset or page order), the size of the next batch (:attr:`sizing`, :class:`~favorites_
+    maintenance.retention.batch_sizing.BatchSizing`), its form (:attr:`form`, :class:`~favorites_
+    maintenance.retention.batch_form.BatchForm`), and what stops or pauses it between batches
+    (:attr:`pauses`, :class:`~favorites_maintenance.retention.batch_pauses.BatchPauses`, with the
+    time budget). The steps before the first batch are :class:`~favorites_maintenance.retention.
     loop_preparation.LoopPreparation`'s, those after a failed batch :class:`~favorites_maintenance.
     retention.batch_failures.BatchFailures`'.
     """
@@ -212,29 +206,18 @@ class BatchLoop(LoopPreparation, BatchFailures):
                  on_batch: Callable[[BatchResult], None] | None = None,
                  archive: ArchiveTarget | None = None):
         self.engine, self.rule, self.cutoff, self.options = engine, rule, cutoff, options
-        self.should_stop, self.on_batch = should_stop, on_batch
-        self.archive_target = archive
-        self.started = time.monotonic()
-        self.deadline = self.started + options.max_run_duration.total_seconds()
-        self.sizes = BatchSizeController(options.batch_size,
-                                         options.batch_size_max or options.batch_size,
-                                         options.target_batch_duration,
-                                         row_s=options.previous_row_s)
-        self.size = self.sizes.size  # below _full_size() while failed batches are split
+        self.on_batch, self.archive_target = on_batch, archive
+        self.budget = TimeBudget.from_now(options.max_run_duration)
+        self.sizing = BatchSizing.starting(BatchSizeController(
+            options.batch_size, options.batch_size_max or options.batch_size,
+            options.target_batch_duration, row_s=options.previous_row_s))
+        self.pauses = BatchPauses(
+            self.budget, should_stop, options.sleep_ratio,
+            HealthMonitor(options.health, rule=rule) if options.health is not None else None)
+        self.form = BatchForm(options.optimistic,
+                              min(options.lock_timeout, OPTIMISTIC_LOCK_TIMEOUT))
         self.counts = RunCounts()
-        # Asked just before a batch's commit: always when the batch is slow, else at a
-        # bounded rate.
-        self.lock_watch = (LockWatch(slow_after=self.sizes.target_s / 2)
-                           if self.sizes.adaptive else None)
-        self.monitor = (HealthMonitor(options.health, rule=rule)
-                        if options.health is not None else None)
-        self.fast_lock_timeout = min(options.lock_timeout, OPTIMISTIC_LOCK_TIMEOUT)
         self.scan: KeysetScan | PageScan | None = None  # the run's position
-        # Whether batches may be optimistic: once a batch transaction has committed, or from
-        # the first when the table and role need no proof that the role may lock.
-        self.proven = False
-        self.last_batch_s = 0.0  # the last batch transaction's time, for sleep_ratio
-        self.locking_left = 0  # batches to run in the locking form after a conflict
         self.again = False  # the same batch runs again: its number stays
         self.row_key = None  # a one-row batch's candidate (key, age), named before its delete
         self.conn: sa.Connection | None = None
@@ -247,7 +230,8 @@ class BatchLoop(LoopPreparation, BatchFailures):
         try:
             self._prepare()
             while True:
-                reason = self._before_batch()
+                reason = self.pauses.before_batch(self.conn, self.counts,
+                                                  nothing_prunable=self.nothing_prunable)
                 if reason is not None:
                     return self.report(reason)
                 if self._run_batch():
@@ -257,48 +241,8 @@ class BatchLoop(LoopPreparation, BatchFailures):
 
     def report(self, reason: StopReason) -> PurgeReport:
         """What the run did so far, ending for ``reason``."""
-        return self.counts.report(
-            reason, cutoff=self.cutoff, duration_s=time.monotonic() - self.started,
-            size=self.size,
-            health=_health_report(self.monitor) if self.monitor is not None else {})
-
-    def _before_batch(self) -> StopReason | None:
-        """Why the run stops before the next batch (a stop request, the time budget, an
-        unhealthy database), else ``None``; pauses while the database is unhealthy."""
-        if self.should_stop():
-            return StopReason.STOP_REQUESTED
-        # The first batch always runs, so every run makes progress however small its budget.
-        if self.counts.batch_no and time.monotonic() >= self.deadline:
-            return StopReason.MAX_RUN_DURATION
-        if self.options.sleep_ratio and self.last_batch_s:
-            reason = self._pace()
-            if reason is not None:
-                return reason
-        if self.monitor is not None and not (self.nothing_prunable and not self.counts.batch_no):
-            # No transaction is open here: a pause holds no lock and no snapshot. A run with
-            # no prunable row waits for nothing: its one batch finds none.
-            outcome = self.monitor.wait(self.conn, should_stop=self.should_stop,
-                                        deadline=self.deadline)
-            if outcome is Outcome.STOP_REQUESTED:
-                return StopReason.STOP_REQUESTED
-            if outcome is Outcome.UNHEALTHY:
-                return StopReason.DB_UNHEALTHY
-        return None
-
-    def _pace(self) -> StopReason | None:
-        """Pause ``sleep_ratio`` times the last batch's time, no transaction open; why the run
-        stops instead (a stop request, the time budget), else ``None``."""
-        started = time.monotonic()
-        until = min(started + self.options.sleep_ratio * self.last_batch_s, self.deadline)
-        self.last_batch_s = 0.0  # one pause per batch, whatever follows
-        try:
-            while (now := time.monotonic()) < until:
-                time.sleep(min(PACE_POLL_S, until - now))
-                if self.should_stop():
-                    return StopReason.STOP_REQUESTED
-        finally:
-            self.counts.paced_s += time.monotonic() - started
-        return StopReason.MAX_RUN_DURATION if time.monotonic() >= self.deadline else None
+        return self.counts.report(reason, cutoff=self.cutoff, duration_s=self.budget.elapsed(),
+                                  size=self.sizing.size, health=self.pauses.health_report())
 
     def _run_batch(self) -> bool:
         """Run one batch transaction and take its outcome; whether the run is done (the
@@ -307,11 +251,11 @@ class BatchLoop(LoopPreparation, BatchFailures):
         if not (self.stale_retries or self.again):
             counts.batch_no += 1
         self.again = False
-        limit = self.size
+        limit = self.sizing.size
         counts.size_max = max(counts.size_max, limit)
         counts.first_limit = counts.first_limit or limit
         self.row_key = None
-        fast = self._optimistic(limit)
+        fast = self.form.optimistic(limit, at_full_size=self.sizing.at_full_size())
         statement, params = self.scan.batch(fast, limit)
         span = self.spans.start(counts.batch_no, limit, fast, statement)
         t0 = time.monotonic()
@@ -327,33 +271,17 @@ class BatchLoop(LoopPreparation, BatchFailures):
             return False
         finally:
             span.end()  # any other exception: the span still ends
-            self.last_batch_s = time.monotonic() - t0
+            self.pauses.last_batch_s = time.monotonic() - t0
         return self._on_success(row, limit, fast, waiters, t0)
-
-    def _optimistic(self, limit: int) -> bool:
-        """Whether the next batch (``limit`` rows) runs in the optimistic form."""
-        # The first batch locks first where the table or role may refuse the lock (see
-        # ScanEstimate.lock_first): it proves the role may lock what the rule matches (the
-        # form every later batch falls back to), so row-level security without an UPDATE
-        # policy fails the run at once rather than under contention.
-        return (self.options.optimistic and self.proven and limit > 1
-                and self.size == self._full_size() and not self.locking_left)
-
-    def _full_size(self) -> int:
-        """The size of a batch when no failed batch is being split: the size controller's,
-        under the cap a statement timeout set."""
-        if self.timeout_cap is None:
-            return self.sizes.size
-        return min(self.sizes.size, self.timeout_cap)
 
     def _transaction(self, statement: sa.Executable, params: dict, limit: int, fast: bool,
                      t0: float) -> tuple[sa.Row, int]:
         """The batch transaction: its row (``selected``, ``deleted`` and the position the
         scan reads) and how many sessions waited on its locks (0 when not asked)."""
         conn, options, waiters = self.conn, self.options, 0
+        lock_watch = self.sizing.lock_watch
         with conn.begin() as tx:
-            limit_transaction(conn,
-                              lock_timeout=self.fast_lock_timeout if fast else options.lock_timeout,
+            limit_transaction(conn, lock_timeout=self.form.lock_timeout(fast, options.lock_timeout),
                               statement_timeout=options.statement_timeout,
                               synchronous_commit=options.synchronous_commit,
                               incremental_sort=False if self.keyset_index else None,
@@ -380,46 +308,38 @@ class BatchLoop(LoopPreparation, BatchFailures):
                 # After the statement, which holds the table's lock: raises (and the batch
                 # rolls back) if a column changed since the archive was checked.
                 self.archive.check_unchanged(conn)
-            if tx.is_active and self.lock_watch is not None and self.lock_watch.due(
-                    time.monotonic() - t0):
-                waiters = self.lock_watch.waiters(conn)
+            if tx.is_active and lock_watch is not None and lock_watch.due(time.monotonic() - t0):
+                waiters = lock_watch.waiters(conn)
         return row, waiters
 
     def _lock_from_now(self) -> None:
         """Take the same batch again in the locking form, and the next few batches too."""
-        self.locking_left, self.again = _LOCKING_AFTER_CONFLICT, True
-
-    def _follow_timeout(self, selected: int, elapsed: float) -> None:
-        """After a statement timeout: the cap for the next batch, from the time this one of
-        ``selected`` rows took (aiming at :data:`TIMEOUT_AIM` of the cancelled batch's time,
-        growing at most twofold); lifted once it reaches the controller's size."""
-        aimed = selected * TIMEOUT_AIM * self.timeout_s / elapsed if elapsed > 0 else selected * 2
-        cap = max(1, int(min(aimed, selected * 2)))
-        self.timeout_cap = None if cap >= self.sizes.size else cap
+        self.form.lock_from_now()
+        self.again = True
 
     def _on_success(self, row: sa.Row, limit: int, fast: bool, waiters: int,
                     t0: float) -> bool:
         """The batch's transaction ended without error: count it and size the next batch;
         whether the run is done."""
         self.stale_retries = self.moved_retries = 0
-        self.proven = True
+        self.form.proven = True
         if fast and row.deleted != row.selected:
             self._lock_from_now()  # rolled back: the locking form takes the batch again
             return False
-        if self.locking_left and self.size == self._full_size():
-            self.locking_left -= 1
+        self.form.committed(at_full_size=self.sizing.at_full_size())
         elapsed, counts = time.monotonic() - t0, self.counts
         counts.batch_max_s = max(counts.batch_max_s, elapsed)
         counts.deleted_total += row.deleted
         counts.selected_total += row.selected
-        self._resize(row.selected, limit, waiters, elapsed)
+        self.sizing.after_batch(row.selected, limit, waiters, elapsed,
+                                rated=self.scan.rates_batch(row.selected, limit), counts=counts)
         if row.deleted:
             counts.batches += 1
             counts.batch_s += elapsed
             counts.failed_in_a_row = 0
         if row.selected:
             log.debug("batch %d deleted %d rows of at most %d in %.1f ms; next batch %d rows",
-                      counts.batch_no, row.deleted, limit, elapsed * 1000, self.size)
+                      counts.batch_no, row.deleted, limit, elapsed * 1000, self.sizing.size)
         if self.on_batch is not None:
             self.on_batch(BatchResult(counts.batch_no, row.deleted, elapsed, counts.deleted_total,
                                       limit))
@@ -429,31 +349,6 @@ class BatchLoop(LoopPreparation, BatchFailures):
             return True
         self._project()
         return False
-
-    def _resize(self, selected: int, limit: int, waiters: int, elapsed: float) -> None:
-        """The size of the next batch, after one of ``limit`` rows that selected ``selected``
-        in ``elapsed`` seconds while ``waiters`` sessions waited on its locks."""
-        if self.timeout_cap is not None and selected:
-            self._follow_timeout(selected, elapsed)
-        if self.size < self._full_size():
-            self.counts.isolation_batches += 1
-            # A piece went through: grow back toward the adaptive size (which does not
-            # change while a failed batch is split).
-            self.size = min(self._full_size(), self.size * 2)
-        elif self.scan.rates_batch(selected, limit) and not waiters:
-            self.sizes.after_batch(selected, elapsed)
-            if self.counted is not None:
-                # What is left of the counted backlog, in one batch if this batch's rate
-                # says it fits.
-                self.sizes.fit(self.counted - self.counts.selected_total)
-            self.size = self._full_size()
-        elif self.scan.rates_batch(selected, limit):
-            # Someone waited on this batch's locks: whatever its time, the next is smaller.
-            self.counts.lock_waits += 1
-            self.sizes.lock_waiters(waiters)
-            self.size = self._full_size()
-            log.info("batch %d held a lock %d other sessions waited on; next batch %d rows",
-                     self.counts.batch_no, waiters, self.size)
 
     def _finish(self) -> PurgeReport:
         """The last batch came back less than full: judge the run's progress, and report."""
@@ -465,11 +360,4 @@ class BatchLoop(LoopPreparation, BatchFailures):
             check_zero_progress(self.conn, self.rule, self.cutoff, final,
                                 self.options.batch_size, batch_no=counts.batch_no)
         return final
-
-
-def _health_report(monitor: HealthMonitor) -> dict:
-    return {"paused_s": monitor.paused_s, "pauses": monitor.pauses,
-            "throttled_by": str(monitor.throttled_by) if monitor.throttled_by else None,
-            "health_unreadable": tuple(f"{name}: {why}"
-                                       for name, why in monitor.unreadable.items())}
 

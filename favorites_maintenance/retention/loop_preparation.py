@@ -53,8 +53,9 @@ log = logging.getLogger("favorites_maintenance.retention.purge")
 class LoopPreparation:
     """The preparation steps of :class:`~favorites_maintenance.retention.batch_loop.BatchLoop`,
     which mixes them in: they set the loop's rule (its holds typed), its position
-    (:attr:`scan`), whether its first batch may be optimistic (``proven``), and what the
-    catalogs said, declared here; they call its :meth:`report`.
+    (:attr:`scan`), whether its first batch may be optimistic (``form.proven``), the backlog
+    counted whole (``sizing.counted``), and what the catalogs said, declared here; they call its
+    :meth:`report`.
     """
 
     archive: Archive | None = None  # checked against the table before batch 1
@@ -63,9 +64,6 @@ class LoopPreparation:
     keyset_index = False  # whether the table has the rule's partial index
     statements: BatchStatements | None = None
     spans: BatchSpans | None = None
-    # The backlog counted whole before the first batch (keyset order), else None: the rest
-    # of it is taken in one batch once a batch's rate says it fits.
-    counted: int | None = None
     # The backlog was counted whole before the first batch and is empty: no batch to hold
     # back, so no health pause either.
     nothing_prunable = False
@@ -98,8 +96,8 @@ class LoopPreparation:
                 self.shape, self.by_ctid = facts.shape, facts.by_ctid
                 if self.archive_target is not None:
                     self.archive = prepare_archive(conn, rule, self.archive_target)
-                estimate = (read_scan_estimate(conn, rule, self.cutoff, self.sizes.maximum,
-                                               facts)
+                estimate = (read_scan_estimate(conn, rule, self.cutoff,
+                                               self.sizing.controller.maximum, facts)
                             if options.scan is not ScanMode.KEYSET else None)
         except sa.exc.DBAPIError as exc:
             error = describe(exc)
@@ -127,13 +125,13 @@ class LoopPreparation:
         if estimate is not None and not estimate.lock_first:
             # Nothing can refuse this role the lock that would not refuse the DELETE: the
             # first batch may be optimistic (one write per row), as every later one.
-            self.proven = True
+            self.form.proven = True
         self.nothing_prunable = (estimate is not None and estimate.counted_all
                                  and not estimate.backlog)
         if estimate is not None and mode is ScanMode.KEYSET and estimate.counted_all:
             # The whole backlog is counted (a day's rows): once a batch's rate says the rest
             # fits, one batch takes it (at a known time per row it is within the first size).
-            self.counted = estimate.backlog
+            self.sizing.counted = estimate.backlog
         if mode is ScanMode.KEYSET:
             self._widen()
         if mode is ScanMode.PAGE_ORDER:
@@ -141,7 +139,7 @@ class LoopPreparation:
                        else estimate.backlog / max(estimate.blocks, 1))
             self.scan = PageScan(PageStatements.build(self.rule, self.cutoff, self.archive),
                                  estimate.blocks,
-                                 PageSpan(density, self.sizes.target_s))
+                                 PageSpan(density, self.sizing.controller.target_s))
         else:
             self.scan = KeysetScan(self.statements)
         self.counts.scan_modes.append(mode)
@@ -152,33 +150,34 @@ class LoopPreparation:
     def _widen(self) -> None:
         """In keyset order, let the batches grow to the keyset order's largest size."""
         if self.options.keyset_batch_size_max is not None:
-            self.sizes.widen(self.options.keyset_batch_size_max)
+            self.sizing.controller.widen(self.options.keyset_batch_size_max)
 
     def _first_size_text(self) -> str:
         """Where the first batch's size comes from, when the size adapts (else empty), to
         follow the order in the run's log line."""
-        if not self.sizes.adaptive:
+        sizes = self.sizing.controller
+        if not sizes.adaptive:
             return ""
         known = self.options.previous_row_s
         if known is None:
-            return (f"; first batch at most {self.size} rows: no earlier run's time per row is "
-                    f"known")
-        return (f"; first batch at most {self.size} rows: the previous run took "
+            return (f"; first batch at most {self.sizing.size} rows: no earlier run's time per "
+                    f"row is known")
+        return (f"; first batch at most {self.sizing.size} rows: the previous run took "
                 f"{known * 1000:.4g} ms a row, and a batch aims at "
-                f"{self.sizes.target_s * 1000:g} ms")
+                f"{sizes.target_s * 1000:g} ms")
 
     def _project(self) -> None:
         """In page order, from :data:`~favorites_maintenance.retention.scan.PROJECT_AFTER_S`
         into the run: go on oldest first if the pages left would not be read within the budget
         at the pace so far."""
-        scan, now = self.scan, time.monotonic()
-        if not isinstance(scan, PageScan) or now - self.started < PROJECT_AFTER_S:
+        scan, now, budget = self.scan, time.monotonic(), self.budget
+        if not isinstance(scan, PageScan) or now - budget.started < PROJECT_AFTER_S:
             return
         done, left = scan.pages_done, scan.blocks - scan.pages_done
-        if not done or now + (now - self.started) * left / done <= self.deadline:
+        if not done or now + (now - budget.started) * left / done <= budget.deadline:
             return
         reason = (f"then keyset order, oldest first, from batch {self.counts.batch_no + 1}: "
-                  f"{left:,} pages left at {done / (now - self.started):,.0f} pages a second "
+                  f"{left:,} pages left at {done / (now - budget.started):,.0f} pages a second "
                   f"would outlast the time budget")
         log.info("%s: %s", self.rule.qualified_name, reason)
         self.counts.scan_reason += "; " + reason

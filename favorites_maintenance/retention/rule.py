@@ -1,6 +1,6 @@
 """Retention rules: which rows of a table are prunable, and the cutoff.
 
-This is the one place a rule's predicate is built. A policy (``defs/<policy>/defs.yaml``)
+This is the one place a rule is declared. A policy (``defs/<policy>/defs.yaml``)
 names its table and columns; :class:`RetentionRule` turns them into SQLAlchemy objects. The
 guest-favorites policy's rule prunes a row iff::
 
@@ -10,6 +10,10 @@ A rule may have no guard column (every row older than the cutoff is prunable, wh
 e.g. ``expires_at < :cutoff``. A rule may also take the row exactly at the cutoff (a policy's
 ``cutoff_inclusive: true``, as Laravel writes ``expires_at <= now() - 30 days``): its comparison
 is then ``<=`` in every statement built from it.
+
+:class:`RetentionRule` holds the rule's fields and their checks; the SQL built from them (the
+predicates, the one DELETE) is :mod:`~favorites_maintenance.retention.rule_predicates`', the
+text its messages and index are written with :mod:`~favorites_maintenance.retention.rule_text`'.
 """
 
 from __future__ import annotations
@@ -29,17 +33,16 @@ from favorites_maintenance.retention.identifiers import (
     RuleError,
     split_table_name,
 )
+from favorites_maintenance.retention.rule_predicates import AgeRange, RulePredicates, require_aware
+from favorites_maintenance.retention.rule_text import RuleText
+
+__all__ = ["AgeRange", "RetentionRule", "compute_cutoff"]
 
 _UTC = dt.timezone.utc
-_MICROSECOND = dt.timedelta(microseconds=1)
-
-
-#: A range of the age column, ``[lower, upper)``, as UTC instants; ``None`` for an open end.
-AgeRange = tuple[dt.datetime | None, dt.datetime | None]
 
 
 @dataclass(frozen=True, eq=False)
-class RetentionRule:
+class RetentionRule(RuleText, RulePredicates):
     """Which rows of one table are prunable: every guard column NULL and the age column older
     than the cutoff::
 
@@ -127,16 +130,7 @@ class RetentionRule:
         catalog, so they need not be lower-case identifiers; they reach SQL as ``Column``
         objects, quoted by the dialect."""
         own = {self.key.name, self.age.name, *(c.name for c in self.guards), "ctid"}
-        t = sa.Table(
-            self.table.name, sa.MetaData(schema=self.table.schema),
-            *(sa.Column(c.name, c.type, primary_key=c.primary_key, nullable=c.nullable,
-                        system=c.system) for c in self.table.columns),
-            *(sa.Column(name, sa.types.NullType()) for name in names if name not in own),
-        )
-        return RetentionRule(table=t, key=t.c[self.key.name], age=t.c[self.age.name],
-                             guards=tuple(t.c[c.name] for c in self.guards),
-                             cutoff_inclusive=self.cutoff_inclusive, ages=self.ages,
-                             hold=self.hold)
+        return self._over(self._table_with([n for n in names if n not in own]), self.hold)
 
     def within(self, ages: Sequence[AgeRange]) -> "RetentionRule":
         """The same rule on the same table, narrowed to the rows whose age lies in one of
@@ -156,7 +150,7 @@ class RetentionRule:
         for lower, upper in ages:
             for name, value in (("lower", lower), ("upper", upper)):
                 if value is not None:
-                    _require_aware(value, f"age range {name} bound")
+                    require_aware(value, f"age range {name} bound")
         return dataclasses.replace(self, ages=tuple(ages))
 
     def with_hold(self, hold: HoldTable | None) -> "RetentionRule":
@@ -172,13 +166,22 @@ class RetentionRule:
         if not _IDENTIFIER.fullmatch(hold.column) or hold.column == "ctid":
             raise RuleError(f"hold_column {hold.column!r} is not a lower-case SQL identifier "
                             "(letters, digits, _; at most 63 characters)")
+        if hold.column in self.table.c:
+            return self._over(self.table, hold)
+        return self._over(self._table_with([hold.column]), hold)
+
+    def _table_with(self, names: Sequence[str]) -> sa.Table:
+        """A ``Table`` of the same name with the rule's columns and the untyped ``names``."""
         t = self.table
-        if hold.column not in t.c:
-            t = sa.Table(
-                t.name, sa.MetaData(schema=t.schema),
-                *(sa.Column(c.name, c.type, primary_key=c.primary_key, nullable=c.nullable,
-                            system=c.system) for c in t.columns),
-                sa.Column(hold.column, sa.types.NullType()))
+        return sa.Table(
+            t.name, sa.MetaData(schema=t.schema),
+            *(sa.Column(c.name, c.type, primary_key=c.primary_key, nullable=c.nullable,
+                        system=c.system) for c in t.columns),
+            *(sa.Column(name, sa.types.NullType()) for name in names))
+
+    def _over(self, t: sa.Table, hold: HoldTable | None) -> "RetentionRule":
+        """The same rule over ``t`` (its table, or one :meth:`_table_with` built), with
+        ``hold``."""
         return RetentionRule(table=t, key=t.c[self.key.name], age=t.c[self.age.name],
                              guards=tuple(t.c[c.name] for c in self.guards),
                              cutoff_inclusive=self.cutoff_inclusive, ages=self.ages, hold=hold)
@@ -201,136 +204,6 @@ class RetentionRule:
     def __hash__(self) -> int:
         return hash(self._names())
 
-    @property
-    def qualified_name(self) -> str:
-        """``schema.table``, for messages (never for SQL)."""
-        return f"{self.table.schema}.{self.table.name}"
-
-    @property
-    def index_name(self) -> str:
-        """The name :attr:`recommended_index_sql` gives the partial index (at most 63
-        characters); the job recognises the index by its columns and predicate, whatever its
-        name."""
-        return f"{self.table.name}_{self.age.name}_{self.key.name}_prunable_idx"[:63]
-
-    @property
-    def recommended_index_sql(self) -> str:
-        """The partial index each batch is written for, to run outside a transaction (it does
-        not block writes): ``(<age>, <key>) WHERE <guard>``, the keyset order of the batches
-        under the rule's literal guard; ``(<age>, <key>)`` for a rule with no guard."""
-        return (f"CREATE INDEX CONCURRENTLY IF NOT EXISTS {self.index_name} ON "
-                f"{self.qualified_name} ({self.age.name}, {self.key.name})"
-                + (f" WHERE {self.guard_sql}" if self.guards else ""))
-
-    @property
-    def guard_sql(self) -> str:
-        """The guard as SQL text, for messages and index definitions: ``user_id IS NULL``
-        (empty for a rule with no guard)."""
-        return " AND ".join(f"{c.name} IS NULL" for c in self.guards)
-
-    @property
-    def comparison(self) -> str:
-        """The age column's comparison with the cutoff: ``<``, or ``<=`` for a rule with
-        ``cutoff_inclusive``."""
-        return "<=" if self.cutoff_inclusive else "<"
-
-    @property
-    def predicate_sql(self) -> str:
-        """The whole predicate as text, for messages (never for SQL): ``user_id IS NULL AND
-        updated_at < cutoff``, or ``expires_at < cutoff`` for a rule with no guard
-        (``<=`` with ``cutoff_inclusive``)."""
-        return " AND ".join([*(f"{c.name} IS NULL" for c in self.guards),
-                             f"{self.age.name} {self.comparison} cutoff"])
-
-    @property
-    def older_than(self) -> str:
-        """How messages say that an age is prunable against an instant: ``older than``, or
-        ``at or before`` for a rule with ``cutoff_inclusive``."""
-        return "at or before" if self.cutoff_inclusive else "older than"
-
-    def prunable_before(self, cutoff: dt.datetime) -> dt.datetime:
-        """The instant every prunable age lies strictly before: ``cutoff`` itself, or one
-        microsecond (the resolution of ``timestamptz``) after it for a rule with
-        ``cutoff_inclusive``. A range of ages that starts at or after it holds no prunable
-        row.
-
-        Raises:
-            InvalidArgumentError: ``cutoff`` is naive.
-        """
-        _require_aware(cutoff, "cutoff")
-        return cutoff + _MICROSECOND if self.cutoff_inclusive else cutoff
-
-    def prunable(self, cutoff: dt.datetime) -> sa.ColumnElement[bool]:
-        """The prunable predicate ``<guards> IS NULL AND <age> < :cutoff`` (``<=`` with
-        ``cutoff_inclusive``), and, with holds, ``AND NOT EXISTS (<an active hold of the
-        row>)``: every statement of the project that selects, counts or deletes prunable rows
-        is built from it.
-
-        Args:
-            cutoff: timezone-aware instant; rows aged strictly before it are prunable (or at
-                it too, with ``cutoff_inclusive``).
-
-        Raises:
-            InvalidArgumentError: ``cutoff`` is naive.
-        """
-        _require_aware(cutoff, "cutoff")
-        eligible = self.eligible(cutoff)
-        if self.hold is None:
-            return eligible
-        return sa.and_(eligible, self.hold.uncovered(
-            self.hold_column, nullable=self.hold_column is not self.key))
-
-    def eligible(self, cutoff: dt.datetime) -> sa.ColumnElement[bool]:
-        """The guard and the age alone, ``<guards> IS NULL AND <age> < :cutoff``: the rows
-        the rule would prune were it not for holds (what :meth:`prunable` is without holds).
-
-        Raises:
-            InvalidArgumentError: ``cutoff`` is naive.
-        """
-        _require_aware(cutoff, "cutoff")
-        bound = sa.bindparam("cutoff", cutoff, type_=TIMESTAMP(timezone=True))
-        return sa.and_(
-            *(c.is_(None) for c in self.guards),
-            self.age <= bound if self.cutoff_inclusive else self.age < bound,
-            *self._in_ages(),
-        )
-
-    def _in_ages(self) -> list[sa.ColumnElement[bool]]:
-        """The narrowing to :attr:`ages`, as one condition (none for the whole table)."""
-        if self.ages is None:
-            return []
-        ts = TIMESTAMP(timezone=True)
-        ranges = []
-        for lower, upper in self.ages:
-            ends = ([self.age >= sa.literal(lower, ts)] if lower is not None else []) + (
-                [self.age < sa.literal(upper, ts)] if upper is not None else [])
-            if not ends:
-                return []  # an unbounded range admits every row
-            ranges.append(sa.and_(*ends))
-        return [sa.or_(*ranges) if ranges else sa.false()]
-
-    def held(self, cutoff: dt.datetime) -> sa.ColumnElement[bool]:
-        """The rows :meth:`eligible` admits that an active hold covers (``false`` without
-        holds): what a run counts as held, never deletes.
-
-        Raises:
-            InvalidArgumentError: ``cutoff`` is naive.
-        """
-        eligible = self.eligible(cutoff)
-        if self.hold is None:
-            return sa.and_(eligible, sa.false())
-        return sa.and_(eligible, self.hold.covers(self.hold_column))
-
-    def delete_prunable(self, cutoff: dt.datetime, *where: sa.ColumnElement[bool]) -> sa.Delete:
-        """``DELETE FROM <table> WHERE <prunable(cutoff)> AND <where...>``.
-
-        The only DELETE constructor of the project: callers narrow it (to a batch's keys) but
-        cannot drop the guard or the hold test, which are repeated here as defence in depth
-        even when the rows were selected with the same predicate (a hold committed since then
-        keeps its row).
-        """
-        return sa.delete(self.table).where(self.prunable(cutoff), *where)
-
 
 def compute_cutoff(now: dt.datetime, retention_days: int,
                    window_end: dt.datetime | None = None) -> dt.datetime:
@@ -352,16 +225,12 @@ def compute_cutoff(now: dt.datetime, retention_days: int,
     Raises:
         InvalidArgumentError: a naive datetime, or ``retention_days`` not > 0.
     """
-    _require_aware(now, "now")
+    require_aware(now, "now")
     if retention_days <= 0:
         raise InvalidArgumentError(f"retention_days must be > 0, got {retention_days!r}")
     anchor = now
     if window_end is not None:
-        _require_aware(window_end, "window_end")
+        require_aware(window_end, "window_end")
         anchor = min(now, window_end)
     return anchor.astimezone(_UTC) - dt.timedelta(days=retention_days)
 
-
-def _require_aware(value: dt.datetime, name: str) -> None:
-    if value.tzinfo is None or value.utcoffset() is None:
-        raise InvalidArgumentError(f"{name} must be a timezone-aware datetime, got naive {value!r}")

@@ -490,6 +490,32 @@ def test_grants_prints_the_roles_sql_for_the_policys_own_table_for_psql(tmp_path
     assert all(q == "(customer_ref IS NULL)" for _, _, q in policies)
 
 
+def test_commands_on_a_policys_database_fail_naming_its_variable_when_it_is_unset(tmp_path):
+    """grants (for the archive's columns), hold list and dry-run read the policy's own
+    database: with its variable unset each exits 2 naming the variable, and dry-run --all still
+    writes its document, the policy's error in it."""
+    import json
+
+    from favorites_maintenance_tests.helpers.policy_files import policy_project
+
+    root = policy_project(tmp_path, {"shop_carts": SHOP_CARTS})
+    env = {"PYTHONPATH": str(root / "src")}
+    unset = "FAVORITES_DATABASE_URL: is not set"
+    grants = cli("grants", "--policy", "shop_carts", "--role", "carts_cleanup", cwd=root,
+                 env_extra=env)
+    held = cli("hold", "list", "--policy", "shop_carts", cwd=root, env_extra=env)
+    one = cli("dry-run", "--policy", "shop_carts", cwd=root, env_extra=env)
+    every = cli("dry-run", "--all", "--json", cwd=root, env_extra=env)
+    assert grants.returncode == 2 and unset in grants.stderr
+    assert "(the archive's DDL needs the columns of shop.carts)" in grants.stderr
+    assert grants.stdout == ""
+    assert held.returncode == 2 and unset in held.stderr
+    assert one.returncode == 2 and unset in one.stderr
+    assert every.returncode == 2
+    [carts] = [p for p in json.loads(every.stdout)["policies"] if p["policy"] == "shop_carts"]
+    assert unset in carts["error"]
+
+
 def test_partition_functions_prints_the_sql_of_the_policys_table_for_psql(tmp_path, engine):
     """The command's output, run as the owner, installs the two functions named after the
     policy's table, SECURITY DEFINER, executable by --role only; a policy without
