@@ -291,7 +291,6 @@ def test_a_policy_file_declares_the_partitioned_shape_and_loads_without_a_databa
 
 
 #: The advisory lock the test holds while the run's third DELETE waits for it.
-GATE = 3406
 
 
 @pytest.mark.xdist_group("stop")
@@ -301,23 +300,25 @@ def test_terminating_a_run_of_the_partition_steps_ends_it_canceled(monthly):
 
     engine, _ = monthly
     before = spread(engine)
-    # The first two DELETEs go through; every later one waits for the advisory lock the test
-    # holds: the steps are mid-purge when the run is stopped, however slowly the machine runs.
+    # The first two DELETEs go through; every later one waits until the test opens the gate:
+    # the steps are mid-purge when the run is stopped, however slowly the machine runs. The
+    # wait is a sleep, not a lock: a lock wait would end at the batch's lock_timeout (2 s),
+    # which a loaded machine can take to pass the interrupt on (the batch then failed on its
+    # own, up for retry, and no step was left to stop); a sleep ends at the statement_timeout.
     with engine.begin() as conn:
         conn.execute(sa.text("CREATE SEQUENCE favorites.deletes"))
+        conn.execute(sa.text("CREATE TABLE favorites.gate_open (opened boolean)"))
         conn.execute(sa.text(
             "CREATE FUNCTION favorites.gate() RETURNS trigger LANGUAGE plpgsql AS $$ "
             "BEGIN IF nextval('favorites.deletes') > 2 THEN "
-            f"PERFORM pg_advisory_xact_lock_shared({GATE}); END IF; RETURN NULL; END $$"))
+            "WHILE NOT EXISTS (SELECT FROM favorites.gate_open) LOOP "
+            "PERFORM pg_sleep(0.05); END LOOP; END IF; RETURN NULL; END $$"))
         conn.execute(sa.text("CREATE TRIGGER gate BEFORE DELETE ON favorites.favorites "
                              "FOR EACH STATEMENT EXECUTE FUNCTION favorites.gate()"))
     gate = engine.connect()
-    gate.execute(sa.text(f"SELECT pg_advisory_lock({GATE})"))
-    gate.commit()
     waiting_delete = sa.text(
-        "SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND NOT granted "
-        "AND objid = :gate AND database = (SELECT oid FROM pg_database "
-        "WHERE datname = current_database())")
+        "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() "
+        "AND wait_event = 'PgSleep'")
     finished, problems = threading.Event(), []
 
     with dg.instance_for_test() as instance:
@@ -331,10 +332,15 @@ def test_terminating_a_run_of_the_partition_steps_ends_it_canceled(monthly):
             problems.append(f"the run ended or timed out before {what}")
             return False
 
+        def delete_waiting() -> bool:
+            # A transaction reads pg_stat_activity once: each look is a transaction of its own.
+            waiting = gate.execute(waiting_delete).scalar_one()
+            gate.commit()
+            return waiting > 0
+
         def stop_at_the_gate() -> None:
             try:
-                if not wait_for("a third DELETE waited at the gate", lambda: gate.execute(
-                        waiting_delete, {"gate": GATE}).scalar_one() > 0):
+                if not wait_for("a third DELETE waited at the gate", delete_waiting):
                     return
                 [run] = instance.get_runs(limit=1)
                 instance.report_run_canceling(run)
@@ -345,7 +351,7 @@ def test_terminating_a_run_of_the_partition_steps_ends_it_canceled(monthly):
                     for r in instance.all_logs(run.run_id,
                                                of_type=dg.DagsterEventType.ENGINE_EVENT)))
             finally:
-                gate.execute(sa.text(f"SELECT pg_advisory_unlock({GATE})"))
+                gate.execute(sa.text("INSERT INTO favorites.gate_open VALUES (true)"))
                 gate.commit()
 
         thread = threading.Thread(target=stop_at_the_gate, daemon=True)
