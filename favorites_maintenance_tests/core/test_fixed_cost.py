@@ -28,7 +28,10 @@ def statements_of_a_daily_run(engine, rows) -> tuple[list[str], object]:
     try:
         report = purge_rows(engine, CUTOFF, batch_size=1000, batch_size_max=10_000,
                             target_batch_duration=dt.timedelta(milliseconds=200),
-                            max_run_duration=dt.timedelta(minutes=1), health=HealthLimits(),
+                            max_run_duration=dt.timedelta(minutes=1),
+                            # One reading a run however slowly the machine runs (the default
+                            # reads again after a second, which a loaded machine can take).
+                            health=HealthLimits(check_every=dt.timedelta(minutes=1)),
                             previous_row_s=1e-6)
     finally:
         sa.event.remove(engine, "before_cursor_execute", record)
