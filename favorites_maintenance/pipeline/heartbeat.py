@@ -37,8 +37,9 @@ from favorites_maintenance.retention.database import error_summary
 HEARTBEAT_TAG = "favorites_maintenance/heartbeat"
 #: The sensor's name (one for the code location).
 DEAD_RUN_SENSOR = "cleanup_dead_run_sensor"
-#: Seconds between two evaluations of the sensor.
-SENSOR_INTERVAL_S = 30
+#: Evaluations of the sensor per timeout: a dead run is ended within a quarter of the timeout
+#: after it (:func:`sensor_interval`).
+_TICKS_PER_TIMEOUT = 4
 #: Heartbeats per timeout: a few writes lost to a busy storage do not end a live run.
 _BEATS_PER_TIMEOUT = 8
 
@@ -49,6 +50,13 @@ def beat_every(timeout: dt.timedelta) -> float:
     """Seconds between two heartbeats of a step for a timeout of ``timeout``: an eighth of it,
     from 2 s to 30 s."""
     return min(max(timeout.total_seconds() / _BEATS_PER_TIMEOUT, 2.0), 30.0)
+
+
+def sensor_interval(timeout: dt.timedelta) -> int:
+    """Seconds between two evaluations of ``cleanup_dead_run_sensor`` for a timeout of
+    ``timeout``: a quarter of it, from 5 s to 30 s (30 s for the default 2 minutes). A dead
+    run is ended at most about one timeout and two intervals after its last heartbeat."""
+    return int(min(max(timeout.total_seconds() / _TICKS_PER_TIMEOUT, 5.0), 30.0))
 
 
 class Heartbeat:
@@ -106,7 +114,7 @@ def _utc(epoch: float) -> str:
 
 def build_dead_run_sensor(timeout: dt.timedelta,
                           clock: Callable[[], float] = time.time) -> dg.SensorDefinition:
-    """The sensor ``cleanup_dead_run_sensor``: every :data:`SENSOR_INTERVAL_S` seconds, it
+    """The sensor ``cleanup_dead_run_sensor``: every :func:`sensor_interval` seconds, it
     reads the runs in progress (STARTED or CANCELING) that carry :data:`HEARTBEAT_TAG`, and
     ends each whose tag has not changed for ``timeout`` by ``clock`` (epoch seconds; this
     process's, whatever the clocks of the hosts that wrote the heartbeats): a STARTED run is
@@ -120,7 +128,7 @@ def build_dead_run_sensor(timeout: dt.timedelta,
 
     @dg.sensor(
         name=DEAD_RUN_SENSOR,
-        minimum_interval_seconds=SENSOR_INTERVAL_S,
+        minimum_interval_seconds=sensor_interval(timeout),
         default_status=dg.DefaultSensorStatus.RUNNING,
         description=(f"Ends a cleanup or restore run whose steps have not beaten for "
                      f"{timeout.total_seconds():g} s (its process was killed or lost): FAILURE, "

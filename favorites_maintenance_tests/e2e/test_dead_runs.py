@@ -45,7 +45,8 @@ pytestmark = [pytest.mark.e2e, pytest.mark.xdist_group("dagster_stack")]
 UTC = dt.timezone.utc
 NOW = dt.datetime.now(UTC)
 PARTITION = (NOW - dt.timedelta(days=1)).date().isoformat()
-#: The shortest timeout there is: a run silent for 30 s is taken for dead.
+#: The shortest timeout there is: a run silent for 30 s is taken for dead, the sensor looking
+#: every 7 s.
 TIMEOUT = "PT30S"
 OLD_ROWS = 200
 BATCH = 10

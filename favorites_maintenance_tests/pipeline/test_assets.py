@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import datetime as dt
+import os
 import time
 
 
@@ -168,7 +169,12 @@ def test_a_launch_of_a_day_outside_the_partitions_is_refused_before_any_delete(
     single-run backfill's range ending today, a day before the first. Each run fails before
     reading the database, naming the day and the days there are; nothing is deleted or
     materialized."""
-    from favorites_maintenance_tests.helpers.daemon import code_location, launch_run, pg_instance
+    from favorites_maintenance_tests.helpers.daemon import (
+        code_location,
+        launch_run,
+        pg_instance,
+        step_processes,
+    )
 
     old = set(rows.add_many(40, updated_at=CUTOFF - dt.timedelta(days=40)))
     load_code_location(db_url, monkeypatch)  # the code server inherits these variables
@@ -182,10 +188,16 @@ def test_a_launch_of_a_day_outside_the_partitions_is_refused_before_any_delete(
          f"partitions 2026-06-14...{today} refused: {today} is not one"),
         ({"dagster/partition": "2025-12-31"}, "partition 2025-12-31 refused"),
     ]
+    # The first launch runs on the location's default executor, a process for the step, as
+    # the asset page's; the others in the run's own process: the refusal is the op's, not the
+    # executor's, and each step process costs an import of the whole code location.
+    in_process = {"execution": {"config": {"in_process": {}}}}
     with pg_instance(dagster_storage_url, run_in_process=True) as instance, \
             code_location(instance) as workspace:
-        for tags, refused in launches:
-            run_id = launch_run(workspace, "__ASSET_JOB", tags=tags, asset=list(ASSET_KEY.path))
+        for n, (tags, refused) in enumerate(launches):
+            run_id = launch_run(workspace, "__ASSET_JOB", tags=tags, asset=list(ASSET_KEY.path),
+                                run_config=in_process if n else None)
+            assert len(step_processes(instance, run_id) - {os.getpid()}) == (0 if n else 1)
             assert instance.get_run_by_id(run_id).status == dg.DagsterRunStatus.FAILURE
             [failure] = [e.dagster_event for e in instance.all_logs(run_id)
                          if e.dagster_event and e.dagster_event.event_type_value == "STEP_FAILURE"]

@@ -9,6 +9,7 @@ import threading
 import time
 
 import dagster as dg
+import pytest
 
 from favorites_maintenance.pipeline.heartbeat import (
     DEAD_RUN_SENSOR,
@@ -28,6 +29,17 @@ def test_the_code_location_watches_for_dead_runs(db_url, monkeypatch):
     sensor = defs.resolve_sensor_def(DEAD_RUN_SENSOR)
     assert sensor.default_status == dg.DefaultSensorStatus.RUNNING
     assert "120 s" in sensor.description  # FAVORITES_RUN_HEARTBEAT_TIMEOUT's default
+
+
+@pytest.mark.parametrize(("timeout", "interval"), [(None, 30), ("PT30S", 7), ("PT1H", 30)])
+def test_the_dead_run_sensor_looks_a_quarter_of_the_timeout_apart(db_url, monkeypatch,
+                                                                   timeout, interval):
+    """A dead run is ended about one timeout and two ticks after its last heartbeat: a short
+    timeout is not held up by ticks as long as the default's (30 s at most)."""
+    if timeout is not None:
+        monkeypatch.setenv("FAVORITES_RUN_HEARTBEAT_TIMEOUT", timeout)
+    defs = load_code_location(db_url, monkeypatch)
+    assert defs.resolve_sensor_def(DEAD_RUN_SENSOR).minimum_interval_seconds == interval
 
 
 def test_a_live_run_silent_for_longer_than_the_timeout_keeps_beating_and_is_not_ended(
