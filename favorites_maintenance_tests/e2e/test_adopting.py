@@ -1,9 +1,9 @@
 """docs/adopting.md end to end, as a team adopts the package: the package's wheel installed into
 a project made by ``create-dagster project`` (from PyPI, in a virtual environment of the test's
-own), beside an asset, resources named ``database``, ``alerts`` and ``retention`` and an executor
-of the project's; ``dg list components``, ``dg scaffold defs``, ``dg check defs``, ``dg launch``
-of a partition; the rows deleted and kept, the project's executor, and nothing written into the
-environment."""
+own, made and filled by uv as Dagster's docs make a project's), beside an asset, resources named
+``database``, ``alerts`` and ``retention`` and an executor of the project's; ``dg list
+components``, ``dg scaffold defs``, ``dg check defs``, ``dg launch`` of a partition; the rows
+deleted and kept, the project's executor, and nothing written into the environment."""
 
 from __future__ import annotations
 
@@ -15,6 +15,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from uv import find_uv_bin
 
 from favorites_maintenance_tests.helpers.host_project import HOST_DEFINITIONS
 
@@ -42,13 +43,11 @@ def adopter_venv(tmp_path_factory) -> Path:
     assert built.returncode == 0, built.stderr[-3000:]
     [wheel] = wheels.glob("favorites_maintenance-*.whl")
     venv = folder / "venv"
-    made = _run([sys.executable, "-m", "venv", venv], cwd=folder)
+    made = _run([find_uv_bin(), "venv", "-q", "--python", sys.executable, venv], cwd=folder)
     assert made.returncode == 0, made.stderr
-    # --no-compile: byte-compiling every module of Dagster and its dependencies took a third
-    # of the install; the few the commands import are compiled when they first are.
-    installed = _run([venv / "bin" / "pip", "install", "-q", "--no-compile",
-                      "create-dagster>=1.13.27,<1.14",
-                      "dagster-dg-cli>=1.13.27,<1.14", wheel], cwd=folder, timeout=1800)
+    installed = _run([find_uv_bin(), "pip", "install", "-q", "--python", venv / "bin" / "python",
+                      "create-dagster>=1.13.27,<1.14", "dagster-dg-cli>=1.13.27,<1.14", wheel],
+                     cwd=folder, timeout=1800)
     if installed.returncode != 0:
         pytest.fail("could not install create-dagster and the wheel from the package index: "
                     + installed.stderr[-2000:])
@@ -75,8 +74,8 @@ def test_a_team_adds_a_policy_to_its_own_project_and_it_runs(adopter_venv, db_ur
     assert made.returncode == 0, made.stdout + made.stderr
     project = tmp_path / PROJECT
     (project / "src" / MODULE / "defs" / "platform.py").write_text(HOST_DEFINITIONS)
-    linked = _run([bin_ / "pip", "install", "-q", "--no-deps", "-e", project], cwd=tmp_path,
-                  env=env)
+    linked = _run([find_uv_bin(), "pip", "install", "-q", "--python", bin_ / "python",
+                   "--no-deps", "-e", project], cwd=tmp_path, env=env)
     assert linked.returncode == 0, linked.stderr[-2000:]
     before = _files(adopter_venv)
 
