@@ -60,18 +60,11 @@ _CONFLICT_KINDS = frozenset({ErrorKind.LOCK_NOT_AVAILABLE, ErrorKind.SERIALIZATI
 
 class BatchFailures:
     """The failure steps of :class:`~favorites_maintenance.retention.batch_loop.BatchLoop`,
-    which mixes them in: they read and set the loop's state (its counts, position, connection,
-    statements, the size of the next batch: ``sizing``) and call its :meth:`report` and
-    :meth:`_lock_from_now`.
-
-    Their own state: runs of the current batch that met a moved row (``moved_retries``) or a
-    stale statement (``stale_retries``), and, after a statement timeout, what a row's delete
-    fires (``delete_work``).
+    which mixes them in: they read and set the loop's :attr:`state` (:class:`~favorites_
+    maintenance.retention.loop_state.LoopState`: its rule, connection, statements, position, the
+    batch's retries and its one row), its counts and the size of the next batch (``sizing``),
+    and call its :meth:`report` and :meth:`_lock_from_now`.
     """
-
-    moved_retries = 0
-    stale_retries = 0
-    delete_work: str | None = None
 
     def _on_error(self, error: ErrorDescription, limit: int, fast: bool,
                   elapsed: float) -> None:
@@ -83,13 +76,13 @@ class BatchFailures:
             self._lock_from_now()
             return
         if (error.kind is ErrorKind.SERIALIZATION_FAILURE
-                and self.moved_retries < _MOVED_ROW_RETRIES):
+                and self.state.moved_retries < _MOVED_ROW_RETRIES):
             self._retry_moved(error)
             return
-        if error.kind is ErrorKind.STALE_STATEMENT and self.stale_retries < _STALE_RETRIES:
+        if error.kind is ErrorKind.STALE_STATEMENT and self.state.stale_retries < _STALE_RETRIES:
             self._retry_stale(error)
             return
-        self.stale_retries = 0
+        self.state.stale_retries = 0
         if error.kind is ErrorKind.DATA_EXCEPTION and self._holds_as_text():
             return
         if error.kind is ErrorKind.STATEMENT_TIMEOUT and self._isolate(error, limit):
@@ -104,8 +97,8 @@ class BatchFailures:
     def _retry_moved(self, error: ErrorDescription) -> None:
         # A row of the batch moved to another partition as it was locked (an update of its
         # partition key): a new transaction reads where it went.
-        self.moved_retries += 1
-        self.again = True
+        self.state.moved_retries += 1
+        self.state.again = True
         log.info("batch %d met a row moved by a concurrent update (%s); taking it "
                  "again", self.counts.batch_no, error)
 
@@ -114,27 +107,28 @@ class BatchFailures:
         hold column's type and an active hold no longer reads as it (one written during the
         run), compare the holds as text from now on and take the batch again (``True``);
         else ``False``, the row at fault being the batch's own."""
-        hold = self.rule.hold
+        state = self.state
+        hold = state.rule.hold
         if hold is None or hold.column_type is None:
             return False
         try:
-            self.conn.rollback()
-            with self.conn.begin():
-                hold, warning = typed_holds(self.conn, hold, self.rule.qualified_name)
+            state.conn.rollback()
+            with state.conn.begin():
+                hold, warning = typed_holds(state.conn, hold, state.rule.qualified_name)
         except sa.exc.DBAPIError:
             return False
         if hold.column_type is not None:
             return False
-        self.rule = self.rule.with_hold(hold)
-        if self.archive is not None:
+        state.rule = state.rule.with_hold(hold)
+        if state.archive is not None:
             # The archive's statements carry the rule's hold test too.
-            self.archive = dataclasses.replace(
-                self.archive, source_rule=self.archive.source_rule.with_hold(hold))
-        self.statements = BatchStatements(self.rule, self.cutoff, self.by_ctid, self.archive)
-        if isinstance(self.scan, PageScan):
-            self.scan.statements = PageStatements.build(self.rule, self.cutoff, self.archive)
-        elif self.scan is not None:
-            self.scan.statements = self.statements
+            state.archive = dataclasses.replace(
+                state.archive, source_rule=state.archive.source_rule.with_hold(hold))
+        state.statements = BatchStatements(state.rule, self.cutoff, state.by_ctid, state.archive)
+        if isinstance(state.scan, PageScan):
+            state.scan.statements = PageStatements.build(state.rule, self.cutoff, state.archive)
+        elif state.scan is not None:
+            state.scan.statements = state.statements
         self.counts.retried_batches += 1
         log.warning("batch %d was rolled back and is taken again: %s", self.counts.batch_no,
                     warning)
@@ -143,11 +137,11 @@ class BatchFailures:
     def _retry_stale(self, error: ErrorDescription) -> None:
         # A prepared statement or cached plan outlived a schema change: a new connection
         # plans the same statement afresh.
-        self.stale_retries += 1
+        self.state.stale_retries += 1
         self.counts.retried_batches += 1
         log.warning("batch %d ran into a stale statement after a schema change; "
                     "running it again on a new connection: %s", self.counts.batch_no, error)
-        self.conn = reconnect(self.engine, self.conn)
+        self.state.conn = reconnect(self.engine, self.state.conn)
 
     def _isolate(self, error: ErrorDescription, limit: int) -> bool:
         """A batch of ``limit`` rows failed on a row-level error or a statement timeout: split
@@ -158,14 +152,15 @@ class BatchFailures:
         if limit > 1:
             self._split(error, limit)
             return True
-        if self.row_key is None and error.row_level and isinstance(self.scan, KeysetScan):
+        state = self.state
+        if state.row_key is None and error.row_level and isinstance(state.scan, KeysetScan):
             # The lookup of the row failed itself (a row-level security policy raising for
             # it, which only keyset order meets: page order is refused on such a table):
             # find the row without reading it.
-            found = locate_unreadable_row(self.conn, self.rule, self.cutoff, self.scan.after)
+            found = locate_unreadable_row(state.conn, state.rule, self.cutoff, state.scan.after)
             if found is not None:
-                self.row_key = _Candidate(key=found[1], age=found[0])
-        if self.row_key is not None:
+                state.row_key = _Candidate(key=found[1], age=found[0])
+        if state.row_key is not None:
             self._skip_row(error)
             return True
         return False
@@ -180,20 +175,22 @@ class BatchFailures:
 
     def _skip_row(self, error: ErrorDescription) -> None:
         """Skip the one row of a failed one-row batch and go on past it."""
-        key = self.row_key
-        self.counts.skip(1, self._cause(error), key.key, key_name=self.rule.key.name)
+        state = self.state
+        key = state.row_key
+        self.counts.skip(1, self._cause(error), key.key, key_name=state.rule.key.name)
         self.counts.check_skipped(self.options.max_skipped_rows, self.report)
-        self.scan.skip(key)
+        state.scan.skip(key)
 
     def _cause(self, error: ErrorDescription) -> str:
         """Why a row is skipped: the error's cause, and for a statement timeout what the row's
         delete fires (foreign keys, triggers: schema objects, never values)."""
         if error.kind is not ErrorKind.STATEMENT_TIMEOUT:
             return error.cause
-        if self.delete_work is None:
-            self.delete_work = delete_work(self.conn, self.rule.qualified_name)
+        state = self.state
+        if state.delete_work is None:
+            state.delete_work = delete_work(state.conn, state.rule.qualified_name)
         return (f"{error.cause}: deleting this one row takes longer than statement_timeout"
-                + (f" ({self.delete_work})" if self.delete_work else ""))
+                + (f" ({state.delete_work})" if state.delete_work else ""))
 
     def _swallowed(self, count: int) -> None:
         """``count`` rows the batch locked were not deleted: skipped, and judged."""
@@ -203,8 +200,9 @@ class BatchFailures:
             # Mostly swallowed: judged as no progress (which names the mechanisms) once
             # enough rows were selected, or at the end of the run.
             if counts.selected_total >= max(self.options.batch_size, NO_PROGRESS_SAMPLE):
-                raise no_progress(self.conn, self.rule, self.report(StopReason.EXHAUSTED),
-                                  counts.selected_total, batch_no=counts.batch_no)
+                raise no_progress(self.state.conn, self.state.rule,
+                                  self.report(StopReason.EXHAUSTED), counts.selected_total,
+                                  batch_no=counts.batch_no)
         else:
             counts.check_skipped(self.options.max_skipped_rows, self.report)
 

@@ -104,10 +104,11 @@ from favorites_maintenance.retention.diagnosis import check_zero_progress, no_pr
 from favorites_maintenance.retention.errors import describe
 from favorites_maintenance.retention.health import HealthLimits, HealthMonitor
 from favorites_maintenance.retention.loop_preparation import LoopPreparation, connect
+from favorites_maintenance.retention.loop_state import LoopState
 from favorites_maintenance.retention.report import BatchResult, PurgeReport, StopReason
 from favorites_maintenance.retention.rule import RetentionRule
 from favorites_maintenance.retention.run_counts import RunCounts
-from favorites_maintenance.retention.scan import KeysetScan, PageScan, ScanMode
+from favorites_maintenance.retention.scan import ScanMode
 
 # The purge's log lines keep the purge's logger name, whichever module writes them.
 log = logging.getLogger("favorites_maintenance.retention.purge")
@@ -191,21 +192,23 @@ class BatchLoop(LoopPreparation, BatchFailures):
         archive: where the batches move their rows (:mod:`~favorites_maintenance.retention.
             archive`); ``None``: they are deleted.
 
-    The run's state: the counters of its report (:attr:`counts`), its position (:attr:`scan`,
-    in keyset or page order), the size of the next batch (:attr:`sizing`, :class:`~favorites_
-    maintenance.retention.batch_sizing.BatchSizing`), its form (:attr:`form`, :class:`~favorites_
-    maintenance.retention.batch_form.BatchForm`), and what stops or pauses it between batches
-    (:attr:`pauses`, :class:`~favorites_maintenance.retention.batch_pauses.BatchPauses`, with the
-    time budget). The steps before the first batch are :class:`~favorites_maintenance.retention.
-    loop_preparation.LoopPreparation`'s, those after a failed batch :class:`~favorites_maintenance.
-    retention.batch_failures.BatchFailures`'.
+    The run's state: its rule, connection, position (keyset or page order) and what one batch
+    leaves for the next (:attr:`state`, :class:`~favorites_maintenance.retention.loop_state.
+    LoopState`), the counters of its report (:attr:`counts`), the size of the next batch
+    (:attr:`sizing`, :class:`~favorites_maintenance.retention.batch_sizing.BatchSizing`), its
+    form (:attr:`form`, :class:`~favorites_maintenance.retention.batch_form.BatchForm`), and
+    what stops or pauses it between batches (:attr:`pauses`, :class:`~favorites_maintenance.
+    retention.batch_pauses.BatchPauses`, with the time budget). The rest is set once: the
+    arguments, and the time budget (:attr:`budget`). The steps before the first batch are
+    :class:`~favorites_maintenance.retention.loop_preparation.LoopPreparation`'s, those after a
+    failed batch :class:`~favorites_maintenance.retention.batch_failures.BatchFailures`'.
     """
 
     def __init__(self, engine: sa.Engine, rule: RetentionRule, cutoff: dt.datetime,
                  options: PurgeOptions, *, should_stop: Callable[[], bool] = lambda: False,
                  on_batch: Callable[[BatchResult], None] | None = None,
                  archive: ArchiveTarget | None = None):
-        self.engine, self.rule, self.cutoff, self.options = engine, rule, cutoff, options
+        self.engine, self.cutoff, self.options = engine, cutoff, options
         self.on_batch, self.archive_target = on_batch, archive
         self.budget = TimeBudget.from_now(options.max_run_duration)
         self.sizing = BatchSizing.starting(BatchSizeController(
@@ -217,27 +220,25 @@ class BatchLoop(LoopPreparation, BatchFailures):
         self.form = BatchForm(options.optimistic,
                               min(options.lock_timeout, OPTIMISTIC_LOCK_TIMEOUT))
         self.counts = RunCounts()
-        self.scan: KeysetScan | PageScan | None = None  # the run's position
-        self.again = False  # the same batch runs again: its number stays
-        self.row_key = None  # a one-row batch's candidate (key, age), named before its delete
-        self.conn: sa.Connection | None = None
+        self.state = LoopState(rule)
 
     def run(self) -> PurgeReport:
         """Check the table, run batches until one comes back less than full or the run stops,
         and return the report. Raises what :func:`~favorites_maintenance.retention.purge.
         purge` documents."""
-        self.conn = connect(self.engine)
+        state = self.state
+        state.conn = connect(self.engine)
         try:
             self._prepare()
             while True:
-                reason = self.pauses.before_batch(self.conn, self.counts,
-                                                  nothing_prunable=self.nothing_prunable)
+                reason = self.pauses.before_batch(state.conn, self.counts,
+                                                  nothing_prunable=state.nothing_prunable)
                 if reason is not None:
                     return self.report(reason)
                 if self._run_batch():
                     return self._finish()
         finally:
-            self.conn.close()
+            state.conn.close()  # the current one: a stale statement replaces it
 
     def report(self, reason: StopReason) -> PurgeReport:
         """What the run did so far, ending for ``reason``."""
@@ -247,17 +248,15 @@ class BatchLoop(LoopPreparation, BatchFailures):
     def _run_batch(self) -> bool:
         """Run one batch transaction and take its outcome; whether the run is done (the
         batch came back less than full)."""
-        counts = self.counts
-        if not (self.stale_retries or self.again):
+        counts, state = self.counts, self.state
+        if state.start_batch():
             counts.batch_no += 1
-        self.again = False
         limit = self.sizing.size
         counts.size_max = max(counts.size_max, limit)
         counts.first_limit = counts.first_limit or limit
-        self.row_key = None
         fast = self.form.optimistic(limit, at_full_size=self.sizing.at_full_size())
-        statement, params = self.scan.batch(fast, limit)
-        span = self.spans.start(counts.batch_no, limit, fast, statement)
+        statement, params = state.scan.batch(fast, limit)
+        span = state.spans.start(counts.batch_no, limit, fast, statement)
         t0 = time.monotonic()
         try:
             row, waiters = self._transaction(statement, params, limit, fast, t0)
@@ -278,23 +277,24 @@ class BatchLoop(LoopPreparation, BatchFailures):
                      t0: float) -> tuple[sa.Row, int]:
         """The batch transaction: its row (``selected``, ``deleted`` and the position the
         scan reads) and how many sessions waited on its locks (0 when not asked)."""
-        conn, options, waiters = self.conn, self.options, 0
+        state, options, waiters = self.state, self.options, 0
+        conn, scan = state.conn, state.scan
         lock_watch = self.sizing.lock_watch
         with conn.begin() as tx:
             limit_transaction(conn, lock_timeout=self.form.lock_timeout(fast, options.lock_timeout),
                               statement_timeout=options.statement_timeout,
                               synchronous_commit=options.synchronous_commit,
-                              incremental_sort=False if self.keyset_index else None,
+                              incremental_sort=False if state.keyset_index else None,
                               nested_loop_joins_only=True, serial=True,
-                              tid_scans_only=self.scan.tid_scans_only, seqscan=False)
-            hold = self.rule.hold
+                              tid_scans_only=scan.tid_scans_only, seqscan=False)
+            hold = state.rule.hold
             if hold is not None and hold.copy is not None and hold.column_type is not None:
                 # Before the batch's statements, which bind the copy: a hold committed before
                 # this read keeps its rows in this batch.
                 hold.copy.refresh(conn, hold)
             if limit == 1:
-                self.row_key = conn.execute(*self.scan.next_key()).first()
-            row = self.scan.execute(conn, statement, params)
+                state.row_key = conn.execute(*scan.next_key()).first()
+            row = scan.execute(conn, statement, params)
             if fast and row.deleted != row.selected:
                 # A row moved, was claimed or was held (in page order: or a row became
                 # prunable between the count and the DELETE): the locking form decides, so
@@ -304,10 +304,10 @@ class BatchLoop(LoopPreparation, BatchFailures):
                 # After the statement, which holds the table's lock: no migration can commit
                 # between what this reads and what the batch ran against.
                 self._check_shape(conn)
-            if tx.is_active and self.archive is not None:
+            if tx.is_active and state.archive is not None:
                 # After the statement, which holds the table's lock: raises (and the batch
                 # rolls back) if a column changed since the archive was checked.
-                self.archive.check_unchanged(conn)
+                state.archive.check_unchanged(conn)
             if tx.is_active and lock_watch is not None and lock_watch.due(time.monotonic() - t0):
                 waiters = lock_watch.waiters(conn)
         return row, waiters
@@ -315,24 +315,24 @@ class BatchLoop(LoopPreparation, BatchFailures):
     def _lock_from_now(self) -> None:
         """Take the same batch again in the locking form, and the next few batches too."""
         self.form.lock_from_now()
-        self.again = True
+        self.state.again = True
 
     def _on_success(self, row: sa.Row, limit: int, fast: bool, waiters: int,
                     t0: float) -> bool:
         """The batch's transaction ended without error: count it and size the next batch;
         whether the run is done."""
-        self.stale_retries = self.moved_retries = 0
+        self.state.transaction_ended()
         self.form.proven = True
         if fast and row.deleted != row.selected:
             self._lock_from_now()  # rolled back: the locking form takes the batch again
             return False
         self.form.committed(at_full_size=self.sizing.at_full_size())
-        elapsed, counts = time.monotonic() - t0, self.counts
+        elapsed, counts, scan = time.monotonic() - t0, self.counts, self.state.scan
         counts.batch_max_s = max(counts.batch_max_s, elapsed)
         counts.deleted_total += row.deleted
         counts.selected_total += row.selected
         self.sizing.after_batch(row.selected, limit, waiters, elapsed,
-                                rated=self.scan.rates_batch(row.selected, limit), counts=counts)
+                                rated=scan.rates_batch(row.selected, limit), counts=counts)
         if row.deleted:
             counts.batches += 1
             counts.batch_s += elapsed
@@ -345,19 +345,19 @@ class BatchLoop(LoopPreparation, BatchFailures):
                                       limit))
         if row.deleted < row.selected:
             self._swallowed(row.selected - row.deleted)
-        if self.scan.advance(row, limit, elapsed):
+        if scan.advance(row, limit, elapsed):
             return True
         self._project()
         return False
 
     def _finish(self) -> PurgeReport:
         """The last batch came back less than full: judge the run's progress, and report."""
-        final, counts = self.report(StopReason.EXHAUSTED), self.counts
+        final, counts, state = self.report(StopReason.EXHAUSTED), self.counts, self.state
         if counts.deleted_total * 2 < counts.selected_total:
-            raise no_progress(self.conn, self.rule, final, counts.selected_total,
+            raise no_progress(state.conn, state.rule, final, counts.selected_total,
                               batch_no=counts.batch_no)
         if not counts.selected_total:
-            check_zero_progress(self.conn, self.rule, self.cutoff, final,
+            check_zero_progress(state.conn, state.rule, self.cutoff, final,
                                 self.options.batch_size, batch_no=counts.batch_no)
         return final
 

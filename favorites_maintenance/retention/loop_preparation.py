@@ -14,7 +14,7 @@ import time
 
 import sqlalchemy as sa
 
-from favorites_maintenance.retention.archive import Archive, prepare_archive
+from favorites_maintenance.retention.archive import prepare_archive
 from favorites_maintenance.retention.database import limit_transaction
 from favorites_maintenance.retention.errors import (
     ConnectError,
@@ -52,28 +52,20 @@ log = logging.getLogger("favorites_maintenance.retention.purge")
 
 class LoopPreparation:
     """The preparation steps of :class:`~favorites_maintenance.retention.batch_loop.BatchLoop`,
-    which mixes them in: they set the loop's rule (its holds typed), its position
-    (:attr:`scan`), whether its first batch may be optimistic (``form.proven``), the backlog
-    counted whole (``sizing.counted``), and what the catalogs said, declared here; they call its
+    which mixes them in: they fill the loop's :attr:`state` (:class:`~favorites_maintenance.
+    retention.loop_state.LoopState`: the rule with its holds typed, the archive, the statements,
+    the position and what the catalogs said), whether its first batch may be optimistic
+    (``form.proven``) and the backlog counted whole (``sizing.counted``); they call its
     :meth:`report`.
     """
-
-    archive: Archive | None = None  # checked against the table before batch 1
-    shape: tuple | None = None  # the table's columns as checked (table_shape)
-    by_ctid = False  # whether the batches match their rows by address (ctid)
-    keyset_index = False  # whether the table has the rule's partial index
-    statements: BatchStatements | None = None
-    spans: BatchSpans | None = None
-    # The backlog was counted whole before the first batch and is empty: no batch to hold
-    # back, so no health pause either.
-    nothing_prunable = False
 
     def _prepare(self) -> None:
         """Refuse a standby and a session whose triggers do not fire, check the table's shape
         (and the archive's, creating it when missing), and build the run's statements: one
         transaction, each catalog read a statement of its own only where it could not share
         one (a run of a day's rows spends more here than in its batch)."""
-        conn, rule, options = self.conn, self.rule, self.options
+        state, options = self.state, self.options
+        conn, rule = state.conn, state.rule
         tx = conn.begin()
         try:
             check_session(conn)
@@ -91,11 +83,11 @@ class LoopPreparation:
                     hold, hold_warning = typed_holds(conn, rule.hold, rule.qualified_name)
                     # With the hold table's change counter: one copy of the holds for the
                     # batches, read again only when a hold was written.
-                    rule = self.rule = rule.with_hold(copy_holds(conn, hold))
+                    rule = state.rule = rule.with_hold(copy_holds(conn, hold))
                 facts = table_facts(conn, rule)
-                self.shape, self.by_ctid = facts.shape, facts.by_ctid
+                state.shape, state.by_ctid = facts.shape, facts.by_ctid
                 if self.archive_target is not None:
-                    self.archive = prepare_archive(conn, rule, self.archive_target)
+                    state.archive = prepare_archive(conn, rule, self.archive_target)
                 estimate = (read_scan_estimate(conn, rule, self.cutoff,
                                                self.sizing.controller.maximum, facts)
                             if options.scan is not ScanMode.KEYSET else None)
@@ -107,15 +99,15 @@ class LoopPreparation:
             raise TableCheckError(error, rule.qualified_name) from None
         for warning in findings.warnings + ((hold_warning,) if hold_warning else ()):
             log.warning("%s", warning)
-        self.keyset_index = findings.keyset_index
-        self.statements = BatchStatements(rule, self.cutoff, self.by_ctid, self.archive)
-        self.spans = BatchSpans(self.engine, rule)
+        state.keyset_index = findings.keyset_index
+        state.statements = BatchStatements(rule, self.cutoff, state.by_ctid, state.archive)
+        state.spans = BatchSpans(self.engine, rule)
         self._choose_scan(estimate)
 
     def _choose_scan(self, estimate: ScanEstimate | None) -> None:
         """Start the run in the order :func:`~favorites_maintenance.retention.scan.choose_scan`
         picks from ``estimate`` (``None``: keyset order was asked for)."""
-        budget = self.options.max_run_duration.total_seconds()
+        budget, state = self.options.max_run_duration.total_seconds(), self.state
         if estimate is None:
             mode, self.counts.scan_reason = ScanMode.KEYSET, "keyset order, as asked"
         elif self.options.scan is ScanMode.PAGE_ORDER and estimate.refused is None:
@@ -126,8 +118,8 @@ class LoopPreparation:
             # Nothing can refuse this role the lock that would not refuse the DELETE: the
             # first batch may be optimistic (one write per row), as every later one.
             self.form.proven = True
-        self.nothing_prunable = (estimate is not None and estimate.counted_all
-                                 and not estimate.backlog)
+        state.nothing_prunable = (estimate is not None and estimate.counted_all
+                                  and not estimate.backlog)
         if estimate is not None and mode is ScanMode.KEYSET and estimate.counted_all:
             # The whole backlog is counted (a day's rows): once a batch's rate says the rest
             # fits, one batch takes it (at a known time per row it is within the first size).
@@ -137,14 +129,14 @@ class LoopPreparation:
         if mode is ScanMode.PAGE_ORDER:
             density = (estimate.density if estimate.density is not None
                        else estimate.backlog / max(estimate.blocks, 1))
-            self.scan = PageScan(PageStatements.build(self.rule, self.cutoff, self.archive),
-                                 estimate.blocks,
-                                 PageSpan(density, self.sizing.controller.target_s))
+            state.scan = PageScan(PageStatements.build(state.rule, self.cutoff, state.archive),
+                                  estimate.blocks,
+                                  PageSpan(density, self.sizing.controller.target_s))
         else:
-            self.scan = KeysetScan(self.statements)
+            state.scan = KeysetScan(state.statements)
         self.counts.scan_modes.append(mode)
         # One line: in a run of Dagster each line is a write to its storage.
-        log.info("%s: %s%s", self.rule.qualified_name, self.counts.scan_reason,
+        log.info("%s: %s%s", state.rule.qualified_name, self.counts.scan_reason,
                  self._first_size_text())
 
     def _widen(self) -> None:
@@ -170,7 +162,8 @@ class LoopPreparation:
         """In page order, from :data:`~favorites_maintenance.retention.scan.PROJECT_AFTER_S`
         into the run: go on oldest first if the pages left would not be read within the budget
         at the pace so far."""
-        scan, now, budget = self.scan, time.monotonic(), self.budget
+        state, now, budget = self.state, time.monotonic(), self.budget
+        scan = state.scan
         if not isinstance(scan, PageScan) or now - budget.started < PROJECT_AFTER_S:
             return
         done, left = scan.pages_done, scan.blocks - scan.pages_done
@@ -179,31 +172,32 @@ class LoopPreparation:
         reason = (f"then keyset order, oldest first, from batch {self.counts.batch_no + 1}: "
                   f"{left:,} pages left at {done / (now - budget.started):,.0f} pages a second "
                   f"would outlast the time budget")
-        log.info("%s: %s", self.rule.qualified_name, reason)
+        log.info("%s: %s", state.rule.qualified_name, reason)
         self.counts.scan_reason += "; " + reason
         self._widen()
-        self.scan = KeysetScan(self.statements)
+        state.scan = KeysetScan(state.statements)
         self.counts.scan_modes.append(ScanMode.KEYSET)
 
     def _check_shape(self, conn: sa.Connection) -> None:
         """Inside the batch transaction: check the table again if its columns changed since
         it was checked; raise :class:`TableChangedError` (the batch rolls back) when the rule
         can no longer use it."""
-        shape = table_shape(conn, self.rule)
-        if shape == self.shape:
+        state = self.state
+        shape = table_shape(conn, state.rule)
+        if shape == state.shape:
             return
         try:
-            findings = check_table(conn, self.rule)
+            findings = check_table(conn, state.rule)
         except TableShapeError as exc:
-            message = (f"{self.rule.qualified_name} changed during the run: batch "
+            message = (f"{state.rule.qualified_name} changed during the run: batch "
                        f"{self.counts.batch_no} was rolled back and no batch follows "
                        f"({self.counts.deleted_total} rows deleted before stay deleted): {exc}")
             log.warning("%s", message)
             raise TableChangedError(message, exc.column, self.counts.batch_no,
                                     self.report(StopReason.EXHAUSTED)) from None
-        self.shape = shape
+        state.shape = shape
         log.info("%s changed during the run; checked again at batch %d: the rule can still "
-                 "use it", self.rule.qualified_name, self.counts.batch_no)
+                 "use it", state.rule.qualified_name, self.counts.batch_no)
         for warning in findings.warnings:
             log.warning("%s", warning)
 

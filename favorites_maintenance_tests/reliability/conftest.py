@@ -11,11 +11,18 @@ import time
 import pytest
 import sqlalchemy as sa
 
-from favorites_maintenance.local.guest_favorites import dev_favorites
+from favorites_maintenance.local.guest_favorites import (
+    create_partitioned_dev_schema,
+    dev_favorites,
+    drop_dev_schema,
+)
 from favorites_maintenance.retention.database import APPLICATION_NAME
+from favorites_maintenance.retention.defaults import DATABASE_URL_VAR
 from favorites_maintenance_tests.helpers.clock import CUTOFF, FRESH, OLD, PARTITION
+from favorites_maintenance_tests.helpers.drop_phase import BOUNDS
 from favorites_maintenance_tests.helpers.jobs import (
     error_text,
+    guest_settings_env,
     materialization,
     run_job,
     step_failure,
@@ -202,3 +209,15 @@ def roles(db_url, engine):
     made = Roles(db_url, engine)
     yield made
     made.drop_all()
+
+
+@pytest.fixture
+def table(db_url, engine, monkeypatch):
+    """The test database's favorites table, partitioned by month (``BOUNDS`` of
+    ``helpers/drop_phase.py``, the drop phase's tests); the code location's variables.
+    ``test_partman.py`` has a ``table`` of its own."""
+    drop_dev_schema(engine)
+    create_partitioned_dev_schema(engine, BOUNDS)
+    monkeypatch.setenv(DATABASE_URL_VAR, db_url.render_as_string(hide_password=False))
+    guest_settings_env(monkeypatch)
+    return engine
