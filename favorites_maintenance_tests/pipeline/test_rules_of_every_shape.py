@@ -9,17 +9,14 @@ real ``guest_favorites/defs.yaml`` and an ``email_change_requests/defs.yaml`` wr
 from __future__ import annotations
 
 import datetime as dt
-import shutil
 from pathlib import Path
 
 import dagster as dg
 import pytest
 import sqlalchemy as sa
 import yaml
-from dagster.components.testing import create_defs_folder_sandbox
 from prometheus_client import generate_latest
 
-import favorites_maintenance.defs
 from favorites_maintenance.components.policy_tree import PolicyLoadError, load_policies
 from favorites_maintenance.components.policy_tree import code_location
 from favorites_maintenance.pipeline.failure_sensor import FAILURE_SENSOR
@@ -42,7 +39,6 @@ from favorites_maintenance_tests.helpers.jobs import (
 from favorites_maintenance_tests.helpers.resource_keys import ALERTS_KEY
 
 UTC = dt.timezone.utc
-DEFS = Path(favorites_maintenance.defs.__file__).parent
 #: The day before today: the partition the schedule runs, ending at ANCHOR.
 PARTITION = daily_partitions.get_last_partition_key()
 ANCHOR = daily_partitions.time_window_for_partition_key(PARTITION).end
@@ -66,16 +62,6 @@ def write_policy(defs_folder: Path, attributes: dict, folder: str = "email_chang
     (defs_folder / folder).mkdir()
     (defs_folder / folder / "defs.yaml").write_text(yaml.safe_dump(
         {"type": "favorites_maintenance.RetentionPolicy", "attributes": attributes}))
-
-
-@pytest.fixture
-def sandbox():
-    """A defs folder with the real guest_favorites policy and shared resources."""
-    with create_defs_folder_sandbox() as sandbox:
-        (sandbox.defs_folder_path / "guest_favorites").mkdir()
-        shutil.copy(DEFS / "guest_favorites" / "defs.yaml",
-                    sandbox.defs_folder_path / "guest_favorites")
-        yield sandbox
 
 
 @pytest.fixture
