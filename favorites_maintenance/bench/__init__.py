@@ -85,23 +85,23 @@ __all__ = [
 ]
 
 
-#: What every purging and user-workload process has loaded before it starts: the script that
-#: started the bench (as a spawned child loads it), the bench, SQLAlchemy, psycopg.
-PRELOAD = ["__main__", "favorites_maintenance.bench.strategies",
-           "favorites_maintenance.bench.workload"]
+#: What every purging and user-workload process has loaded before it starts: the modules of its
+#: target, and with them the retention core, SQLAlchemy and psycopg (no Dagster).
+PRELOAD = ["favorites_maintenance.bench.strategies", "favorites_maintenance.bench.workload"]
 
 
-def worker_context():
+def worker_context() -> mp.context.BaseContext:
     """The multiprocessing context of the bench's processes: ``forkserver``, :data:`PRELOAD`
     imported once in its server process.
 
     Each purge and user workload then forks from that process in milliseconds rather than
     starting an interpreter and importing the bench again (a second or two each). The peak
-    RSS read in a purging process stays its own: it starts from the server process's (the
-    same modules a spawned child imports), where a spawned child's ``ru_maxrss`` starts from
-    the bench's own peak (Linux keeps it across ``exec``). Strategy ``J`` still imports
-    Dagster in its own process. The preload takes effect when the server process starts:
-    the first bench of this process starts it, later ones reuse it.
+    RSS read in a purging process stays its own: it starts from what the server process
+    loaded (what a spawned child imports for its target), where a spawned child's
+    ``ru_maxrss`` starts from the bench process's own peak (Linux keeps it across ``exec``).
+    Strategy ``J`` imports Dagster in its own process, which the others never load. The
+    preload takes effect when the server process starts: the first bench of this process
+    starts it, later ones reuse it.
     """
     ctx = mp.get_context("forkserver")
     ctx.set_forkserver_preload(PRELOAD)
