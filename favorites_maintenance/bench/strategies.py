@@ -229,7 +229,8 @@ def _backend_wal(conn: sa.Connection) -> tuple[int, int | None]:
 
 def purge_child(strategy: str, url: str, cutoff: dt.datetime, batch_size: int,
                 max_run_s: float, start, pipe, options: dict | None = None) -> None:
-    """Run one purge worker; send back what it did. Runs in a spawned process.
+    """Run one purge worker; send back what it did. Runs in a process of its own (see
+    :func:`favorites_maintenance.bench.worker_context`).
 
     Sends ``"ready"`` once connected, waits for ``start``, then sends ``deleted``, ``durations``
     (each batch, s) and ``batch_rows`` (each batch's rows), ``t0``/``t1`` (monotonic),

@@ -1,13 +1,19 @@
-"""The ``hold`` commands and the dry run of a policy with holds, run as a user runs them: a
-separate process on a fresh folder, against a real PostgreSQL."""
+"""The ``hold`` commands and the dry run of a policy with holds, against a real PostgreSQL, on a
+fresh folder: through click's test runner in this process, and once as a separate process
+where a script reads what the command prints (the id alone on stdout, a warning alone on
+stderr)."""
 
 from __future__ import annotations
 
 import datetime as dt
 import json
+import os
 
+import pytest
 import sqlalchemy as sa
+from click.testing import CliRunner, Result
 
+from favorites_maintenance.cli import main
 from favorites_maintenance_tests.e2e.test_cli import checkout, cli  # noqa: F401 (fixture)
 from favorites_maintenance_tests.helpers.jobs import guest_variable
 
@@ -21,108 +27,119 @@ def env_of(db_url, **settings) -> dict:
     return env
 
 
+@pytest.fixture
+def run(checkout, monkeypatch):  # noqa: F811
+    """``run(*args, env=..., input=None)``: the command in this process, in the checkout, with
+    only ``env``'s FAVORITES_ and DAGSTER_ variables set (as :func:`cli` starts a process);
+    its exit code, stdout and stderr apart."""
+    monkeypatch.chdir(checkout)
+    unset = {k: None for k in os.environ if k.startswith(("FAVORITES_", "DAGSTER_"))}
+
+    def invoke(*args: str, env: dict, input: str | None = None) -> Result:
+        return CliRunner().invoke(main, list(args), env={**unset, **env}, input=input,
+                                  catch_exceptions=False)
+
+    return invoke
+
+
 def test_hold_init_place_list_release_and_the_dry_run_counting_held_rows_apart(
-        checkout, db_url, engine, rows):  # noqa: F811
+        run, db_url, engine, rows):
     env = env_of(db_url, hold_table="favorites.retention_holds")
     held_id = rows.add(updated_at=OLD)
     rows.add(updated_at=OLD)
 
-    init = cli("hold", "init", "--policy", "guest_favorites", cwd=checkout, env_extra=env)
-    assert init.returncode == 0, init.stderr
+    init = run("hold", "init", "--policy", "guest_favorites", env=env)
+    assert init.exit_code == 0, init.stderr
     assert init.stdout == "hold table favorites.retention_holds ready\n"
-    again = cli("hold", "init", "--policy", "guest_favorites", cwd=checkout, env_extra=env)
-    assert again.returncode == 0, again.stderr
+    again = run("hold", "init", "--policy", "guest_favorites", env=env)
+    assert again.exit_code == 0, again.stderr
 
-    placed = cli("hold", "place", "--policy", "guest_favorites", "--key", str(held_id),
-                 "--reason", "dispute #12", "--by", "support", cwd=checkout, env_extra=env)
-    assert placed.returncode == 0, placed.stderr
+    placed = run("hold", "place", "--policy", "guest_favorites", "--key", str(held_id),
+                 "--reason", "dispute #12", "--by", "support", env=env)
+    assert placed.exit_code == 0, placed.stderr
     hold_id = int(placed.stdout)  # the id, and nothing else
 
-    listed = cli("hold", "list", "--policy", "guest_favorites", "--json", cwd=checkout,
-                 env_extra=env)
-    assert listed.returncode == 0, listed.stderr
+    listed = run("hold", "list", "--policy", "guest_favorites", "--json", env=env)
+    assert listed.exit_code == 0, listed.stderr
     document = json.loads(listed.stdout)
     assert document["hold_table"] == "favorites.retention_holds"
     [only] = document["holds"]
     assert (only["id"], only["placed_by"], only["reason"], only["released_at"]) == (
         hold_id, "support", "dispute #12", None)
     assert "key" not in only and str(held_id) not in listed.stdout.replace(str(hold_id), "")
-    shown = cli("hold", "list", "--policy", "guest_favorites", "--show-keys", "--json",
-                cwd=checkout, env_extra=env)
+    shown = run("hold", "list", "--policy", "guest_favorites", "--show-keys", "--json",
+                env=env)
     assert json.loads(shown.stdout)["holds"][0]["key"] == str(held_id)
 
-    dry = cli("dry-run", "--json", cwd=checkout, env_extra=env)
-    assert dry.returncode == 0, dry.stderr
+    dry = run("dry-run", "--json", env=env)
+    assert dry.exit_code == 0, dry.stderr
     now = json.loads(dry.stdout)["policies"][0]["now"]
     assert (now["prunable"], now["held"]) == (1, 1)
-    text = cli("dry-run", cwd=checkout, env_extra=env)
+    text = run("dry-run", env=env)
     assert "held       1 row past the cutoff kept by an active hold" in text.stdout
 
-    released = cli("hold", "release", "--policy", "guest_favorites", "--id", str(hold_id),
-                   "--by", "support", cwd=checkout, env_extra=env)
-    assert released.returncode == 0, released.stderr
+    released = run("hold", "release", "--policy", "guest_favorites", "--id", str(hold_id),
+                   "--by", "support", env=env)
+    assert released.exit_code == 0, released.stderr
     assert released.stdout == f"hold {hold_id} released\n"
-    twice = cli("hold", "release", "--policy", "guest_favorites", "--id", str(hold_id),
-                cwd=checkout, env_extra=env)
-    assert twice.returncode == 2
+    twice = run("hold", "release", "--policy", "guest_favorites", "--id", str(hold_id),
+                env=env)
+    assert twice.exit_code == 2
     assert f"--id {hold_id}: no active hold of policy guest_favorites" in twice.stderr
-    assert cli("hold", "list", "--policy", "guest_favorites", cwd=checkout,
-               env_extra=env).stdout == "no active holds of policy guest_favorites\n"
+    assert run("hold", "list", "--policy", "guest_favorites", env=env).stdout == (
+        "no active holds of policy guest_favorites\n")
     with engine.connect() as conn:
         assert conn.execute(sa.text(
             "SELECT released_by FROM favorites.retention_holds")).scalar_one() == "support"
-    assert json.loads(cli("dry-run", "--json", cwd=checkout, env_extra=env).stdout)[
+    assert json.loads(run("dry-run", "--json", env=env).stdout)[
         "policies"][0]["now"]["held"] == 0
 
 
-def test_hold_commands_refuse_a_policy_without_hold_table_and_a_missing_table(
-        checkout, db_url):  # noqa: F811
-    bare = cli("hold", "list", "--policy", "guest_favorites", cwd=checkout,
-               env_extra=env_of(db_url))
-    assert bare.returncode == 2
+def test_hold_commands_refuse_a_policy_without_hold_table_and_a_missing_table(run, db_url):
+    bare = run("hold", "list", "--policy", "guest_favorites", env=env_of(db_url))
+    assert bare.exit_code == 2
     # The guest policy reads hold_table from its variable: the fix is to set it.
     assert bare.stderr.startswith("error: --policy guest_favorites: the policy names no hold "
                                   "table; set FAVORITES_GUEST_RETENTION_HOLD_TABLE to "
                                   "schema.table, then run hold init")
     env = env_of(db_url, hold_table="favorites.retention_holds")
-    missing = cli("hold", "place", "--policy", "guest_favorites", "--key", "1", "--reason",
-                  "r", cwd=checkout, env_extra=env)
-    assert missing.returncode == 2
+    missing = run("hold", "place", "--policy", "guest_favorites", "--key", "1", "--reason",
+                  "r", env=env)
+    assert missing.exit_code == 2
     assert "hold table favorites.retention_holds:" in missing.stderr
     assert "create it with favorites-maintenance hold init --policy guest_favorites" \
         in missing.stderr
-    empty = cli("hold", "place", "--policy", "guest_favorites", "--key", "1", "--reason", " ",
-                cwd=checkout, env_extra=env)
-    assert empty.returncode == 2 and "--reason must not be empty" in empty.stderr
+    empty = run("hold", "place", "--policy", "guest_favorites", "--key", "1", "--reason", " ",
+                env=env)
+    assert empty.exit_code == 2 and "--reason must not be empty" in empty.stderr
 
 
-
-def test_hold_place_reads_the_key_from_standard_input(checkout, db_url, engine, rows):  # noqa: F811
+def test_hold_place_reads_the_key_from_standard_input(run, db_url, engine, rows):
     """``--key -`` keeps the key out of the process list (``ps`` shows a command's
     arguments, and a key can name a person)."""
     env = env_of(db_url, hold_table="favorites.retention_holds")
     held_id = rows.add(updated_at=OLD)
-    assert cli("hold", "init", "--policy", "guest_favorites", cwd=checkout,
-               env_extra=env).returncode == 0
+    assert run("hold", "init", "--policy", "guest_favorites", env=env).exit_code == 0
     place = ("hold", "place", "--policy", "guest_favorites", "--key", "-", "--reason", "case")
-    placed = cli(*place, cwd=checkout, env_extra=env, input=f"{held_id}\n")
-    assert placed.returncode == 0, placed.stderr
-    shown = cli("hold", "list", "--policy", "guest_favorites", "--show-keys", "--json",
-                cwd=checkout, env_extra=env)
+    placed = run(*place, env=env, input=f"{held_id}\n")
+    assert placed.exit_code == 0, placed.stderr
+    shown = run("hold", "list", "--policy", "guest_favorites", "--show-keys", "--json",
+                env=env)
     [only] = json.loads(shown.stdout)["holds"]
     assert (only["id"], only["key"]) == (int(placed.stdout), str(held_id))
-    empty = cli(*place, cwd=checkout, env_extra=env, input="")
-    assert empty.returncode == 2 and "--key must not be empty" in empty.stderr
+    empty = run(*place, env=env, input="")
+    assert empty.exit_code == 2 and "--key must not be empty" in empty.stderr
 
 
 def test_hold_place_warns_when_no_row_has_the_key_and_places_the_hold_all_the_same(
-        checkout, db_url, engine, rows):  # noqa: F811
+        checkout, run, db_url, engine, rows):  # noqa: F811
     """A key no row has yet is held (the row may be inserted later), with a warning on
-    stderr that does not repeat it; a key a row has is placed without one."""
+    stderr that does not repeat it; a key a row has is placed without one. Both places run
+    as separate processes, as a script runs them: stdout holds the id alone, stderr the
+    warning alone (nothing else the process prints)."""
     env = env_of(db_url, hold_table="favorites.retention_holds")
     held_id = rows.add(updated_at=OLD)
-    assert cli("hold", "init", "--policy", "guest_favorites", cwd=checkout,
-               env_extra=env).returncode == 0
+    assert run("hold", "init", "--policy", "guest_favorites", env=env).exit_code == 0
     place = ("hold", "place", "--policy", "guest_favorites", "--reason", "case", "--key")
     placed = cli(*place, str(held_id), cwd=checkout, env_extra=env)
     assert placed.returncode == 0, placed.stderr
@@ -135,6 +152,6 @@ def test_hold_place_warns_when_no_row_has_the_key_and_places_the_hold_all_the_sa
         "warning: no row of favorites.favorites has this id now: the hold is placed and keeps "
         "such a row once it exists; check the key if it should be there\n")
     assert str(absent) not in unmatched.stderr
-    shown = cli("hold", "list", "--policy", "guest_favorites", "--show-keys", "--json",
-                cwd=checkout, env_extra=env)
+    shown = run("hold", "list", "--policy", "guest_favorites", "--show-keys", "--json",
+                env=env)
     assert [h["key"] for h in json.loads(shown.stdout)["holds"]] == [str(held_id), str(absent)]
