@@ -111,7 +111,8 @@ def hold_place(policy_name: str, value: str, reason: str, placed_by: str | None)
     )
 
     if value == "-":
-        value = click.get_text_stream("stdin").readline().rstrip("\r\n")
+        with click.open_file("-") as stdin:
+            value = stdin.readline().rstrip("\r\n")
     holds, engine = _holds_of(policy_name)
     table = load_policy(policy_name).rule.qualified_name
     try:
