@@ -50,8 +50,10 @@ JOBS = {DATABASE_URL_VAR: "guest_favorites_cleanup_job",
         EU_URL_VAR: f"{EU_POLICY}_cleanup_job"}
 NOW = dt.datetime.now(UTC)
 PARTITION = daily_partitions.get_last_partition_key()
-NO_RETRY = {f"favorites__{EU_POLICY}_cleanup": {"ops": {"purge": {"config": {
-    "max_retries": 0}}}}}
+#: Run config: no retry of either op that reaches the database. compute_cutoff is the first to,
+#: and would otherwise wait out its own retries (5, 10 and 20 s) before the run fails.
+NO_RETRY = {f"favorites__{EU_POLICY}_cleanup": {"ops": {
+    op: {"config": {"max_retries": 0}} for op in ("compute_cutoff", "purge")}}}
 
 
 @pytest.fixture(scope="module")

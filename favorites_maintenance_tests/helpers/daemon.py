@@ -74,10 +74,16 @@ def code_location(instance: dg.DagsterInstance, target: ModuleTarget | None = No
         yield workspace
 
 
-def scheduler_and_sensors(workspace, at: dt.datetime) -> None:
-    """One pass of the scheduler, then one of the sensor daemon, with the clock at ``at``."""
+def scheduler_pass(workspace, at: dt.datetime) -> None:
+    """One pass of the scheduler alone, with the clock at ``at`` (no sensor is evaluated)."""
     with freeze_time(at):
         list(launch_scheduled_runs(workspace, _log, at, {}))
+
+
+def scheduler_and_sensors(workspace, at: dt.datetime) -> None:
+    """One pass of the scheduler, then one of the sensor daemon, with the clock at ``at``."""
+    scheduler_pass(workspace, at)
+    with freeze_time(at):
         list(execute_sensor_iteration(workspace, _log, None, None))
 
 

@@ -109,10 +109,15 @@ def snapshot(engine) -> dict:
             "accounts": {r.id for r in rows if r.user_id is not None}}
 
 
-def spread(engine) -> dict:
-    """Prunable guest rows in five old months, account rows among them and in the recent
-    months, recent guest rows: a backlog spread over several partitions."""
-    for months_ago, guests in ((25, 45), (20, 30), (18, 50), (15, 25), (13, 10)):
+#: The old months of :func:`spread` (months ago, prunable guest rows in it).
+OLD_MONTHS = ((25, 45), (20, 30), (18, 50), (15, 25), (13, 10))
+
+
+def spread(engine, old_months: int = len(OLD_MONTHS)) -> dict:
+    """Prunable guest rows in the first ``old_months`` of :data:`OLD_MONTHS` (five by default),
+    account rows among them and in the recent months, recent guest rows: a backlog spread over
+    several partitions."""
+    for months_ago, guests in OLD_MONTHS[:old_months]:
         add_rows(engine, months_ago=months_ago, guests=guests, accounts=3)
     add_rows(engine, months_ago=2, guests=40, accounts=5)
     add_rows(engine, months_ago=0, guests=5, accounts=5)

@@ -117,17 +117,20 @@ BACKFILL = """
 mutation($params: LaunchBackfillParams!) { launchPartitionBackfill(backfillParams: $params) {
   __typename ... on LaunchBackfillSuccess { backfillId } ... on PythonError { message } } }
 """
+#: Run config of Dagster's default executor: still a process per step, forked from a server
+#: that has imported the code location once rather than a fresh Python start per step.
+FORKSERVER = {"execution": {"config": {"multiprocess": {"start_method": {"forkserver": {}}}}}}
 CHECKS = ("no_guest_row_older_than_retention_plus_one_day", "deleted_total_spike",
           "no_rows_skipped")
 
 
 def test_a_backfill_is_one_run_that_materializes_every_day_with_its_checks_once(
         defs, rows, dagster_storage_url):
-    """A backfill of five days (the last two of them current) launched as the UI launches it,
-    submitted by the backfill daemon and launched by the run queue in a run worker: one run,
-    which purges to the last day's cutoff, materializes each day once with one result per
-    check, and puts its figures on the last day only. A run of one of those days stays
-    possible afterwards."""
+    """A backfill of five days (the last two of them current) launched as the UI launches it
+    (its run config picks the start method of the code location's executor), submitted by the
+    backfill daemon and launched by the run queue in a run worker: one run, which purges to
+    the last day's cutoff, materializes each day once with one result per check, and puts its
+    figures on the last day only. A run of one of those days stays possible afterwards."""
     from dagster_graphql.test.utils import execute_dagster_graphql
 
     from favorites_maintenance_tests.helpers.daemon import (
@@ -150,7 +153,7 @@ def test_a_backfill_is_one_run_that_materializes_every_day_with_its_checks_once(
     with pg_instance(dagster_storage_url) as instance, code_location(instance) as workspace:
         launched = execute_dagster_graphql(workspace.create_request_context(), BACKFILL, {
             "params": {"assetSelection": [{"path": list(ASSET_KEY.path)}],
-                       "partitionNames": days}})
+                       "partitionNames": days, "runConfigData": FORKSERVER}})
         backfill_id = launched.data["launchPartitionBackfill"]["backfillId"]
         backfill_pass(workspace)  # submits the backfill's run to the queue
         [run] = instance.get_runs(dg.RunsFilter(tags={"dagster/backfill": backfill_id}))
@@ -163,7 +166,8 @@ def test_a_backfill_is_one_run_that_materializes_every_day_with_its_checks_once(
         assert instance.get_backfill(backfill_id).status.value == "COMPLETED_SUCCESS"
         assert len(instance.get_runs(dg.RunsFilter(tags={"dagster/backfill": backfill_id}))) == 1
         # On the code location's executor (the policy's own job keeps in-process; a backfill
-        # of the asset runs Dagster's asset job): in processes of the run's, never the test's.
+        # of the asset runs Dagster's asset job): in processes of the run's, never the test's,
+        # one per step.
         workers = step_processes(instance, run.run_id)
         mats = {day: instance.fetch_materializations(
                     dg.AssetRecordsFilter(asset_key=ASSET_KEY, asset_partitions=[day]),
@@ -180,7 +184,7 @@ def test_a_backfill_is_one_run_that_materializes_every_day_with_its_checks_once(
     assert (run.tags["dagster/asset_partition_range_start"],
             run.tags["dagster/asset_partition_range_end"]) == (first, last)
     assert "dagster/partition" not in run.tags
-    assert workers and os.getpid() not in workers
+    assert len(workers) == 6 and os.getpid() not in workers  # compute_cutoff ... 3 checks
 
     # One purge, to the last day's cutoff: exactly the rows its rule matched are gone.
     deleted = before - rows.ids()

@@ -27,6 +27,7 @@ from favorites_maintenance_tests.helpers.partitioned import (
     BATCH,
     JOB,
     NODE,
+    OLD_MONTHS,
     POLICY,
     add_rows,
     erasure_log,
@@ -64,10 +65,12 @@ def purge_steps(keys) -> set[str]:
 def test_the_partition_steps_run_on_the_multiprocess_executor_and_delete_only_prunable_rows(
         monthly):
     engine, _ = monthly
-    before = spread(engine)
+    # Three partitions to purge: one more than may run at once, each step a Python process of
+    # its own (seconds each).
+    before = spread(engine, old_months=3)
     holding = {name.removeprefix("favorites.") for name in partitions_of(engine,
                                                                          before["prunable"])}
-    assert len(holding) == 5
+    assert len(holding) == 3
 
     with dg.instance_for_test() as instance:
         with dg.execute_job(dg.reconstructable(partitioned_job), instance=instance,
@@ -92,7 +95,7 @@ def test_the_partition_steps_run_on_the_multiprocess_executor_and_delete_only_pr
     assert os.getpid() not in processes
     # The run's figures, each row and batch counted once.
     assert metadata["deletedTotal"] == len(before["prunable"])
-    assert metadata["batches"] == sum(-(-n // BATCH) for n in (45, 30, 50, 25, 10))
+    assert metadata["batches"] == sum(-(-n // BATCH) for _, n in OLD_MONTHS[:3])
     assert metadata["backlogRemaining"] == 0
     assert metadata["stopReason"] == "exhausted"
     # Never more than max_parallel_partitions purge steps at once.

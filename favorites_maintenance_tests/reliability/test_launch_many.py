@@ -62,7 +62,7 @@ def test_one_tick_of_every_policy_runs_one_per_database_and_drains(
         code_location,
         dequeue_pass,
         pg_instance,
-        scheduler_and_sensors,
+        scheduler_pass,
     )
 
     variables = [DATABASE_URL_VAR, "FAVORITES_LAUNCH_SECOND_URL", "FAVORITES_LAUNCH_THIRD_URL"]
@@ -87,8 +87,10 @@ def test_one_tick_of_every_policy_runs_one_per_database_and_drains(
                 pools = {pool for policy in load_policies(tree) for pool in policy.pools}
             for pool in pools:  # as a deployment sets them once
                 instance.event_log_storage.set_concurrency_slots(pool, 1)
-            scheduler_and_sensors(workspace, TICK - dt.timedelta(minutes=1))
-            scheduler_and_sensors(workspace, TICK)  # every schedule's 03:00 tick
+            # The scheduler alone: no sensor acts on a queued run, and each pass would evaluate
+            # every policy's sensors in the code server.
+            scheduler_pass(workspace, TICK - dt.timedelta(minutes=1))
+            scheduler_pass(workspace, TICK)  # every schedule's 03:00 tick
             queued = instance.get_runs()
             # Every policy's run, the guest policy's too, waiting in the queue.
             assert len(queued) == len(policies) + 1
