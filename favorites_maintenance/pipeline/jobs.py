@@ -29,12 +29,9 @@ def partition_executor(policy: Policy) -> dg.ExecutorDefinition:
     Dagster's multiprocess executor, a process per step, at most ``max_parallel_partitions``
     steps at once. ``max_concurrent`` bounds the steps inside a run; the pools (run
     granularity) do not: a run holds one slot of each pool its steps name however many steps
-    name it, which is what keeps two runs of the policy from overlapping. The step processes
-    fork from a forkserver that imported Dagster and the code location once (Dagster's
-    ``start_method``), not a fresh Python that imports them again for every partition."""
+    name it, which is what keeps two runs of the policy from overlapping."""
     return dg.multiprocess_executor.configured(
-        {"max_concurrent": policy.settings.max_parallel_partitions,
-         "start_method": {"forkserver": {}}},
+        {"max_concurrent": policy.settings.max_parallel_partitions},
         name=f"{policy.name}_partition_executor")
 
 
