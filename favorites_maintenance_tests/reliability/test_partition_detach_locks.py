@@ -91,16 +91,22 @@ def test_a_lock_held_on_the_table_makes_the_detach_wait_and_try_again(table, row
     assert rows.ids() == {account} and set(jan).isdisjoint(rows.ids())
 
 
-def test_a_detach_whose_backend_is_killed_is_finished_by_the_next_run(db_url, engine, rows,
-                                                                      monkeypatch):
-    # January 2025, then one partition to 2027: January alone lies before the cutoff.
+def january_alone_before_the_cutoff(db_url, engine, rows, monkeypatch) -> tuple[list[int], int]:
+    """The table partitioned as January 2025, then one partition to 2027 (January alone lies
+    before the cutoff), the job pointed at it: January's 8 guest rows' ids and the id of an
+    account row in the next partition."""
     drop_dev_schema(engine)
     create_partitioned_dev_schema(engine, [month(1, 1), month(2, 1),
                                            dt.datetime(2027, 1, 1, tzinfo=UTC)])
     monkeypatch.setenv(DATABASE_URL_VAR, db_url.render_as_string(hide_password=False))
     guest_settings_env(monkeypatch)
     jan = rows.add_many(8, updated_at=month(1))
-    account = rows.add(updated_at=month(1, 20) + dt.timedelta(days=30), user_id=5)
+    return jan, rows.add(updated_at=month(1, 20) + dt.timedelta(days=30), user_id=5)
+
+
+def test_a_detach_whose_backend_is_killed_is_finished_by_the_next_run(db_url, engine, rows,
+                                                                      monkeypatch):
+    jan, account = january_alone_before_the_cutoff(db_url, engine, rows, monkeypatch)
     # A reader whose snapshot predates the detach: DETACH ... CONCURRENTLY waits for it after
     # its first transaction committed, and is killed there.
     holder = create_engine(db_url).connect()
@@ -286,13 +292,7 @@ def test_a_detach_blocked_past_its_last_attempt_leaves_the_rows_to_the_batches(
     # it: a lock on the table blocks one on its partition); it does not block the batches'
     # DELETE.
     monkeypatch.setattr(partition_phase, "LOCK_BACKOFF_S", 0.1)
-    drop_dev_schema(engine)
-    create_partitioned_dev_schema(engine, [month(1, 1), month(2, 1),
-                                           dt.datetime(2027, 1, 1, tzinfo=UTC)])
-    monkeypatch.setenv(DATABASE_URL_VAR, db_url.render_as_string(hide_password=False))
-    guest_settings_env(monkeypatch)
-    jan = rows.add_many(8, updated_at=month(1))
-    account = rows.add(updated_at=month(1, 20) + dt.timedelta(days=30), user_id=5)
+    jan, account = january_alone_before_the_cutoff(db_url, engine, rows, monkeypatch)
     with engine.connect() as holder:
         holder.execute(sa.text("LOCK TABLE favorites.favorites IN SHARE UPDATE EXCLUSIVE MODE"))
         with dg.instance_for_test() as instance:
