@@ -93,8 +93,8 @@ def sample_ids(url: URL, cutoff: dt.datetime, n: int = 2000) -> tuple[list[int],
 def user_workload(url: str, account_ids: list[int], guest_ids: list[int], ops_per_s: float,
                   seed: int, stop, pipe) -> None:
     """Paced single-row inserts and updates, one statement per transaction, until ``stop``.
-    Sends back ``[(monotonic start, latency s), ...]``. Runs in a process of
-    its own."""
+    Sends back ``[(monotonic start, latency s), ...]``. Runs in a process of its own (see
+    :func:`favorites_maintenance.bench.worker_context`)."""
     import psycopg
 
     samples: list[tuple[float, float]] = []
