@@ -270,8 +270,9 @@ class BatchLoop(LoopPreparation, BatchFailures):
             return False
         finally:
             span.end()  # any other exception: the span still ends
-            self.pauses.last_batch_s = time.monotonic() - t0
-        return self._on_success(row, limit, fast, waiters, t0)
+            # One measure of the batch's time for its pause, its size and its report alike.
+            elapsed = self.pauses.last_batch_s = time.monotonic() - t0
+        return self._on_success(row, limit, fast, waiters, elapsed)
 
     def _transaction(self, statement: sa.Executable, params: dict, limit: int, fast: bool,
                      t0: float) -> tuple[sa.Row, int]:
@@ -318,16 +319,16 @@ class BatchLoop(LoopPreparation, BatchFailures):
         self.state.again = True
 
     def _on_success(self, row: sa.Row, limit: int, fast: bool, waiters: int,
-                    t0: float) -> bool:
-        """The batch's transaction ended without error: count it and size the next batch;
-        whether the run is done."""
+                    elapsed: float) -> bool:
+        """The batch's transaction ended without error after ``elapsed`` seconds: count it
+        and size the next batch; whether the run is done."""
         self.state.transaction_ended()
         self.form.proven = True
         if fast and row.deleted != row.selected:
             self._lock_from_now()  # rolled back: the locking form takes the batch again
             return False
         self.form.committed(at_full_size=self.sizing.at_full_size())
-        elapsed, counts, scan = time.monotonic() - t0, self.counts, self.state.scan
+        counts, scan = self.counts, self.state.scan
         counts.batch_max_s = max(counts.batch_max_s, elapsed)
         counts.deleted_total += row.deleted
         counts.selected_total += row.selected
