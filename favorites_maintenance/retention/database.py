@@ -5,15 +5,19 @@ bound parameters are hidden from error messages (a failing statement must never 
 anonymous id or a note), passwords are never rendered, the connection identifies itself to
 ``pg_stat_activity`` as ``favorites-maintenance``, connections that go stale while pooled (a
 server restart) are replaced on checkout, no network wait is unbounded, and ``timestamptz``
-infinities and BC instants load as :data:`MIN_UTC` / :data:`MAX_UTC` instead of failing.
+infinities and BC instants load as :data:`MIN_UTC` / :data:`MAX_UTC` instead of failing, and a
+:class:`BinaryArray` is bound in PostgreSQL's binary form.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import datetime as dt
 from typing import Any
 
 import sqlalchemy as sa
+from psycopg.adapt import Dumper
+from psycopg.pq import Format
 from psycopg.types.datetime import DatetimeDumper, TimestamptzLoader
 from sqlalchemy.engine import URL, make_url
 
@@ -92,10 +96,43 @@ class _InfinityDatetimeDumper(DatetimeDumper):
         return super().dump(obj)
 
 
-def _adapt_infinities(dbapi_connection, _record) -> None:
+@dataclasses.dataclass(frozen=True)
+class BinaryArray:
+    """An array in PostgreSQL's binary form (what the server's ``array_send`` returns) and the
+    oid of its array type, bound as such by the engines made here: the server reads it without
+    parsing each element's text (a 10,000-element ``bigint[]`` in about a third of the time).
+
+    Attributes:
+        data: the array's binary form, element type and all.
+        oid: the array type's oid (``pg_type.oid``, e.g. 1016 for ``bigint[]``).
+    """
+
+    data: bytes = dataclasses.field(repr=False)  # never shown: the elements may name rows
+    oid: int
+
+
+class _BinaryArrayDumper(Dumper):
+    """Binds a :class:`BinaryArray` as its bytes, typed by its own oid (a dumper per oid)."""
+
+    format = Format.BINARY
+
+    def get_key(self, obj: BinaryArray, format):
+        return (BinaryArray, obj.oid)
+
+    def upgrade(self, obj: BinaryArray, format) -> "_BinaryArrayDumper":
+        dumper = _BinaryArrayDumper(BinaryArray)
+        dumper.oid = obj.oid
+        return dumper
+
+    def dump(self, obj: BinaryArray) -> bytes:
+        return obj.data
+
+
+def _adapt_types(dbapi_connection, _record) -> None:
     dbapi_connection.adapters.register_loader("timestamptz", _InfinityTimestamptzLoader)
     dbapi_connection.adapters.register_dumper(dt.datetime, _InfinityDatetimeDumper)
     dbapi_connection.adapters.register_dumper(_ServerInstant, _InfinityDatetimeDumper)
+    dbapi_connection.adapters.register_dumper(BinaryArray, _BinaryArrayDumper)
 
 
 #: psycopg's own connection options (not libpq's) that a URL's query may set.
@@ -201,7 +238,7 @@ def create_engine(url: URL | str, *, application_name: str = APPLICATION_NAME,
         connect_args=connect_args,
         **kwargs,
     )
-    sa.event.listen(engine, "connect", _adapt_infinities)
+    sa.event.listen(engine, "connect", _adapt_types)
     return engine
 
 

@@ -19,6 +19,7 @@ import dataclasses
 import sqlalchemy as sa
 
 from favorites_maintenance.retention.catalog_type import CatalogType
+from favorites_maintenance.retention.database import BinaryArray
 from favorites_maintenance.retention.holds import (
     CHANGES, HELD_VALUE, HoldTable, changes_of, trigger_name)
 
@@ -26,19 +27,22 @@ from favorites_maintenance.retention.holds import (
 class HoldCopy:
     """A run's copy of a policy's active holds and the hold table's change counter, read in
     one snapshot: the batches test each row's hold column against the copy, bound to every
-    statement as one array (``retention_held``, PostgreSQL's text form of an array of the
-    column's type), which PostgreSQL hashes once a statement, and re-read it whenever the
+    statement as one array (``retention_held``, an array of the column's type in PostgreSQL's
+    binary form), which PostgreSQL hashes once a statement, and re-read it whenever the
     counter has moved (:meth:`refresh`), before the batch. Mutable: the statements of a run,
     built once, bind its current copy at each execution.
 
     Attributes:
-        values: the active holds' values as an array in PostgreSQL's text form (``{1,2}``).
+        values: the active holds' values as one array of the column's type, in binary form.
         changes: the counter's value when they were read.
         count: how many active holds were read.
     """
 
-    def __init__(self, values: str, changes: int, count: int):
+    def __init__(self, values: BinaryArray, changes: int, count: int):
         self.values, self.changes, self.count = values, changes, count
+        # Built once per hold table: a statement built again each batch is compiled again
+        # each batch (SQLAlchemy caches a compilation by the statement's tables), about 3 ms.
+        self._check: tuple[sa.Table, sa.Select] | None = None
 
     def __repr__(self) -> str:  # never the values: they name rows
         return f"HoldCopy(changes={self.changes}, count={self.count})"
@@ -59,14 +63,21 @@ class HoldCopy:
             sqlalchemy.exc.DBAPIError: the database refused; ``DataError`` for an active hold
                 written since that is not a value of the hold column's type.
         """
-        c = changes_of(holds.table)
-        # For the rest of the transaction: a plan kept for a prepared statement (a URL's
-        # prepare_threshold) would see the copy as a parameter, which is not hashed.
-        custom = sa.func.set_config("plan_cache_mode", "force_custom_plan", True)
-        changes, armed, _ = conn.execute(sa.select(
-            c.c[CHANGES], _trigger_enabled(holds.table), custom).select_from(c)).one()
+        if self._check is None or self._check[0] is not holds.table:
+            self._check = holds.table, _check_statement(holds.table)
+        changes, armed, _ = conn.execute(self._check[1]).one()
         if changes != self.changes or not armed:
             self.values, self.changes, self.count = _read_copy(conn, holds)
+
+
+def _check_statement(hold_table: sa.Table) -> sa.Select:
+    """One row: the counter, whether its trigger is armed (:func:`_trigger_enabled`), and
+    ``plan_cache_mode`` set for the rest of the transaction."""
+    c = changes_of(hold_table)
+    # A plan kept for a prepared statement (a URL's prepare_threshold) would see the copy as
+    # a parameter, which is not hashed.
+    custom = sa.func.set_config("plan_cache_mode", "force_custom_plan", True)
+    return sa.select(c.c[CHANGES], _trigger_enabled(hold_table), custom).select_from(c)
 
 
 def _trigger_enabled(hold_table: sa.Table) -> sa.ColumnElement[bool]:
@@ -84,16 +95,19 @@ def _trigger_enabled(hold_table: sa.Table) -> sa.ColumnElement[bool]:
         t.c.tgenabled == "A").exists()
 
 
-def _read_copy(conn: sa.Connection, holds: HoldTable) -> tuple[str, int, int]:
-    """The active holds as an array of the column's type in text form, the counter, and
+def _read_copy(conn: sa.Connection, holds: HoldTable) -> tuple[BinaryArray, int, int]:
+    """The active holds as an array of the column's type in binary form, the counter, and
     the holds' count, in one statement (one snapshot)."""
     c = changes_of(holds.table)
     values = sa.select(sa.cast(holds.table.c[HELD_VALUE], CatalogType(holds.column_type))
                        ).where(holds.active()).scalar_subquery()
-    return conn.execute(sa.select(
-        sa.cast(sa.func.array(values), sa.Text),
+    held = sa.select(sa.func.array(values).label("held")).subquery("retention_copy")
+    data, oid, changes, count = conn.execute(sa.select(
+        sa.func.array_send(held.c.held, type_=sa.LargeBinary),
+        sa.cast(sa.func.pg_typeof(held.c.held), CatalogType("oid")),
         sa.select(c.c[CHANGES]).scalar_subquery(),
         sa.select(sa.func.count()).where(holds.active()).scalar_subquery())).one()
+    return BinaryArray(bytes(data), oid), changes, count
 
 
 def copy_holds(conn: sa.Connection, holds: HoldTable) -> HoldTable:
