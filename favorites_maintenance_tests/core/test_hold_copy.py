@@ -187,3 +187,18 @@ def test_a_hold_table_without_the_counter_keeps_reading_the_holds_in_every_state
     deletes = [sql for sql in sent if sql.lstrip().startswith("DELETE")]
     assert deletes and all("held_value" in sql for sql in deletes)
     assert not any(COUNTER in sql for sql in sent)
+
+
+def test_the_copy_reaches_the_server_as_the_held_values_of_the_column_s_type(engine, rows, holds):
+    ids = sorted(rows.add_many(3, updated_at=OLD))
+    for value in (ids[0], ids[2]):
+        place_hold(engine, holds, str(value), reason="dispute", placed_by="support")
+    rule = GUEST_FAVORITES.with_hold(holds)
+    with engine.begin() as conn:
+        copied = copy_holds(conn, typed_holds(conn, holds, rule.qualified_name)[0])
+        held = conn.execute(sa.select(sa.literal_column("h")).select_from(
+            sa.text("unnest(CAST(:held AS bigint[])) AS h")), {"held": copied.copy.values})
+        assert sorted(held.scalars()) == [ids[0], ids[2]]
+    # The copy's values name rows: neither the copy nor its array shows them.
+    assert repr(copied.copy) == f"HoldCopy(changes={copied.copy.changes}, count=2)"
+    assert repr(copied.copy.values) == "BinaryArray(oid=1016)"  # bigint[]
