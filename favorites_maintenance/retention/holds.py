@@ -340,6 +340,18 @@ def _column_type(conn: sa.Connection, table: str, column: str, *,
     return type_name
 
 
+#: SQLSTATE of a value its type's domain refuses by a CHECK (an integrity error, not a data
+#: exception, though the value is as foreign to the column as ``abc`` to a bigint).
+_DOMAIN_CHECK = "23514"
+
+
+def _not_of_the_type(exc: sa.exc.DBAPIError) -> bool:
+    """Whether reading a value as a column's type failed because it is not a value of that
+    type: a data exception (``abc`` for a bigint), or its domain's CHECK refused it."""
+    sqlstate = getattr(exc.orig, "sqlstate", None) or ""
+    return sqlstate[:2] == "22" or sqlstate == _DOMAIN_CHECK
+
+
 def _as_the_column_writes_it(conn: sa.Connection, table: str, column: str, value: str) -> str:
     """``value`` read as ``table.column``'s type and written back as text (see
     :func:`place_hold`).
@@ -357,7 +369,9 @@ def _as_the_column_writes_it(conn: sa.Connection, table: str, column: str, value
             written, whole = conn.execute(sa.text(
                 f"SELECT CAST(CAST(:v AS {type_name}) AS text), "
                 f"CAST(:v AS {type_name}) = CAST(:v AS {base_type})"), {"v": value}).one()
-    except sa.exc.DataError:
+    except sa.exc.DBAPIError as exc:
+        if not _not_of_the_type(exc):
+            raise
         raise InvalidArgumentError(
             f"hold key is not a value of {table}.{column} ({type_name})") from None
     if not whole:
@@ -396,10 +410,10 @@ def a_row_has(engine: sa.Engine, table: str, column: str, value: str) -> bool | 
         try:
             with conn.begin_nested():
                 return conn.execute(found).scalar_one()
-        except sa.exc.DataError:
-            raise InvalidArgumentError(
-                f"hold key is not a value of {table}.{column} ({type_name})") from None
         except sa.exc.DBAPIError as exc:
+            if _not_of_the_type(exc):
+                raise InvalidArgumentError(
+                    f"hold key is not a value of {table}.{column} ({type_name})") from None
             if getattr(exc.orig, "sqlstate", None) in (_NO_PRIVILEGE, _CANCELED):
                 return None
             raise
@@ -411,7 +425,8 @@ def typed_holds(conn: sa.Connection, holds: HoldTable, table: str
     ``schema.table``), when every active hold of the policy reads as that type; else
     ``holds`` as text, as before, and a warning to log (counts and the fix, never a value).
 
-    A value that does not read as the type (``abc`` for a bigint) matches no row either way;
+    A value that does not read as the type (``abc`` for a bigint, a value its domain's CHECK
+    refuses) matches no row either way;
     one written otherwise than PostgreSQL writes it (``042`` for the bigint ``42``, an
     upper-case UUID) covers its row only when typed: the warning says that the counts, which
     compare as text, miss such a row. Runs in the connection's transaction, in a savepoint.
@@ -429,7 +444,9 @@ def typed_holds(conn: sa.Connection, holds: HoldTable, table: str
         with conn.begin_nested():
             unlike = conn.execute(sa.select(sa.func.count()).where(
                 holds.active(), value != as_written)).scalar_one()
-    except sa.exc.DataError:
+    except sa.exc.DBAPIError as exc:
+        if not _not_of_the_type(exc):
+            raise
         return holds.typed(None), (
             f"an active hold of policy {holds.policy} in {holds.qualified_name} is not a value "
             f"of {table}.{holds.column} ({type_name}): it covers no row, and the hold test "
@@ -476,8 +493,7 @@ def count_holds_matching_no_row(conn: sa.Connection, holds: HoldTable, table: st
             return count
     except sa.exc.DBAPIError as exc:
         # A lost connection has no SQLSTATE (None).
-        if (getattr(exc.orig, "sqlstate", None) or "")[:2] == "22" or \
-                getattr(exc.orig, "sqlstate", None) == _CANCELED:
+        if _not_of_the_type(exc) or getattr(exc.orig, "sqlstate", None) == _CANCELED:
             return None
         raise
 
