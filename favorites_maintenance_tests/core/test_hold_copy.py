@@ -202,3 +202,22 @@ def test_the_copy_reaches_the_server_as_the_held_values_of_the_column_s_type(eng
     # The copy's values name rows: neither the copy nor its array shows them.
     assert repr(copied.copy) == f"HoldCopy(changes={copied.copy.changes}, count=2)"
     assert repr(copied.copy.values) == "BinaryArray(oid=1016)"  # bigint[]
+
+
+def test_holds_on_an_array_column_keep_their_rows(engine, rows, holds):
+    """An array of arrays is one array of more dimensions, not a list of values: such a
+    column gets no copy, and its statements read the holds themselves."""
+    ids = sorted(rows.add_many(6, updated_at=OLD))
+    with engine.begin() as conn:
+        conn.execute(sa.text("ALTER TABLE favorites.favorites ADD COLUMN tags integer[]"))
+        conn.execute(sa.text("UPDATE favorites.favorites SET tags = ARRAY[id, 7]"))
+        conn.execute(sa.text("UPDATE favorites.favorites SET tags = ARRAY[id] WHERE id = :i"),
+                     {"i": ids[2]})
+    by_tags = holds_of(column="tags")
+    for value in (f"{{{ids[1]},7}}", f"{{{ids[2]}}}"):
+        place_hold(engine, by_tags, value, reason="dispute", placed_by="support",
+                   of_table="favorites.favorites")
+
+    report = run(engine, GUEST_FAVORITES.with_hold(by_tags), batch_size=2)
+
+    assert report.deleted_total == 4 and rows.ids() == {ids[1], ids[2]}
