@@ -426,7 +426,8 @@ def typed_holds(conn: sa.Connection, holds: HoldTable, table: str
     ``holds`` as text, as before, and a warning to log (counts and the fix, never a value).
 
     A value that does not read as the type (``abc`` for a bigint, a value its domain's CHECK
-    refuses) matches no row either way;
+    refuses) matches no row either way, nor does one that would be cut or rounded to fit it
+    (``abcdeXYZ`` for a ``varchar(5)``), which is therefore not read as the type either;
     one written otherwise than PostgreSQL writes it (``042`` for the bigint ``42``, an
     upper-case UUID) covers its row only when typed: the warning says that the counts, which
     compare as text, miss such a row. Runs in the connection's transaction, in a savepoint.
@@ -437,13 +438,19 @@ def typed_holds(conn: sa.Connection, holds: HoldTable, table: str
     """
 
     type_name = _column_type(conn, table, holds.column)
+    base_type = _column_type(conn, table, holds.column, modifier=False)
     typed = holds.typed(type_name)
     value = holds.table.c[HELD_VALUE]
-    as_written = sa.cast(sa.cast(value, CatalogType(type_name)), sa.Text)
+    read = sa.cast(value, CatalogType(type_name))
+    as_written = sa.cast(read, sa.Text)
+    # A cast to varchar(5) or numeric(5, 2) cuts or rounds instead of failing (as in
+    # place_hold): such a hold would keep a row it does not name.
+    cut = read != sa.cast(value, CatalogType(base_type))
     try:
         with conn.begin_nested():
-            unlike = conn.execute(sa.select(sa.func.count()).where(
-                holds.active(), value != as_written)).scalar_one()
+            unlike, cut_or_rounded = conn.execute(sa.select(
+                sa.func.count().filter(value != as_written), sa.func.count().filter(cut)
+            ).where(holds.active())).one()
     except sa.exc.DBAPIError as exc:
         if not _not_of_the_type(exc):
             raise
@@ -453,6 +460,13 @@ def typed_holds(conn: sa.Connection, holds: HoldTable, table: str
             "compares the values as text for this run (slower per row); find it with "
             f"hold list --policy {holds.policy} --show-keys, release it and place it again "
             "with hold place, which checks the value")
+    if cut_or_rounded:
+        return holds.typed(None), (
+            f"an active hold of policy {holds.policy} in {holds.qualified_name} does not fit "
+            f"{table}.{holds.column} ({type_name}): read as it, the value would be cut or "
+            "rounded to one it does not name, and the hold test compares the values as text "
+            f"for this run (slower per row); find it with hold list --policy {holds.policy} "
+            "--show-keys, release it and place it again with hold place, which checks the value")
     if unlike:
         return typed, (
             f"{unlike} active hold(s) of policy {holds.policy} in {holds.qualified_name} are "

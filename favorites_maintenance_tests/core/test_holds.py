@@ -99,6 +99,26 @@ def test_a_key_the_column_would_cut_or_round_is_refused(engine, holds, column_ty
     assert [h.held_value for h in list_holds(engine, token_holds)] == [written]
 
 
+
+def test_an_application_s_hold_the_column_would_cut_keeps_no_row_it_does_not_name(
+        engine, rows, holds, caplog):
+    """Read as varchar(5), ``abcdeXYZ`` would be cut to ``abcde`` and keep that row, which
+    no hold names: the run compares as text instead, and says so without the value."""
+    caplog.set_level(logging.WARNING, logger="favorites_maintenance")
+    ids = sorted(rows.add_many(3, updated_at=OLD))
+    with engine.begin() as conn:
+        conn.execute(sa.text("ALTER TABLE favorites.favorites ADD COLUMN token varchar(5)"))
+        conn.execute(sa.text("UPDATE favorites.favorites SET token = 'abcde'"))
+    _hold_written_by_the_application(engine, "abcdeXYZ")
+
+    report = run(engine, GUEST_FAVORITES.with_hold(holds_of(column="token")))
+
+    assert report.deleted_total == 3 and rows.ids() == set()
+    assert ("an active hold of policy guest_favorites in favorites.retention_holds does not "
+            "fit favorites.favorites.token (character varying(5))") in caplog.text
+    assert "abcdeXYZ" not in caplog.text
+
+
 def test_the_delete_repeats_the_hold_test(engine, rows, holds):
     ids = rows.add_many(5, updated_at=OLD)
     place_hold(engine, holds, str(ids[0]), reason="dispute", placed_by="support")
