@@ -325,14 +325,19 @@ def place_hold(engine: sa.Engine, holds: HoldTable, value: str, *, reason: str,
 def _column_type(conn: sa.Connection, table: str, column: str, *,
                  modifier: bool = True) -> str:
     """``table.column``'s type as ``format_type`` writes it (SQL that reads as that type);
-    without ``modifier``, without its length or precision (``character varying`` for
-    ``character varying(5)``).
+    without ``modifier``, a type of the same values without a length or precision
+    (``character varying`` for ``character varying(5)``, ``bpchar`` for ``character(5)``,
+    ``bit varying`` for ``bit(3)``).
 
     Raises:
         InvalidArgumentError: the column is not found.
     """
+    # Written without a length, character and bit read as character(1) and bit(1).
+    name = ("format_type(atttypid, atttypmod)" if modifier else
+            "CASE atttypid WHEN CAST('bpchar' AS regtype) THEN 'bpchar' "
+            "WHEN CAST('bit' AS regtype) THEN 'bit varying' ELSE format_type(atttypid, NULL) END")
     type_name = conn.execute(sa.text(
-        f"SELECT format_type(atttypid, {'atttypmod' if modifier else 'NULL'}) FROM pg_attribute "
+        f"SELECT {name} FROM pg_attribute "
         "WHERE attrelid = CAST(:t AS regclass) AND attname = :c AND NOT attisdropped"),
         {"t": table, "c": column}).scalar()
     if type_name is None:

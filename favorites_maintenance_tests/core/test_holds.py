@@ -83,6 +83,9 @@ def test_a_hold_typed_another_way_than_postgresql_writes_the_key_still_covers_it
 @pytest.mark.parametrize("column_type,too_long,fitting,written", [
     ("varchar(5)", "abcdeXYZ", "abc", "abc"),
     ("numeric(5, 2)", "1.234", "1.5", "1.50"),
+    # Without its length, character is character(1) and bit is bit(1): not the measure.
+    ("character(5)", "abcdeXYZ", "abc", "abc"),
+    ("bit(3)", "1010", "101", "101"),
 ])
 def test_a_key_the_column_would_cut_or_round_is_refused(engine, holds, column_type, too_long,
                                                          fitting, written):
