@@ -108,7 +108,7 @@ def test_an_application_s_hold_the_column_would_cut_keeps_no_row_it_does_not_nam
     """Read as varchar(5), ``abcdeXYZ`` would be cut to ``abcde`` and keep that row, which
     no hold names: the run compares as text instead, and says so without the value."""
     caplog.set_level(logging.WARNING, logger="favorites_maintenance")
-    ids = sorted(rows.add_many(3, updated_at=OLD))
+    rows.add_many(3, updated_at=OLD)
     with engine.begin() as conn:
         conn.execute(sa.text("ALTER TABLE favorites.favorites ADD COLUMN token varchar(5)"))
         conn.execute(sa.text("UPDATE favorites.favorites SET token = 'abcde'"))
