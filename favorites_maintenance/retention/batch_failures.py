@@ -10,8 +10,9 @@ retention.errors.ErrorKind`):
   again, up to :data:`_MOVED_ROW_RETRIES` times;
 - a stale prepared statement or cached plan (a schema change): the batch runs again on a new
   connection, up to :data:`_STALE_RETRIES` times;
-- a data exception while the holds are compared in the hold column's type, after a hold that
-  does not read as that type was written: the holds are compared as text from then on;
+- a data exception (or a domain's check violation) while the holds are compared in the hold
+  column's type, after a hold that does not read as that type was written: the holds are
+  compared as text from then on;
 - a row-level error or a statement timeout: the batch is split in halves down to one row, and a
   row that still fails is skipped for the run (the counts that end the run:
   :class:`~favorites_maintenance.retention.run_counts.RunCounts`); after a timeout the batches
@@ -58,6 +59,10 @@ _STALE_RETRIES = 3
 _CONFLICT_KINDS = frozenset({ErrorKind.LOCK_NOT_AVAILABLE, ErrorKind.SERIALIZATION_FAILURE})
 
 
+#: What reading a hold that is not a value of the hold column's type raises.
+_NOT_OF_THE_TYPE = frozenset({ErrorKind.DATA_EXCEPTION, ErrorKind.CHECK_VIOLATION})
+
+
 class BatchFailures:
     """The failure steps of :class:`~favorites_maintenance.retention.batch_loop.BatchLoop`,
     which mixes them in: they read and set the loop's :attr:`state` (:class:`~favorites_
@@ -83,7 +88,8 @@ class BatchFailures:
             self._retry_stale(error)
             return
         self.state.stale_retries = 0
-        if error.kind is ErrorKind.DATA_EXCEPTION and self._holds_as_text():
+        # A domain's CHECK refuses a hold as its type refuses ``abc``: a check violation.
+        if error.kind in _NOT_OF_THE_TYPE and self._holds_as_text():
             return
         if error.kind is ErrorKind.STATEMENT_TIMEOUT and self._isolate(error, limit):
             self.sizing.cap_after_timeout(limit, elapsed, self.counts.batch_no)
@@ -103,10 +109,10 @@ class BatchFailures:
                  "again", self.counts.batch_no, error)
 
     def _holds_as_text(self) -> bool:
-        """After a batch failed on a data exception: when the batches read the holds as the
-        hold column's type and an active hold no longer reads as it (one written during the
-        run), compare the holds as text from now on and take the batch again (``True``);
-        else ``False``, the row at fault being the batch's own."""
+        """After a batch failed on a data exception or a check violation: when the batches
+        read the holds as the hold column's type and an active hold no longer reads as it (one
+        written during the run), compare the holds as text from now on and take the batch
+        again (``True``); else ``False``, the row at fault being the batch's own."""
         state = self.state
         hold = state.rule.hold
         if hold is None or hold.column_type is None:

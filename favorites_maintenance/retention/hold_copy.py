@@ -113,8 +113,9 @@ def _read_copy(conn: sa.Connection, holds: HoldTable) -> tuple[BinaryArray, int,
 def copy_holds(conn: sa.Connection, holds: HoldTable) -> HoldTable:
     """``holds`` (read in the column's type, :func:`~favorites_maintenance.retention.holds.
     typed_holds`) with a :class:`HoldCopy` of its active holds when the hold table has its
-    change counter, readable by the role, and the counter's trigger enabled; else ``holds`` as
-    it is, whose statements read the holds themselves.
+    change counter, readable by the role, and the counter's trigger enabled, and the hold
+    column is not an array; else ``holds`` as it is, whose statements read the holds
+    themselves.
 
     Raises:
         sqlalchemy.exc.DBAPIError: the database refused (``DataError``: a hold not of the
@@ -124,9 +125,15 @@ def copy_holds(conn: sa.Connection, holds: HoldTable) -> HoldTable:
         return holds
     c = changes_of(holds.table)
     qualified = f"{c.schema}.{c.name}"
+    pg_type = sa.table("pg_type", sa.column("oid"), sa.column("typcategory"),
+                       schema="pg_catalog")
+    # An array of arrays is one array of more dimensions, not a list of the holds' values.
+    not_an_array = sa.select(pg_type.c.typcategory != "A").where(
+        pg_type.c.oid == sa.cast(sa.literal(holds.column_type, sa.Text), CatalogType("regtype"))
+    ).scalar_subquery()
     usable = conn.execute(sa.select(
         sa.func.coalesce(sa.func.has_table_privilege(sa.func.to_regclass(qualified), "SELECT"),
-                         False), _trigger_enabled(holds.table))).one()
+                         False), _trigger_enabled(holds.table), not_an_array)).one()
     if not all(usable):
         return holds
     return dataclasses.replace(holds, copy=HoldCopy(*_read_copy(conn, holds)))

@@ -325,19 +325,36 @@ def place_hold(engine: sa.Engine, holds: HoldTable, value: str, *, reason: str,
 def _column_type(conn: sa.Connection, table: str, column: str, *,
                  modifier: bool = True) -> str:
     """``table.column``'s type as ``format_type`` writes it (SQL that reads as that type);
-    without ``modifier``, without its length or precision (``character varying`` for
-    ``character varying(5)``).
+    without ``modifier``, a type of the same values without a length or precision
+    (``character varying`` for ``character varying(5)``, ``bpchar`` for ``character(5)``,
+    ``bit varying`` for ``bit(3)``).
 
     Raises:
         InvalidArgumentError: the column is not found.
     """
+    # Written without a length, character and bit read as character(1) and bit(1).
+    name = ("format_type(atttypid, atttypmod)" if modifier else
+            "CASE atttypid WHEN CAST('bpchar' AS regtype) THEN 'bpchar' "
+            "WHEN CAST('bit' AS regtype) THEN 'bit varying' ELSE format_type(atttypid, NULL) END")
     type_name = conn.execute(sa.text(
-        f"SELECT format_type(atttypid, {'atttypmod' if modifier else 'NULL'}) FROM pg_attribute "
+        f"SELECT {name} FROM pg_attribute "
         "WHERE attrelid = CAST(:t AS regclass) AND attname = :c AND NOT attisdropped"),
         {"t": table, "c": column}).scalar()
     if type_name is None:
         raise InvalidArgumentError(f"hold column {column} is not a column of {table}")
     return type_name
+
+
+#: SQLSTATE of a value its type's domain refuses by a CHECK (an integrity error, not a data
+#: exception, though the value is as foreign to the column as ``abc`` to a bigint).
+_DOMAIN_CHECK = "23514"
+
+
+def _not_of_the_type(exc: sa.exc.DBAPIError) -> bool:
+    """Whether reading a value as a column's type failed because it is not a value of that
+    type: a data exception (``abc`` for a bigint), or its domain's CHECK refused it."""
+    sqlstate = getattr(exc.orig, "sqlstate", None) or ""
+    return sqlstate[:2] == "22" or sqlstate == _DOMAIN_CHECK
 
 
 def _as_the_column_writes_it(conn: sa.Connection, table: str, column: str, value: str) -> str:
@@ -357,7 +374,9 @@ def _as_the_column_writes_it(conn: sa.Connection, table: str, column: str, value
             written, whole = conn.execute(sa.text(
                 f"SELECT CAST(CAST(:v AS {type_name}) AS text), "
                 f"CAST(:v AS {type_name}) = CAST(:v AS {base_type})"), {"v": value}).one()
-    except sa.exc.DataError:
+    except sa.exc.DBAPIError as exc:
+        if not _not_of_the_type(exc):
+            raise
         raise InvalidArgumentError(
             f"hold key is not a value of {table}.{column} ({type_name})") from None
     if not whole:
@@ -396,10 +415,10 @@ def a_row_has(engine: sa.Engine, table: str, column: str, value: str) -> bool | 
         try:
             with conn.begin_nested():
                 return conn.execute(found).scalar_one()
-        except sa.exc.DataError:
-            raise InvalidArgumentError(
-                f"hold key is not a value of {table}.{column} ({type_name})") from None
         except sa.exc.DBAPIError as exc:
+            if _not_of_the_type(exc):
+                raise InvalidArgumentError(
+                    f"hold key is not a value of {table}.{column} ({type_name})") from None
             if getattr(exc.orig, "sqlstate", None) in (_NO_PRIVILEGE, _CANCELED):
                 return None
             raise
@@ -411,7 +430,9 @@ def typed_holds(conn: sa.Connection, holds: HoldTable, table: str
     ``schema.table``), when every active hold of the policy reads as that type; else
     ``holds`` as text, as before, and a warning to log (counts and the fix, never a value).
 
-    A value that does not read as the type (``abc`` for a bigint) matches no row either way;
+    A value that does not read as the type (``abc`` for a bigint, a value its domain's CHECK
+    refuses) matches no row either way, nor does one that would be cut or rounded to fit it
+    (``abcdeXYZ`` for a ``varchar(5)``), which is therefore not read as the type either;
     one written otherwise than PostgreSQL writes it (``042`` for the bigint ``42``, an
     upper-case UUID) covers its row only when typed: the warning says that the counts, which
     compare as text, miss such a row. Runs in the connection's transaction, in a savepoint.
@@ -422,20 +443,35 @@ def typed_holds(conn: sa.Connection, holds: HoldTable, table: str
     """
 
     type_name = _column_type(conn, table, holds.column)
+    base_type = _column_type(conn, table, holds.column, modifier=False)
     typed = holds.typed(type_name)
     value = holds.table.c[HELD_VALUE]
-    as_written = sa.cast(sa.cast(value, CatalogType(type_name)), sa.Text)
+    read = sa.cast(value, CatalogType(type_name))
+    as_written = sa.cast(read, sa.Text)
+    # A cast to varchar(5) or numeric(5, 2) cuts or rounds instead of failing (as in
+    # place_hold): such a hold would keep a row it does not name.
+    cut = read != sa.cast(value, CatalogType(base_type))
     try:
         with conn.begin_nested():
-            unlike = conn.execute(sa.select(sa.func.count()).where(
-                holds.active(), value != as_written)).scalar_one()
-    except sa.exc.DataError:
+            unlike, cut_or_rounded = conn.execute(sa.select(
+                sa.func.count().filter(value != as_written), sa.func.count().filter(cut)
+            ).where(holds.active())).one()
+    except sa.exc.DBAPIError as exc:
+        if not _not_of_the_type(exc):
+            raise
         return holds.typed(None), (
             f"an active hold of policy {holds.policy} in {holds.qualified_name} is not a value "
             f"of {table}.{holds.column} ({type_name}): it covers no row, and the hold test "
             "compares the values as text for this run (slower per row); find it with "
             f"hold list --policy {holds.policy} --show-keys, release it and place it again "
             "with hold place, which checks the value")
+    if cut_or_rounded:
+        return holds.typed(None), (
+            f"an active hold of policy {holds.policy} in {holds.qualified_name} does not fit "
+            f"{table}.{holds.column} ({type_name}): read as it, the value would be cut or "
+            "rounded to one it does not name, and the hold test compares the values as text "
+            f"for this run (slower per row); find it with hold list --policy {holds.policy} "
+            "--show-keys, release it and place it again with hold place, which checks the value")
     if unlike:
         return typed, (
             f"{unlike} active hold(s) of policy {holds.policy} in {holds.qualified_name} are "
@@ -476,8 +512,7 @@ def count_holds_matching_no_row(conn: sa.Connection, holds: HoldTable, table: st
             return count
     except sa.exc.DBAPIError as exc:
         # A lost connection has no SQLSTATE (None).
-        if (getattr(exc.orig, "sqlstate", None) or "")[:2] == "22" or \
-                getattr(exc.orig, "sqlstate", None) == _CANCELED:
+        if _not_of_the_type(exc) or getattr(exc.orig, "sqlstate", None) == _CANCELED:
             return None
         raise
 

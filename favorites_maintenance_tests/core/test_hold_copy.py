@@ -202,3 +202,49 @@ def test_the_copy_reaches_the_server_as_the_held_values_of_the_column_s_type(eng
     # The copy's values name rows: neither the copy nor its array shows them.
     assert repr(copied.copy) == f"HoldCopy(changes={copied.copy.changes}, count=2)"
     assert repr(copied.copy.values) == "BinaryArray(oid=1016)"  # bigint[]
+
+
+def test_holds_on_an_array_column_keep_their_rows(engine, rows, holds):
+    """An array of arrays is one array of more dimensions, not a list of values: such a
+    column gets no copy, and its statements read the holds themselves."""
+    ids = sorted(rows.add_many(6, updated_at=OLD))
+    with engine.begin() as conn:
+        conn.execute(sa.text("ALTER TABLE favorites.favorites ADD COLUMN tags integer[]"))
+        conn.execute(sa.text("UPDATE favorites.favorites SET tags = ARRAY[id, 7]"))
+        conn.execute(sa.text("UPDATE favorites.favorites SET tags = ARRAY[id] WHERE id = :i"),
+                     {"i": ids[2]})
+    by_tags = holds_of(column="tags")
+    for value in (f"{{{ids[1]},7}}", f"{{{ids[2]}}}"):
+        place_hold(engine, by_tags, value, reason="dispute", placed_by="support",
+                   of_table="favorites.favorites")
+
+    report = run(engine, GUEST_FAVORITES.with_hold(by_tags), batch_size=2)
+
+    assert report.deleted_total == 4 and rows.ids() == {ids[1], ids[2]}
+
+
+@pytest.mark.parametrize("prepare_threshold", ["0", "1"])
+def test_with_server_side_prepared_statements_the_copy_is_bound_and_read_again(
+        db_url, rows, prepare_threshold):
+    """Prepared from the first or the second execution, the batches still bind the copy
+    (typed by its array's oid) and the copy read again after a hold was placed and another
+    released between two batches."""
+    from favorites_maintenance.retention.database import create_engine
+
+    engine = create_engine(db_url.update_query_dict({"prepare_threshold": prepare_threshold}))
+    try:
+        create_hold_table(engine, HOLDS)
+        holds = holds_of()
+        ids = sorted(rows.add_many(16, updated_at=OLD))
+        first = place_hold(engine, holds, str(ids[9]), reason="dispute", placed_by="support")
+
+        def on_batch(batch):
+            if batch.batch_no == 1:
+                release_hold(engine, holds, first, released_by="support")
+                place_hold(engine, holds, str(ids[13]), reason="dispute", placed_by="support")
+
+        report = run(engine, GUEST_FAVORITES.with_hold(holds), batch_size=4,
+                     on_batch=on_batch, target_batch_duration=dt.timedelta(0))
+    finally:
+        engine.dispose()
+    assert report.deleted_total == 15 and rows.ids() == {ids[13]}

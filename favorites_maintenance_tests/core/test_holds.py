@@ -83,6 +83,9 @@ def test_a_hold_typed_another_way_than_postgresql_writes_the_key_still_covers_it
 @pytest.mark.parametrize("column_type,too_long,fitting,written", [
     ("varchar(5)", "abcdeXYZ", "abc", "abc"),
     ("numeric(5, 2)", "1.234", "1.5", "1.50"),
+    # Without its length, character is character(1) and bit is bit(1): not the measure.
+    ("character(5)", "abcdeXYZ", "abc", "abc"),
+    ("bit(3)", "1010", "101", "101"),
 ])
 def test_a_key_the_column_would_cut_or_round_is_refused(engine, holds, column_type, too_long,
                                                          fitting, written):
@@ -97,6 +100,26 @@ def test_a_key_the_column_would_cut_or_round_is_refused(engine, holds, column_ty
     place_hold(engine, token_holds, fitting, reason="r", placed_by="s",
                of_table="favorites.favorites")
     assert [h.held_value for h in list_holds(engine, token_holds)] == [written]
+
+
+
+def test_an_application_s_hold_the_column_would_cut_keeps_no_row_it_does_not_name(
+        engine, rows, holds, caplog):
+    """Read as varchar(5), ``abcdeXYZ`` would be cut to ``abcde`` and keep that row, which
+    no hold names: the run compares as text instead, and says so without the value."""
+    caplog.set_level(logging.WARNING, logger="favorites_maintenance")
+    rows.add_many(3, updated_at=OLD)
+    with engine.begin() as conn:
+        conn.execute(sa.text("ALTER TABLE favorites.favorites ADD COLUMN token varchar(5)"))
+        conn.execute(sa.text("UPDATE favorites.favorites SET token = 'abcde'"))
+    _hold_written_by_the_application(engine, "abcdeXYZ")
+
+    report = run(engine, GUEST_FAVORITES.with_hold(holds_of(column="token")))
+
+    assert report.deleted_total == 3 and rows.ids() == set()
+    assert ("an active hold of policy guest_favorites in favorites.retention_holds does not "
+            "fit favorites.favorites.token (character varying(5))") in caplog.text
+    assert "abcdeXYZ" not in caplog.text
 
 
 def test_the_delete_repeats_the_hold_test(engine, rows, holds):
@@ -450,6 +473,60 @@ def test_a_hold_not_of_the_key_s_type_written_during_a_run_skips_no_row(
     assert ("is not a value of favorites.favorites.id (bigint): it covers no row"
             in caplog.text)
     assert "not-a-number" not in caplog.text
+
+
+
+@pytest.fixture
+def case_holds(engine, rows, holds) -> HoldTable:
+    """Holds on ``case_no``, a column whose domain over bigint refuses values under 1: a
+    CHECK, not the type, refuses ``0``."""
+    with engine.begin() as conn:
+        conn.execute(sa.text("CREATE DOMAIN favorites.case_no AS bigint CHECK (VALUE > 0)"))
+        conn.execute(sa.text("ALTER TABLE favorites.favorites ADD COLUMN case_no "
+                             "favorites.case_no"))
+    return holds_of(column="case_no")
+
+
+def _numbered(engine, ids) -> None:
+    with engine.begin() as conn:
+        conn.execute(sa.text("UPDATE favorites.favorites SET case_no = id WHERE id = ANY(:ids)"),
+                     {"ids": list(ids)})
+
+
+def test_a_hold_the_hold_column_s_domain_refuses_covers_no_row_and_fails_no_run(
+        engine, rows, case_holds, caplog):
+    caplog.set_level(logging.WARNING, logger="favorites_maintenance")
+    ids = rows.add_many(4, updated_at=OLD)
+    _numbered(engine, ids)
+    with pytest.raises(InvalidArgumentError, match=r"hold key is not a value of "
+                       r"favorites.favorites.case_no \(favorites.case_no\)"):
+        place_hold(engine, case_holds, "0", reason="r", placed_by="s",
+                   of_table="favorites.favorites")
+    _hold_written_by_the_application(engine, "0")
+    place_hold(engine, case_holds, str(ids[0]), reason="dispute", placed_by="support")
+    report = run(engine, GUEST_FAVORITES.with_hold(case_holds))
+    assert report.deleted_total == 3 and rows.ids() == {ids[0]}
+    assert ("an active hold of policy guest_favorites in favorites.retention_holds is not a "
+            "value of favorites.favorites.case_no (favorites.case_no): it covers no row"
+            in caplog.text)
+
+
+def test_a_hold_the_domain_refuses_written_during_a_run_skips_no_row(
+        engine, rows, case_holds, caplog):
+    caplog.set_level(logging.WARNING, logger="favorites_maintenance")
+    ids = sorted(rows.add_many(12, updated_at=OLD))
+    _numbered(engine, ids)
+    place_hold(engine, case_holds, str(ids[10]), reason="dispute", placed_by="support")
+
+    def on_batch(batch):
+        if batch.batch_no == 1:
+            _hold_written_by_the_application(engine, "-7")
+
+    report = run(engine, GUEST_FAVORITES.with_hold(case_holds), batch_size=4,
+                 on_batch=on_batch, target_batch_duration=dt.timedelta(0))
+    assert report.deleted_total == 11 and rows.ids() == {ids[10]}
+    assert "skipped row" not in caplog.text
+    assert "batch 2 was rolled back and is taken again" in caplog.text
 
 
 def drop_change_counter(engine) -> None:

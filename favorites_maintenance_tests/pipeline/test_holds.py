@@ -87,3 +87,37 @@ def test_a_policy_without_a_hold_table_has_no_held_rows_check_nor_figure(
     with dg.instance_for_test() as instance:
         result, checks = run(db_url, monkeypatch, instance)
     assert HELD not in checks and "heldRows" not in materialization(result)
+
+
+def test_a_hold_the_hold_column_s_domain_refuses_fails_no_run_and_is_never_shown(
+        db_url, monkeypatch, engine, rows):
+    """``0`` is a bigint but not a ``case_no`` (its domain's CHECK wants more than 0): it
+    covers no row, and the run and its checks go on, comparing the holds as text."""
+    create_hold_table(engine, HOLDS)
+    with engine.begin() as conn:
+        conn.execute(sa.text("CREATE DOMAIN favorites.case_no AS bigint CHECK (VALUE > 0)"))
+        conn.execute(sa.text("ALTER TABLE favorites.favorites ADD COLUMN case_no "
+                             "favorites.case_no"))
+    rows.add_many(5, updated_at=long_ago(500))
+    held = rows.add(updated_at=long_ago(400))
+    with engine.begin() as conn:
+        conn.execute(sa.text("UPDATE favorites.favorites SET case_no = 918273 WHERE id = :id"),
+                     {"id": held})
+        conn.execute(sa.text(f"INSERT INTO {HOLDS} (policy, held_value, placed_by, reason) "
+                             "VALUES ('guest_favorites', '-918273', 'app', 'case')"))
+    place_hold(engine, HoldTable.define(HOLDS, "case_no", "guest_favorites"), "918273",
+               reason="dispute", placed_by="support")
+
+    with dg.instance_for_test() as instance:
+        result, checks = run(db_url, monkeypatch, instance, hold_table=HOLDS,
+                             hold_column="case_no", batch_size=2)
+        assert result.success
+        metadata = materialization(result)
+        assert (metadata["deletedTotal"], metadata["heldRows"]) == (5, 1)
+        figures = {k: v.value for k, v in checks[HELD].metadata.items()}
+        assert figures["activeHolds"] == 2 and "holdsMatchingNoRow" not in figures
+        logged = repr(metadata) + repr(figures) + "".join(
+            repr(e) for e in instance.all_logs(result.run_id))
+        assert "is not a value of favorites.favorites.case_no" in logged
+        assert "918273" not in logged
+    assert rows.ids() == {held}
