@@ -31,7 +31,8 @@ def hold() -> None:
 
 
 def _holds_of(policy_name: str):
-    """The policy's holds and an engine on its database, or exit naming what is missing."""
+    """The policy's holds, an engine on its database and the variable that names the database,
+    or exit naming what is missing."""
     policy = load_policy(policy_name)
     if policy.rule.hold is None:
         variable = policy.labels.get("hold_table")
@@ -41,16 +42,24 @@ def _holds_of(policy_name: str):
         fail(f"--policy {policy.name}: the policy names no hold table; {where}, then run "
               "hold init (docs/holds.md)")
     engine, _ = policy_engine(policy)
-    return policy.rule.hold, engine
+    return policy.rule.hold, engine, policy.database_url_env
 
 
-def _hold_database_error(holds, exc) -> None:
+#: Errors that say the database was not reached, whatever the hold table.
+#: (ErrorKind values: the kinds are a StrEnum, imported where a command fails.)
+_UNREACHABLE = frozenset({"connection_lost", "authentication_failed", "unknown_database",
+                          "tls_error", "too_many_connections"})
+
+
+def _hold_database_error(holds, exc, variable: str) -> None:
     """Exit with a database error of a hold command, its fix named."""
     from favorites_maintenance.retention.errors import ErrorKind, describe
 
     error = describe(exc) if isinstance(exc, sa.exc.DBAPIError) else exc.error
     hint = ""
-    if getattr(error, "kind", None) is ErrorKind.PERMISSION_DENIED:
+    if getattr(error, "kind", None) in _UNREACHABLE:
+        hint = f"; check {variable} and that the server runs"
+    elif getattr(error, "kind", None) is ErrorKind.PERMISSION_DENIED:
         hint = f"; grant the role SELECT, INSERT and UPDATE on {holds.qualified_name}"
     elif "does not exist" in str(error):
         hint = (f"; create it with favorites-maintenance hold init --policy {holds.policy}")
@@ -75,11 +84,11 @@ def hold_init(policy_name: str, print_sql: bool) -> None:
             _holds_of(policy_name)  # exits naming the missing hold_table
         click.echo(";\n".join(create_hold_table_sql(policy.rule.hold.qualified_name)) + ";")
         return
-    holds, engine = _holds_of(policy_name)
+    holds, engine, variable = _holds_of(policy_name)
     try:
         create_hold_table(engine, holds.qualified_name)
     except (sa.exc.DBAPIError, ConnectError) as exc:
-        _hold_database_error(holds, exc)
+        _hold_database_error(holds, exc, variable)
     finally:
         engine.dispose()
     echo(f"hold table {holds.qualified_name} ready")
@@ -113,7 +122,7 @@ def hold_place(policy_name: str, value: str, reason: str, placed_by: str | None)
     if value == "-":
         with click.open_file("-") as stdin:
             value = stdin.readline().rstrip("\r\n")
-    holds, engine = _holds_of(policy_name)
+    holds, engine, variable = _holds_of(policy_name)
     table = load_policy(policy_name).rule.qualified_name
     try:
         hold_id = place_hold(engine, holds, value, reason=reason,
@@ -127,7 +136,7 @@ def hold_place(policy_name: str, value: str, reason: str, placed_by: str | None)
         fail(str(exc).replace("hold key", "--key").replace("hold reason", "--reason")
               .replace("hold by", "--by"))
     except (sa.exc.DBAPIError, ConnectError) as exc:
-        _hold_database_error(holds, exc)
+        _hold_database_error(holds, exc, variable)
     finally:
         engine.dispose()
     # The key itself is not repeated: it names a row, and stderr ends up in logs.
@@ -159,12 +168,12 @@ def hold_release(policy_name: str, hold_id: int, released_by: str | None) -> Non
     from favorites_maintenance.retention.errors import ConnectError
     from favorites_maintenance.retention.holds import release_hold
 
-    holds, engine = _holds_of(policy_name)
+    holds, engine, variable = _holds_of(policy_name)
     try:
         released = release_hold(engine, holds, hold_id,
                                 released_by=released_by or getpass.getuser())
     except (sa.exc.DBAPIError, ConnectError) as exc:
-        _hold_database_error(holds, exc)
+        _hold_database_error(holds, exc, variable)
     finally:
         engine.dispose()
     if not released:
@@ -191,11 +200,11 @@ def hold_list(policy_name: str, include_released: bool, show_keys: bool, as_json
     from favorites_maintenance.retention.errors import ConnectError
     from favorites_maintenance.retention.holds import list_holds
 
-    holds, engine = _holds_of(policy_name)
+    holds, engine, variable = _holds_of(policy_name)
     try:
         found = list_holds(engine, holds, include_released=include_released)
     except (sa.exc.DBAPIError, ConnectError) as exc:
-        _hold_database_error(holds, exc)
+        _hold_database_error(holds, exc, variable)
     finally:
         engine.dispose()
     listed = [{"id": h.hold_id, **({"key": h.held_value} if show_keys else {}),

@@ -114,6 +114,19 @@ def test_hold_commands_refuse_a_policy_without_hold_table_and_a_missing_table(ru
     assert empty.exit_code == 2 and "--reason must not be empty" in empty.stderr
 
 
+def test_a_hold_command_that_cannot_reach_the_database_names_its_variable(run, db_url):
+    from favorites_maintenance.local.processes import free_port
+
+    nowhere = db_url.set(host="127.0.0.1", port=free_port(), query={"connect_timeout": "3"})
+    listed = run("hold", "list", "--policy", "guest_favorites",
+                 env=env_of(nowhere, hold_table="favorites.retention_holds"))
+    assert listed.exit_code == 2
+    assert listed.stderr.startswith("error: hold table favorites.retention_holds: ")
+    assert listed.stderr.rstrip().endswith(
+        "; check FAVORITES_DATABASE_URL and that the server runs"), listed.stderr
+    assert db_url.password is None or db_url.password not in listed.stderr
+
+
 def test_hold_place_reads_the_key_from_standard_input(run, db_url, engine, rows):
     """``--key -`` keeps the key out of the process list (``ps`` shows a command's
     arguments, and a key can name a person)."""
