@@ -45,19 +45,16 @@ def _holds_of(policy_name: str):
     return policy.rule.hold, engine, policy.database_url_env
 
 
-#: Errors that say the database was not reached, whatever the hold table.
-#: (ErrorKind values: the kinds are a StrEnum, imported where a command fails.)
-_UNREACHABLE = frozenset({"connection_lost", "authentication_failed", "unknown_database",
-                          "tls_error", "too_many_connections"})
-
-
 def _hold_database_error(holds, exc, variable: str) -> None:
     """Exit with a database error of a hold command, its fix named."""
     from favorites_maintenance.retention.errors import ErrorKind, describe
 
     error = describe(exc) if isinstance(exc, sa.exc.DBAPIError) else exc.error
+    # The database was not reached, whatever the hold table.
+    unreachable = {ErrorKind.CONNECTION_LOST, ErrorKind.AUTHENTICATION_FAILED,
+                   ErrorKind.UNKNOWN_DATABASE, ErrorKind.TLS_ERROR, ErrorKind.TOO_MANY_CONNECTIONS}
     hint = ""
-    if getattr(error, "kind", None) in _UNREACHABLE:
+    if getattr(error, "kind", None) in unreachable:
         hint = f"; check {variable} and that the server runs"
     elif getattr(error, "kind", None) is ErrorKind.PERMISSION_DENIED:
         hint = f"; grant the role SELECT, INSERT and UPDATE on {holds.qualified_name}"

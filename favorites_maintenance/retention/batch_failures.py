@@ -37,7 +37,7 @@ from favorites_maintenance.retention.diagnosis import (
     no_progress,
 )
 from favorites_maintenance.retention.errors import BatchError, ErrorDescription, ErrorKind
-from favorites_maintenance.retention.holds import typed_holds
+from favorites_maintenance.retention.holds import NOT_OF_THE_TYPE, typed_holds
 from favorites_maintenance.retention.loop_preparation import reconnect
 from favorites_maintenance.retention.page_statements import PageStatements
 from favorites_maintenance.retention.report import StopReason
@@ -57,10 +57,6 @@ _STALE_RETRIES = 3
 
 #: Another session holds a row, or moved it to another partition since it was read.
 _CONFLICT_KINDS = frozenset({ErrorKind.LOCK_NOT_AVAILABLE, ErrorKind.SERIALIZATION_FAILURE})
-
-
-#: What reading a hold that is not a value of the hold column's type raises.
-_NOT_OF_THE_TYPE = frozenset({ErrorKind.DATA_EXCEPTION, ErrorKind.CHECK_VIOLATION})
 
 
 class BatchFailures:
@@ -88,8 +84,7 @@ class BatchFailures:
             self._retry_stale(error)
             return
         self.state.stale_retries = 0
-        # A domain's CHECK refuses a hold as its type refuses ``abc``: a check violation.
-        if error.kind in _NOT_OF_THE_TYPE and self._holds_as_text():
+        if error.kind in NOT_OF_THE_TYPE and self._holds_as_text():
             return
         if error.kind is ErrorKind.STATEMENT_TIMEOUT and self._isolate(error, limit):
             self.sizing.cap_after_timeout(limit, elapsed, self.counts.batch_no)

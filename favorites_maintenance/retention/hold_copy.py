@@ -15,6 +15,7 @@ This module imports no Dagster.
 from __future__ import annotations
 
 import dataclasses
+import functools
 
 import sqlalchemy as sa
 
@@ -40,9 +41,6 @@ class HoldCopy:
 
     def __init__(self, values: BinaryArray, changes: int, count: int):
         self.values, self.changes, self.count = values, changes, count
-        # Built once per hold table: a statement built again each batch is compiled again
-        # each batch (SQLAlchemy caches a compilation by the statement's tables), about 3 ms.
-        self._check: tuple[sa.Table, sa.Select] | None = None
 
     def __repr__(self) -> str:  # never the values: they name rows
         return f"HoldCopy(changes={self.changes}, count={self.count})"
@@ -63,13 +61,14 @@ class HoldCopy:
             sqlalchemy.exc.DBAPIError: the database refused; ``DataError`` for an active hold
                 written since that is not a value of the hold column's type.
         """
-        if self._check is None or self._check[0] is not holds.table:
-            self._check = holds.table, _check_statement(holds.table)
-        changes, armed, _ = conn.execute(self._check[1]).one()
+        changes, armed, _ = conn.execute(_check_statement(holds.table)).one()
         if changes != self.changes or not armed:
             self.values, self.changes, self.count = _read_copy(conn, holds)
 
 
+# Built once per hold table: a statement built again each batch is compiled again each batch
+# (SQLAlchemy caches a compilation by the statement's tables), about 3 ms.
+@functools.lru_cache(maxsize=64)
 def _check_statement(hold_table: sa.Table) -> sa.Select:
     """One row: the counter, whether its trigger is armed (:func:`_trigger_enabled`), and
     ``plan_cache_mode`` set for the rest of the transaction."""

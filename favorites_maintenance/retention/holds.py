@@ -49,7 +49,7 @@ import sqlalchemy as sa
 from sqlalchemy.dialects.postgresql import TIMESTAMP
 
 from favorites_maintenance.retention.catalog_type import CatalogType
-from favorites_maintenance.retention.errors import InvalidArgumentError
+from favorites_maintenance.retention.errors import ErrorKind, InvalidArgumentError, describe
 from favorites_maintenance.retention.identifiers import split_table_name
 
 #: The hold table's columns, by role.
@@ -345,16 +345,16 @@ def _column_type(conn: sa.Connection, table: str, column: str, *,
     return type_name
 
 
-#: SQLSTATE of a value its type's domain refuses by a CHECK (an integrity error, not a data
-#: exception, though the value is as foreign to the column as ``abc`` to a bigint).
-_DOMAIN_CHECK = "23514"
+#: What reading a value as a column's type raises when it is not a value of that type: a data
+#: exception (``abc`` for a bigint), or a check violation when the type's domain refuses it by
+#: a CHECK (an integrity error, though the value is as foreign to the column).
+NOT_OF_THE_TYPE = frozenset({ErrorKind.DATA_EXCEPTION, ErrorKind.CHECK_VIOLATION})
 
 
 def _not_of_the_type(exc: sa.exc.DBAPIError) -> bool:
     """Whether reading a value as a column's type failed because it is not a value of that
-    type: a data exception (``abc`` for a bigint), or its domain's CHECK refused it."""
-    sqlstate = getattr(exc.orig, "sqlstate", None) or ""
-    return sqlstate[:2] == "22" or sqlstate == _DOMAIN_CHECK
+    type (:data:`NOT_OF_THE_TYPE`)."""
+    return describe(exc).kind in NOT_OF_THE_TYPE
 
 
 def _as_the_column_writes_it(conn: sa.Connection, table: str, column: str, value: str) -> str:
