@@ -29,8 +29,9 @@ result, stored under none; the UI then shows the planned one as "Skipped".)
   guard and the age admit at the run's cutoff that an active hold keeps (``heldRows``), how
   many holds are active and how long the oldest has stood (``oldestActiveHoldAgeSeconds``),
   how many of them no row of the table has the value of (``holdsMatchingNoRow``: a typo, or
-  a row still to come; left out when not counted within 10 seconds), never a held value. A hold is deliberate, so the check passes; its figures are for a
-  dashboard, and a hold table that cannot be read fails it.
+  a row still to come; left out when not counted within 10 seconds), never a held value. A
+  hold is deliberate, so the check passes; its figures are for a dashboard, and a hold table
+  that cannot be read fails it.
 
 - ``archive_within_retention`` (ERROR), only for a policy with an ``archive_table``: no row the
   policy archived is older than its ``archive_retention_days`` (by the database's clock), i.e.
@@ -52,7 +53,7 @@ earlier days to the last one as the spike check does.
 import datetime as dt
 import statistics
 import warnings
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 
 import dagster as dg
 import sqlalchemy as sa
@@ -98,27 +99,31 @@ ARCHIVE_CHECK = "archive_within_retention"
 HELD_CHECK = "held_rows"
 
 
+#: What a check of the policy evaluates: the run's result for each day it covers (one entry,
+#: under the run's day or ``None``, for a run of one day).
+Evaluation = Callable[[dg.AssetCheckExecutionContext], dict[str | None, dg.AssetCheckResult]]
+
+
 def build_asset_checks(policy: Policy) -> list[dg.AssetChecksDefinition]:
     """The asset checks of ``policy``'s cleanup asset (see the module docstring): three, and
-    the archive's for a policy with an ``archive_table``."""
+    the held-rows and archive checks of a policy with a ``hold_table`` or an
+    ``archive_table``, in one definition whose one step (after the asset's) evaluates every
+    check the run selected. One step, not one per check: a step is an op in every job
+    snapshot Dagster serializes, and an op defined for every check of every policy.
+
+    A check that cannot be evaluated (its database unreachable) does not stop the others:
+    they record their results, then the step fails with the first such error, naming its
+    check in the run's log.
+    """
     asset_key = dg.AssetKey(list(policy.asset_key_path))
     rule = policy.rule
     names = policy.names
     which = f"with {rule.guard_sql} " if rule.guards else ""
 
-    @dg.asset_check(
-        asset=asset_key,
-        partitions_def=policy_partitions(policy),
-        name=names.overdue_check,
-        description=(f"SLO: after a day's run, no row {which}whose {rule.age.name} is more than "
-                     "the retention period plus one day past, measured from that run's cutoff."),
-        # The policy's own database: the key is its variable's (policy.database_key).
-        required_resource_keys={policy.database_key},
-    )
-    @for_readers
-    def overdue_rows(context: dg.AssetCheckExecutionContext) -> Iterator[CheckOutput]:
-        """Count the rows the rule admits older than ``cutoff - 1 day``, where ``cutoff`` is the
-        run's own (:func:`~favorites_maintenance.pipeline.partitions.partition_cutoff`),
+    def overdue_rows(context: dg.AssetCheckExecutionContext
+                     ) -> dict[str | None, dg.AssetCheckResult]:
+        """Count the rows the rule admits older than ``cutoff - 1 day``, where ``cutoff`` is
+        the run's own (:func:`~favorites_maintenance.pipeline.partitions.partition_cutoff`),
         through the backlog measurement, on the policy's database; any such row fails
         (ERROR). In a range run each day is counted against its own cutoff."""
         days = policy.settings.retention_days
@@ -143,33 +148,18 @@ def build_asset_checks(policy: Policy) -> list[dg.AssetChecksDefinition]:
             results[partition] = _overdue_result(own, overdue, names, rule.older_than)
         results[_last_partition(context)] = _overdue_result(cutoff, latest, names,
                                                             rule.older_than)
-        yield from _outcome(context, asset_key, names.overdue_check, results)
+        return results
 
-    @dg.asset_check(
-        asset=asset_key,
-        partitions_def=policy_partitions(policy),
-        name="deleted_total_spike",
-        description=(f"WARN when deletedTotal exceeds {SPIKE_FACTOR:g}x the median of the last "
-                     f"{SPIKE_HISTORY} current-day runs and that median + {SPIKE_MIN_ROWS:,} "
-                     "rows."),
-    )
-    @for_readers
-    def deleted_total_spike(context: dg.AssetCheckExecutionContext) -> Iterator[CheckOutput]:
+    def deleted_total_spike(context: dg.AssetCheckExecutionContext
+                            ) -> dict[str | None, dg.AssetCheckResult]:
         """Compare this run's ``deletedTotal`` with the median of earlier current-day runs."""
         results = _references(context, asset_key)
         current, history = _deleted_totals(context.instance, asset_key, context.run.run_id)
         results[_last_partition(context)] = _spike_result(current, history)
-        yield from _outcome(context, asset_key, "deleted_total_spike", results)
+        return results
 
-    @dg.asset_check(
-        asset=asset_key,
-        partitions_def=policy_partitions(policy),
-        name="no_rows_skipped",
-        description="WARN when the run left prunable rows in place because deleting them "
-                    "failed (a foreign key, a trigger) or had no effect.",
-    )
-    @for_readers
-    def no_rows_skipped(context: dg.AssetCheckExecutionContext) -> Iterator[CheckOutput]:
+    def no_rows_skipped(context: dg.AssetCheckExecutionContext
+                        ) -> dict[str | None, dg.AssetCheckResult]:
         """Read this run's ``skippedRows`` and ``skippedCauses``; any skipped row fails (WARN).
 
         Skipped rows are retried by every run; they stay until the reference or trigger that
@@ -179,59 +169,93 @@ def build_asset_checks(policy: Policy) -> list[dg.AssetChecksDefinition]:
         record = _run_materializations(context, asset_key).get(_last_partition(context))
         results[_last_partition(context)] = _skipped_result(
             record.asset_materialization.metadata if record else None)
-        yield from _outcome(context, asset_key, "no_rows_skipped", results)
+        return results
 
-    checks = [overdue_rows, deleted_total_spike, no_rows_skipped]
+    checks: dict[str, tuple[str, Evaluation]] = {
+        names.overdue_check: (
+            f"SLO: after a day's run, no row {which}whose {rule.age.name} is more than the "
+            "retention period plus one day past, measured from that run's cutoff.",
+            overdue_rows),
+        "deleted_total_spike": (
+            f"WARN when deletedTotal exceeds {SPIKE_FACTOR:g}x the median of the last "
+            f"{SPIKE_HISTORY} current-day runs and that median + {SPIKE_MIN_ROWS:,} rows.",
+            deleted_total_spike),
+        "no_rows_skipped": (
+            "WARN when the run left prunable rows in place because deleting them failed (a "
+            "foreign key, a trigger) or had no effect.",
+            no_rows_skipped),
+    }
     if rule.hold is not None:
-        checks.append(_held_rows_check(policy, asset_key))
+        checks[HELD_CHECK] = (
+            f"How many rows the rule would delete but an active hold of "
+            f"{rule.hold.qualified_name} keeps, and how long the oldest active hold has stood "
+            "(passes: a hold is deliberate; fails when the hold table cannot be read).",
+            _held_rows(policy, asset_key))
     if policy.archive_table is not None:
-        checks.append(_archive_check(policy, asset_key))
-    return checks
+        checks[ARCHIVE_CHECK] = (
+            f"No row archived in {policy.archive_table} by this policy more than "
+            f"archive_retention_days ({policy.settings.archive_retention_days}) days ago, by "
+            "the database's clock: the archive's retention ran.",
+            _archive_within_retention(policy, asset_key))
+    # The checks that read the policy's database; the others read Dagster's storage.
+    on_database = {names.overdue_check, HELD_CHECK, ARCHIVE_CHECK}
+    partitions = policy_partitions(policy)
+    specs = [dg.AssetCheckSpec(name, asset=asset_key, description=description,
+                               partitions_def=partitions)
+             for name, (description, _) in checks.items()]
 
-
-def _archive_check(policy: Policy, asset_key: dg.AssetKey) -> dg.AssetChecksDefinition:
-    """The check of a policy with an ``archive_table``: no archived row is past the archive's
-    retention."""
-    days = policy.settings.archive_retention_days
-
-    @dg.asset_check(
-        asset=asset_key,
-        partitions_def=policy_partitions(policy),
-        name=ARCHIVE_CHECK,
-        description=(f"No row archived in {policy.archive_table} by this policy more than "
-                     f"archive_retention_days ({days}) days ago, by the database's clock: the "
-                     "archive's retention ran."),
+    @dg.multi_asset_check(
+        specs=specs, name=f"{asset_key.to_python_identifier()}_checks", can_subset=True,
+        description=f"The asset checks of {asset_key.to_user_string()}.",
+        # The policy's own database: the key is its variable's (policy.database_key).
         required_resource_keys={policy.database_key},
     )
     @for_readers
+    def policy_checks(context: dg.AssetCheckExecutionContext) -> Iterator[CheckOutput]:
+        """Evaluate each selected check and yield its results (see :func:`_outcome`)."""
+        failed: Exception | None = None
+        for spec in specs:
+            if spec.key not in context.selected_asset_check_keys:
+                continue
+            try:
+                results = checks[spec.name][1](context)
+            except Exception as exc:
+                if spec.name in on_database:
+                    name_database(exc, policy)
+                context.log.error(f"check {spec.name} could not be evaluated: "
+                                  f"{error_summary(exc)}")
+                failed = failed or exc
+                continue
+            yield from _outcome(context, spec, results)
+        if failed is not None:
+            raise failed
+
+    return [policy_checks]
+
+
+def _archive_within_retention(policy: Policy, asset_key: dg.AssetKey) -> Evaluation:
+    """The archive's check of a policy with an ``archive_table``: no archived row is past the
+    archive's retention; any fails (ERROR)."""
+    days = policy.settings.archive_retention_days
+
     def archive_within_retention(context: dg.AssetCheckExecutionContext
-                                 ) -> Iterator[CheckOutput]:
-        """Count the policy's archived rows past the archive's retention; any fails (ERROR)."""
+                                 ) -> dict[str | None, dg.AssetCheckResult]:
         database: PolicyDatabase = getattr(context.resources, policy.database_key)
         results = _references(context, asset_key, figures={})
         results[_last_partition(context)] = archive_retention_result(database.engine, policy,
                                                                      days)
-        yield from _outcome(context, asset_key, ARCHIVE_CHECK, results)
+        return results
 
     return archive_within_retention
 
 
-def _held_rows_check(policy: Policy, asset_key: dg.AssetKey) -> dg.AssetChecksDefinition:
-    """The ``held_rows`` check of a policy with a hold table (see the module docstring)."""
+def _held_rows(policy: Policy, asset_key: dg.AssetKey) -> Evaluation:
+    """The ``held_rows`` check of a policy with a hold table (see the module docstring): the
+    held rows at the run's cutoff and a summary of the active holds."""
     rule = policy.rule
 
-    @dg.asset_check(
-        asset=asset_key,
-        partitions_def=policy_partitions(policy),
-        name=HELD_CHECK,
-        description=(f"How many rows the rule would delete but an active hold of "
-                     f"{rule.hold.qualified_name} keeps, and how long the oldest active hold "
-                     "has stood (passes: a hold is deliberate; fails when the hold table cannot be read)."),
-        required_resource_keys={policy.database_key},
-    )
-    @for_readers
-    def held_rows(context: dg.AssetCheckExecutionContext) -> Iterator[CheckOutput]:
-        """Count the held rows at the run's cutoff and summarize the active holds."""
+    def held_rows(context: dg.AssetCheckExecutionContext
+                  ) -> dict[str | None, dg.AssetCheckResult]:
         database: PolicyDatabase = getattr(context.resources, policy.database_key)
         cutoff = run_cutoff(context, policy.settings.retention_days,
                             run_now(context, database.engine))
@@ -260,7 +284,7 @@ def _held_rows_check(policy: Policy, asset_key: dg.AssetKey) -> dg.AssetChecksDe
             description=(f"{held} rows past the cutoff are kept by {summary.active} active "
                          f"holds; the oldest was placed {summary.oldest_placed_at.isoformat()}"
                          if summary.oldest_placed_at else None))
-        yield from _outcome(context, asset_key, HELD_CHECK, results)
+        return results
 
     return held_rows
 
@@ -422,9 +446,10 @@ def _run_materializations(context: dg.AssetCheckExecutionContext, asset_key: dg.
     return found
 
 
-def _outcome(context: dg.AssetCheckExecutionContext, asset_key: dg.AssetKey, name: str,
+def _outcome(context: dg.AssetCheckExecutionContext, spec: dg.AssetCheckSpec,
              results: dict[str | None, dg.AssetCheckResult]) -> Iterator[CheckOutput]:
-    """Yield a check's ``results`` (partition -> result) as Dagster records them.
+    """Yield the ``results`` (partition -> result) of the check of ``spec`` as Dagster records
+    them.
 
     A run of one day yields its one result. A range run yields an evaluation for each day,
     each tied to that day's materialization in this run, then the check's output: Dagster
@@ -433,19 +458,22 @@ def _outcome(context: dg.AssetCheckExecutionContext, asset_key: dg.AssetKey, nam
     """
     if not is_range_run(context):
         [result] = results.values()
-        yield result
+        yield dg.AssetCheckResult(
+            asset_key=spec.asset_key, check_name=spec.name, passed=result.passed,
+            severity=result.severity, metadata=result.metadata,
+            description=result.description)
         return
-    materialized = _run_materializations(context, asset_key)
+    materialized = _run_materializations(context, spec.asset_key)
     for partition, result in results.items():
         record = materialized.get(partition)
         yield dg.AssetCheckEvaluation(
-            asset_key=asset_key, check_name=name, passed=result.passed,
+            asset_key=spec.asset_key, check_name=spec.name, passed=result.passed,
             metadata=result.metadata, severity=result.severity,
             description=result.description, blocking=False, partition=partition,
             target_materialization_data=AssetCheckEvaluationTargetMaterializationData(
                 run_id=record.run_id, storage_id=record.storage_id,
                 timestamp=record.timestamp) if record else None)
-    yield dg.Output(None)
+    yield dg.Output(None, output_name=spec.get_python_identifier())
 
 
 def _deleted_totals(instance: dg.DagsterInstance, asset_key: dg.AssetKey,

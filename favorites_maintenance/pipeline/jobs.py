@@ -21,7 +21,11 @@ from favorites_maintenance.config.policy import DATABASE_TAG, Policy
 #: (the run ends CANCELED, see :mod:`favorites_maintenance.pipeline.purge_op`), and no op of the
 #: job carries a declarative ``RetryPolicy``, which the in-process executor would turn a
 #: termination into a retry of (the purge requests its retries explicitly).
-CLEANUP_EXECUTOR = dg.in_process_executor
+#:
+#: Configured with its defaults and no run config of its own (retries enabled, which the
+#: purge's explicit retry requests need): an executor's config schema is part of every job's
+#: snapshot, which the daemon fetches from the code server every minute, for every policy.
+CLEANUP_EXECUTOR = dg.in_process_executor.configured({})
 
 
 def partition_executor(policy: Policy) -> dg.ExecutorDefinition:

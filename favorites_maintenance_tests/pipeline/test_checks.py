@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import datetime as dt
+import socket
 
 import dagster as dg
 import pytest
@@ -12,9 +13,11 @@ from favorites_maintenance_tests.conftest import slow_batches
 from favorites_maintenance_tests.helpers.jobs import (
     ASSET_KEY,
     JOB,
+    failure_text,
     load_code_location,
     materialization,
 )
+from favorites_maintenance.retention.defaults import DATABASE_URL_VAR
 
 UTC = dt.timezone.utc
 OVERDUE = "no_guest_row_older_than_retention_plus_one_day"
@@ -212,3 +215,32 @@ def expired_guests(rows, n: int) -> None:
             "INSERT INTO favorites.favorites (anonymous_id, item_id, created_at, updated_at) "
             "SELECT gen_random_uuid(), i, now() - interval '400 days', now() - interval '400 days' "
             "FROM generate_series(1, :n) AS i"), {"n": n})
+
+
+def test_a_check_that_cannot_be_evaluated_fails_the_step_after_the_others_record(
+        db_url, rows, monkeypatch):
+    """The policy's checks share one step: the overdue count on a database that cannot be
+    reached fails it, but only once the checks that do not read the database have recorded
+    their results, and the run's log names the check."""
+    rows.add_many(5, updated_at=long_ago(500))
+    yesterday = (dt.datetime.now(UTC) - dt.timedelta(days=1)).date().isoformat()
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        closed_port = probe.getsockname()[1]
+    unreachable = sa.make_url(db_url).set(host="127.0.0.1", port=closed_port)
+    keys = {dg.AssetCheckKey(ASSET_KEY, name) for name in (OVERDUE, SPIKE, "no_rows_skipped")}
+    with dg.instance_for_test() as instance:
+        assert load_code_location(db_url, monkeypatch).resolve_job_def(JOB).execute_in_process(
+            partition_key=yesterday, instance=instance).success
+        # The checks alone, as the asset's Checks tab runs them.
+        checks_only = load_code_location(unreachable, monkeypatch).resolve_job_def(
+            JOB).get_subset(asset_selection=set(), asset_check_selection=keys)
+        result = checks_only.execute_in_process(partition_key=yesterday, instance=instance,
+                                                raise_on_error=False)
+        logs = "\n".join(entry.user_message for entry in instance.all_logs(result.run_id))
+    assert not result.success
+    recorded = {e.check_name: e for e in result.get_asset_check_evaluations()}
+    assert set(recorded) == {SPIKE, "no_rows_skipped"}
+    assert all(e.passed for e in recorded.values())
+    assert f"check {OVERDUE} could not be evaluated" in logs
+    assert DATABASE_URL_VAR in failure_text(result)

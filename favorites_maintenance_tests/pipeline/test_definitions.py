@@ -16,6 +16,7 @@ from favorites_maintenance_tests.helpers.dagster_internals import repository_def
 from favorites_maintenance_tests.helpers.dagster_internals import loadable_targets_from_python_module
 from favorites_maintenance_tests.helpers.dagster_internals import LazyDefinitions
 
+from favorites_maintenance.pipeline.jobs import CLEANUP_EXECUTOR
 from favorites_maintenance.retention.defaults import DATABASE_URL_VAR
 from favorites_maintenance_tests.helpers.jobs import (
     ASSET_KEY,
@@ -96,8 +97,8 @@ def test_every_run_of_the_policy_executes_in_its_run_worker_and_a_backfill_is_on
     node carries a declarative retry policy, which the in-process executor would turn a
     termination into a retry of; a backfill of the asset is one run over its range."""
     defs = load_code_location(monkeypatch=monkeypatch)
-    assert defs.resolve_job_def(JOB).executor_def is dg.in_process_executor
-    assert defs.resolve_implicit_global_asset_job_def().executor_def is not dg.in_process_executor
+    assert defs.resolve_job_def(JOB).executor_def is CLEANUP_EXECUTOR
+    assert defs.resolve_implicit_global_asset_job_def().executor_def is not CLEANUP_EXECUTOR
     for job in (defs.resolve_job_def(JOB), defs.resolve_implicit_global_asset_job_def()):
         assert [node.name for node in job.graph.iterate_node_defs()
                 if isinstance(node, dg.OpDefinition) and node.retry_policy] == [], job.name

@@ -17,6 +17,7 @@ import sqlalchemy as sa
 from favorites_maintenance.config.policy import Policy, PolicyError
 from favorites_maintenance.config.policy_settings import parse_policy_settings
 from favorites_maintenance.local.guest_favorites import GUEST_FAVORITES
+from favorites_maintenance.pipeline.jobs import CLEANUP_EXECUTOR
 from favorites_maintenance.retention.defaults import DATABASE_URL_VAR
 from favorites_maintenance_tests.helpers.daemon import step_processes
 from favorites_maintenance_tests.helpers.jobs import failure_text, materialization
@@ -245,7 +246,7 @@ def test_the_unpartitioned_graph_is_unchanged_and_the_partitioned_one_fans_out()
     assert {n.name for n in fanned.graph.node_named(NODE).definition.nodes} == {
         "compute_cutoff", "plan_partitions", "purge_partition", "collect_partitions",
         "measure_backlog"}
-    assert plain.executor_def is dg.in_process_executor
+    assert plain.executor_def is CLEANUP_EXECUTOR
     assert fanned.executor_def.name == f"{POLICY}_partition_executor"
 
 
@@ -290,7 +291,7 @@ def test_a_policy_file_declares_the_partitioned_shape_and_loads_without_a_databa
         n.name for n in job.graph.node_named("favorites__monthly_yaml_cleanup").definition.nodes}
     # The guest-favorites policy beside it keeps its graph and the location's executor.
     assert defs.resolve_job_def("guest_favorites_cleanup_job").executor_def is (
-        dg.in_process_executor)
+        CLEANUP_EXECUTOR)
 
 
 #: The advisory lock the test holds while the run's third DELETE waits for it.
