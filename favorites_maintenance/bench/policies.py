@@ -16,8 +16,9 @@ package's own ``defs/``). The scenario reports:
 - ``sensor_tick_ms``: one evaluation of each sensor (``dg.build_sensor_context`` on the
   scenario's own SQLite instance, the definitions' resources): the median, the slowest and the
   sum, milliseconds;
-- ``idle``: the CPU time a ``dagster code-server start`` and a ``dagster-daemon run`` (every
-  sensor and schedule running, as they default) spend over ``idle_seconds`` once warmed up,
+- ``idle``: the CPU time what ``dagster dev`` runs spends over ``idle_seconds`` once warmed
+  up: a ``dagster code-server start``, and a ``dagster-webserver`` (the UI, no browser open)
+  and a ``dagster-daemon run`` (every sensor and schedule running, as they default) on it,
   read from ``/proc/<pid>/stat`` (user and system time of each process and its descendants,
   the waited-for ones included), as cores (CPU seconds per second), and the sensor ticks the
   daemon recorded in the window. The window starts ``warmup_seconds`` after the daemon's
@@ -40,6 +41,7 @@ import subprocess
 import sys
 import tempfile
 import time
+import urllib.request
 from collections.abc import Callable
 from pathlib import Path
 
@@ -228,63 +230,91 @@ def _wait_first_tick(home: Path, daemon: subprocess.Popen, timeout: float,
                        f"{log.read_text()[-2000:]}")
 
 
-def measure_idle(root: Path, env: dict[str, str], idle_seconds: float,
-                 warmup_seconds: float, echo: Callable[[str], None]) -> dict:
-    """Start a code server of ``root``'s project and a daemon on it, wait until the code
-    server serves, the daemon has recorded a sensor tick and ``warmup_seconds`` more, then
-    read the CPU both spend over ``idle_seconds``; both stopped after, whatever happened.
-
-    Returns:
-        ``{"seconds", "code_server_cpu_s", "daemon_cpu_s", "cores", "code_server_cores",
-        "daemon_cores", "serving_after_s", "first_tick_after_s", "sensor_ticks"}``; ``cores``
-        is CPU seconds per second of the two together; ``first_tick_after_s`` counts from the
-        daemon's start.
+def _wait_webserver(port: int, process: subprocess.Popen, timeout: float, log: Path) -> float:
+    """Wait until the webserver on ``port`` answers ``/server_info``; seconds it took.
 
     Raises:
-        RuntimeError: the code server did not start, the daemon recorded no sensor tick within
-            15 minutes, or a process exited during the window.
+        RuntimeError: it exited or did not answer within ``timeout`` seconds (its log's end).
+    """
+    started = time.monotonic()
+    while time.monotonic() - started < timeout:
+        if process.poll() is not None:
+            raise RuntimeError(f"the webserver exited ({process.returncode}): "
+                               f"{log.read_text()[-2000:]}")
+        try:
+            with urllib.request.urlopen(f"http://127.0.0.1:{port}/server_info", timeout=5):
+                return time.monotonic() - started
+        except OSError:
+            time.sleep(1)
+    raise RuntimeError(f"the webserver did not serve within {timeout:.0f} s: "
+                       f"{log.read_text()[-2000:]}")
+
+
+def measure_idle(root: Path, env: dict[str, str], idle_seconds: float,
+                 warmup_seconds: float, echo: Callable[[str], None]) -> dict:
+    """Start what ``dagster dev`` runs on ``root``'s project: a code server, and the webserver
+    (the UI) and a daemon on it; wait until the code server and the webserver serve, the
+    daemon has recorded a sensor tick and ``warmup_seconds`` more, then read the CPU the three
+    spend over ``idle_seconds``; all stopped after, whatever happened.
+
+    Returns:
+        ``{"seconds", "code_server_cpu_s", "daemon_cpu_s", "webserver_cpu_s", "cores",
+        "code_server_cores", "daemon_cores", "webserver_cores", "serving_after_s",
+        "first_tick_after_s", "sensor_ticks"}``; ``cores`` is CPU seconds per second of the
+        three together; ``first_tick_after_s`` counts from the daemon's start.
+
+    Raises:
+        RuntimeError: the code server or the webserver did not start, the daemon recorded no
+            sensor tick within 15 minutes, or a process exited during the window.
     """
     bin_dir = Path(sys.executable).parent
-    port = _free_port()
+    port, web_port = _free_port(), _free_port()
     home = Path(env["DAGSTER_HOME"])
-    server_log, daemon_log = home / "code-server.log", home / "daemon.log"
-    server = _start([str(bin_dir / "dagster"), "code-server", "start", "--port", str(port),
-                     "-m", f"{PACKAGE}.definitions", "--working-directory", str(root / "src"),
-                     "--location-name", PACKAGE], env, root, server_log)
-    daemon = None
+    logs = {name: home / f"{name.replace(' ', '-')}.log"
+            for name in ("code server", "webserver", "daemon")}
+    started: dict[str, subprocess.Popen] = {}
     try:
-        serving = _wait_serving(port, env, server, 600, server_log)
-        daemon = _start([str(bin_dir / "dagster-daemon"), "run", "--grpc-port", str(port),
-                         "--grpc-host", "localhost"], env, root, daemon_log)
+        started["code server"] = _start(
+            [str(bin_dir / "dagster"), "code-server", "start", "--port", str(port),
+             "-m", f"{PACKAGE}.definitions", "--working-directory", str(root / "src"),
+             "--location-name", PACKAGE], env, root, logs["code server"])
+        serving = _wait_serving(port, env, started["code server"], 600, logs["code server"])
+        grpc = ["--grpc-port", str(port), "--grpc-host", "localhost"]
+        started["webserver"] = _start(
+            [str(bin_dir / "dagster-webserver"), "-h", "127.0.0.1", "-p", str(web_port), *grpc],
+            env, root, logs["webserver"])
+        _wait_webserver(web_port, started["webserver"], 600, logs["webserver"])
+        started["daemon"] = _start([str(bin_dir / "dagster-daemon"), "run", *grpc], env, root,
+                                   logs["daemon"])
         # The daemon loads the location's snapshot before its first tick: idle is after that.
-        first_tick = _wait_first_tick(home, daemon, 900, daemon_log)
+        first_tick = _wait_first_tick(home, started["daemon"], 900, logs["daemon"])
         echo(f"  code server serving after {serving:.1f} s, the daemon's first sensor tick "
              f"{first_tick:.1f} s after it started; warming up {warmup_seconds:.0f} s, then "
              f"{idle_seconds:.0f} s idle ...")
         time.sleep(warmup_seconds)
         since = time.time()
-        server_before, daemon_before = tree_cpu_seconds(server.pid), tree_cpu_seconds(daemon.pid)
-        started = time.monotonic()
+        before = {name: tree_cpu_seconds(p.pid) for name, p in started.items()}
+        window = time.monotonic()
         time.sleep(idle_seconds)
-        server_after, daemon_after = tree_cpu_seconds(server.pid), tree_cpu_seconds(daemon.pid)
-        elapsed = time.monotonic() - started
-        for name, process, log in (("code server", server, server_log),
-                                   ("daemon", daemon, daemon_log)):
+        after = {name: tree_cpu_seconds(p.pid) for name, p in started.items()}
+        elapsed = time.monotonic() - window
+        for name, process in started.items():
             if process.poll() is not None:
                 raise RuntimeError(f"the {name} exited during the window: "
-                                   f"{log.read_text()[-2000:]}")
+                                   f"{logs[name].read_text()[-2000:]}")
     finally:
-        for process in (daemon, server):
-            if process is not None:
-                _stop(process)
-    server_cpu, daemon_cpu = server_after - server_before, daemon_after - daemon_before
-    return {"seconds": round(elapsed, 1), "serving_after_s": round(serving, 1),
-            "first_tick_after_s": round(first_tick, 1),
-            "code_server_cpu_s": round(server_cpu, 2), "daemon_cpu_s": round(daemon_cpu, 2),
-            "code_server_cores": round(server_cpu / elapsed, 3),
-            "daemon_cores": round(daemon_cpu / elapsed, 3),
-            "cores": round((server_cpu + daemon_cpu) / elapsed, 3),
-            "sensor_ticks": _sensor_ticks(home, since, since + elapsed)}
+        for process in reversed(list(started.values())):
+            _stop(process)
+    cpu = {name: after[name] - before[name] for name in started}
+    figures = {"seconds": round(elapsed, 1), "serving_after_s": round(serving, 1),
+               "first_tick_after_s": round(first_tick, 1),
+               "cores": round(sum(cpu.values()) / elapsed, 3),
+               "sensor_ticks": _sensor_ticks(home, since, since + elapsed)}
+    for name, seconds in cpu.items():
+        key = name.replace(" ", "_")
+        figures[f"{key}_cpu_s"] = round(seconds, 2)
+        figures[f"{key}_cores"] = round(seconds / elapsed, 3)
+    return figures
 
 
 def run_policies_bench(count: int, idle_seconds: float = 60.0, warmup_seconds: float = 30.0,
@@ -337,8 +367,8 @@ def run_policies_bench(count: int, idle_seconds: float = 60.0, warmup_seconds: f
         figures["idle"] = measure_idle(root, env, idle_seconds, warmup_seconds, echo)
         idle = figures["idle"]
         echo(f"  idle over {idle['seconds']:.0f} s: {idle['cores']:.3f} cores (code server "
-             f"{idle['code_server_cores']:.3f}, daemon {idle['daemon_cores']:.3f}), "
-             f"{idle['sensor_ticks']} sensor ticks")
+             f"{idle['code_server_cores']:.3f}, daemon {idle['daemon_cores']:.3f}, webserver "
+             f"{idle['webserver_cores']:.3f}), {idle['sensor_ticks']} sensor ticks")
     report = {"scenario": "policies", "policies": count, **figures,
               "machine": {"cpus": os.cpu_count(), "loadavg_before": load_before,
                           "loadavg_after": os.getloadavg()}}
