@@ -334,6 +334,11 @@ def test_dry_run_all_lists_a_broken_policy_with_its_error_and_fails(tmp_path, db
     assert one.returncode == 0, one.stderr
     [report] = json.loads(one.stdout)["policies"]
     assert (report["policy"], report["now"]["prunable"]) == ("guest_favorites", 4)
+    # The keys README's dry-run paragraph lists (no hold table: no "held").
+    assert set(report) == {"policy", "database", "database_variable", "table", "guard",
+                           "age_column", "retention_days", "now", "next_run"}
+    assert set(report["now"]) == {"at", "partition", "cutoff", "prunable", "oldest"}
+    assert set(report["next_run"]) == {"at", "cron", "partition", "cutoff", "prunable"}
 
 
 INSTANCE_AS_DAGSTER_DEV_LOADS_IT = """
