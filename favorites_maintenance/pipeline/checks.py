@@ -119,71 +119,19 @@ def build_asset_checks(policy: Policy) -> list[dg.AssetChecksDefinition]:
     rule = policy.rule
     names = policy.names
     which = f"with {rule.guard_sql} " if rule.guards else ""
-
-    def overdue_rows(context: dg.AssetCheckExecutionContext
-                     ) -> dict[str | None, dg.AssetCheckResult]:
-        """Count the rows the rule admits older than ``cutoff - 1 day``, where ``cutoff`` is
-        the run's own (:func:`~favorites_maintenance.pipeline.partitions.partition_cutoff`),
-        through the backlog measurement, on the policy's database; any such row fails
-        (ERROR). In a range run each day is counted against its own cutoff."""
-        days = policy.settings.retention_days
-        database: PolicyDatabase = getattr(context.resources, policy.database_key)
-        now = run_now(context, database.engine)
-        cutoff = run_cutoff(context, days, now)
-
-        def overdue_at(limit: dt.datetime) -> Backlog:
-            try:
-                return measure_backlog(database.engine, rule, limit)
-            except Exception as exc:
-                name_database(exc, policy)
-                raise
-
-        latest = overdue_at(cutoff - dt.timedelta(days=1))
-        results = {}
-        for partition in run_partitions(context)[:-1] if is_range_run(context) else []:
-            own = partition_cutoff(partition, days, now=now)
-            # An earlier day's limit is older: none of its rows is left if none is left at the
-            # last day's, so only a non-zero count needs a query of its own.
-            overdue = overdue_at(own - dt.timedelta(days=1)) if latest.remaining else latest
-            results[partition] = _overdue_result(own, overdue, names, rule.older_than)
-        results[_last_partition(context)] = _overdue_result(cutoff, latest, names,
-                                                            rule.older_than)
-        return results
-
-    def deleted_total_spike(context: dg.AssetCheckExecutionContext
-                            ) -> dict[str | None, dg.AssetCheckResult]:
-        """Compare this run's ``deletedTotal`` with the median of earlier current-day runs."""
-        results = _references(context, asset_key)
-        current, history = _deleted_totals(context.instance, asset_key, context.run.run_id)
-        results[_last_partition(context)] = _spike_result(current, history)
-        return results
-
-    def no_rows_skipped(context: dg.AssetCheckExecutionContext
-                        ) -> dict[str | None, dg.AssetCheckResult]:
-        """Read this run's ``skippedRows`` and ``skippedCauses``; any skipped row fails (WARN).
-
-        Skipped rows are retried by every run; they stay until the reference or trigger that
-        blocks them is dealt with (docs/runbook.md: "Rows are skipped").
-        """
-        results = _references(context, asset_key)
-        record = _run_materializations(context, asset_key).get(_last_partition(context))
-        results[_last_partition(context)] = _skipped_result(
-            record.asset_materialization.metadata if record else None)
-        return results
-
     checks: dict[str, tuple[str, Evaluation]] = {
         names.overdue_check: (
             f"SLO: after a day's run, no row {which}whose {rule.age.name} is more than the "
             "retention period plus one day past, measured from that run's cutoff.",
-            overdue_rows),
+            _overdue_rows(policy)),
         "deleted_total_spike": (
             f"WARN when deletedTotal exceeds {SPIKE_FACTOR:g}x the median of the last "
             f"{SPIKE_HISTORY} current-day runs and that median + {SPIKE_MIN_ROWS:,} rows.",
-            deleted_total_spike),
+            _deleted_total_spike(asset_key)),
         "no_rows_skipped": (
             "WARN when the run left prunable rows in place because deleting them failed (a "
             "foreign key, a trigger) or had no effect.",
-            no_rows_skipped),
+            _no_rows_skipped(asset_key)),
     }
     if rule.hold is not None:
         checks[HELD_CHECK] = (
@@ -197,7 +145,8 @@ def build_asset_checks(policy: Policy) -> list[dg.AssetChecksDefinition]:
             f"archive_retention_days ({policy.settings.archive_retention_days}) days ago, by "
             "the database's clock: the archive's retention ran.",
             _archive_within_retention(policy, asset_key))
-    # The checks that read the policy's database; the others read Dagster's storage.
+    # The checks that read the policy's database (their errors name it, once, in the step);
+    # the others read Dagster's storage.
     on_database = {names.overdue_check, HELD_CHECK, ARCHIVE_CHECK}
     partitions = policy_partitions(policy)
     specs = [dg.AssetCheckSpec(name, asset=asset_key, description=description,
@@ -233,6 +182,66 @@ def build_asset_checks(policy: Policy) -> list[dg.AssetChecksDefinition]:
     return [policy_checks]
 
 
+def _overdue_rows(policy: Policy) -> Evaluation:
+    """The overdue-rows check: count the rows the rule admits older than ``cutoff - 1 day``,
+    where ``cutoff`` is the run's own
+    (:func:`~favorites_maintenance.pipeline.partitions.partition_cutoff`), through the backlog
+    measurement, on the policy's database; any such row fails (ERROR). In a range run each
+    day is counted against its own cutoff."""
+    rule, names = policy.rule, policy.names
+
+    def overdue_rows(context: dg.AssetCheckExecutionContext
+                     ) -> dict[str | None, dg.AssetCheckResult]:
+        days = policy.settings.retention_days
+        database: PolicyDatabase = getattr(context.resources, policy.database_key)
+        now = run_now(context, database.engine)
+        cutoff = run_cutoff(context, days, now)
+        latest = measure_backlog(database.engine, rule, cutoff - dt.timedelta(days=1))
+        results = {}
+        for partition in run_partitions(context)[:-1] if is_range_run(context) else []:
+            own = partition_cutoff(partition, days, now=now)
+            # An earlier day's limit is older: none of its rows is left if none is left at the
+            # last day's, so only a non-zero count needs a query of its own.
+            overdue = (measure_backlog(database.engine, rule, own - dt.timedelta(days=1))
+                       if latest.remaining else latest)
+            results[partition] = _overdue_result(own, overdue, names, rule.older_than)
+        results[_last_partition(context)] = _overdue_result(cutoff, latest, names,
+                                                            rule.older_than)
+        return results
+
+    return overdue_rows
+
+
+def _deleted_total_spike(asset_key: dg.AssetKey) -> Evaluation:
+    """The spike check: this run's ``deletedTotal`` against the median of earlier current-day
+    runs."""
+
+    def deleted_total_spike(context: dg.AssetCheckExecutionContext
+                            ) -> dict[str | None, dg.AssetCheckResult]:
+        results = _references(context, asset_key)
+        current, history = _deleted_totals(context.instance, asset_key, context.run.run_id)
+        results[_last_partition(context)] = _spike_result(current, history)
+        return results
+
+    return deleted_total_spike
+
+
+def _no_rows_skipped(asset_key: dg.AssetKey) -> Evaluation:
+    """The skipped-rows check: this run's ``skippedRows`` and ``skippedCauses``; any skipped
+    row fails (WARN). Skipped rows are retried by every run; they stay until the reference or
+    trigger that blocks them is dealt with (docs/runbook.md: "Rows are skipped")."""
+
+    def no_rows_skipped(context: dg.AssetCheckExecutionContext
+                        ) -> dict[str | None, dg.AssetCheckResult]:
+        results = _references(context, asset_key)
+        record = _run_materializations(context, asset_key).get(_last_partition(context))
+        results[_last_partition(context)] = _skipped_result(
+            record.asset_materialization.metadata if record else None)
+        return results
+
+    return no_rows_skipped
+
+
 def _archive_within_retention(policy: Policy, asset_key: dg.AssetKey) -> Evaluation:
     """The archive's check of a policy with an ``archive_table``: no archived row is past the
     archive's retention; any fails (ERROR)."""
@@ -259,15 +268,11 @@ def _held_rows(policy: Policy, asset_key: dg.AssetKey) -> Evaluation:
         database: PolicyDatabase = getattr(context.resources, policy.database_key)
         cutoff = run_cutoff(context, policy.settings.retention_days,
                             run_now(context, database.engine))
-        try:
-            with database.engine.connect() as conn, conn.begin():
-                limit_transaction(conn)
-                held = conn.execute(count_held(rule, cutoff)).scalar_one()
-                summary = summarize_holds(conn, rule.hold)
-                unmatched = count_holds_matching_no_row(conn, rule.hold, rule.qualified_name)
-        except Exception as exc:
-            name_database(exc, policy)
-            raise
+        with database.engine.connect() as conn, conn.begin():
+            limit_transaction(conn)
+            held = conn.execute(count_held(rule, cutoff)).scalar_one()
+            summary = summarize_holds(conn, rule.hold)
+            unmatched = count_holds_matching_no_row(conn, rule.hold, rule.qualified_name)
         results = _references(context, asset_key, figures={})
         results[_last_partition(context)] = dg.AssetCheckResult(
             passed=True, severity=dg.AssetCheckSeverity.WARN,
