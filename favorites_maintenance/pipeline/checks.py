@@ -343,6 +343,20 @@ def archive_check_evaluation(context: dg.OpExecutionContext, engine: sa.Engine,
         description=result.description, partition=partitions[-1] if partitions else None)
 
 
+def archive_check_left_out(context: dg.OpExecutionContext, policy: Policy) -> bool:
+    """Whether the run of ``context`` leaves the archive's check of ``policy`` out of its
+    checks' step although it runs the archive's retention: its selection of checks
+    (``asset_check_selection``) names others but not this one. Dagster's re-execution from
+    asset failure selects only the checks the failed run did not evaluate, and the purge's
+    step of a failed run evaluated the archive's (:func:`archive_check_evaluation`); a
+    materialization without its checks selects none. ``False`` for a run of every check of its
+    job (no selection)."""
+    selection = context.run.asset_check_selection
+    return (policy.archive_table is not None and selection is not None
+            and dg.AssetCheckKey(dg.AssetKey(list(policy.asset_key_path)), ARCHIVE_CHECK)
+            not in selection)
+
+
 #: What a check function yields: one result (a run of one day), or one evaluation per day and
 #: the check's output (a range run).
 CheckOutput = dg.AssetCheckResult | dg.AssetCheckEvaluation | dg.Output

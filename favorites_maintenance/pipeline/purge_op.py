@@ -16,7 +16,10 @@ from pydantic import Field
 from favorites_maintenance.config.policy import Policy
 from favorites_maintenance.config.policy_settings import PolicySettings
 from favorites_maintenance.pipeline import tracing
-from favorites_maintenance.pipeline.checks import archive_check_evaluation
+from favorites_maintenance.pipeline.checks import (
+    archive_check_evaluation,
+    archive_check_left_out,
+)
 from favorites_maintenance.pipeline.dagster_internals import capture_interrupts
 from favorites_maintenance.pipeline.resources import (
     MetricsPush,
@@ -323,8 +326,9 @@ class PurgeStep:
         """After the purge: delete the archive's rows past ``archive_retention_days`` in
         batches of at most ``batch_size_max`` rows, within what is left of the run's time
         budget (at least one batch), and record its figures (``archiveDeletedTotal``,
-        ``archiveRows``). A failure fails the step like a failed batch (retried when
-        transient)."""
+        ``archiveRows``), and the archive's check when the run leaves it out of its checks' step
+        (:func:`~favorites_maintenance.pipeline.checks.archive_check_left_out`). A failure fails
+        the step like a failed batch (retried when transient)."""
         settings = self.settings
         left = settings.max_run_duration - dt.timedelta(seconds=report.duration_s)
         try:
@@ -343,6 +347,9 @@ class PurgeStep:
                    f"archive {self.policy.archive_table}: {pruned.deleted_total} rows archived "
                    f"more than {settings.archive_retention_days} days ago deleted, "
                    f"{pruned.rows} rows of the policy kept")
+        if archive_check_left_out(self.context, self.policy):
+            # A re-execution from asset failure: else the check stays as the failed run left it.
+            self.record_archive_check()
         return summary.with_archive(pruned.deleted_total, pruned.rows)
 
     def archive_after_failure(self, exc: Exception,

@@ -266,10 +266,11 @@ def date_archive(engine, past_retention: int) -> None:
 
 def archive_check(instance, result) -> dg.AssetCheckEvaluation:
     """The latest evaluation of ``archive_within_retention``, as the asset's Checks tab shows
-    it: that of ``result``'s run."""
+    it: that of ``result``'s run (a run's result, or its id)."""
+    run_id = result if isinstance(result, str) else result.run_id
     record = instance.get_latest_asset_check_evaluation_record(
         dg.AssetCheckKey(shop.ASSET_KEY, ARCHIVE_CHECK))
-    assert record is not None and record.run_id == result.run_id
+    assert record is not None and record.run_id == run_id
     return record.event.dagster_event.event_specific_data
 
 
@@ -359,6 +360,54 @@ def test_an_archive_retention_that_fails_after_the_purge_turns_its_check_red(env
     assert not check.passed and check.metadata["overdueArchivedRows"].value == 25
     assert len(shop.ids_of(engine, shop.ARCHIVE)) == 43  # the purge moved the 3 new rows
     assert not set(newer) & set(shop.ids_of(engine, shop.TABLE))
+
+
+REEXECUTE = """
+mutation($params: ReexecutionParams!) { launchPipelineReexecution(reexecutionParams: $params) {
+  __typename ... on LaunchRunSuccess { run { runId } } ... on PythonError { message } } }
+"""
+
+
+def test_a_re_execution_from_asset_failure_turns_the_archive_check_green_once_it_ran(
+        env, engine, dagster_storage_url):
+    """The UI's "Re-execute from asset failure" of a run whose archive retention failed, once
+    the cause is gone: Dagster leaves out of the new run the checks the failed run evaluated,
+    the archive's among them (its purge step recorded it red). The new run deletes the
+    overdue archived rows, and its purge step records the check, green: it is no longer red
+    over rows that are gone until some later run."""
+    from dagster_graphql.test.utils import execute_dagster_graphql
+
+    from favorites_maintenance_tests.helpers.daemon import code_location, launch_run, pg_instance
+    from favorites_maintenance_tests.helpers.policies import policy_sandbox
+
+    fill(engine)
+    partition = {"dagster/partition": shop.PARTITION}
+    with policy_sandbox(shop.policy(archive_retention_days=30)) as sandbox, \
+            pg_instance(dagster_storage_url, run_in_process=True) as instance, \
+            code_location(instance, sandbox.location_target()) as workspace:
+        # The asset page's Materialize selects the asset's checks: one record of the archive's.
+        first = launch_run(workspace, "__ASSET_JOB", tags=partition,
+                           asset=list(shop.ASSET_KEY.path),
+                           run_config={"execution": {"config": {"in_process": {}}}})
+        assert archive_check(instance, first).passed
+        assert len(instance.all_logs(first, of_type=dg.DagsterEventType.ASSET_CHECK_EVALUATION)) \
+            == 4
+        date_archive(engine, 25)
+        hold_archive(engine)
+        failed = launch_run(workspace, shop.JOB, tags=partition)
+        assert not archive_check(instance, failed).passed
+        with engine.begin() as conn:
+            conn.exec_driver_sql("DROP TRIGGER hold ON shop.items_archive")
+        launched = execute_dagster_graphql(
+            workspace.create_request_context(), REEXECUTE,
+            {"params": {"parentRunId": failed, "strategy": "FROM_ASSET_FAILURE"}},
+        ).data["launchPipelineReexecution"]
+        again = instance.get_run_by_id(launched["run"]["runId"])
+        assert again.status == dg.DagsterRunStatus.SUCCESS
+        assert ARCHIVE_CHECK not in {k.name for k in again.asset_check_selection}
+        check = archive_check(instance, again.run_id)
+    assert len(shop.ids_of(engine, shop.ARCHIVE)) == 15
+    assert check.passed and check.metadata["overdueArchivedRows"].value == 0
 
 
 def test_archive_within_retention_is_red_while_archived_rows_are_past_it(env, engine):
