@@ -404,7 +404,9 @@ def test_cursors_set_by_hand_leave_the_failure_alerts_working(dagster_storage_ur
             set_cursor(tick_sensor, "[1, 2]")
             set_cursor(run_sensor, "not json")
             scheduler_and_sensors(workspace, start + 2 * minute)  # the 03:02 tick fails too
-            assert len(webhook.messages) == 2  # the cursor forgot the episode: alerted again
+            # The cursor forgot the episode: alerted again.
+            assert len(webhook.messages) == 2, _story(instance, webhook, [
+                tick_sensor, "guest_favorites_cleanup_schedule"])
         with engine.begin() as conn:
             conn.execute(sa.text("DROP TABLE favorites.favorites"))  # runs will fail
         monkeypatch.setenv(DATABASE_URL_VAR, db_url.render_as_string(hide_password=False))
@@ -426,6 +428,19 @@ def test_cursors_set_by_hand_leave_the_failure_alerts_working(dagster_storage_ur
     [failed_run] = [m for m in webhook.messages
                     if m.startswith("guest_favorites cleanup failed: ")]
     assert run.run_id in failed_run and "failed" in failed_run
+
+
+def _story(instance, webhook, names) -> str:
+    """What a failed assertion on alerts shows: the messages received, then each instigator
+    of ``names`` with its state's cursor and its ticks (time, status, skip reason, error)."""
+    lines = [f"messages: {webhook.messages}"]
+    for name in names:
+        data = _state(instance, name).instigator_data
+        lines.append(f"{name}: cursor {getattr(data, 'cursor', None)!r}, last tick "
+                     f"{getattr(data, 'last_tick_timestamp', None)}")
+        lines += [f"  {t.timestamp} {t.status.value} {t.skip_reason!r} "
+                  f"{' '.join(t.error.message.split())[:300] if t.error else ''}" for t in _ticks(instance, name)]
+    return "\n".join(lines)
 
 
 def _state(instance, name):
