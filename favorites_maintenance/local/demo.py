@@ -56,12 +56,16 @@ class DemoError(Exception):
 def _seed(engine: sa.Engine, policy: Policy, rows: int, echo: Callable[[str], None]):
     """Recreate the dev table (and the policy's hold table) and seed ``rows`` rows over three
     years; return the seed's summary (rows, guest rows, account rows)."""
+    hold = policy.rule.hold.qualified_name if policy.rule.hold is not None else None
     echo(f"recreating favorites.favorites and seeding {rows:,} rows over three years ...")
     t0 = time.monotonic()
     drop_dev_schema(engine)
     create_dev_schema(engine)
-    if policy.rule.hold is not None:  # it went with the schema
-        create_hold_table(engine, policy.rule.hold.qualified_name)
+    if hold is not None:  # in the schema, it went with it: its holds are gone
+        echo(f"  hold table {hold}: "
+             + ("recreated with the schema, no holds" if hold.startswith("favorites.")
+                else "kept as it is (created if missing)"))
+        create_hold_table(engine, hold)
     before = seed_favorites(engine, rows, now=dt.datetime.now(UTC),
                             on_progress=seed_progress(rows, echo))
     echo(f"  seeded in {time.monotonic() - t0:.1f} s: {before.rows:,} rows, "
@@ -150,6 +154,8 @@ def run_demo(env: LocalEnvironment, *, rows: int, pretend: bool, policy: Policy,
     echo(f"  duration          {run.duration_ms:>12,} ms")
     echo(f"  backlog remaining {run.backlog_remaining:>12,}  (stop reason: "
           f"{run.stop_reason})")
+    if run.held_rows is not None:
+        echo(f"  held rows         {run.held_rows:>12,}  (past the cutoff, kept by active holds)")
     if run.throttled_by != "none":
         # db_unhealthy is a success: the backlog waits for the next run.
         echo(f"  paused            {run.paused_ms:>12,} ms  ({run.throttled_by})")

@@ -45,6 +45,7 @@ def test_demo_deletes_the_prunable_rows_and_leaves_account_rows(checkout):
     assert matched > 0
     assert number("rows deleted", out) == matched
     assert number("backlog remaining", out) == 0
+    assert "held rows" not in out and "hold table" not in out  # no hold table configured
     accounts = re.search(r"account rows\s+([\d,]+) -> ([\d,]+)", out)
     assert accounts[1] == accounts[2]
     assert "(unchanged)" in out
@@ -89,6 +90,8 @@ def test_demo_of_the_guest_policy_with_holds_seeds_and_gives_it_its_hold_table(c
     assert "  seeding: 2,000 / 2,000 rows" in out
     matched = int(re.search(r"the rule matches ([\d,]+) rows", out)[1].replace(",", ""))
     assert matched > 0 and number("rows deleted", out) == matched
+    assert "hold table favorites.retention_holds: recreated with the schema, no holds" in out
+    assert number("held rows", out) == 0  # a fresh hold table holds nothing
     assert "(unchanged)" in out
 
 
