@@ -46,9 +46,10 @@ from favorites_maintenance.pipeline.partitions import (
     run_now,
 )
 from favorites_maintenance.pipeline.purge_op import (
-    PurgeConfig,
+    PURGE_CONFIG,
     attempt_failed,
     drop_phase_figures,
+    purge_config,
     record_detached,
     run_drop_phase,
     run_purge_op,
@@ -197,12 +198,12 @@ def _cleanup_ops(policy: Policy, asset_key: dg.AssetKey, settings_of, database_o
 
     # The alerts: Dagster checks a launch's config only of the resources its run uses, and a
     # launch may not redirect the alerts (deployed_alerts refuses it).
-    @dg.op(name=f"{policy.name}_compute_cutoff",
+    @dg.op(name=f"{policy.name}_compute_cutoff", config_schema=PURGE_CONFIG,
            required_resource_keys={database_key, policy.run_limits_key, ALERTS_KEY},
            description="The cutoff instant: min(now, end of the partition window) - retention "
                        "days, now by the database server's clock.")
     @for_readers
-    def compute_cutoff(context: dg.OpExecutionContext, config: PurgeConfig) -> dt.datetime:
+    def compute_cutoff(context: dg.OpExecutionContext) -> dt.datetime:
         """Return the run's cutoff, a timezone-aware UTC datetime (see :func:`run_cutoff`).
         A run that is not of the policy's days fails here, before any read
         (:func:`require_run_partitions`). A database that cannot be read fails the op, retried
@@ -214,7 +215,7 @@ def _cleanup_ops(policy: Policy, asset_key: dg.AssetKey, settings_of, database_o
             cutoff = run_cutoff(context, settings.retention_days,
                                 run_now(context, database_of(context).engine))
         except ConnectError as exc:
-            retry = attempt_failed(context, config, policy, exc)
+            retry = attempt_failed(context, purge_config(context), policy, exc)
             if retry is not None:
                 raise retry from exc
             raise
@@ -225,17 +226,16 @@ def _cleanup_ops(policy: Policy, asset_key: dg.AssetKey, settings_of, database_o
                          f"batch_size={settings.batch_size} ({_batch_sizes(settings)})")
         return cutoff
 
-    @dg.op(name=f"{policy.name}_purge", pool=policy.pool,
+    @dg.op(name=f"{policy.name}_purge", pool=policy.pool, config_schema=PURGE_CONFIG,
            required_resource_keys={database_key, policy.run_limits_key, METRICS_KEY},
            description=f"Delete prunable rows of {rule.qualified_name} ({rule.predicate_sql}) in "
                        f"SKIP LOCKED batch transactions, on the database of "
                        f"{policy.database_url_env}.")
     @for_readers
-    def purge(context: dg.OpExecutionContext, config: PurgeConfig,
-              cutoff: dt.datetime) -> RunReport:
+    def purge(context: dg.OpExecutionContext, cutoff: dt.datetime) -> RunReport:
         """Run the batched purge and return its record for ``measure_backlog`` (see
         :func:`run_purge_op`)."""
-        return run_purge_op(context, config, database_of(context), policy,
+        return run_purge_op(context, purge_config(context), database_of(context), policy,
                             settings_of(context), asset_key, cutoff,
                             metrics=getattr(context.resources, METRICS_KEY))
 
@@ -289,14 +289,13 @@ def _partition_ops(policy: Policy, asset_key: dg.AssetKey, settings_of, database
     rule = policy.rule
     database_key = policy.database_key
 
-    @dg.op(name=f"{policy.name}_plan_partitions",
+    @dg.op(name=f"{policy.name}_plan_partitions", config_schema=PURGE_CONFIG,
            required_resource_keys={database_key, policy.run_limits_key},
            out={"partitions": dg.DynamicOut(PartitionWork), "plan": dg.Out(PartitionPlan)},
            description=f"Find the partitions of {rule.qualified_name} that hold prunable rows: "
                        "one purge step each.")
     @for_readers
-    def plan_partitions(context: dg.OpExecutionContext, config: PurgeConfig,
-                        cutoff: dt.datetime):
+    def plan_partitions(context: dg.OpExecutionContext, cutoff: dt.datetime):
         """Yield the run's plan and one :class:`PartitionWork` per partition with prunable
         rows (mapping key: the partition's name). A database error is retried as the purge's
         is (see :func:`attempt_failed`); a table that is not range-partitioned by the age
@@ -313,7 +312,7 @@ def _partition_ops(policy: Policy, asset_key: dg.AssetKey, settings_of, database
         except RetentionError as exc:
             # The partitions it detached are gone from the table: a retry does not see them.
             record_detached(context, asset_key, dropped)
-            retry = attempt_failed(context, config, policy, exc)
+            retry = attempt_failed(context, purge_config(context), policy, exc)
             if retry is not None:
                 raise retry from exc
             raise
@@ -326,14 +325,14 @@ def _partition_ops(policy: Policy, asset_key: dg.AssetKey, settings_of, database
             yield dg.DynamicOutput(PartitionWork(partition, deadline), mapping_key=key,
                                    output_name="partitions")
 
-    @dg.op(name=f"{policy.name}_purge_partition", pool=policy.pool,
+    @dg.op(name=f"{policy.name}_purge_partition", pool=policy.pool, config_schema=PURGE_CONFIG,
            required_resource_keys={database_key, policy.run_limits_key, METRICS_KEY},
            description=f"Delete prunable rows of one partition of {rule.qualified_name} "
                        f"({rule.predicate_sql}) in SKIP LOCKED batch transactions, on the "
                        f"database of {policy.database_url_env}.")
     @for_readers
-    def purge_partition(context: dg.OpExecutionContext, config: PurgeConfig,
-                        cutoff: dt.datetime, work: PartitionWork) -> RunReport:
+    def purge_partition(context: dg.OpExecutionContext, cutoff: dt.datetime,
+                        work: PartitionWork) -> RunReport:
         """Run the batched purge on one partition, through the table with the rule narrowed to
         the partition's ranges (so the table's statement triggers see its DELETEs), within what
         is left of the run's time budget (at least a second), and return its record (see
@@ -346,8 +345,9 @@ def _partition_ops(policy: Policy, asset_key: dg.AssetKey, settings_of, database
         # Which process of which host ran the step: the executor decides (a worker, a pod).
         context.log.info(f"partition {partition.qualified_name} {partition.describe_range()}: "
                          f"purged on host {socket.gethostname()} by pid {os.getpid()}")
-        report = run_purge_op(context, config, database_of(context), policy, settings,
-                              asset_key, cutoff, metrics=getattr(context.resources, METRICS_KEY),
+        report = run_purge_op(context, purge_config(context), database_of(context), policy,
+                              settings, asset_key, cutoff,
+                              metrics=getattr(context.resources, METRICS_KEY),
                               rule=rule.within(partition.ages))
         # A run stopped before collect_partitions sums the steps never records this step's
         # rows otherwise: its output shows them.
