@@ -32,7 +32,7 @@ import dagster as dg
 
 from favorites_maintenance.config.policy import ALERTS_KEY, METRICS_KEY, Policy
 from favorites_maintenance.config.policy_settings import BatchSizeMode, PolicySettings
-from favorites_maintenance.pipeline.op_docs import for_readers
+from favorites_maintenance.pipeline.op_functions import op_function
 from favorites_maintenance.pipeline.partition_steps import (
     PartitionPlan,
     PartitionWork,
@@ -202,7 +202,7 @@ def _cleanup_ops(policy: Policy, asset_key: dg.AssetKey, settings_of, database_o
            required_resource_keys={database_key, policy.run_limits_key, ALERTS_KEY},
            description="The cutoff instant: min(now, end of the partition window) - retention "
                        "days, now by the database server's clock.")
-    @for_readers
+    @op_function
     def compute_cutoff(context: dg.OpExecutionContext) -> dt.datetime:
         """Return the run's cutoff, a timezone-aware UTC datetime (see :func:`run_cutoff`).
         A run that is not of the policy's days fails here, before any read
@@ -231,7 +231,7 @@ def _cleanup_ops(policy: Policy, asset_key: dg.AssetKey, settings_of, database_o
            description=f"Delete prunable rows of {rule.qualified_name} ({rule.predicate_sql}) in "
                        f"SKIP LOCKED batch transactions, on the database of "
                        f"{policy.database_url_env}.")
-    @for_readers
+    @op_function
     def purge(context: dg.OpExecutionContext, cutoff: dt.datetime) -> RunReport:
         """Run the batched purge and return its record for ``measure_backlog`` (see
         :func:`run_purge_op`)."""
@@ -242,7 +242,7 @@ def _cleanup_ops(policy: Policy, asset_key: dg.AssetKey, settings_of, database_o
     @dg.op(name=f"{policy.name}_measure_backlog", out=dg.Out(dg.Nothing),
            pool=policy.database_pool, required_resource_keys={database_key, METRICS_KEY},
            description="Count what the rule still matches and record the run's metadata.")
-    @for_readers
+    @op_function
     def record_backlog(context: dg.AssetExecutionContext, cutoff: dt.datetime,
                        report: RunReport) -> None:
         """Measure the backlog for the run's cutoff, attach the run metadata to the asset
@@ -294,7 +294,7 @@ def _partition_ops(policy: Policy, asset_key: dg.AssetKey, settings_of, database
            out={"partitions": dg.DynamicOut(PartitionWork), "plan": dg.Out(PartitionPlan)},
            description=f"Find the partitions of {rule.qualified_name} that hold prunable rows: "
                        "one purge step each.")
-    @for_readers
+    @op_function
     def plan_partitions(context: dg.OpExecutionContext, cutoff: dt.datetime):
         """Yield the run's plan and one :class:`PartitionWork` per partition with prunable
         rows (mapping key: the partition's name). A database error is retried as the purge's
@@ -330,7 +330,7 @@ def _partition_ops(policy: Policy, asset_key: dg.AssetKey, settings_of, database
            description=f"Delete prunable rows of one partition of {rule.qualified_name} "
                        f"({rule.predicate_sql}) in SKIP LOCKED batch transactions, on the "
                        f"database of {policy.database_url_env}.")
-    @for_readers
+    @op_function
     def purge_partition(context: dg.OpExecutionContext, cutoff: dt.datetime,
                         work: PartitionWork) -> RunReport:
         """Run the batched purge on one partition, through the table with the rule narrowed to
@@ -357,7 +357,7 @@ def _partition_ops(policy: Policy, asset_key: dg.AssetKey, settings_of, database
     @dg.op(name=f"{policy.name}_collect_partitions",
            required_resource_keys={policy.run_limits_key},
            description="Sum the partition steps' records into the run's.")
-    @for_readers
+    @op_function
     def collect_partitions(context: dg.OpExecutionContext, cutoff: dt.datetime,
                            plan: PartitionPlan, reports: list[RunReport]) -> RunReport:
         """The run's record: the partition steps' records summed (see

@@ -63,7 +63,7 @@ from favorites_maintenance.config.policy import Policy
 from favorites_maintenance.pipeline.dagster_internals import (
     AssetCheckEvaluationTargetMaterializationData,
 )
-from favorites_maintenance.pipeline.op_docs import for_readers
+from favorites_maintenance.pipeline.op_functions import op_function
 from favorites_maintenance.pipeline.partitions import (
     is_current,
     partition_cutoff,
@@ -159,7 +159,7 @@ def build_asset_checks(policy: Policy) -> list[dg.AssetChecksDefinition]:
         # The policy's own database: the key is its variable's (policy.database_key).
         required_resource_keys={policy.database_key},
     )
-    @for_readers
+    @op_function
     def policy_checks(context: dg.AssetCheckExecutionContext) -> Iterator[CheckOutput]:
         """Evaluate each selected check and yield its results (see :func:`_outcome`)."""
         failed: Exception | None = None
