@@ -12,6 +12,7 @@ import dagster as dg
 from croniter import croniter
 
 from favorites_maintenance.config.policy import Policy
+from favorites_maintenance.pipeline.op_functions import op_function
 from favorites_maintenance.pipeline.partitions import (
     partition_cutoff,
     policy_partitions,
@@ -36,6 +37,7 @@ def build_schedule(policy: Policy) -> dg.ScheduleDefinition:
         default_status=dg.DefaultScheduleStatus.RUNNING,
         description=f"Runs the {policy.name} cleanup for the latest complete UTC day.",
     )
+    @op_function
     def cleanup_schedule(context: dg.ScheduleEvaluationContext):
         with dg.partition_loading_context(effective_dt=context.scheduled_execution_time):
             key = partitions.get_last_partition_key()
