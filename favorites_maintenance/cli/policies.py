@@ -31,7 +31,7 @@ UTC = dt.timezone.utc
               help="Use the cutoff of this daily partition instead of now.")
 @policy_option
 @click.option("--all", "all_policies", is_flag=True,
-              help="Every policy of favorites_maintenance/defs/ (instead of --policy).")
+              help="Every policy of the code location (see -m) instead of --policy.")
 @click.option("--json", "as_json", is_flag=True,
               help="Print one JSON document instead of text (warnings still go to stderr).")
 def dry_run(partition: str | None, policy_name: str, all_policies: bool, as_json: bool) -> None:
