@@ -33,7 +33,8 @@ def demo(rows: int, pretend: bool, policy_name: str) -> None:
 
     Starts the embedded PostgreSQL server of this checkout, DROPS AND RECREATES the schema
     favorites (every table in it) in its "favorites" database, seeds favorites.favorites, runs guest_favorites_cleanup_job
-    for the latest complete day and prints rows deleted, batches, duration and backlog.
+    for the latest complete day and prints rows deleted, batches, duration, backlog, and the
+    guest and account rows before and after.
 
     Everything lives in .favorites-maintenance/ of the checkout (ignored by git): the server's
     data in pgdata/, the Dagster instance in dagster_home/ (the run stays in its history, as

@@ -31,7 +31,7 @@ UTC = dt.timezone.utc
               help="Use the cutoff of this daily partition instead of now.")
 @policy_option
 @click.option("--all", "all_policies", is_flag=True,
-              help="Every policy of favorites_maintenance/defs/ (instead of --policy).")
+              help="Every policy of the code location (see -m) instead of --policy.")
 @click.option("--json", "as_json", is_flag=True,
               help="Print one JSON document instead of text (warnings still go to stderr).")
 def dry_run(partition: str | None, policy_name: str, all_policies: bool, as_json: bool) -> None:
@@ -43,7 +43,8 @@ def dry_run(partition: str | None, policy_name: str, all_policies: bool, as_json
     database server's clock, and counts with the function policy tests use
     (favorites_maintenance.testing). With --all, a policy whose file does not load, or whose
     database or table cannot be read, is reported with its error and the others are still
-    counted; the exit code is then 2.
+    counted; the exit code is then 2. With --json, a policy whose database or table cannot be
+    read is in the document with its error, and the exit code is 2.
     """
     import json
 
@@ -61,7 +62,8 @@ def dry_run(partition: str | None, policy_name: str, all_policies: bool, as_json
             counts += [_dry_run_counts(policy, partition, fail_fast=False)
                        for policy in file.policies]
     else:
-        counts = [_dry_run_counts(load_policy(policy_name), partition, fail_fast=True)]
+        # With --json a script reads stdout: the error goes into the document, as with --all.
+        counts = [_dry_run_counts(load_policy(policy_name), partition, fail_fast=not as_json)]
     if as_json:
         echo(json.dumps({"policies": counts, "deleted": 0}, indent=2))
     else:

@@ -95,7 +95,12 @@ def _batch_sizes(settings: PolicySettings) -> str:
     mode = settings.batch_size_mode
     if mode is BatchSizeMode.FIXED:
         return f"fixed: at most {settings.batch_size} rows a batch"
-    return (f"{mode}: from {settings.batch_size} up to {settings.batch_size_max} rows, target "
+    largest = f"{settings.batch_size_max} rows"
+    # Adaptive batches may grow past batch_size_max when the run walks in keyset order.
+    keyset_max = settings.purge_options().keyset_batch_size_max
+    if keyset_max is not None and keyset_max > settings.batch_size_max:
+        largest += f" ({keyset_max} in keyset order)"
+    return (f"{mode}: from {settings.batch_size} up to {largest}, target "
             f"{settings.target_batch_duration.total_seconds() * 1000:g} ms a batch")
 
 

@@ -116,6 +116,10 @@ def test_neither_set_adapts_from_the_default_first_size(db_url, monkeypatch, row
         result = run(db_url, monkeypatch, instance, target_batch_duration=TARGET)
         assert result.success
         report = run_report(result)
+        started = next(e.user_message for e in instance.all_logs(result.run_id)
+                       if "run started" in (e.user_message or ""))
+    # The run's first line announces the largest batch the run may reach, keyset order's.
+    assert "adaptive: from 1000 up to 10000 rows (100000 in keyset order)" in started
     # Fast batches double from 1,000 rows; in keyset order past 10,000 (page order's max),
     # the target bounding them; the last one, of at most 32,000, takes what is left.
     assert transactions() == [1000, 2000, 4000, 8000, 16_000, 9000]

@@ -106,3 +106,20 @@ def test_dry_run_all_counts_every_valid_policy_and_names_the_broken_and_unreadab
     assert reports["guest_carts"]["error"] == error_line
     assert "shop.guest_orders" in reports["guest_orders"]["error"]
     assert json.loads(result.stdout)["deleted"] == 0
+
+
+def test_dry_run_json_of_one_policy_that_cannot_be_counted_is_still_a_document(db_url):
+    """A script reading ``dry-run --json`` gets the policy's ``error`` in the document, as
+    with ``--all``, and the exit code 2; the database's password is in neither stream."""
+    from click.testing import CliRunner
+
+    from favorites_maintenance.cli import main
+
+    missing = db_url.set(database="no_such_database", password="s3cret-pw")
+    env = {DATABASE_URL_VAR: missing.render_as_string(hide_password=False)}
+    result = CliRunner().invoke(main, ["dry-run", "--json"], env=env)
+    assert result.exit_code == 2
+    [report] = json.loads(result.stdout)["policies"]
+    assert report["policy"] == "guest_favorites" and "now" not in report
+    assert "could not read favorites.favorites" in report["error"]
+    assert "s3cret-pw" not in result.stdout + result.stderr
