@@ -105,6 +105,23 @@ def ensure_pool_limits(policies=None) -> dict[str, int]:
         return {pool: storage.get_concurrency_info(pool).slot_count for pool in pools}
 
 
+#: Python warning filters (``PYTHONWARNINGS`` entries) for ``dagster dev`` and the processes it
+#: starts, for two warnings of Dagster's own that a user of this command cannot act on: that
+#: ``dagster dev`` is superseded by ``dg dev`` (this command runs it for them), and a preview
+#: parameter Dagster passes itself each time it builds a code location's asset checks.
+QUIET_DAGSTER_WARNINGS = ("ignore:Function `dev_command` is superseded",
+                          "ignore:Parameter `execution_type` of function "
+                          "`AssetsDefinition.__init__` is currently in beta")
+
+
+def dev_environment() -> dict[str, str]:
+    """This process's environment for ``dagster dev``, with :data:`QUIET_DAGSTER_WARNINGS`
+    after any ``PYTHONWARNINGS`` filters already set."""
+    given = os.environ.get("PYTHONWARNINGS")
+    return {**os.environ,
+            "PYTHONWARNINGS": ",".join(filter(None, (given, *QUIET_DAGSTER_WARNINGS)))}
+
+
 def dagster_dev_command(workspace: Path, port: int) -> list[str]:
     return [sys.executable, "-m", "dagster", "dev", "-w", str(workspace),
             "-h", HOST, "-p", str(port)]
@@ -155,7 +172,7 @@ def run_dagster_dev(command: list[str], cwd: Path, echo: Callable[[str], None],
     # must still stop everything when it is sent one.
     previous_int = signal.signal(signal.SIGINT, signal.default_int_handler)
     previous_term = signal.signal(signal.SIGTERM, _raise_keyboard_interrupt)
-    proc = subprocess.Popen(command, cwd=cwd, start_new_session=True,
+    proc = subprocess.Popen(command, cwd=cwd, start_new_session=True, env=dev_environment(),
                             preexec_fn=_default_sigint, stdout=subprocess.PIPE,
                             stderr=subprocess.STDOUT)
     relay = threading.Thread(target=relay_output, args=(proc.stdout, sys.stdout),

@@ -146,6 +146,8 @@ def test_dev_prints_the_ui_address_and_seeds_its_own_favorites_database(stack):
     # The exported URL was ignored, said so, and never shown.
     assert "FAVORITES_DATABASE_URL is ignored by dev" in out
     assert "elsewhere-secret" not in out
+    # Dagster's warnings a user of dev cannot act on stay off its output.
+    assert "SupersessionWarning" not in out and "BetaWarning" not in out, out
     # Dagster's storage is the embedded server's "dagster" database, through psycopg2.
     home = stack.checkout / ".favorites-maintenance" / "dagster_home"
     assert (home / "dagster.yaml").read_text() == (ROOT / "dagster.yaml").read_text()
