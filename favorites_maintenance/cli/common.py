@@ -33,11 +33,18 @@ def check_deployment_settings() -> DeploymentSettings:
         fail(str(exc))
 
 
+#: The policy a command reads without ``--policy``, when the code location has it.
+DEFAULT_POLICY = "guest_favorites"
+
+
 def policy_option(command):
+    """``--policy NAME``: the policy a command reads; left out, ``guest_favorites`` when the
+    code location has it, else the code location's only policy (see :func:`load_policy`)."""
     return click.option(
-        "--policy", "policy_name", default="guest_favorites", show_default=True,
-        metavar="NAME", help="The retention policy, by the name its defs.yaml gives it "
-             "(favorites_maintenance/defs/<folder>/defs.yaml).",
+        "--policy", "policy_name", default=None, metavar="NAME",
+        help=f"The retention policy, by the name its defs.yaml gives it "
+             f"(<defs folder>/<folder>/defs.yaml); default: {DEFAULT_POLICY} when the code "
+             f"location has it, else its only policy.",
     )(command)
 
 
@@ -73,35 +80,48 @@ def location_tree():
         fail(str(exc))
 
 
-def load_policy(name: str, *, local: bool = False):
+def load_policy(name: str | None, *, local: bool = False):
     """The policy ``name`` of the code location the command reads (:func:`location_tree`:
     ``-m``, else the working folder's project, else ``favorites_maintenance/defs/``), its
     settings validated, loaded alone: each broken policy file beside it is named on one line,
-    and the command goes on. Exit with the policy's own error when it is the broken one, or
-    naming the valid ones when there is no such policy. ``local``: also the policy of the second
-    embedded database of ``demo`` and ``dev``."""
+    and the command goes on. ``name`` ``None`` (no ``--policy``): :data:`DEFAULT_POLICY` when
+    the code location has it, else its only policy. Exit with the policy's own error when it
+    is the broken one, or naming the valid ones when there is no such policy (or, without
+    ``--policy``, several and no default). ``local``: also the policy of the second embedded
+    database of ``demo`` and ``dev``."""
     from favorites_maintenance.components.load_errors import PolicyLoadError
     from favorites_maintenance.components.policy_tree import load_policies, policy_files
 
     tree = location_tree()
     files = policy_files(tree)
     policies = {p.name: p for f in files for p in f.policies}
+    where = f"{_shown_folder(tree.defs_module_path)}/<policy>/defs.yaml"
+    if name is None:
+        if DEFAULT_POLICY not in policies and len(policies) > 1:
+            fail(f"--policy is required: the code location has {len(policies)} policies, "
+                 f"{', '.join(sorted(policies))} ({where})")
+        name = DEFAULT_POLICY if DEFAULT_POLICY in policies or not policies else [*policies][0]
+    extra: list[str] = []
     if local:
         from favorites_maintenance.local.second_database import second_tree
 
         try:
-            policies.update({p.name: p for p in load_policies(second_tree())})
+            second = {p.name: p for p in load_policies(second_tree())}
         except PolicyLoadError as exc:
             fail(str(exc))
+        extra = [n for n in sorted(second) if n not in policies]
+        policies.update(second)
     broken = [f for f in files if f.error]
     if name not in policies:
         own = [f.error for f in broken if _declares(f.path, name)]
         if own:
             fail(own[0])
+        located = sorted(n for n in policies if n not in extra)
         fail(f"--policy {name!r}: no such policy; the policies are "
-              f"{', '.join(sorted(policies)) or 'none'} "
-              f"({_shown_folder(tree.defs_module_path)}/<policy>/defs.yaml)"
-              + "".join(f"\n{f.error}" for f in broken))
+             f"{', '.join(located) or 'none'} ({where})"
+             + (f", and {', '.join(extra)} (the second embedded database of this package)"
+                if extra else "")
+             + "".join(f"\n{f.error}" for f in broken))
     for f in broken:
         warn_broken(f.error)
     return policies[name]

@@ -419,6 +419,15 @@ def test_demo_of_another_policy_shows_its_protected_rows_before_and_after(checko
     assert re.search(r"rows of the guard\s+13 -> 0  \(customer_ref IS NULL\)", proc.stdout)
     assert re.search(r"protected rows\s+7 -> 7  \(NOT \(customer_ref IS NULL\)\)  \(unchanged\)",
                      proc.stdout), proc.stdout
+    # A name the project lacks: its own policies named with its folder, this package's second
+    # database's apart.
+    wrong = cli("demo", "--policy", "guest_cart", "-m", "carts_platform.definitions",
+                cwd=checkout, env_extra={"PYTHONPATH": str(project / "src")})
+    assert wrong.returncode != 0
+    assert ("--policy 'guest_cart': no such policy; the policies are guest_carts, "
+            "guest_favorites (") in wrong.stderr
+    assert ("/<policy>/defs.yaml), and eu_guest_favorites (the second embedded database of "
+            "this package)") in wrong.stderr, wrong.stderr
 
 
 SHARED_LISTS = """\

@@ -154,6 +154,15 @@ def test_the_command_line_counts_a_host_s_policy_from_its_project_or_its_module(
     assert refused.returncode != 0
     assert "no such policy; the policies are guest_favorites_a, guest_favorites_b" \
         in refused.stderr
+    # Without --policy: a project's only policy, or the command asks which one.
+    asked = _cli("dry-run", cwd=host.parents[1], env_extra=env)
+    assert asked.returncode != 0
+    assert ("--policy is required: the code location has 2 policies, guest_favorites_a, "
+            "guest_favorites_b") in asked.stderr
+    shutil.rmtree(host / "defs" / "guest_favorites_a")
+    only = _cli("dry-run", "--json", cwd=host.parents[1], env_extra=env)
+    assert only.returncode == 0, only.stderr[-2000:]
+    assert [r["policy"] for r in json.loads(only.stdout)["policies"]] == ["guest_favorites_b"]
     assert rows.count() == 5
 
 
