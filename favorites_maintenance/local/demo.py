@@ -57,7 +57,8 @@ def _seed(engine: sa.Engine, policy: Policy, rows: int, echo: Callable[[str], No
     """Recreate the dev table (and the policy's hold table) and seed ``rows`` rows over three
     years; return the seed's summary (rows, guest rows, account rows)."""
     hold = policy.rule.hold.qualified_name if policy.rule.hold is not None else None
-    echo(f"recreating favorites.favorites and seeding {rows:,} rows over three years ...")
+    echo(f"recreating favorites.favorites in the embedded {engine.url.database!r} database and "
+         f"seeding {rows:,} rows over three years ...")
     t0 = time.monotonic()
     drop_dev_schema(engine)
     create_dev_schema(engine)

@@ -59,6 +59,7 @@ def test_demo_runs_the_policy_of_the_second_database_on_that_database(checkout):
     assert proc.returncode == 0, proc.stderr[-3000:]
     out = proc.stdout + proc.stderr
     assert "running eu_guest_favorites_cleanup_job" in out
+    assert "recreating favorites.favorites in the embedded 'favorites_eu' database" in out
     assert "database=FAVORITES_EU_DATABASE_URL" in out  # the run's "run started" line
     matched = int(re.search(r"the rule matches ([\d,]+) rows", out)[1].replace(",", ""))
     assert matched > 0 and number("rows deleted", out) == matched
