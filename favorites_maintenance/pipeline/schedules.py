@@ -4,8 +4,6 @@ Dagster's ``build_schedule_from_partitioned_job`` refuses a custom cron for time
 the schedule is written out: each tick requests the latest *complete* partition as of the tick.
 """
 
-from __future__ import annotations
-
 import datetime as dt
 
 import dagster as dg
