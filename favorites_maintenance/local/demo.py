@@ -74,6 +74,24 @@ def _seed(engine: sa.Engine, policy: Policy, rows: int, echo: Callable[[str], No
     return before
 
 
+def _echo_run(run: RunReport, echo: Callable[[str], None]) -> None:
+    """The figures of a succeeded run, one per line, as its metadata records them."""
+    echo(f"  rows deleted      {run.deleted_total:>12,}")
+    largest = run.batch_size_max or run.batch_size
+    mode = f"{run.batch_size_mode}: " if run.batch_size_mode else ""
+    first = run.batch_size_first or run.batch_size
+    echo(f"  batches           {run.batches:>12,}  ({mode}batch size {first:,}"
+         + (f" first, {largest:,} largest)" if largest != first else ")"))
+    echo(f"  duration          {run.duration_ms:>12,} ms")
+    echo(f"  backlog remaining {run.backlog_remaining:>12,}  (stop reason: "
+         f"{run.stop_reason})")
+    if run.held_rows is not None:
+        echo(f"  held rows         {run.held_rows:>12,}  (past the cutoff, kept by active holds)")
+    if run.throttled_by != "none":
+        # db_unhealthy is a success: the backlog waits for the next run.
+        echo(f"  paused            {run.paused_ms:>12,} ms  ({run.throttled_by})")
+
+
 def run_demo(env: LocalEnvironment, *, rows: int, pretend: bool, policy: Policy,
              echo: Callable[[str], None], tree: dg.ComponentTree | None = None) -> None:
     """Seed (guest favorites only), count, run the policy's job once through Dagster on
@@ -143,23 +161,9 @@ def run_demo(env: LocalEnvironment, *, rows: int, pretend: bool, policy: Policy,
         raise DemoError(f"run {result.run_id} failed; see the run in the Dagster UI "
               "(favorites-maintenance dev) or the log above")
     [materialization] = result.get_asset_materialization_events()
-    run = RunReport.from_metadata(materialization.materialization.metadata)
     echo("")
     echo(f"run {result.run_id} succeeded")
-    echo(f"  rows deleted      {run.deleted_total:>12,}")
-    largest = run.batch_size_max or run.batch_size
-    mode = f"{run.batch_size_mode}: " if run.batch_size_mode else ""
-    first = run.batch_size_first or run.batch_size
-    echo(f"  batches           {run.batches:>12,}  ({mode}batch size {first:,}"
-          + (f" first, {largest:,} largest)" if largest != first else ")"))
-    echo(f"  duration          {run.duration_ms:>12,} ms")
-    echo(f"  backlog remaining {run.backlog_remaining:>12,}  (stop reason: "
-          f"{run.stop_reason})")
-    if run.held_rows is not None:
-        echo(f"  held rows         {run.held_rows:>12,}  (past the cutoff, kept by active holds)")
-    if run.throttled_by != "none":
-        # db_unhealthy is a success: the backlog waits for the next run.
-        echo(f"  paused            {run.paused_ms:>12,} ms  ({run.throttled_by})")
+    _echo_run(RunReport.from_metadata(materialization.materialization.metadata), echo)
     if not seeded:
         guard = policy.rule.guard_sql or "no guard"
         echo(f"  rows of the guard {guarded[0]:>12,} -> {after[0]:,}  ({guard})")
