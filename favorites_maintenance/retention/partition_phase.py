@@ -28,6 +28,10 @@ log = logging.getLogger("favorites_maintenance.retention.partitioned")
 #: second, in seconds (doubled after each).
 LOCK_ATTEMPTS = 5
 LOCK_BACKOFF_S = 1.0
+#: What makes a statement of the drop phase run again: a lock wait ``lock_timeout`` cut, and a
+#: deadlock PostgreSQL broke by rolling this transaction back (two runs at once detaching and
+#: marking the same table's partitions meet in one).
+_RETRIED = frozenset({ErrorKind.LOCK_NOT_AVAILABLE, ErrorKind.DEADLOCK_DETECTED})
 
 
 #: The function a table's owner installs so that a role that may not alter the table has its
@@ -190,8 +194,9 @@ class DropPhase:
 
     def with_lock_retries(self, what: str, table: TablePartition,
                           attempt: Callable[[], None]) -> str | None:
-        """Run ``attempt``; after a lock timeout, again up to :data:`LOCK_ATTEMPTS` times with
-        a doubling pause. Returns ``None`` on success, else why it failed (for the log)."""
+        """Run ``attempt``; after a lock timeout or a deadlock (its transaction rolled back),
+        again up to :data:`LOCK_ATTEMPTS` times with a doubling pause. Returns ``None`` on
+        success, else why it failed (for the log)."""
         pause = LOCK_BACKOFF_S
         for number in range(1, LOCK_ATTEMPTS + 1):
             try:
@@ -202,13 +207,14 @@ class DropPhase:
                 refused = refusal(exc)
                 if refused is not None:
                     return refused
-                if error.kind is not ErrorKind.LOCK_NOT_AVAILABLE or number == LOCK_ATTEMPTS:
+                if error.kind not in _RETRIED or number == LOCK_ATTEMPTS:
                     log.warning("%s of %s failed: %s", what, table.qualified_name,
                                 error)
                     return error
-                log.warning("%s of %s: lock_timeout (%s) on attempt %d/%d; again in %g s",
-                            what, table.qualified_name, ms(self.lock_timeout), number,
-                            LOCK_ATTEMPTS, pause)
+                cause = (f"lock_timeout ({ms(self.lock_timeout)})"
+                         if error.kind is ErrorKind.LOCK_NOT_AVAILABLE else str(error.kind))
+                log.warning("%s of %s: %s on attempt %d/%d; again in %g s", what,
+                            table.qualified_name, cause, number, LOCK_ATTEMPTS, pause)
                 if self.pause_or_stop(pause):
                     return "a stop was requested before the next attempt"
                 pause *= 2

@@ -373,3 +373,40 @@ def test_a_stop_request_ends_the_drop_phase_between_lock_attempts(db_url, engine
     with engine.connect() as conn:
         assert conn.execute(sa.text("SELECT obj_description(CAST(:p AS regclass), "
                                     "'pg_class')"), {"p": JAN}).scalar() is None
+
+
+def _raise_on_server(engine: sa.Engine, sqlstate: str) -> None:
+    """Have the server raise SQLSTATE ``sqlstate`` in a transaction of ``engine``."""
+    with engine.begin() as conn:
+        conn.exec_driver_sql(
+            f"DO $$ BEGIN RAISE EXCEPTION 'raised' USING ERRCODE = '{sqlstate}'; END $$")
+
+
+def test_a_statement_of_the_drop_phase_a_deadlock_rolled_back_runs_again(
+        engine, monkeypatch, caplog):
+    """Two runs at once detaching and marking the same partitions can meet in a deadlock;
+    PostgreSQL rolls one transaction back, and that statement runs again, as after a lock
+    timeout. Any other error is not retried."""
+    monkeypatch.setattr(partition_phase, "LOCK_BACKOFF_S", 0.05)
+    caplog.set_level("INFO", logger="favorites_maintenance.retention.partitioned")
+    phase = partition_phase.DropPhase(engine, GUEST_FAVORITES, CUTOFF, None,
+                                      dt.timedelta(seconds=2), dt.timedelta(seconds=30))
+    partition = table_partitions.TablePartition("favorites", "favorites_20230101",
+                                                month(1), month(2))
+    calls = []
+
+    def deadlocked_once() -> None:
+        calls.append(1)
+        if len(calls) == 1:
+            _raise_on_server(engine, "40P01")  # deadlock_detected
+
+    assert phase.with_lock_retries("the count and mark", partition, deadlocked_once) is None
+    assert len(calls) == 2
+    messages = [r.getMessage() for r in caplog.records]
+    assert ("the count and mark of favorites.favorites_20230101: deadlock_detected on attempt "
+            "1/5; again in 0.05 s") in messages
+
+    calls.clear()
+    error = phase.with_lock_retries("the count and mark", partition,
+                                    lambda: calls.append(1) or _raise_on_server(engine, "42P01"))
+    assert len(calls) == 1 and error.kind == "undefined_table"
