@@ -16,6 +16,8 @@ from favorites_maintenance.retention.partition_checks import (
     find_kept_row,
 )
 from favorites_maintenance.retention.partition_marks import (
+    GONE,
+    gone,
     mark_detaching,
     marked_by_us,
     pending,
@@ -49,6 +51,10 @@ def decide(phase: DropPhase, partition: TablePartition, privilege: str,
                                                 (*checks, reason)))
 
     if partition.detach_pending:
+        # Another run's detach, pending while this run listed the partitions, may have
+        # finished since and renamed the table.
+        if gone(phase.engine, partition):
+            return kept(GONE)
         ours = privilege == "owner" and marked_by_us(phase, partition, state="detaching")
         expired = partition.upper is not None and partition.upper <= phase.cutoff
         if not (ours or expired):

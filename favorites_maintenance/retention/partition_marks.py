@@ -93,6 +93,10 @@ def step_aside(conn: sa.Connection, partition: TablePartition) -> TablePartition
     return dataclasses.replace(partition, name=candidate)
 
 
+#: Why a partition listed by this run is left alone: another run detached and renamed it.
+GONE = "detached by another session meanwhile; left to it"
+
+
 def mark_detaching(phase: DropPhase, partition: TablePartition) -> str | None:
     """Mark ``partition`` as being detached by this job, if it is still an attached
     partition of the parent; else say why not (another session detached it, or began to,
@@ -105,15 +109,14 @@ def mark_detaching(phase: DropPhase, partition: TablePartition) -> str | None:
         limit_transaction(conn, lock_timeout=phase.lock_timeout,
                           statement_timeout=phase.statement_timeout)
         if conn.execute(sa.text("SELECT to_regclass(:p)"), {"p": name}).scalar() is None:
-            # Another run detached it and renamed it.
-            return "detached by another session meanwhile; left to it"
+            return GONE  # another run detached it and renamed it
         conn.execute(sa.text(f"LOCK TABLE {name} IN SHARE UPDATE EXCLUSIVE MODE"))
         pending = conn.execute(sa.text(
             "SELECT inhdetachpending FROM pg_inherits WHERE inhrelid = CAST(:p AS regclass) "
             "AND inhparent = CAST(:parent AS regclass)"),
             {"p": name, "parent": phase.quoted_parent}).scalar()
         if pending is None:
-            return "detached by another session meanwhile; left to it"
+            return GONE
         if pending:
             return "a detach another session began meanwhile; left to it"
         write_mark(phase, conn, partition, "detaching", 0)
@@ -128,12 +131,20 @@ def pending(engine: sa.Engine, partition: TablePartition) -> bool:
             {"p": partition.quoted_name}).scalar())
 
 
+def gone(engine: sa.Engine, partition: TablePartition) -> bool:
+    """Whether no table bears ``partition``'s name any more: another session (a second run
+    of the policy) detached and renamed it, or dropped it, since this run listed it."""
+    with engine.connect() as conn:
+        return conn.execute(sa.text("SELECT to_regclass(:p)"),
+                            {"p": partition.quoted_name}).scalar() is None
+
+
 def marked_by_us(phase: DropPhase, partition: TablePartition, *, state: str) -> bool:
     """Whether ``partition`` bears this job's mark for the phase's table, in ``state``
-    (``detaching``: a detach this job began)."""
+    (``detaching``: a detach this job began); ``False`` when the table is :func:`gone`."""
     with phase.engine.connect() as conn:
         description = conn.execute(
-            sa.text("SELECT obj_description(CAST(:p AS regclass), 'pg_class')"),
+            sa.text("SELECT obj_description(to_regclass(:p), 'pg_class')"),
             {"p": partition.quoted_name}).scalar_one()
     mark = read_mark(description)
     return bool(mark and mark.get("from") == phase.parent

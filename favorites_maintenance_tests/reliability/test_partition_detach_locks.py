@@ -410,3 +410,20 @@ def test_a_statement_of_the_drop_phase_a_deadlock_rolled_back_runs_again(
     error = phase.with_lock_retries("the count and mark", partition,
                                     lambda: calls.append(1) or _raise_on_server(engine, "42P01"))
     assert len(calls) == 1 and error.kind == "undefined_table"
+
+
+def test_a_pending_partition_another_run_detached_meanwhile_is_left_to_it(engine):
+    """A run lists a partition whose detach another run has begun (pending), and that run
+    finishes it and renames the table before this one decides: this run leaves it, with the
+    reason, instead of failing on a table that is gone."""
+    from favorites_maintenance.retention.partition_detach import decide
+
+    phase = partition_phase.DropPhase(engine, GUEST_FAVORITES, CUTOFF, None,
+                                      dt.timedelta(seconds=2), dt.timedelta(seconds=30))
+    renamed = table_partitions.TablePartition("favorites", "favorites_20230101", month(1),
+                                              month(2), detach_pending=True)
+    decide(phase, renamed, "owner", has_default=False)
+    [decision] = phase.decisions
+    assert (decision.partition, decision.action.value) == ("favorites.favorites_20230101",
+                                                           "kept")
+    assert decision.checks[-1] == "detached by another session meanwhile; left to it"
