@@ -76,7 +76,13 @@ PURGE_CONFIG = PurgeConfig.to_config_schema()
 
 
 def purge_config(context: dg.OpExecutionContext) -> PurgeConfig:
-    """The run config of an op declaring :data:`PURGE_CONFIG`, with its defaults filled in."""
+    """The run config of an op declaring :data:`PURGE_CONFIG`, with its defaults filled in.
+    Each op reads it at its start: Dagster's schema takes any number (or null), so a value
+    :class:`PurgeConfig` refuses (a negative one) fails the op before it reads the database,
+    not only once a transient error asks for it.
+
+    Raises:
+        pydantic.ValidationError: naming the field and the bound it breaks."""
     return PurgeConfig(**context.op_config)
 
 
