@@ -64,8 +64,15 @@ class PurgeConfig(dg.Config):
         retry_delay_seconds: pause before the first retry, in seconds; doubled at each retry.
     """
 
-    max_retries: int = Field(default=3, ge=0)
-    retry_delay_seconds: float = Field(default=5.0, ge=0)
+    # The descriptions are the launchpad's: its config editor shows them beside each field.
+    max_retries: int = Field(
+        default=3, ge=0,
+        description="Retries of the op after a transient database error (connection lost, "
+                    "serialization failure, deadlock, lock timeout); at least 0.")
+    retry_delay_seconds: float = Field(
+        default=5.0, ge=0,
+        description="Pause before the first retry, in seconds, doubled at each retry; at "
+                    "least 0.")
 
 
 #: :class:`PurgeConfig`'s config schema, inferred once: an op that declares it
