@@ -85,22 +85,20 @@ def load_policy(name: str | None, *, local: bool = False):
     ``-m``, else the working folder's project, else ``favorites_maintenance/defs/``), its
     settings validated, loaded alone: each broken policy file beside it is named on one line,
     and the command goes on. ``name`` ``None`` (no ``--policy``): :data:`DEFAULT_POLICY` when
-    the code location has it, else its only policy. Exit with the policy's own error when it
-    is the broken one, or naming the valid ones when there is no such policy (or, without
-    ``--policy``, several and no default). ``local``: also the policy of the second embedded
-    database of ``demo`` and ``dev``."""
+    the code location has it, else its only policy file (see :func:`_default_policy`). Exit
+    with the policy's own error when it is the broken one, or naming the valid ones when there
+    is no such policy (or, without ``--policy``, none, or several and no default). ``local``:
+    also the policy of the second embedded database of ``demo`` and ``dev``."""
     from favorites_maintenance.components.load_errors import PolicyLoadError
     from favorites_maintenance.components.policy_tree import load_policies, policy_files
 
     tree = location_tree()
     files = policy_files(tree)
     policies = {p.name: p for f in files for p in f.policies}
+    broken = [f for f in files if f.error]
     where = f"{_shown_folder(tree.defs_module_path)}/<policy>/defs.yaml"
     if name is None:
-        if DEFAULT_POLICY not in policies and len(policies) > 1:
-            fail(f"--policy is required: the code location has {len(policies)} policies, "
-                 f"{', '.join(sorted(policies))} ({where})")
-        name = DEFAULT_POLICY if DEFAULT_POLICY in policies or not policies else [*policies][0]
+        name = _default_policy(sorted(policies), broken, where)
     extra: list[str] = []
     if local:
         from favorites_maintenance.local.second_database import second_tree
@@ -111,7 +109,6 @@ def load_policy(name: str | None, *, local: bool = False):
             fail(str(exc))
         extra = [n for n in sorted(second) if n not in policies]
         policies.update(second)
-    broken = [f for f in files if f.error]
     if name not in policies:
         own = [f.error for f in broken if _declares(f.path, name)]
         if own:
@@ -125,6 +122,26 @@ def load_policy(name: str | None, *, local: bool = False):
     for f in broken:
         warn_broken(f.error)
     return policies[name]
+
+
+def _default_policy(valid: list[str], broken, where: str) -> str:
+    """The policy a command reads without ``--policy``: :data:`DEFAULT_POLICY` among the
+    ``valid`` names, else the code location's only policy file, broken or not (a broken one
+    then fails with its own error). Exit saying what to do when there is none, or several: a
+    broken file beside a valid one may be the policy meant."""
+    from favorites_maintenance.components.policy_tree import declared_name
+
+    if DEFAULT_POLICY in valid:
+        return DEFAULT_POLICY
+    unloaded = sorted(declared_name(f.path) for f in broken)
+    if len(valid) + len(unloaded) == 1:
+        return [*valid, *unloaded][0]
+    if not valid and not unloaded:
+        fail(f"the code location has no policy ({where}); write one with "
+             f"dg scaffold defs favorites_maintenance.RetentionPolicy NAME, or give -m")
+    shown = [*valid, *(f"{n} (does not load)" for n in unloaded)]
+    fail(f"--policy is required: the code location has {len(shown)} policies, "
+         f"{', '.join(shown)} ({where})")
 
 
 def _shown_folder(path) -> str:

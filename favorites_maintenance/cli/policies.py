@@ -50,6 +50,9 @@ def dry_run(partition: str | None, policy_name: str, all_policies: bool, as_json
 
     from favorites_maintenance.components.policy_tree import declared_name, policy_files
 
+    if all_policies and policy_name is not None:
+        # Counting every policy would pass over the name, mistyped or not, without a word.
+        raise click.UsageError("--all and --policy exclude each other: give one of them")
     check_deployment_settings()
     if all_policies:
         counts = []

@@ -54,8 +54,9 @@ class DemoError(Exception):
 
 
 def _seed(engine: sa.Engine, policy: Policy, rows: int, echo: Callable[[str], None]):
-    """Recreate the dev table (and the policy's hold table) and seed ``rows`` rows over three
-    years; return the seed's summary (rows, guest rows, account rows)."""
+    """Recreate the dev table (and the policy's hold table, with its schema when missing) and
+    seed ``rows`` rows over three years; return the seed's summary (rows, guest rows, account
+    rows)."""
     hold = policy.rule.hold.qualified_name if policy.rule.hold is not None else None
     echo(f"recreating favorites.favorites in the embedded {engine.url.database!r} database and "
          f"seeding {rows:,} rows over three years ...")
@@ -66,6 +67,10 @@ def _seed(engine: sa.Engine, policy: Policy, rows: int, echo: Callable[[str], No
         echo(f"  hold table {hold}: "
              + ("recreated with the schema, no holds" if hold.startswith("favorites.")
                 else "kept as it is (created if missing)"))
+        # A schema of its own, as in production, may not exist yet in the embedded database.
+        with engine.begin() as conn:
+            conn.execute(sa.schema.CreateSchema(policy.rule.hold.table.schema,
+                                                if_not_exists=True))
         create_hold_table(engine, hold)
     before = seed_favorites(engine, rows, now=dt.datetime.now(UTC),
                             on_progress=seed_progress(rows, echo))

@@ -215,12 +215,14 @@ def _cleanup_ops(policy: Policy, asset_key: dg.AssetKey, settings_of, database_o
         as the purge is for a transient error (see :func:`attempt_failed`)."""
         # A run without its day could not record what it deleted: refused before any read.
         require_run_partitions(context, policy)
+        # Dagster's schema lets a negative value through: refused here, not at the first error.
+        config = purge_config(context)
         settings = settings_of(context)
         try:
             cutoff = run_cutoff(context, settings.retention_days,
                                 run_now(context, database_of(context).engine))
         except ConnectError as exc:
-            retry = attempt_failed(context, purge_config(context), policy, exc)
+            retry = attempt_failed(context, config, policy, exc)
             if retry is not None:
                 raise retry from exc
             raise
@@ -305,6 +307,7 @@ def _partition_ops(policy: Policy, asset_key: dg.AssetKey, settings_of, database
         rows (mapping key: the partition's name). A database error is retried as the purge's
         is (see :func:`attempt_failed`); a table that is not range-partitioned by the age
         column fails the run before anything is deleted."""
+        config = purge_config(context)  # refused before the drop phase detaches anything
         settings = settings_of(context)
         started = dt.datetime.now(dt.UTC)
         dropped = None
@@ -317,7 +320,7 @@ def _partition_ops(policy: Policy, asset_key: dg.AssetKey, settings_of, database
         except RetentionError as exc:
             # The partitions it detached are gone from the table: a retry does not see them.
             record_detached(context, asset_key, dropped)
-            retry = attempt_failed(context, purge_config(context), policy, exc)
+            retry = attempt_failed(context, config, policy, exc)
             if retry is not None:
                 raise retry from exc
             raise

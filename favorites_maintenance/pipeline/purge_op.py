@@ -64,8 +64,15 @@ class PurgeConfig(dg.Config):
         retry_delay_seconds: pause before the first retry, in seconds; doubled at each retry.
     """
 
-    max_retries: int = Field(default=3, ge=0)
-    retry_delay_seconds: float = Field(default=5.0, ge=0)
+    # The descriptions are the launchpad's: its config editor shows them beside each field.
+    max_retries: int = Field(
+        default=3, ge=0,
+        description="Retries of the op after a transient database error (connection lost, "
+                    "serialization failure, deadlock, lock timeout); at least 0.")
+    retry_delay_seconds: float = Field(
+        default=5.0, ge=0,
+        description="Pause before the first retry, in seconds, doubled at each retry; at "
+                    "least 0.")
 
 
 #: :class:`PurgeConfig`'s config schema, inferred once: an op that declares it
@@ -76,7 +83,13 @@ PURGE_CONFIG = PurgeConfig.to_config_schema()
 
 
 def purge_config(context: dg.OpExecutionContext) -> PurgeConfig:
-    """The run config of an op declaring :data:`PURGE_CONFIG`, with its defaults filled in."""
+    """The run config of an op declaring :data:`PURGE_CONFIG`, with its defaults filled in.
+    Each op reads it at its start: Dagster's schema takes any number (or null), so a value
+    :class:`PurgeConfig` refuses (a negative one) fails the op before it reads the database,
+    not only once a transient error asks for it.
+
+    Raises:
+        pydantic.ValidationError: naming the field and the bound it breaks."""
     return PurgeConfig(**context.op_config)
 
 

@@ -96,6 +96,18 @@ def test_demo_of_the_guest_policy_with_holds_seeds_and_gives_it_its_hold_table(c
     assert "(unchanged)" in out
 
 
+def test_demo_of_a_policy_whose_hold_table_is_in_a_schema_of_its_own_creates_it(checkout):
+    """A hold table outside the schema the demo recreates, in a schema the embedded database
+    does not have yet (a production database's): the demo creates both, as it says, and runs
+    on them, rather than stopping on a traceback."""
+    proc = cli("demo", "--rows", "2000", "--pretend", cwd=checkout,
+               env_extra={"FAVORITES_GUEST_RETENTION_HOLD_TABLE": "audit.retention_holds"})
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "hold table audit.retention_holds: kept as it is (created if missing)" in proc.stdout
+    assert "pretend: nothing deleted" in proc.stdout
+    assert "Traceback" not in proc.stderr
+
+
 def test_demo_pretend_deletes_nothing(checkout):
     proc = cli("demo", "--rows", "5000", "--pretend", cwd=checkout)
     assert proc.returncode == 0, proc.stderr[-3000:]

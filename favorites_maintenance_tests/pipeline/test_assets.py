@@ -219,6 +219,19 @@ def test_the_asset_is_daily_partitioned_and_run_by_the_job(defs):
     assert set(assets_def.node_def.node_dict) == {"compute_cutoff", "purge", "measure_backlog"}
 
 
+def test_the_launchpad_shows_the_retry_settings_with_their_defaults_and_meaning(defs):
+    """The run config schema the launchpad's editor offers for the ops that reach the
+    database: both retry settings, their defaults, and what each one does."""
+    ops = (defs.resolve_job_def(JOB).run_config_schema.config_type.fields["ops"].config_type
+           .fields["favorites__guest_favorites_cleanup"].config_type.fields["ops"].config_type)
+    for op in ("compute_cutoff", "purge"):
+        fields = ops.fields[op].config_type.fields["config"].config_type.fields
+        assert {name: field.default_value for name, field in fields.items()} == {
+            "max_retries": 3, "retry_delay_seconds": 5.0}
+        assert "transient database error" in fields["max_retries"].description
+        assert "doubled at each retry" in fields["retry_delay_seconds"].description
+
+
 def table_writes(engine) -> dict[str, tuple[int, int, int]]:
     """Rows inserted, updated and deleted per user table, as the statistics system saw them."""
     with engine.connect() as conn:

@@ -233,3 +233,37 @@ def test_a_host_s_unfilled_policy_is_its_location_s_load_error_in_one_line_witho
         "guest_orders, table, key_column, age_column, null_columns: still the placeholders the "
         "scaffold wrote; name the table to prune and its columns\n")
     assert (error.stack, error.cause, error.context) == ([], None, None)
+
+
+def test_without_policy_a_host_with_no_loadable_policy_is_told_what_to_do(host):
+    """``dry-run`` without ``--policy``: the command reads the code location's only policy, so
+    with none it says how to write one, with one broken file it shows that file's error, and
+    with a broken file beside a valid one it asks which: the broken one may be the one meant."""
+    from click.testing import CliRunner
+
+    from favorites_maintenance.cli import main
+
+    def dry_run():
+        result = CliRunner().invoke(main, ["dry-run", "-m", f"{host.name}.definitions"])
+        assert result.exit_code != 0
+        return result.stderr
+
+    for folder in ("guest_favorites_a", "guest_favorites_b"):
+        shutil.rmtree(host / "defs" / folder)
+    none = dry_run()
+    assert "the code location has no policy" in none, none
+    assert "dg scaffold defs favorites_maintenance.RetentionPolicy NAME" in none
+    assert "guest_favorites" not in none  # a name the user never gave
+
+    (host / "defs" / "draft").mkdir()
+    (host / "defs" / "draft" / "defs.yaml").write_text(
+        "type: favorites_maintenance.RetentionPolicy\n\nattributes:\n  name: draft\n"
+        "  table: favorites.favorites\n")
+    broken = dry_run()
+    assert "policy draft, required fields missing" in broken, broken
+    assert "no such policy" not in broken
+
+    add_policy(host.parents[1], "guest_favorites_a", host.name)
+    both = dry_run()
+    assert ("--policy is required: the code location has 2 policies, guest_favorites_a, "
+            "draft (does not load)") in both, both

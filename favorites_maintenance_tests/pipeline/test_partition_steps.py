@@ -178,6 +178,25 @@ def test_a_failing_partition_step_is_retried_alone_and_its_rows_counted_once(mon
     assert metadata["deletedTotal"] == len(before["prunable"])
 
 
+@pytest.mark.parametrize("op", ["plan_partitions", "purge_partition"])
+def test_retries_an_op_refuses_fail_it_before_it_plans_or_deletes(monthly, op):
+    """A negative ``max_retries``, which Dagster's schema of the run config lets through, fails
+    the op that reads it at its start, not once a transient error asks it."""
+    engine, _ = monthly
+    before = spread(engine, old_months=1)
+    with dg.instance_for_test() as instance:
+        result = partitioned_defs().resolve_job_def(JOB).execute_in_process(
+            partition_key=PARTITION, instance=instance,
+            run_config={"ops": {NODE: {"ops": {op: {"config": {"max_retries": -1}}}}}},
+            raise_on_error=False)
+
+    assert not result.success
+    [failed] = step_keys(result.all_events, "STEP_FAILURE")
+    assert failed.startswith(f"{NODE}.{op}")
+    assert "greater than or equal to 0" in failure_text(result)
+    assert snapshot(engine) == before
+
+
 def test_a_run_with_nothing_to_purge_still_materializes_the_asset(monthly):
     engine, _ = monthly
     add_rows(engine, months_ago=20, guests=0, accounts=10)

@@ -123,3 +123,18 @@ def test_dry_run_json_of_one_policy_that_cannot_be_counted_is_still_a_document(d
     assert report["policy"] == "guest_favorites" and "now" not in report
     assert "could not read favorites.favorites" in report["error"]
     assert "s3cret-pw" not in result.stdout + result.stderr
+
+
+def test_dry_run_refuses_all_with_a_policy_rather_than_dropping_the_policy(db_url):
+    """``--all --policy NAME`` is one of two requests: the command says so instead of counting
+    every policy as if the name (mistyped or not) had not been given."""
+    from click.testing import CliRunner
+
+    from favorites_maintenance.cli import main
+
+    env = {DATABASE_URL_VAR: db_url.render_as_string(hide_password=False)}
+    result = CliRunner().invoke(main, ["dry-run", "--all", "--policy", "no_such_policy"],
+                                env=env)
+    assert result.exit_code == 2
+    assert "--all and --policy exclude each other" in result.stderr, result.output
+    assert "prunable" not in result.stdout

@@ -22,7 +22,12 @@ from favorites_maintenance_tests.helpers.daemon import (
     step_processes,
     wait_until_finished,
 )
-from favorites_maintenance_tests.helpers.jobs import ASSET_KEY, JOB, load_code_location
+from favorites_maintenance_tests.helpers.jobs import (
+    ASSET_KEY,
+    JOB,
+    failure_text,
+    load_code_location,
+)
 
 UTC = dt.timezone.utc
 OLD = dt.datetime.now(UTC) - dt.timedelta(days=400)
@@ -166,3 +171,21 @@ def test_a_missing_table_is_not_retried(job, engine):
     assert not result.success
     assert retries == []
 
+
+
+@pytest.mark.parametrize("op", ["compute_cutoff", "purge"])
+def test_retries_the_op_refuses_fail_it_at_its_start_whatever_the_database_does(job, rows, op):
+    """Dagster's schema of the run config takes any integer (or null): the op itself refuses a
+    negative one, before it reads the database, not only once a transient error asks it."""
+    rows.add_many(5, updated_at=OLD)
+    run_config = {"ops": {"favorites__guest_favorites_cleanup": {"ops": {op: {"config": {
+        "max_retries": -1}}}}}}
+    with dg.instance_for_test() as instance:
+        result = job.execute_in_process(partition_key=PARTITION, instance=instance,
+                                        run_config=run_config, raise_on_error=False)
+    assert not result.success
+    assert [e.step_key for e in result.all_events if e.is_step_failure] == [
+        f"favorites__guest_favorites_cleanup.{op}"]
+    assert "max_retries" in failure_text(result)
+    assert "greater than or equal to 0" in failure_text(result)
+    assert rows.count() == 5
