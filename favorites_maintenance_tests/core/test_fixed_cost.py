@@ -45,7 +45,10 @@ def test_a_run_of_a_days_rows_reads_its_session_and_table_in_few_statements(engi
     # Before the batch: the session (standby, replication role), the transaction's limits,
     # the table check, the table's facts and shape, the backlog's count, the health reading;
     # the batch: its limits, the count naming its last row, the DELETE, the shape check.
-    assert len(sent) == 10, sent
+    # A batch that took over half its target (or a second after the run began: a loaded
+    # machine) also asks who waits on its locks, once.
+    waiters = [s for s in sent if "pg_blocking_pids" in s]
+    assert len(waiters) <= 1 and len(sent) - len(waiters) == 10, sent
 
 
 def test_without_a_publication_that_publishes_deletes_none_is_read(engine, rows):
