@@ -16,6 +16,7 @@ from favorites_maintenance.local.dev import seed_progress
 from favorites_maintenance.local.environment import LocalEnvironment
 from favorites_maintenance.local.guest_favorites import (
     GUEST_FAVORITES,
+    SCHEMA,
     create_dev_schema,
     drop_dev_schema,
 )
@@ -63,14 +64,15 @@ def _seed(engine: sa.Engine, policy: Policy, rows: int, echo: Callable[[str], No
     t0 = time.monotonic()
     drop_dev_schema(engine)
     create_dev_schema(engine)
-    if hold is not None:  # in the schema, it went with it: its holds are gone
+    if hold is not None:
+        schema = policy.rule.hold.table.schema
+        # In the dev table's schema, the hold table went with it, and its holds.
         echo(f"  hold table {hold}: "
-             + ("recreated with the schema, no holds" if hold.startswith("favorites.")
+             + ("recreated with the schema, no holds" if schema == SCHEMA
                 else "kept as it is (created if missing)"))
         # A schema of its own, as in production, may not exist yet in the embedded database.
         with engine.begin() as conn:
-            conn.execute(sa.schema.CreateSchema(policy.rule.hold.table.schema,
-                                                if_not_exists=True))
+            conn.execute(sa.schema.CreateSchema(schema, if_not_exists=True))
         create_hold_table(engine, hold)
     before = seed_favorites(engine, rows, now=dt.datetime.now(UTC),
                             on_progress=seed_progress(rows, echo))

@@ -108,7 +108,7 @@ def mark_detaching(phase: DropPhase, partition: TablePartition) -> str | None:
     with phase.engine.begin() as conn:
         limit_transaction(conn, lock_timeout=phase.lock_timeout,
                           statement_timeout=phase.statement_timeout)
-        if conn.execute(sa.text("SELECT to_regclass(:p)"), {"p": name}).scalar() is None:
+        if _gone(conn, partition):
             return GONE  # another run detached it and renamed it
         conn.execute(sa.text(f"LOCK TABLE {name} IN SHARE UPDATE EXCLUSIVE MODE"))
         pending = conn.execute(sa.text(
@@ -135,8 +135,12 @@ def gone(engine: sa.Engine, partition: TablePartition) -> bool:
     """Whether no table bears ``partition``'s name any more: another session (a second run
     of the policy) detached and renamed it, or dropped it, since this run listed it."""
     with engine.connect() as conn:
-        return conn.execute(sa.text("SELECT to_regclass(:p)"),
-                            {"p": partition.quoted_name}).scalar() is None
+        return _gone(conn, partition)
+
+
+def _gone(conn: sa.Connection, partition: TablePartition) -> bool:
+    return conn.execute(sa.text("SELECT to_regclass(:p)"),
+                        {"p": partition.quoted_name}).scalar() is None
 
 
 def marked_by_us(phase: DropPhase, partition: TablePartition, *, state: str) -> bool:
