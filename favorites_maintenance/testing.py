@@ -38,6 +38,7 @@ from favorites_maintenance.config.policy import Policy
 from favorites_maintenance.pipeline.partitions import partition_cutoff, read_now
 from favorites_maintenance.retention.clock import ClockReading
 from favorites_maintenance.retention.errors import InvalidArgumentError
+from favorites_maintenance.retention.rule import RetentionRule
 from favorites_maintenance.retention.table_check import TableFindings, check_table
 
 __all__ = ["PrunableRows", "find_policy", "prunable_keys", "prunable_rows"]
@@ -62,11 +63,23 @@ class PrunableRows:
     cutoff: dt.datetime
     clock: ClockReading | None = None
 
-    def statement(self) -> sa.Select:
-        """``SELECT <key>, <age> FROM <table> WHERE <rule's predicate>``, unordered."""
-        rule = self.policy.rule
+    def statement(self, connection: sa.Connection | None = None) -> sa.Select:
+        """``SELECT <key>, <age> FROM <table> WHERE <rule's predicate>``, unordered; with
+        ``connection``, the holds compared as a run's batches compare them
+        (:func:`~favorites_maintenance.retention.backlog.compared_as_batches`, read there),
+        without, as text."""
+        rule = self._rule(connection)
         return sa.select(rule.key.label("key"), rule.age.label("age")).where(
             rule.prunable(self.cutoff))
+
+    def _rule(self, connection: sa.Connection | None) -> RetentionRule:
+        """The policy's rule, its holds compared as the batches compare them when
+        ``connection`` can tell how."""
+        if connection is None:
+            return self.policy.rule
+        from favorites_maintenance.retention.backlog import compared_as_batches
+
+        return compared_as_batches(connection, self.policy.rule)
 
     def check(self, connection: sa.Connection) -> TableFindings:
         """Check the table as the job does before its first batch.
@@ -79,13 +92,13 @@ class PrunableRows:
     def keys(self, connection: sa.Connection) -> list[Any]:
         """The keys of the matched rows, in the order the job's batches take them (the age
         column, then the key)."""
-        sub = self.statement().subquery()
+        sub = self.statement(connection).subquery()
         return list(connection.execute(
             sa.select(sub.c.key).order_by(sub.c.age, sub.c.key)).scalars())
 
     def count(self, connection: sa.Connection) -> tuple[int, dt.datetime | None]:
         """How many rows match, and the oldest age column among them (``None``: none)."""
-        sub = self.statement().subquery()
+        sub = self.statement(connection).subquery()
         count, oldest = connection.execute(
             sa.select(sa.func.count(), sa.func.min(sub.c.age))).one()
         return count, oldest
@@ -97,7 +110,7 @@ class PrunableRows:
             return 0
         from favorites_maintenance.retention.backlog import count_held
 
-        return connection.execute(count_held(self.policy.rule, self.cutoff)).scalar_one()
+        return connection.execute(count_held(self._rule(connection), self.cutoff)).scalar_one()
 
 
 def find_policy(policy: str | Policy, tree: dg.ComponentTree | None = None) -> Policy:

@@ -12,8 +12,10 @@ from dataclasses import dataclass
 import sqlalchemy as sa
 
 from favorites_maintenance.retention.database import limit_transaction
-from favorites_maintenance.retention.errors import BacklogError, describe
+from favorites_maintenance.retention.errors import BacklogError, InvalidArgumentError, describe
+from favorites_maintenance.retention.holds import typed_holds
 from favorites_maintenance.retention.rule import RetentionRule
+from favorites_maintenance.retention.rule_predicates import require_aware
 from favorites_maintenance.retention.unreadable import count_around_unreadable
 
 
@@ -47,20 +49,24 @@ def measure_backlog(engine: sa.Engine, rule: RetentionRule, cutoff: dt.datetime)
     each counted as one.
 
     With holds, the rows they keep are counted apart (:attr:`Backlog.held`), by a second
-    statement in the same transaction.
+    statement in the same transaction, both comparing the holds as a run's batches do
+    (:func:`compared_as_batches`).
 
     Raises:
         BacklogError: the database failed (described without private data).
         InvalidArgumentError: ``cutoff`` is naive.
     """
-    stmt = sa.select(sa.func.count(), sa.func.min(rule.age)).where(rule.prunable(cutoff))
+    require_aware(cutoff, "cutoff")  # refused before any connection
     held = 0
     try:
         with engine.connect() as conn:
             try:
                 with conn.begin():
                     limit_transaction(conn)  # never queue without limit behind a migration
-                    remaining, oldest = conn.execute(stmt).one()
+                    rule = compared_as_batches(conn, rule)
+                    remaining, oldest = conn.execute(sa.select(
+                        sa.func.count(), sa.func.min(rule.age)).where(
+                        rule.prunable(cutoff))).one()
                     if rule.hold is not None:
                         held = conn.execute(count_held(rule, cutoff)).scalar_one()
             except sa.exc.DBAPIError as exc:
@@ -80,3 +86,22 @@ def count_held(rule: RetentionRule, cutoff: dt.datetime) -> sa.Select:
     active hold covers (``0`` rows counted for a rule without holds)."""
     return sa.select(sa.func.count()).select_from(rule.table).where(rule.held(cutoff))
 
+
+def compared_as_batches(conn: sa.Connection, rule: RetentionRule) -> RetentionRule:
+    """``rule`` with its holds compared as a run's batches compare them: read as the hold
+    column's type when every active hold reads as it
+    (:func:`~favorites_maintenance.retention.holds.typed_holds`), so that a count keeps the
+    rows a run keeps (a hold written ``042`` for the bigint 42, one on a ``citext`` column
+    cased otherwise than its row), else as text. ``rule`` itself when it has no holds, or when
+    its hold column is not a column of its table (the count then fails, naming it). Reads in
+    the connection's transaction, in a savepoint.
+
+    Raises:
+        sqlalchemy.exc.DBAPIError: the table or the hold table cannot be read.
+    """
+    if rule.hold is None:
+        return rule
+    try:
+        return rule.with_hold(typed_holds(conn, rule.hold, rule.qualified_name)[0])
+    except InvalidArgumentError:
+        return rule

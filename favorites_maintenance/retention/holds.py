@@ -3,8 +3,9 @@
 A policy that names a hold table (its ``hold_table`` setting) prunes a row only while no
 *active* hold covers it: a row of the hold table with the policy's name, the row's value of the
 hold column (the policy's key unless ``hold_column`` says another column) as text, and no
-``released_at``. A run's batches read the active holds' values as the hold column's type
-(:func:`typed_holds`), the other statements compare the column cast to text: the same holds
+``released_at``. A run's batches and the counts (the backlog, ``heldRows``, the dry run, the
+plan) read the active holds' values as the hold column's type (:func:`typed_holds`); a
+statement built without reading that type compares the column cast to text: the same holds
 match, as long as they are written as PostgreSQL writes the column's values (what
 :func:`place_hold` stores). The test is part of the rule's predicate
 (:meth:`~favorites_maintenance.retention.rule.RetentionRule.prunable`), so every statement built
@@ -434,8 +435,10 @@ def typed_holds(conn: sa.Connection, holds: HoldTable, table: str
     refuses) matches no row either way, nor does one that would be cut or rounded to fit it
     (``abcdeXYZ`` for a ``varchar(5)``), which is therefore not read as the type either;
     one written otherwise than PostgreSQL writes it (``042`` for the bigint ``42``, an
-    upper-case UUID) covers its row only when typed: the warning says that the counts, which
-    compare as text, miss such a row. Runs in the connection's transaction, in a savepoint.
+    upper-case UUID) covers its row only when typed, as the batches and the counts compare
+    (:func:`~favorites_maintenance.retention.backlog.compared_as_batches`): the warning names
+    how many, for :func:`place_hold` to write them again. Runs in the connection's
+    transaction, in a savepoint.
 
     Raises:
         InvalidArgumentError: the column is not a column of ``table``.
@@ -475,9 +478,9 @@ def typed_holds(conn: sa.Connection, holds: HoldTable, table: str
     if unlike:
         return typed, (
             f"{unlike} active hold(s) of policy {holds.policy} in {holds.qualified_name} are "
-            f"not written as PostgreSQL writes {type_name}: the batches keep their rows, but "
-            "heldRows and the backlog count them as prunable; place holds with hold place, "
-            "which writes them so")
+            f"not written as PostgreSQL writes {type_name}: read as it, they keep their rows, "
+            "but a reader comparing text misses them; place holds with hold place, which "
+            "writes them so")
     return typed, None
 
 

@@ -20,6 +20,7 @@ from favorites_maintenance.retention.holds import (
     place_hold,
     release_hold,
 )
+from favorites_maintenance.retention.rule import RetentionRule
 from favorites_maintenance_tests.core.test_purge import CUTOFF, OLD
 from favorites_maintenance_tests.helpers.purging import purge_rows
 
@@ -437,6 +438,46 @@ def test_an_application_s_hold_written_otherwise_than_postgresql_writes_the_key_
     assert ("1 active hold(s) of policy guest_favorites in favorites.retention_holds are not "
             "written as PostgreSQL writes bigint") in caplog.text
     assert f"00{ids[2]}" not in caplog.text
+
+
+def test_the_backlog_counts_a_hold_written_otherwise_as_held_as_the_batches_keep_its_row(
+        engine, rows, holds):
+    """The backlog and its held rows read the holds as the batches do: the row a hold
+    written ``0042`` keeps is counted held, before the run and after it."""
+    ids = rows.add_many(4, updated_at=OLD)
+    _hold_written_by_the_application(engine, f"00{ids[2]}")
+    rule = GUEST_FAVORITES.with_hold(holds)
+    before = measure_backlog(engine, rule, CUTOFF)
+    assert (before.remaining, before.held) == (3, 1)
+    assert run(engine, rule).deleted_total == 3 and rows.ids() == {ids[2]}
+    after = measure_backlog(engine, rule, CUTOFF)
+    assert (after.remaining, after.held) == (0, 1)
+
+
+def test_a_hold_on_a_citext_column_keeps_a_row_cased_otherwise_and_is_counted_held(
+        engine, holds):
+    """On a ``citext`` hold column, ``Ann@Example.com`` holds the row of ``ann@example.com``:
+    the run keeps it and the backlog counts it held."""
+    table = "favorites.citext_contacts"
+    with engine.begin() as conn:
+        conn.exec_driver_sql("CREATE EXTENSION IF NOT EXISTS citext")
+        conn.exec_driver_sql(f"CREATE TABLE {table} (id bigint PRIMARY KEY, email citext NOT "
+                             "NULL, user_id bigint, updated_at timestamptz NOT NULL)")
+        conn.execute(sa.text(f"INSERT INTO {table} VALUES (1, 'ann@example.com', NULL, :old), "
+                             "(2, 'bob@example.com', NULL, :old)"), {"old": OLD})
+    try:
+        _hold_written_by_the_application(engine, "Ann@Example.com")
+        rule = RetentionRule.define(table, key_column="id", age_column="updated_at",
+                                    null_columns=["user_id"]).with_hold(holds_of(column="email"))
+        backlog = measure_backlog(engine, rule, CUTOFF)
+        assert (backlog.remaining, backlog.held) == (1, 1)
+        assert run(engine, rule).deleted_total == 1
+        with engine.connect() as conn:
+            assert conn.exec_driver_sql(f"SELECT id FROM {table}").scalars().all() == [1]
+        assert measure_backlog(engine, rule, CUTOFF).held == 1
+    finally:
+        with engine.begin() as conn:
+            conn.exec_driver_sql(f"DROP TABLE {table}")
 
 
 def test_a_hold_that_is_not_a_value_of_the_key_s_type_covers_no_row_and_fails_no_run(

@@ -168,3 +168,21 @@ def test_hold_place_warns_when_no_row_has_the_key_and_places_the_hold_all_the_sa
     shown = run("hold", "list", "--policy", "guest_favorites", "--show-keys", "--json",
                 env=env)
     assert [h["key"] for h in json.loads(shown.stdout)["holds"]] == [str(held_id), str(absent)]
+
+
+def test_the_dry_run_counts_a_hold_an_application_wrote_otherwise_as_a_run_keeps_it(
+        run, db_url, engine, rows):
+    """``0042`` is the bigint 42: a run reads the hold as the key's type and keeps the row, so
+    the dry run counts that row as held, not as prunable."""
+    env = env_of(db_url, hold_table="favorites.retention_holds")
+    held_id = rows.add(updated_at=OLD)
+    rows.add(updated_at=OLD)
+    assert run("hold", "init", "--policy", "guest_favorites", env=env).exit_code == 0
+    with engine.begin() as conn:
+        conn.execute(sa.text("INSERT INTO favorites.retention_holds (policy, held_value, "
+                             "placed_by, reason) VALUES ('guest_favorites', :v, 'app', 'case')"),
+                     {"v": f"00{held_id}"})
+    dry = run("dry-run", "--json", env=env)
+    assert dry.exit_code == 0, dry.stderr
+    now = json.loads(dry.stdout)["policies"][0]["now"]
+    assert (now["prunable"], now["held"]) == (1, 1)
