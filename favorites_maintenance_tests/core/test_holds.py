@@ -336,6 +336,31 @@ def test_a_restored_row_a_hold_covers_is_not_counted_prunable_and_stays_at_the_n
     assert shop.ids_of(engine, shop.TABLE) == [ids[1]]
 
 
+def test_a_restored_row_a_hold_written_otherwise_covers_is_not_counted_prunable(items):
+    """A hold an application wrote ``00<id>`` keeps the row from the next run: the restore
+    counts it restorable but not prunable, as it counts a hold written as PostgreSQL does."""
+    from favorites_maintenance.retention.archive import ArchiveTarget
+    from favorites_maintenance.retention.restore import Selection, restore
+    from favorites_maintenance_tests.helpers import archive as shop
+
+    engine, rule = items, shop_rule()
+    ids = sorted(shop.add_items(engine, 4, updated_at=shop.OLD))
+    purge_rows(engine, shop.CUTOFF, rule=rule, batch_size=10, max_run_duration=TEN_MIN,
+               archive=ArchiveTarget(shop.ARCHIVE, shop.POLICY, "run-1"))
+    with engine.begin() as conn:
+        conn.execute(sa.text(f"INSERT INTO {SHOP_HOLDS} (policy, held_value, placed_by, "
+                             "reason) VALUES (:p, :v, 'app', 'case')"),
+                     {"p": shop.POLICY, "v": f"00{ids[1]}"})
+
+    report = restore(engine, rule, shop.ARCHIVE, shop.POLICY, Selection(run_id="run-1"),
+                     retention_days=365, allow_prunable=True)
+    assert (report.restored_rows, report.prunable_rows) == (4, 3)
+    again = purge_rows(engine, shop.CUTOFF, rule=rule, batch_size=10, max_run_duration=TEN_MIN,
+                       archive=ArchiveTarget(shop.ARCHIVE, shop.POLICY, "run-2"))
+    assert again.deleted_total == 3
+    assert shop.ids_of(engine, shop.TABLE) == [ids[1]]
+
+
 # -- partitions ----------------------------------------------------------------------------------
 
 
