@@ -283,38 +283,6 @@ def test_a_held_row_is_not_archived_and_a_held_archived_row_outlives_the_archive
                                  hold=rule.hold).rows == 0
 
 
-def test_an_archived_row_a_hold_written_otherwise_covers_outlives_the_archive_retention(
-        items):
-    """A hold an application wrote ``00<id>`` on an archived row keeps it in the archive past
-    its retention, as the batches would keep the row: the prune reads the holds as the
-    archive's column's type, and so does the count of the overdue archived rows."""
-    from favorites_maintenance.retention.archive import ArchiveTarget
-    from favorites_maintenance.retention.archive_retention import (
-        count_overdue_archive,
-        prune_archive,
-    )
-    from favorites_maintenance_tests.helpers import archive as shop
-
-    engine, rule = items, shop_rule()
-    ids = sorted(shop.add_items(engine, 5, updated_at=shop.OLD))
-    purge_rows(engine, shop.CUTOFF, rule=rule, batch_size=3, max_run_duration=TEN_MIN,
-               archive=ArchiveTarget(shop.ARCHIVE, shop.POLICY, "run-1"))
-    with engine.begin() as conn:
-        conn.execute(sa.text(f"INSERT INTO {SHOP_HOLDS} (policy, held_value, placed_by, "
-                             "reason) VALUES (:p, :v, 'app', 'case')"),
-                     {"p": shop.POLICY, "v": f"00{ids[1]}"})
-        conn.exec_driver_sql("UPDATE shop.items_archive SET _retention_archived_at = "
-                             "now() - interval '31 days'")
-    assert count_overdue_archive(engine, shop.ARCHIVE, shop.POLICY, 30,
-                                 hold=rule.hold).rows == 4
-    pruned = prune_archive(engine, shop.ARCHIVE, shop.POLICY, 30, batch_size=4,
-                           max_duration=TEN_MIN, hold=rule.hold)
-    assert (pruned.deleted_total, pruned.rows) == (4, 1)
-    assert shop.ids_of(engine, shop.ARCHIVE) == [ids[1]]
-    assert count_overdue_archive(engine, shop.ARCHIVE, shop.POLICY, 30,
-                                 hold=rule.hold).rows == 0
-
-
 def test_a_restored_row_a_hold_covers_is_not_counted_prunable_and_stays_at_the_next_run(items):
     from favorites_maintenance.retention.archive import ArchiveTarget
     from favorites_maintenance.retention.restore import Selection, restore
@@ -326,31 +294,6 @@ def test_a_restored_row_a_hold_covers_is_not_counted_prunable_and_stays_at_the_n
                archive=ArchiveTarget(shop.ARCHIVE, shop.POLICY, "run-1"))
     place_hold(engine, rule.hold, str(ids[1]), reason="restored for a dispute",
                placed_by="support")
-
-    report = restore(engine, rule, shop.ARCHIVE, shop.POLICY, Selection(run_id="run-1"),
-                     retention_days=365, allow_prunable=True)
-    assert (report.restored_rows, report.prunable_rows) == (4, 3)
-    again = purge_rows(engine, shop.CUTOFF, rule=rule, batch_size=10, max_run_duration=TEN_MIN,
-                       archive=ArchiveTarget(shop.ARCHIVE, shop.POLICY, "run-2"))
-    assert again.deleted_total == 3
-    assert shop.ids_of(engine, shop.TABLE) == [ids[1]]
-
-
-def test_a_restored_row_a_hold_written_otherwise_covers_is_not_counted_prunable(items):
-    """A hold an application wrote ``00<id>`` keeps the row from the next run: the restore
-    counts it restorable but not prunable, as it counts a hold written as PostgreSQL does."""
-    from favorites_maintenance.retention.archive import ArchiveTarget
-    from favorites_maintenance.retention.restore import Selection, restore
-    from favorites_maintenance_tests.helpers import archive as shop
-
-    engine, rule = items, shop_rule()
-    ids = sorted(shop.add_items(engine, 4, updated_at=shop.OLD))
-    purge_rows(engine, shop.CUTOFF, rule=rule, batch_size=10, max_run_duration=TEN_MIN,
-               archive=ArchiveTarget(shop.ARCHIVE, shop.POLICY, "run-1"))
-    with engine.begin() as conn:
-        conn.execute(sa.text(f"INSERT INTO {SHOP_HOLDS} (policy, held_value, placed_by, "
-                             "reason) VALUES (:p, :v, 'app', 'case')"),
-                     {"p": shop.POLICY, "v": f"00{ids[1]}"})
 
     report = restore(engine, rule, shop.ARCHIVE, shop.POLICY, Selection(run_id="run-1"),
                      retention_days=365, allow_prunable=True)
