@@ -76,7 +76,12 @@ from favorites_maintenance.pipeline.resources import PolicyDatabase, name_databa
 from favorites_maintenance.pipeline.run_metadata import ATTRIBUTED_KEY
 from favorites_maintenance.pipeline.run_report import RunReport
 from favorites_maintenance.retention.archive_retention import count_overdue_archive
-from favorites_maintenance.retention.backlog import Backlog, count_held, measure_backlog
+from favorites_maintenance.retention.backlog import (
+    Backlog,
+    compared_as_batches,
+    count_held,
+    measure_backlog,
+)
 from favorites_maintenance.retention.database import limit_transaction
 from favorites_maintenance.retention.holds import count_holds_matching_no_row, summarize_holds
 from favorites_maintenance.retention.database import error_summary
@@ -270,7 +275,9 @@ def _held_rows(policy: Policy, asset_key: dg.AssetKey) -> Evaluation:
                             run_now(context, database.engine))
         with database.engine.connect() as conn, conn.begin():
             limit_transaction(conn)
-            held = conn.execute(count_held(rule, cutoff)).scalar_one()
+            # Read as the run's batches read the holds, as its heldRows is.
+            held = conn.execute(count_held(compared_as_batches(conn, rule), cutoff)
+                                ).scalar_one()
             summary = summarize_holds(conn, rule.hold)
             unmatched = count_holds_matching_no_row(conn, rule.hold, rule.qualified_name)
         results = _references(context, asset_key, figures={})

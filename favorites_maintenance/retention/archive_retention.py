@@ -32,7 +32,7 @@ from favorites_maintenance.retention.errors import (
     InvalidArgumentError,
     describe,
 )
-from favorites_maintenance.retention.holds import HoldTable
+from favorites_maintenance.retention.holds import HoldTable, typed_holds
 from favorites_maintenance.retention.rule import split_table_name
 
 log = logging.getLogger("favorites_maintenance.retention.purge")
@@ -100,6 +100,15 @@ def archive_rows_statement(target_table: str) -> sa.Select:
         t.c[POLICY_COLUMN] == sa.bindparam("policy", type_=sa.Text))
 
 
+def _typed(conn: sa.Connection, hold: HoldTable, table: str) -> HoldTable:
+    """``hold`` read as ``table``'s column of its name
+    (:func:`~favorites_maintenance.retention.holds.typed_holds`), as text when it has none."""
+    try:
+        return typed_holds(conn, hold, table)[0]
+    except InvalidArgumentError:
+        return hold
+
+
 def prune_archive(engine: sa.Engine, table: str, policy: str, retention_days: int, *,
                   batch_size: int, max_duration: dt.timedelta,
                   should_stop: Callable[[], bool] = lambda: False,
@@ -109,7 +118,8 @@ def prune_archive(engine: sa.Engine, table: str, policy: str, retention_days: in
     """Delete ``policy``'s rows of archive ``table`` archived more than ``retention_days`` ago
     (by the database's clock), at most ``batch_size`` rows a transaction, then
     count the policy's rows left. A missing archive has nothing to delete. With ``hold`` (the
-    policy's holds), an archived row an active hold covers is kept, whatever its age.
+    policy's holds), an archived row an active hold covers is kept, whatever its age; the
+    holds are read as the batches read them, in the type of the archive's copy of the column.
 
     At least one batch runs; after it, the purge stops on ``should_stop`` or once
     ``max_duration`` has passed (the rows left wait for the next run).
@@ -130,6 +140,10 @@ def prune_archive(engine: sa.Engine, table: str, policy: str, retention_days: in
         with engine.connect() as conn:
             with conn.begin():
                 missing = conn.execute(RELKIND, {"t": table}).first() is None
+                if hold is not None and not missing:
+                    # Read as the batches read them (a hold 042 covers the bigint 42), in
+                    # the archive's copy of the column's type.
+                    statement = _prune_statement(table, _typed(conn, hold, table))
             while not missing:
                 with conn.begin():
                     limit_transaction(conn, lock_timeout=lock_timeout,
@@ -188,14 +202,17 @@ def count_overdue_archive(engine: sa.Engine, table: str, policy: str, retention_
     if retention_days <= 0:
         raise InvalidArgumentError("retention_days must be > 0")
     schema, name = split_table_name(table, "archive_table")
-    t = sa.Table(name, sa.MetaData(schema=schema),
-                 sa.Column(POLICY_COLUMN, sa.Text),
-                 sa.Column(ARCHIVED_AT_COLUMN, TIMESTAMP(timezone=True)),
-                 *([sa.Column(hold.column, sa.types.NullType())] if hold else []))
     limit = sa.func.now() - sa.bindparam("keep", type_=sa.Interval)
-    overdue = (sa.select(sa.func.count(), sa.func.min(t.c[ARCHIVED_AT_COLUMN]), limit)
-               .where(t.c[POLICY_COLUMN] == sa.bindparam("policy", type_=sa.Text),
-                      t.c[ARCHIVED_AT_COLUMN] < limit, *_not_held(t, hold)))
+
+    def overdue(hold: HoldTable | None) -> sa.Select:
+        t = sa.Table(name, sa.MetaData(schema=schema),
+                     sa.Column(POLICY_COLUMN, sa.Text),
+                     sa.Column(ARCHIVED_AT_COLUMN, TIMESTAMP(timezone=True)),
+                     *([sa.Column(hold.column, sa.types.NullType())] if hold else []))
+        return (sa.select(sa.func.count(), sa.func.min(t.c[ARCHIVED_AT_COLUMN]), limit)
+                .where(t.c[POLICY_COLUMN] == sa.bindparam("policy", type_=sa.Text),
+                       t.c[ARCHIVED_AT_COLUMN] < limit, *_not_held(t, hold)))
+
     params = {"policy": policy, "keep": dt.timedelta(days=retention_days)}
     try:
         with engine.connect() as conn, conn.begin():
@@ -204,7 +221,9 @@ def count_overdue_archive(engine: sa.Engine, table: str, policy: str, retention_
             if conn.execute(RELKIND, {"t": table}).first() is None:
                 rows, oldest, at = 0, None, conn.execute(sa.select(limit), params).scalar_one()
             else:
-                rows, oldest, at = conn.execute(overdue, params).one()
+                # The holds read as prune_archive reads them, so it counts what it deletes.
+                typed = _typed(conn, hold, table) if hold is not None else None
+                rows, oldest, at = conn.execute(overdue(typed), params).one()
     except sa.exc.DBAPIError as exc:
         raise ArchiveCountError(table, describe(exc)) from None
     return ArchiveOverdue(rows=rows, oldest=oldest.astimezone(dt.UTC) if oldest else None,

@@ -391,6 +391,8 @@ def _as_the_column_writes_it(conn: sa.Connection, table: str, column: str, value
 #: whole when no row has the value), milliseconds.
 ROW_CHECK_TIMEOUT_MS = 10_000
 _NO_PRIVILEGE, _CANCELED = "42501", "57014"
+#: Comparing in a type without an equality operator (``json``) fails so.
+_NO_EQUALITY = "42883"
 
 
 def a_row_has(engine: sa.Engine, table: str, column: str, value: str) -> bool | None:
@@ -460,6 +462,10 @@ def typed_holds(conn: sa.Connection, holds: HoldTable, table: str
                 sa.func.count().filter(value != as_written), sa.func.count().filter(cut)
             ).where(holds.active())).one()
     except sa.exc.DBAPIError as exc:
+        if getattr(exc.orig, "sqlstate", None) == _NO_EQUALITY:
+            return holds.typed(None), (
+                f"{table}.{holds.column} ({type_name}) has no equality operator: the hold "
+                "test compares the values as text")
         if not _not_of_the_type(exc):
             raise
         return holds.typed(None), (
@@ -489,8 +495,9 @@ def count_holds_matching_no_row(conn: sa.Connection, holds: HoldTable, table: st
     """How many active holds of ``holds.policy`` no row of ``table`` (``schema.table``, the
     policy's) has the value of, compared in the hold column's type (an index on the column
     answers each): holds that keep nothing now, a typo or a row still to come. ``None`` when
-    it cannot tell within :data:`ROW_CHECK_TIMEOUT_MS` or a hold is not of the column's
-    type. Runs in the connection's transaction, in a savepoint.
+    it cannot tell within :data:`ROW_CHECK_TIMEOUT_MS`, a hold is not of the column's type,
+    or the type has no equality (``json``). Runs in the connection's transaction, in a
+    savepoint.
 
     Raises:
         InvalidArgumentError: the column is not a column of ``table``.
@@ -515,7 +522,8 @@ def count_holds_matching_no_row(conn: sa.Connection, holds: HoldTable, table: st
             return count
     except sa.exc.DBAPIError as exc:
         # A lost connection has no SQLSTATE (None).
-        if _not_of_the_type(exc) or getattr(exc.orig, "sqlstate", None) == _CANCELED:
+        if _not_of_the_type(exc) or getattr(exc.orig, "sqlstate", None) in (_CANCELED,
+                                                                            _NO_EQUALITY):
             return None
         raise
 

@@ -8,6 +8,7 @@ from __future__ import annotations
 import sqlalchemy as sa
 from sqlalchemy.dialects.postgresql import TIMESTAMP
 
+from favorites_maintenance.retention.backlog import compared_as_batches
 from favorites_maintenance.retention.rule import RetentionRule
 from favorites_maintenance.retention.table_partitions import TablePartition
 
@@ -81,11 +82,17 @@ def find_kept_row(conn: sa.Connection, rule: RetentionRule,
 
 def find_held_row(conn: sa.Connection, rule: RetentionRule, partition: TablePartition) -> bool:
     """Whether an active hold covers a row of the partition, read through the parent
-    within its bounds (the partition itself when its detach is pending)."""
+    within its bounds (the partition itself when its detach is pending), the holds read as
+    the batches read them (a hold ``042`` covers the bigint 42).
+
+    Raises:
+        sqlalchemy.exc.DBAPIError: the table or the hold table cannot be read.
+    """
     if rule.hold is None:
         return False
     if partition.detach_pending:
         return detached_holds_kept_row(conn, rule, partition, guards=False)
+    rule = compared_as_batches(conn, rule)
     ts = TIMESTAMP(timezone=True)
     where = [rule.hold.covers(rule.hold_column)]
     if partition.lower is not None:
@@ -99,12 +106,19 @@ def find_held_row(conn: sa.Connection, rule: RetentionRule, partition: TablePart
 def detached_holds_kept_row(conn: sa.Connection, rule: RetentionRule, table: TablePartition,
                             guards: bool = True) -> bool:
     """Whether the detached table (or a partition whose detach is pending), read itself,
-    holds a row an active hold covers or, with ``guards``, a row the rule keeps."""
+    holds a row an active hold covers or, with ``guards``, a row the rule keeps; the holds
+    read as the batches read them, in the type of the parent's hold column.
+
+    Raises:
+        sqlalchemy.exc.DBAPIError: the table or the hold table cannot be read.
+    """
     if rule.hold is not None:
-        # A hold placed after the detach keeps the detached table from being dropped.
-        t = sa.table(table.name, sa.column(rule.hold.column), schema=table.schema)
+        # A hold placed after the detach keeps the detached table from being dropped; one
+        # written 042 holds the bigint 42 for the batches, so it keeps the table too.
+        hold = compared_as_batches(conn, rule).hold
+        t = sa.table(table.name, sa.column(hold.column), schema=table.schema)
         if conn.execute(sa.select(sa.literal(1)).select_from(t).where(
-                rule.hold.covers(t.c[rule.hold.column])).limit(1)
+                hold.covers(t.c[hold.column])).limit(1)
         ).first() is not None:
             return True
     if not rule.guards or not guards:

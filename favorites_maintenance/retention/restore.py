@@ -74,6 +74,7 @@ from favorites_maintenance.retention.archive import (
     insert_interceptor,
     table_columns,
 )
+from favorites_maintenance.retention.backlog import compared_as_batches
 from favorites_maintenance.retention.catalog_type import CatalogType
 from favorites_maintenance.retention.database import (
     DEFAULT_LOCK_TIMEOUT,
@@ -274,16 +275,18 @@ def _rows_per_page(conn: sa.Connection, archive: Archive) -> float:
 def _counts(conn: sa.Connection, archive: Archive, rule: RetentionRule, selection: Selection,
             cutoff: dt.datetime) -> dict[str, int]:
     """The selection's rows, those whose key is in the table, those restorable and those the
-    rule would prune at ``cutoff`` (evaluated on the archive's own columns)."""
+    rule would prune at ``cutoff`` (evaluated on the archive's own columns, the holds read as
+    a run's batches read them)."""
     a, s = archive.table, archive.source_rule.table
     key = rule.key.name
     where = _selected(a, archive.target.policy, selection)
     back = sa.select(sa.literal(1)).where(s.c[key] == a.c[key]).exists()
     # The rule's own predicate, on the archive's columns of the same names: a held row would
-    # not be deleted again.
+    # not be deleted again (its holds read as the batches read them, 042 for the bigint 42).
     on_archive = RetentionRule(table=a, key=a.c[key], age=a.c[rule.age.name],
                                guards=tuple(a.c[c.name] for c in rule.guards),
-                               cutoff_inclusive=rule.cutoff_inclusive).with_hold(rule.hold)
+                               cutoff_inclusive=rule.cutoff_inclusive).with_hold(
+        compared_as_batches(conn, rule).hold)
     row = conn.execute(sa.select(
         sa.func.count().label("selected"),
         sa.func.count().filter(back).label("key_exists"),

@@ -81,6 +81,25 @@ def test_a_run_records_held_rows_apart_and_the_check_reports_the_oldest_hold(
     assert rows.ids() == {held[1], fresh}
 
 
+def test_the_held_rows_check_counts_a_hold_written_otherwise_as_the_run_keeps_its_row(
+        db_url, monkeypatch, engine, rows):
+    """A hold an application wrote ``00<id>`` keeps the bigint ``<id>``'s row in the run: the
+    ``held_rows`` check counts that row held, as the run's ``heldRows`` does."""
+    create_hold_table(engine, HOLDS)
+    rows.add_many(3, updated_at=long_ago(500))
+    held = rows.add(updated_at=long_ago(400))
+    with engine.begin() as conn:
+        conn.execute(sa.text(f"INSERT INTO {HOLDS} (policy, held_value, placed_by, reason) "
+                             "VALUES ('guest_favorites', :v, 'app', 'case')"), {"v": f"00{held}"})
+    with dg.instance_for_test() as instance:
+        result, checks = run(db_url, monkeypatch, instance, hold_table=HOLDS)
+        assert result.success
+        assert (materialization(result)["deletedTotal"], materialization(result)["heldRows"]) \
+            == (3, 1)
+        assert {k: v.value for k, v in checks[HELD].metadata.items()}["heldRows"] == 1
+    assert rows.ids() == {held}
+
+
 def test_a_policy_without_a_hold_table_has_no_held_rows_check_nor_figure(
         db_url, monkeypatch, rows):
     rows.add_many(3, updated_at=long_ago(500))

@@ -262,3 +262,56 @@ def test_partition_steps_with_nothing_left_after_the_detach_still_record_it(tabl
     assert (meta["partitionsDetached"], meta["deletedTotal"], meta["batches"]) == (5, 7, 0)
     assert meta["backlogRemaining"] == 0
     assert rows.ids() == set(fresh) and set(jan + apr).isdisjoint(rows.ids())
+
+
+def test_a_hold_written_otherwise_than_postgresql_writes_the_key_keeps_its_partition(
+        table, rows):
+    """A hold an application wrote ``00<id>`` holds the bigint ``<id>`` for the batches: the
+    drop phase reads it so too, and keeps the partition its row is in, with the row."""
+    from favorites_maintenance.retention.holds import create_hold_table
+    from favorites_maintenance_tests.helpers.partitioned import POLICY
+
+    made = fill(rows)
+    create_hold_table(table, "favorites.retention_holds")
+    held = made["jan"][0]
+    with table.begin() as conn:
+        conn.execute(sa.text("INSERT INTO favorites.retention_holds (policy, held_value, "
+                             "placed_by, reason) VALUES (:p, :v, 'app', 'case')"),
+                     {"p": POLICY, "v": f"00{held}"})
+    with dg.instance_for_test() as instance:
+        result = run(instance, hold_table="favorites.retention_holds")
+        assert result.success, failure_text(result)
+        lines = log_lines(instance, result)
+    assert JAN in partitions_of(table) and JAN not in detached_from(table)
+    assert f"partition {JAN} kept" in lines
+    assert held in rows.ids()
+
+
+def test_a_hold_written_otherwise_placed_after_the_detach_keeps_the_detached_table(
+        table, rows):
+    """Placed after the detach as an application writes it (``00<id>``), the hold keeps the
+    detached table from the drop, as it would keep the row from the batches."""
+    from favorites_maintenance.retention.holds import create_hold_table
+    from favorites_maintenance_tests.helpers.partitioned import POLICY
+
+    made = fill(rows)
+    create_hold_table(table, "favorites.retention_holds")
+    with dg.instance_for_test() as instance:
+        first = run(instance, hold_table="favorites.retention_holds")
+        assert first.success, failure_text(first)
+        assert JAN in detached_from(table)
+        held = made["jan"][0]
+        with table.begin() as conn:
+            conn.execute(sa.text("INSERT INTO favorites.retention_holds (policy, held_value, "
+                                 "placed_by, reason) VALUES (:p, :v, 'app', 'case')"),
+                         {"p": POLICY, "v": f"00{held}"})
+        for name in (JAN, MAR, APR, MAY):
+            backdate_detach(table, name, 8)
+        second = run(instance, hold_table="favorites.retention_holds")
+        assert second.success, failure_text(second)
+    assert materialization(second, asset_key=ASSET_KEY)["partitionsDropped"] == 3
+    assert f"{JAN}_detached" in tables(table)
+    with table.connect() as conn:
+        kept = conn.execute(sa.text(f"SELECT count(*) FROM {JAN}_detached WHERE id = :i"),
+                            {"i": held}).scalar_one()
+    assert kept == 1
