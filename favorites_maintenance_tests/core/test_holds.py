@@ -283,7 +283,11 @@ def test_a_held_row_is_not_archived_and_a_held_archived_row_outlives_the_archive
                                  hold=rule.hold).rows == 0
 
 
-def test_a_restored_row_a_hold_covers_is_not_counted_prunable_and_stays_at_the_next_run(items):
+@pytest.mark.parametrize("written_by", ["hold place", "an application"])
+def test_a_restored_row_a_hold_covers_is_not_counted_prunable_and_stays_at_the_next_run(
+        items, written_by):
+    """Written by an application as ``00<id>`` for the bigint ``<id>``, the hold keeps the row
+    from the next run all the same, so the restore does not count it prunable either."""
     from favorites_maintenance.retention.archive import ArchiveTarget
     from favorites_maintenance.retention.restore import Selection, restore
     from favorites_maintenance_tests.helpers import archive as shop
@@ -292,8 +296,14 @@ def test_a_restored_row_a_hold_covers_is_not_counted_prunable_and_stays_at_the_n
     ids = sorted(shop.add_items(engine, 4, updated_at=shop.OLD))
     purge_rows(engine, shop.CUTOFF, rule=rule, batch_size=10, max_run_duration=TEN_MIN,
                archive=ArchiveTarget(shop.ARCHIVE, shop.POLICY, "run-1"))
-    place_hold(engine, rule.hold, str(ids[1]), reason="restored for a dispute",
-               placed_by="support")
+    if written_by == "hold place":
+        place_hold(engine, rule.hold, str(ids[1]), reason="restored for a dispute",
+                   placed_by="support")
+    else:
+        with engine.begin() as conn:
+            conn.execute(sa.text(f"INSERT INTO {SHOP_HOLDS} (policy, held_value, placed_by, "
+                                 "reason) VALUES (:p, :v, 'app', 'case')"),
+                         {"p": shop.POLICY, "v": f"00{ids[1]}"})
 
     report = restore(engine, rule, shop.ARCHIVE, shop.POLICY, Selection(run_id="run-1"),
                      retention_days=365, allow_prunable=True)

@@ -1,7 +1,7 @@
 """Holds read as the hold column's type wherever a row's fate or its count depends on them,
 as a run's batches read them: a hold an application wrote ``00<id>`` for the bigint ``<id>``
-keeps an archived row past the archive's retention and a restored row from being counted
-prunable; a hold column whose type has no equality (``json``) is compared as text."""
+keeps an archived row past the archive's retention (and a restored row from being counted
+prunable: ``test_holds.py``); a hold column whose type has no equality (``json``) is compared as text."""
 
 from __future__ import annotations
 
@@ -55,32 +55,6 @@ def test_an_archived_row_a_hold_written_otherwise_covers_outlives_the_archive_re
     assert shop.ids_of(engine, shop.ARCHIVE) == [ids[1]]
     assert count_overdue_archive(engine, shop.ARCHIVE, shop.POLICY, 30,
                                  hold=rule.hold).rows == 0
-
-
-def test_a_restored_row_a_hold_written_otherwise_covers_is_not_counted_prunable(
-        items):  # noqa: F811
-    """A hold an application wrote ``00<id>`` keeps the row from the next run: the restore
-    counts it restorable but not prunable, as it counts a hold written as PostgreSQL does."""
-    from favorites_maintenance.retention.archive import ArchiveTarget
-    from favorites_maintenance.retention.restore import Selection, restore
-    from favorites_maintenance_tests.helpers import archive as shop
-
-    engine, rule = items, shop_rule()
-    ids = sorted(shop.add_items(engine, 4, updated_at=shop.OLD))
-    purge_rows(engine, shop.CUTOFF, rule=rule, batch_size=10, max_run_duration=TEN_MIN,
-               archive=ArchiveTarget(shop.ARCHIVE, shop.POLICY, "run-1"))
-    with engine.begin() as conn:
-        conn.execute(sa.text(f"INSERT INTO {SHOP_HOLDS} (policy, held_value, placed_by, "
-                             "reason) VALUES (:p, :v, 'app', 'case')"),
-                     {"p": shop.POLICY, "v": f"00{ids[1]}"})
-
-    report = restore(engine, rule, shop.ARCHIVE, shop.POLICY, Selection(run_id="run-1"),
-                     retention_days=365, allow_prunable=True)
-    assert (report.restored_rows, report.prunable_rows) == (4, 3)
-    again = purge_rows(engine, shop.CUTOFF, rule=rule, batch_size=10, max_run_duration=TEN_MIN,
-                       archive=ArchiveTarget(shop.ARCHIVE, shop.POLICY, "run-2"))
-    assert again.deleted_total == 3
-    assert shop.ids_of(engine, shop.TABLE) == [ids[1]]
 
 
 def test_a_hold_column_of_a_type_without_equality_is_compared_as_text(
