@@ -21,6 +21,7 @@ from favorites_maintenance.retention.archive import (
     POLICY_COLUMN,
     RELKIND,
 )
+from favorites_maintenance.retention.backlog import holds_as_batches_read
 from favorites_maintenance.retention.database import (
     DEFAULT_LOCK_TIMEOUT,
     DEFAULT_STATEMENT_TIMEOUT,
@@ -32,7 +33,7 @@ from favorites_maintenance.retention.errors import (
     InvalidArgumentError,
     describe,
 )
-from favorites_maintenance.retention.holds import HoldTable, typed_holds
+from favorites_maintenance.retention.holds import HoldTable
 from favorites_maintenance.retention.rule import split_table_name
 
 log = logging.getLogger("favorites_maintenance.retention.purge")
@@ -100,15 +101,6 @@ def archive_rows_statement(target_table: str) -> sa.Select:
         t.c[POLICY_COLUMN] == sa.bindparam("policy", type_=sa.Text))
 
 
-def _typed(conn: sa.Connection, hold: HoldTable, table: str) -> HoldTable:
-    """``hold`` read as ``table``'s column of its name
-    (:func:`~favorites_maintenance.retention.holds.typed_holds`), as text when it has none."""
-    try:
-        return typed_holds(conn, hold, table)[0]
-    except InvalidArgumentError:
-        return hold
-
-
 def prune_archive(engine: sa.Engine, table: str, policy: str, retention_days: int, *,
                   batch_size: int, max_duration: dt.timedelta,
                   should_stop: Callable[[], bool] = lambda: False,
@@ -131,7 +123,6 @@ def prune_archive(engine: sa.Engine, table: str, policy: str, retention_days: in
     if batch_size <= 0 or retention_days <= 0:
         raise InvalidArgumentError("batch_size and retention_days must be > 0")
     started = time.monotonic()
-    statement = _prune_statement(table, hold)
     params = {"policy": policy, "keep": dt.timedelta(days=retention_days),
               "batch_size": batch_size}
     deleted = batches = 0
@@ -140,10 +131,10 @@ def prune_archive(engine: sa.Engine, table: str, policy: str, retention_days: in
         with engine.connect() as conn:
             with conn.begin():
                 missing = conn.execute(RELKIND, {"t": table}).first() is None
-                if hold is not None and not missing:
-                    # Read as the batches read them (a hold 042 covers the bigint 42), in
-                    # the archive's copy of the column's type.
-                    statement = _prune_statement(table, _typed(conn, hold, table))
+                # The holds read as the batches read them (a hold 042 covers the bigint 42),
+                # in the archive's copy of the column's type.
+                statement = _prune_statement(table, None if hold is None or missing else
+                                             holds_as_batches_read(conn, hold, table))
             while not missing:
                 with conn.begin():
                     limit_transaction(conn, lock_timeout=lock_timeout,
@@ -202,17 +193,11 @@ def count_overdue_archive(engine: sa.Engine, table: str, policy: str, retention_
     if retention_days <= 0:
         raise InvalidArgumentError("retention_days must be > 0")
     schema, name = split_table_name(table, "archive_table")
+    t = sa.Table(name, sa.MetaData(schema=schema),
+                 sa.Column(POLICY_COLUMN, sa.Text),
+                 sa.Column(ARCHIVED_AT_COLUMN, TIMESTAMP(timezone=True)),
+                 *([sa.Column(hold.column, sa.types.NullType())] if hold else []))
     limit = sa.func.now() - sa.bindparam("keep", type_=sa.Interval)
-
-    def overdue(hold: HoldTable | None) -> sa.Select:
-        t = sa.Table(name, sa.MetaData(schema=schema),
-                     sa.Column(POLICY_COLUMN, sa.Text),
-                     sa.Column(ARCHIVED_AT_COLUMN, TIMESTAMP(timezone=True)),
-                     *([sa.Column(hold.column, sa.types.NullType())] if hold else []))
-        return (sa.select(sa.func.count(), sa.func.min(t.c[ARCHIVED_AT_COLUMN]), limit)
-                .where(t.c[POLICY_COLUMN] == sa.bindparam("policy", type_=sa.Text),
-                       t.c[ARCHIVED_AT_COLUMN] < limit, *_not_held(t, hold)))
-
     params = {"policy": policy, "keep": dt.timedelta(days=retention_days)}
     try:
         with engine.connect() as conn, conn.begin():
@@ -222,8 +207,12 @@ def count_overdue_archive(engine: sa.Engine, table: str, policy: str, retention_
                 rows, oldest, at = 0, None, conn.execute(sa.select(limit), params).scalar_one()
             else:
                 # The holds read as prune_archive reads them, so it counts what it deletes.
-                typed = _typed(conn, hold, table) if hold is not None else None
-                rows, oldest, at = conn.execute(overdue(typed), params).one()
+                typed = holds_as_batches_read(conn, hold, table) if hold is not None else None
+                rows, oldest, at = conn.execute(
+                    sa.select(sa.func.count(), sa.func.min(t.c[ARCHIVED_AT_COLUMN]), limit)
+                    .where(t.c[POLICY_COLUMN] == sa.bindparam("policy", type_=sa.Text),
+                           t.c[ARCHIVED_AT_COLUMN] < limit, *_not_held(t, typed)),
+                    params).one()
     except sa.exc.DBAPIError as exc:
         raise ArchiveCountError(table, describe(exc)) from None
     return ArchiveOverdue(rows=rows, oldest=oldest.astimezone(dt.UTC) if oldest else None,

@@ -13,7 +13,7 @@ import sqlalchemy as sa
 
 from favorites_maintenance.retention.database import limit_transaction
 from favorites_maintenance.retention.errors import BacklogError, InvalidArgumentError, describe
-from favorites_maintenance.retention.holds import typed_holds
+from favorites_maintenance.retention.holds import HoldTable, typed_holds
 from favorites_maintenance.retention.rule import RetentionRule
 from favorites_maintenance.retention.rule_predicates import require_aware
 from favorites_maintenance.retention.unreadable import count_around_unreadable
@@ -101,7 +101,20 @@ def compared_as_batches(conn: sa.Connection, rule: RetentionRule) -> RetentionRu
     """
     if rule.hold is None:
         return rule
+    return rule.with_hold(holds_as_batches_read(conn, rule.hold, rule.qualified_name))
+
+
+def holds_as_batches_read(conn: sa.Connection, hold: HoldTable, table: str) -> HoldTable:
+    """``hold`` read as the batches read it on ``table`` (``schema.table``): in the type of
+    ``table``'s column of its name when every active hold reads as it
+    (:func:`~favorites_maintenance.retention.holds.typed_holds`), else as text; ``hold`` as
+    given when ``table`` has no such column. Reads in the connection's transaction, in a
+    savepoint.
+
+    Raises:
+        sqlalchemy.exc.DBAPIError: the table or the hold table cannot be read.
+    """
     try:
-        return rule.with_hold(typed_holds(conn, rule.hold, rule.qualified_name)[0])
+        return typed_holds(conn, hold, table)[0]
     except InvalidArgumentError:
-        return rule
+        return hold
